@@ -1,0 +1,418 @@
+"""``ktctl``: the command line of ktd (DESIGN.md, "ktctl").
+
+Exit codes are a contract for scripts: 0 ok, 1 the operation failed, 2 usage
+(argparse), 3 ktd unreachable, 4 unknown model (``unknown_model``/``not_kt``).
+Errors are one line on stderr (``ktctl: <code>: <message>``), never a traceback;
+with ``--json`` stdout carries ``{"error": {"code", "message", "detail"}}`` too.
+
+Start-up speed is part of the contract as well: this module imports argparse,
+json, zmq, msgspec and ``ktd.protocol``/``ktd.paths`` only. Never import trio,
+quart, hypercorn or httpx from here (a test checks ``-X importtime``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ktctl import render
+from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
+from ktd import __version__
+from ktd import protocol as p
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_UNKNOWN_MODEL = 4
+EXIT_INTERRUPTED = 130
+
+UNKNOWN_MODEL_CODES = frozenset({p.ErrorCode.UNKNOWN_MODEL, p.ErrorCode.NOT_KT})
+
+#: Seconds to wait for an ordinary reply; ``$KTCTL_TIMEOUT`` overrides it.
+DEFAULT_TIMEOUT = 5.0
+
+Handler = Callable[[Client, argparse.Namespace], int]
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code a failure maps to (the table in the module docstring)."""
+    if isinstance(exc, DaemonUnreachable):
+        return EXIT_UNREACHABLE
+    if isinstance(exc, KtdError) and exc.code in UNKNOWN_MODEL_CODES:
+        return EXIT_UNKNOWN_MODEL
+    return EXIT_FAILED
+
+
+# ---------------------------------------------------------------- output
+
+
+def _out(text: str = "", *, flush: bool = False) -> None:
+    print(text, file=sys.stdout, flush=flush)
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
+
+
+def _emit(args: argparse.Namespace, doc: Any, human: str) -> None:
+    """One JSON document with ``--json``, else the human text."""
+    _out(render.dumps(doc) if _json(args) else human)
+
+
+def report_error(
+    args: argparse.Namespace, code: str, message: str, detail: dict[str, Any] | None = None
+) -> None:
+    """Print a failure: one stderr line always; the JSON error document with --json.
+
+    A failed load's log tail (``detail["log_tail"]``) goes to stdout in human
+    mode: the reason alone rarely explains why SGLang died.
+    """
+    detail = detail or {}
+    flat = " ".join(message.split())
+    if _json(args):
+        _out(render.dumps(render.error_doc(code, message, detail)))
+    else:
+        tail = detail.get("log_tail")
+        if isinstance(tail, list) and tail:
+            alias = detail.get("alias") or getattr(args, "alias", None) or "the engine"
+            _out(render.log_tail_text(str(alias), [str(t) for t in tail]))
+    _err(f"ktctl: {code}: {flat}")
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_ping(client: Client, args: argparse.Namespace) -> int:
+    pong = client.ping()
+    doc = {**render.reply_doc(pong), "socket": str(client.socket_path)}
+    _emit(args, doc, f"ktd {pong.version} (pid {pong.pid}) on {client.socket_path}")
+    return EXIT_OK
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    engines = client.status(args.alias)
+    _emit(args, {"engines": engines}, render.status_table(engines, time.time()))
+    return EXIT_OK
+
+
+def cmd_models(client: Client, args: argparse.Namespace) -> int:
+    models = client.models()
+    _emit(args, {"models": models}, render.models_table(models))
+    return EXIT_OK
+
+
+def _terminal_width() -> int:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 80
+
+
+class _ProgressLine:
+    """Rewrites one stderr line in place while a load is waited for."""
+
+    def __init__(self, alias: str, started: float) -> None:
+        self.state = render.LoadProgress(alias, started)
+        self.shown = False
+
+    def __call__(self, ev: p.Event | None) -> None:
+        if ev is not None:
+            self.state.update(ev)
+        line = self.state.line(time.monotonic(), _terminal_width())
+        sys.stderr.write("\r\x1b[K" + line)
+        sys.stderr.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.shown = False
+
+
+def cmd_load(client: Client, args: argparse.Namespace) -> int:
+    alias: str = args.alias
+    if args.dry_run:
+        plan = client.load(alias, timeout=args.timeout, dry_run=True)
+        _emit(args, {"plan": plan}, render.plan_text(alias, plan))
+        return EXIT_OK
+    wait = not args.no_wait
+    started = time.monotonic()
+    progress = None
+    if wait and not _json(args) and sys.stderr.isatty():
+        progress = _ProgressLine(alias, started)
+    try:
+        engine = client.load(alias, wait=wait, timeout=args.timeout, progress=progress)
+    finally:
+        if progress is not None:
+            progress.clear()
+    elapsed = time.monotonic() - started
+    if engine.state == "failed" or (wait and engine.state != "ready"):
+        why = f": {engine.reason}" if engine.reason else ""
+        raise KtdError(
+            p.ErrorCode.LOAD_FAILED,
+            f"{alias} is {engine.state}{why}",
+            {"alias": alias, "engine": render.builtins(engine), "log_tail": engine.log_tail},
+        )
+    doc = {"engine": engine, "elapsed": round(elapsed, 3)}
+    _emit(args, doc, render.engine_line(engine, elapsed if wait else None))
+    return EXIT_OK
+
+
+def cmd_evict(client: Client, args: argparse.Namespace) -> int:
+    evicted = client.evict(args.alias, all=args.all, force=args.force, timeout=args.timeout)
+    human = f"evicted {', '.join(evicted)}" if evicted else "nothing to evict"
+    _emit(args, {"evicted": evicted}, human)
+    return EXIT_OK
+
+
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    alias: str = args.alias
+    if not args.follow:
+        lines = client.logs(alias, args.lines)
+        _emit(
+            args, {"alias": alias, "lines": lines}, "\n".join(line.rstrip("\n") for line in lines)
+        )
+        return EXIT_OK
+    for line in client.follow_logs(alias, args.lines):
+        if _json(args):
+            _out(render.dumps({"alias": alias, "line": line}, stream=True), flush=True)
+        else:
+            _out(line.rstrip("\n"), flush=True)
+    return EXIT_OK
+
+
+def cmd_events(client: Client, args: argparse.Namespace) -> int:
+    for ev in client.events(args.topics or ("",)):
+        if _json(args):
+            _out(render.dumps(ev, stream=True), flush=True)
+        else:
+            _out("\n".join(render.event_lines(ev)), flush=True)
+    return EXIT_OK
+
+
+def cmd_reload(client: Client, args: argparse.Namespace) -> int:
+    reply = client.reload()
+    if isinstance(reply, p.ModelsReply):
+        human = render.models_table(reply.models)
+    elif isinstance(reply, p.Ok):
+        human = reply.message or "configuration reloaded"
+    else:
+        human = render.dumps(render.reply_doc(reply))
+    _emit(args, render.reply_doc(reply), human)
+    return EXIT_OK
+
+
+def _local_doctor(args: argparse.Namespace, why: DaemonUnreachable) -> dict[str, Any]:
+    """Run the checks in this process when the daemon cannot (it may be why it is down).
+
+    ``ktd.doctor_run`` is imported only here: it may pull in heavier modules,
+    and ktctl's other commands must not pay for them.
+    """
+    import importlib
+
+    from ktd.paths import default_config_path
+
+    try:
+        module = importlib.import_module("ktd.doctor_run")
+        local_report = module.local_report
+    except (ImportError, AttributeError) as exc:
+        raise DaemonUnreachable(
+            f"{why}; local checks are not available in this install ({exc})"
+        ) from None
+    config = Path(args.config) if args.config else default_config_path()
+    if not _json(args):
+        _err(f"ktctl: ktd is not running; running the checks locally (config {config})")
+    try:
+        report = local_report(config)
+    except Exception as exc:
+        raise KtctlError(f"local doctor failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(report, dict):
+        raise KtctlError(f"local doctor returned {type(report).__name__}, not a report")
+    return report
+
+
+def cmd_doctor(client: Client, args: argparse.Namespace) -> int:
+    try:
+        report = client.doctor()
+    except DaemonUnreachable as exc:
+        report = _local_doctor(args, exc)
+    _emit(args, report, render.doctor_text(report))
+    return EXIT_FAILED if render.doctor_failed(report) else EXIT_OK
+
+
+def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
+    message = client.shutdown() or "ktd is shutting down"
+    _emit(args, {"ok": True, "message": message}, message)
+    return EXIT_OK
+
+
+HANDLERS: dict[str, Handler] = {
+    "ping": cmd_ping,
+    "status": cmd_status,
+    "models": cmd_models,
+    "load": cmd_load,
+    "evict": cmd_evict,
+    "logs": cmd_logs,
+    "events": cmd_events,
+    "reload": cmd_reload,
+    "doctor": cmd_doctor,
+    "shutdown": cmd_shutdown,
+}
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; ``--json``/``--socket`` work before or after the command."""
+    # SUPPRESS defaults: a subcommand that is not given --json must not reset
+    # a --json given before the command name (argparse copies sub-namespaces).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS,
+        help="machine-readable output: one JSON document (JSON lines for streams)",
+    )  # fmt: skip
+    common.add_argument(
+        "--socket", metavar="PATH", default=argparse.SUPPRESS,
+        help="ktd control socket (default: $KTD_SOCKET, else $KTD_RUNTIME_DIR/control.sock)",
+    )  # fmt: skip
+
+    parser = argparse.ArgumentParser(
+        prog="ktctl",
+        parents=[common],
+        description="Control ktd, the daemon that owns ktransformers engines.",
+        epilog="exit codes: 0 ok, 1 failed, 2 usage, 3 ktd unreachable, 4 unknown model. "
+        "$KTCTL_TIMEOUT sets the reply timeout (default 5 s).",
+    )
+    parser.add_argument("--version", action="version", version=f"ktctl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=help, description=help)
+
+    add("ping", "check that ktd answers; print its version and pid")
+
+    sp = add("status", "show engines (state, pid, port, placement, leases)")
+    sp.add_argument("alias", nargs="?", metavar="ALIAS", help="only this engine")
+
+    add("models", "list the models of models.json and whether ktd serves them")
+
+    sp = add("load", "start an engine and wait until it is ready")
+    sp.add_argument("alias", metavar="ALIAS")
+    sp.add_argument("--no-wait", action="store_true", help="return once the launch has begun")
+    sp.add_argument("--timeout", type=_seconds, metavar="S", help="give up after S seconds")
+    sp.add_argument(
+        "--dry-run", action="store_true",
+        help="print the plan (command, env, NUMA nodes, CPUs, GPUs, evictions); start nothing",
+    )  # fmt: skip
+
+    sp = add("evict", "stop an engine (drain in-flight requests, then terminate)")
+    sp.add_argument("alias", nargs="?", metavar="ALIAS")
+    sp.add_argument("--all", action="store_true", help="evict every engine")
+    sp.add_argument("--force", action="store_true", help="do not wait for in-flight requests")
+    sp.add_argument("--timeout", type=_seconds, metavar="S", help="bound the drain to S seconds")
+
+    sp = add("logs", "print an engine's log")
+    sp.add_argument("alias", metavar="ALIAS")
+    sp.add_argument("-n", "--lines", type=_count, default=100, metavar="N",
+                    help="last N lines (default 100)")  # fmt: skip
+    sp.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+
+    sp = add("events", "print ktd's events as they happen (state changes, logs, leases)")
+    sp.add_argument("topics", nargs="*", metavar="TOPIC",
+                    help="topic prefixes, e.g. engine. or log.ALIAS (default: all)")  # fmt: skip
+
+    add("reload", "re-read config.json and models.json")
+
+    sp = add("doctor", "check the installation; runs locally when ktd is down")
+    sp.add_argument("--config", metavar="PATH", help="config.json for local checks")
+
+    add("shutdown", "stop every engine and the daemon")
+    return parser
+
+
+def _client_timeout() -> float:
+    raw = os.environ.get("KTCTL_TIMEOUT")
+    if not raw:
+        return DEFAULT_TIMEOUT
+    return _seconds(raw)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ktctl`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "evict" and (args.alias is None) == (not args.all):
+        parser.error("evict needs an ALIAS or --all (not both)")
+    try:
+        timeout = _client_timeout()
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"KTCTL_TIMEOUT: {exc}")
+    handler = HANDLERS[args.command]
+    client = Client(getattr(args, "socket", None), timeout=timeout)
+    streaming = args.command == "events" or (args.command == "logs" and args.follow)
+    try:
+        return handler(client, args)
+    except KeyboardInterrupt:
+        if streaming:
+            return EXIT_OK
+        if args.command == "load" and not args.dry_run:
+            _err(
+                f"ktctl: interrupted: stopped waiting; ktd goes on loading {args.alias} "
+                f"(`ktctl evict {args.alias}` stops it)"
+            )
+        else:
+            _err("ktctl: interrupted")
+        return EXIT_INTERRUPTED
+    except KtdError as exc:
+        report_error(args, exc.code, exc.message, exc.detail)
+        return exit_code(exc)
+    except KtctlError as exc:
+        report_error(args, exc.code, str(exc))
+        return exit_code(exc)
+    except BrokenPipeError:
+        # `ktctl events | head`: the reader left. Point stdout at /dev/null so
+        # the interpreter's final flush does not complain, and go quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK if streaming else EXIT_FAILED
+    except Exception as exc:
+        if os.environ.get("KTCTL_DEBUG"):
+            raise
+        report_error(
+            args, "internal", f"{type(exc).__name__}: {exc} (KTCTL_DEBUG=1 for a traceback)"
+        )
+        return EXIT_FAILED
+    finally:
+        client.close()

@@ -1,0 +1,681 @@
+"""Synchronous client for ktd's control API: the library behind ``ktctl``.
+
+Why synchronous pyzmq and not the daemon's trio client: ``ktctl`` must start in
+well under 100 ms and local tools (scripts, notebooks, cron jobs) should not need
+an event loop to ask "is my model loaded?". So this module imports only zmq,
+msgspec, the standard library and the light ``ktd.protocol``/``ktd.paths``.
+
+Why a DEALER and never a REQ: a REQ socket that timed out waiting for a reply is
+stuck in its send/receive lockstep forever; a DEALER can simply send the next
+request, and replies are matched by request id (late replies of a timed-out
+request are dropped on the floor).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import math
+import os
+import socket as _socket
+import stat
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, TypeVar, overload
+
+import msgspec
+import zmq
+
+from ktd import paths
+from ktd import protocol as p
+
+__all__ = [
+    "Client",
+    "ConnectionLost",
+    "DaemonUnreachable",
+    "KtctlError",
+    "KtdError",
+    "ProtocolError",
+    "Subscription",
+]
+
+#: Longest single blocking wait on a socket. Short so that Ctrl-C is honoured
+#: promptly even while a multi-minute load is in progress.
+POLL_SLICE = 0.2
+
+#: Extra time granted on top of a timeout the *daemon* enforces (load, evict,
+#: acquire): at its deadline the daemon may still tear an engine down (SIGTERM,
+#: grace period, SIGKILL) before it answers, and that answer is worth waiting for.
+DAEMON_GRACE = 30.0
+
+#: How long ``subscribe`` waits for the SUB connection's handshake. PUB/SUB drops
+#: whatever is published before the subscription reaches the publisher ("slow
+#: joiner"), so the subscription is made to land before the request is sent.
+SUBSCRIBE_SETTLE = 1.0
+
+START_HINT = "start it with `ktd serve` or `systemctl start ktd`"
+
+R = TypeVar("R", bound=p.Reply)
+
+
+class KtctlError(Exception):
+    """Base of every error the client raises on purpose (the CLI maps them to exit codes)."""
+
+    code = "error"
+
+
+class DaemonUnreachable(KtctlError):
+    """ktd is not running, not listening on that socket, or did not answer in time."""
+
+    code = "unreachable"
+
+
+class ConnectionLost(DaemonUnreachable):
+    """The daemon went away after the request was sent (it exited or restarted)."""
+
+
+class ProtocolError(KtctlError):
+    """ktd answered something this client does not understand (version skew?)."""
+
+    code = "protocol"
+
+
+class KtdError(KtctlError):
+    """ktd answered with an error reply; ``code`` is one of ``ktd.protocol.ErrorCode``.
+
+    Scripts should match on ``code`` (stable), not on ``message`` (prose).
+    """
+
+    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.detail: dict[str, Any] = dict(detail or {})
+
+    @classmethod
+    def from_reply(cls, reply: p.Error) -> KtdError:
+        return cls(reply.code, reply.message, reply.detail)
+
+
+# ---------------------------------------------------------------- reachability
+
+
+def resolve_socket(socket: str | Path | None = None) -> Path:
+    """The control socket path: the argument, else ``$KTD_SOCKET``, else the runtime dir.
+
+    An ``ipc://`` prefix is accepted because that is how the path appears in
+    ktd's own messages and in zmq endpoints people copy around.
+    """
+    if socket is None:
+        return paths.control_path()
+    return Path(str(socket).removeprefix("ipc://"))
+
+
+def probe(path: Path, what: str = "control") -> None:
+    """Raise ``DaemonUnreachable`` unless something is listening on the unix socket ``path``.
+
+    zmq's ``connect`` never fails: pointed at a missing or stale ipc path it
+    retries silently and a request would only time out after seconds. A plain
+    ``AF_UNIX`` connect answers the question at once and precisely: no file, a
+    stale file left by a dead daemon (connection refused), or no permission.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise DaemonUnreachable(
+            f"ktd is not running: no {what} socket at {path} ({START_HINT})"
+        ) from None
+    except PermissionError:
+        raise DaemonUnreachable(
+            f"cannot reach ktd: permission denied on {path} "
+            "(run as root or as a member of ktd's group)"
+        ) from None
+    except OSError as exc:
+        raise DaemonUnreachable(f"cannot reach ktd at {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise DaemonUnreachable(f"cannot reach ktd: {path} is not a socket")
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        # A full listen backlog makes a blocking connect wait; a busy daemon is
+        # still a running daemon, so a slow connect counts as reachable.
+        sock.settimeout(1.0)
+        sock.connect(os.fspath(path))
+    except ConnectionRefusedError:
+        raise DaemonUnreachable(
+            f"ktd is not running: {path} is a stale socket, nothing listens on it ({START_HINT})"
+        ) from None
+    except PermissionError:
+        raise DaemonUnreachable(
+            f"cannot reach ktd: permission denied on {path} "
+            "(run as root or as a member of ktd's group)"
+        ) from None
+    except (TimeoutError, BlockingIOError):
+        return
+    except OSError as exc:
+        if exc.errno == errno.EAGAIN:
+            return
+        raise DaemonUnreachable(f"cannot reach ktd at {path}: {exc.strerror or exc}") from None
+    finally:
+        sock.close()
+
+
+def _ms(seconds: float) -> int:
+    """One poll slice in zmq's milliseconds: never longer than POLL_SLICE."""
+    return max(0, int(min(seconds, POLL_SLICE) * 1000))
+
+
+def _decode_event(frames: list[bytes]) -> p.Event | None:
+    try:
+        return p.decode_event(frames[-1])
+    except (msgspec.DecodeError, msgspec.ValidationError, IndexError):
+        return None  # a newer daemon's event shape, or garbage: never fatal for a viewer
+
+
+# ---------------------------------------------------------------- events
+
+
+class Subscription:
+    """A SUB socket on ktd's events socket. Iterate it, or ``get(timeout)``.
+
+    With ``exact=True`` only events whose topic is exactly one of ``topics`` are
+    delivered: zmq subscriptions are prefixes, and ``log.deepseek`` must not see
+    ``log.deepseek-v4-kt``'s lines.
+    """
+
+    def __init__(
+        self, ctx: zmq.Context[Any], path: Path, topics: Iterable[str], *, exact: bool = False
+    ) -> None:
+        self.path = path
+        self.topics = tuple(topics)
+        self._exact = frozenset(t.encode() for t in self.topics) if exact else None
+        self.socket: zmq.Socket[bytes] = ctx.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        for topic in self.topics:
+            self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        try:
+            self.socket.connect(paths.endpoint(path))
+            if monitor.poll(int(SUBSCRIBE_SETTLE * 1000)):
+                # Let the SUB attach the new pipe (it happens when the socket
+                # processes commands) and send its subscriptions, then give the
+                # bytes a moment to cross the ipc connection.
+                self.socket.poll(0)
+                time.sleep(0.02)
+        finally:
+            self.socket.disable_monitor()
+            monitor.close(linger=0)
+
+    def get(self, timeout: float | None = None) -> p.Event | None:
+        """The next event, or None after ``timeout`` seconds (None: wait forever)."""
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        while True:
+            ev = self._recv_nowait()
+            if ev is not None:
+                return ev
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self.socket.poll(_ms(remaining))
+
+    def drain(self) -> list[p.Event]:
+        """Every event already queued, without waiting."""
+        out: list[p.Event] = []
+        while (ev := self._recv_nowait()) is not None:
+            out.append(ev)
+        return out
+
+    def _recv_nowait(self) -> p.Event | None:
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return None
+            if self._exact is not None and frames[0] not in self._exact:
+                continue
+            ev = _decode_event(frames)
+            if ev is not None:
+                return ev
+
+    def __iter__(self) -> Iterator[p.Event]:
+        while True:
+            ev = self.get(POLL_SLICE)
+            if ev is not None:
+                yield ev
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------- client
+
+
+class Client:
+    """The Python API of ktd for local tools: one synchronous connection to the daemon.
+
+    Every method sends one request and waits for its reply. Error replies raise
+    ``KtdError`` (match on ``.code``: ``unknown_model``, ``not_kt``,
+    ``load_failed``, ``busy``, ``timeout``, ...); a daemon that is not running or
+    does not answer within ``timeout`` seconds raises ``DaemonUnreachable``.
+    Long operations (a ``load`` that waits for readiness) are not bounded by
+    ``timeout``: they wait for the daemon, which enforces its own deadlines, and
+    fail at once with ``DaemonUnreachable`` if the daemon goes away meanwhile.
+
+    ``socket`` is the control socket path (``ipc://`` prefix optional); default
+    ``$KTD_SOCKET``, else ``$KTD_RUNTIME_DIR/control.sock``. The events socket is
+    ``events.sock`` beside it. Not thread-safe: use one Client per thread.
+
+    Example::
+
+        from ktctl import Client, KtdError
+
+        with Client() as ktd:
+            engine = ktd.load("deepseek-v4-kt")          # waits until ready
+            print(engine.url, engine.pid)
+            for e in ktd.status():
+                print(e.alias, e.state, e.leases)
+            try:
+                ktd.evict("deepseek-v4-kt", timeout=60)
+            except KtdError as exc:
+                print("evict failed:", exc.code, exc.message)
+    """
+
+    def __init__(self, socket: str | Path | None = None, *, timeout: float = 5.0) -> None:
+        self.socket_path: Path = resolve_socket(socket)
+        self.events_path: Path = paths.events_path(self.socket_path)
+        self.timeout = timeout
+        self._ctx: zmq.Context[Any] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._ids = itertools.count(1)
+        self._probed = False
+
+    # ------------------------------------------------------------ plumbing
+
+    def _context(self) -> zmq.Context[Any]:
+        if self._ctx is None:
+            self._ctx = zmq.Context()
+        return self._ctx
+
+    def _connect(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+        if not self._probed:
+            probe(self.socket_path)
+            self._probed = True
+        if self._sock is None or self._monitor is None:
+            sock: zmq.Socket[bytes] = self._context().socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            # Disconnects are watched so that a wait with no overall limit (a
+            # long load) ends when the daemon dies instead of hanging forever.
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            sock.connect(paths.endpoint(self.socket_path))
+            self._sock = sock
+        return self._sock, self._monitor
+
+    def _drain_monitor(self, monitor: zmq.Socket[bytes]) -> bool:
+        """Consume pending disconnect notifications; True if there was one."""
+        seen = False
+        while True:
+            try:
+                monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return seen
+            seen = True
+
+    def _call(
+        self,
+        msg: p.Request,
+        budget: float,
+        *,
+        sub: Subscription | None = None,
+        on_event: Callable[[p.Event | None], None] | None = None,
+    ) -> p.Reply:
+        """Send ``msg`` and wait up to ``budget`` seconds (``inf``: no limit) for its reply.
+
+        While waiting, events of ``sub`` are passed to ``on_event``, which is also
+        called with None at least every POLL_SLICE so a display can tick.
+        """
+        sock, monitor = self._connect()
+        req = msgspec.structs.replace(msg, id=next(self._ids))
+        frame = p.encode(req)
+        started = time.monotonic()
+        deadline = started + budget
+        self._drain_monitor(monitor)
+
+        def tick() -> None:
+            if on_event is not None:
+                on_event(None)
+
+        # IMMEDIATE=1: the DEALER is writable only once the connection is up.
+        while not sock.poll(_ms(deadline - time.monotonic()), zmq.POLLOUT):
+            if time.monotonic() >= deadline:
+                raise DaemonUnreachable(
+                    f"ktd did not accept a connection on {self.socket_path} within {budget:g}s"
+                )
+            tick()
+        sock.send(frame, zmq.NOBLOCK)
+
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        if sub is not None:
+            poller.register(sub.socket, zmq.POLLIN)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DaemonUnreachable(
+                    f"no reply from ktd at {self.socket_path} within {budget:g}s "
+                    "(is it hung? check `systemctl status ktd`)"
+                )
+            ready = dict(poller.poll(_ms(remaining)))
+            if sub is not None and sub.socket in ready:
+                for ev in sub.drain():
+                    if on_event is not None:
+                        on_event(ev)
+            if sock in ready:
+                reply = self._read_reply(sock, req.id)
+                if reply is not None:
+                    if isinstance(reply, p.Error):
+                        raise KtdError.from_reply(reply)
+                    return reply
+            if monitor in ready and self._drain_monitor(monitor):
+                raise ConnectionLost(
+                    f"lost the connection to ktd at {self.socket_path} while waiting "
+                    f"{time.monotonic() - started:.1f}s for the reply (did ktd exit or restart?)"
+                )
+            tick()
+
+    def _read_reply(self, sock: zmq.Socket[bytes], rid: int) -> p.Reply | None:
+        """The queued reply with id ``rid``, if any; other ids are late replies, dropped."""
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return None
+            if not frames:
+                continue
+            data = frames[-1]
+            try:
+                reply = p.decode_reply(data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                if p.peek_id(data) == rid:
+                    raise ProtocolError(
+                        f"ktd sent a reply this ktctl does not understand ({exc}); "
+                        "are ktd and ktctl the same version?"
+                    ) from None
+                continue
+            if reply.id == rid:
+                return reply
+
+    def _expect(self, reply: p.Reply, kind: type[R]) -> R:
+        if not isinstance(reply, kind):
+            raise ProtocolError(
+                f"ktd answered {type(reply).__name__} where {kind.__name__} was expected"
+            )
+        return reply
+
+    def _long(self, timeout: float | None) -> float:
+        """Reply budget for an operation whose deadline the daemon enforces."""
+        return math.inf if timeout is None else timeout + max(self.timeout, DAEMON_GRACE)
+
+    # ------------------------------------------------------------ generic
+
+    def request(self, msg: p.Request, *, timeout: float | None = None) -> p.Reply:
+        """Send any request and return its reply (``Error`` replies raise ``KtdError``).
+
+        ``timeout`` bounds the wait for the reply (default: the client's; ``math.inf``
+        waits as long as the daemon stays connected). ``msg`` is not modified: the
+        request id is assigned on a copy.
+        """
+        return self._call(msg, self.timeout if timeout is None else timeout)
+
+    # ------------------------------------------------------------ operations
+
+    def ping(self) -> p.Pong:
+        """The daemon's version and pid: the cheapest proof it is alive and answering."""
+        return self._expect(self._call(p.Ping(), self.timeout), p.Pong)
+
+    def status(self, alias: str | None = None) -> list[p.EngineInfo]:
+        """Every engine ktd knows (or just ``alias``; unknown aliases raise ``unknown_model``)."""
+        return self._expect(self._call(p.Status(alias=alias), self.timeout), p.StatusReply).engines
+
+    def models(self) -> list[p.ModelInfo]:
+        """Every models.json entry, including those of other backends (``served`` False)."""
+        return self._expect(self._call(p.Models(), self.timeout), p.ModelsReply).models
+
+    @overload
+    def load(
+        self,
+        alias: str,
+        *,
+        wait: bool = ...,
+        timeout: float | None = ...,
+        dry_run: Literal[False] = ...,
+        progress: Callable[[p.Event | None], None] | None = ...,
+    ) -> p.EngineInfo: ...
+
+    @overload
+    def load(
+        self,
+        alias: str,
+        *,
+        wait: bool = ...,
+        timeout: float | None = ...,
+        dry_run: Literal[True],
+        progress: Callable[[p.Event | None], None] | None = ...,
+    ) -> dict[str, Any]: ...
+
+    @overload
+    def load(
+        self,
+        alias: str,
+        *,
+        wait: bool = ...,
+        timeout: float | None = ...,
+        dry_run: bool,
+        progress: Callable[[p.Event | None], None] | None = ...,
+    ) -> p.EngineInfo | dict[str, Any]: ...
+
+    def load(
+        self,
+        alias: str,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+        dry_run: bool = False,
+        progress: Callable[[p.Event | None], None] | None = None,
+    ) -> p.EngineInfo | dict[str, Any]:
+        """Start ``alias`` (no-op if running) and return its EngineInfo.
+
+        ``wait=True`` returns once the engine is ready; with ``timeout=None``
+        there is no overall limit, because big models take many minutes and the
+        daemon applies the model's own health deadline. Check ``.state`` of the
+        result: a load can end ``failed`` (``.reason``, ``.log_tail``) if the
+        daemon reports it that way rather than as a ``load_failed`` error.
+        ``dry_run=True`` returns the launch plan (argv, env, NUMA nodes, CPUs,
+        GPUs, flags and their origin, engines it would evict) and starts nothing.
+        ``progress`` receives the alias's ``engine.``/``log.`` events while
+        waiting (subscribed before the request is sent, so none is missed), and
+        None a few times a second so a display can refresh its clock.
+        """
+        msg = p.Load(alias=alias, wait=wait, timeout=timeout, dry_run=dry_run)
+        if dry_run:
+            return self._expect(self._call(msg, self.timeout), p.PlanReply).plan
+        budget = self._long(timeout) if wait else self.timeout
+        if progress is None or not wait:
+            return self._expect(self._call(msg, budget), p.LoadReply).engine
+        sub: Subscription | None
+        try:
+            sub = self.subscribe([f"engine.{alias}", f"log.{alias}"], exact=True)
+        except DaemonUnreachable:
+            sub = None  # no events socket: still load, the display just ticks
+        try:
+            reply = self._call(msg, budget, sub=sub, on_event=progress)
+        finally:
+            if sub is not None:
+                sub.close()
+        return self._expect(reply, p.LoadReply).engine
+
+    def evict(
+        self,
+        alias: str | None = None,
+        *,
+        all: bool = False,
+        force: bool = False,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Stop ``alias`` (or every engine with ``all=True``); returns the evicted aliases.
+
+        Draining waits for in-flight requests (bounded by ``timeout`` or the
+        daemon's default); ``force=True`` skips the drain.
+        """
+        if (alias is None) == (not all):
+            raise ValueError("evict needs exactly one of alias or all=True")
+        msg = p.Evict(alias=alias, all=all, force=force, timeout=timeout)
+        return self._expect(self._call(msg, self._long(timeout)), p.EvictReply).evicted
+
+    def logs(self, alias: str, lines: int = 100) -> list[str]:
+        """The last ``lines`` lines of the engine's log (stdout and stderr)."""
+        msg = p.Logs(alias=alias, lines=lines)
+        return self._expect(self._call(msg, self.timeout), p.LogsReply).lines
+
+    def follow_logs(self, alias: str, lines: int = 100) -> Iterator[str]:
+        """The last ``lines`` log lines, then every new one as it is written (forever).
+
+        Subscribes to ``log.<alias>`` *before* fetching the tail so no line falls
+        in between; lines published while the tail was being fetched are
+        de-duplicated against its end.
+        """
+        sub = self.subscribe([f"log.{alias}"], exact=True)
+        try:
+            early: list[p.Event] = []
+
+            def keep(ev: p.Event | None) -> None:
+                if ev is not None:
+                    early.append(ev)
+
+            reply = self._call(
+                p.Logs(alias=alias, lines=lines), self.timeout, sub=sub, on_event=keep
+            )
+            tail = self._expect(reply, p.LogsReply).lines
+            yield from tail
+            extra = [line for ev in early for line in ev.lines]
+            yield from extra[overlap(tail, extra) :]
+            for ev in sub:
+                yield from ev.lines
+        finally:
+            sub.close()
+
+    def reload(self) -> p.Reply:
+        """Re-read config.json and models.json; returns the daemon's reply (``Ok`` usually)."""
+        return self._call(p.Reload(), self.timeout)
+
+    def doctor(self) -> dict[str, Any]:
+        """The daemon's health report: ``{"checks": [{name, status, detail, advice}, ...]}``."""
+        return self._expect(self._call(p.Doctor(), self.timeout), p.DoctorReply).report
+
+    def shutdown(self) -> str:
+        """Ask ktd to stop every engine and exit; returns its acknowledgement message."""
+        try:
+            reply = self._call(p.Shutdown(), self._long(None))
+        except ConnectionLost:
+            return "ktd exited"  # it went down before its answer got out: that is success
+        return reply.message if isinstance(reply, p.Ok) else ""
+
+    def acquire(
+        self,
+        model: str,
+        client: str,
+        *,
+        autoload: bool = True,
+        timeout: float | None = None,
+    ) -> p.AcquireReply:
+        """Lease the engine serving ``model`` (loading it if ``autoload``); see ``release``.
+
+        ``client`` names the caller; its leases expire if it stops sending
+        ``heartbeat``s, so a crashed tool cannot keep an engine busy forever.
+        """
+        msg = p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout)
+        budget = self._long(timeout) if autoload else self.timeout
+        return self._expect(self._call(msg, budget), p.AcquireReply)
+
+    def release(self, lease: str) -> None:
+        """Give back a lease from ``acquire``: the engine is idle again once none remain."""
+        self._call(p.Release(lease=lease), self.timeout)
+
+    def heartbeat(self, client: str) -> None:
+        """Keep ``client``'s leases alive."""
+        self._call(p.Heartbeat(client=client), self.timeout)
+
+    # ------------------------------------------------------------ events
+
+    def subscribe(self, topics: Iterable[str] = ("",), *, exact: bool = False) -> Subscription:
+        """A SUB socket on ``events.sock`` for these topic prefixes (exact topics with ``exact``).
+
+        Raises ``DaemonUnreachable`` at once if the events socket is missing or stale.
+        """
+        probe(self.events_path, "events")
+        return Subscription(self._context(), self.events_path, topics, exact=exact)
+
+    def events(self, topics: Iterable[str] = ("",)) -> Iterator[p.Event]:
+        """Every event whose topic starts with one of ``topics``, forever (``""``: all).
+
+        Topics: ``engine.<alias>`` (state, reason, phase), ``log.<alias>``
+        (lines), ``lease.<alias>`` (leases). The subscription is made before this
+        returns, so events published after the call are not missed.
+        """
+        sub = self.subscribe(topics)
+
+        def gen() -> Iterator[p.Event]:
+            try:
+                yield from sub
+            finally:
+                sub.close()
+
+        return gen()
+
+    # ------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Close every socket of this client (subscriptions included) at once (LINGER 0)."""
+        if self._sock is not None:
+            self._sock.disable_monitor()
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+        self._ctx = self._sock = self._monitor = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({str(self.socket_path)!r}, timeout={self.timeout!r})"
+
+
+def overlap(tail: list[str], extra: list[str]) -> int:
+    """How many leading ``extra`` lines repeat the end of ``tail`` (longest such run)."""
+    for k in range(min(len(tail), len(extra)), 0, -1):
+        if tail[-k:] == extra[:k]:
+            return k
+    return 0

@@ -1,0 +1,373 @@
+"""Human (and JSON) output of ktctl: pure functions from protocol data to text.
+
+Kept apart from the CLI so every format is unit-testable without a daemon, a
+terminal or a clock (``now``/``width`` are parameters, never read here).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from ktd import protocol as p
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+FAIL_STATUSES = frozenset({"fail", "failed", "error"})
+
+
+# ---------------------------------------------------------------- small pieces
+
+
+def one_line(text: str) -> str:
+    """Text safe for a single terminal line: no ANSI codes, no control characters.
+
+    Engine logs are full of tqdm bars (``\\r``-rewritten) and colour codes; only
+    what the terminal would finally show after the last ``\\r`` is kept.
+    """
+    text = _ANSI.sub("", text).rstrip("\r\n")
+    if "\r" in text:
+        text = text.rsplit("\r", 1)[-1]
+    text = text.replace("\t", " ")
+    return _CONTROL.sub("", text).strip()
+
+
+def truncate(text: str, width: int) -> str:
+    """Cut ``text`` to ``width`` characters, marking the cut with ``...``."""
+    if width <= 0:
+        return ""
+    if len(text) <= width:
+        return text
+    if width <= 3:
+        return text[:width]
+    return text[: width - 3] + "..."
+
+
+def duration(seconds: float) -> str:
+    """``12.3s``, ``4m05s``, ``2h03m``, ``3d04h``: precise when short, brief when long."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def ranges(values: Iterable[int]) -> str:
+    """``[0,1,2,3,8]`` -> ``0-3,8``: CPU lists of big servers stay readable."""
+    nums = sorted(set(values))
+    if not nums:
+        return "-"
+    runs: list[list[int]] = []
+    for n in nums:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def clock(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def address(engine: p.EngineInfo) -> str | None:
+    """``host:port`` of an engine, from its URL when the daemon gave one."""
+    if engine.url:
+        rest = engine.url.split("://", 1)[-1]
+        return rest.split("/", 1)[0] or None
+    if engine.port:
+        return f"127.0.0.1:{engine.port}"
+    return None
+
+
+def state_text(state: str | None, phase: str | None = None) -> str:
+    state = state or "?"
+    return f"{state} ({one_line(phase)})" if phase else state
+
+
+def engine_line(engine: p.EngineInfo, elapsed: float | None = None) -> str:
+    """``deepseek-v4-kt ready on 127.0.0.1:30000 (pid 1234) in 12.3s`` and its variants."""
+    phase = engine.phase if engine.state != "ready" else None
+    out = f"{engine.alias} {state_text(engine.state, phase)}"
+    where = address(engine)
+    if where and engine.state in ("starting", "ready", "draining"):
+        out += f" on {where}"
+    if engine.pid:
+        out += f" (pid {engine.pid})"
+    if elapsed is not None:
+        out += f" in {duration(elapsed)}"
+    if engine.reason and engine.state != "ready":
+        out += f": {one_line(engine.reason)}"
+    return out
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns; the last column is not padded (no trailing blanks)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = []
+    for row in [list(headers), *rows]:
+        cells = [c.ljust(widths[i]) for i, c in enumerate(row[:-1])] + [row[-1]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- commands
+
+
+def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
+    if not engines:
+        return "no engines"
+    rows = []
+    for e in engines:
+        state = state_text(e.state, e.phase)
+        if e.stale:
+            state += " [stale]"
+        rows.append(
+            [
+                e.alias,
+                state,
+                str(e.pid) if e.pid else "-",
+                str(e.port) if e.port else "-",
+                ranges(e.numa_nodes),
+                ranges(e.gpus),
+                str(e.leases),
+                duration(now - e.since) if e.since else "-",
+                one_line(e.reason) if e.reason else "",
+            ]
+        )
+    headers = ["ALIAS", "STATE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "AGE", "REASON"]
+    return table(headers, rows)
+
+
+def models_table(models: Sequence[p.ModelInfo]) -> str:
+    if not models:
+        return "no models configured"
+    rows = [
+        [m.alias, m.backend, "yes" if m.served else "no", m.state if m.served else "-", m.path]
+        for m in models
+    ]
+    return table(["ALIAS", "BACKEND", "SERVED", "STATE", "PATH"], rows)
+
+
+def argv_text(argv: Sequence[str], indent: str = "    ") -> str:
+    """The command as a copy-pasteable shell line, one ``--flag value...`` per line."""
+    import shlex
+
+    groups: list[list[str]] = [[]]
+    for arg in argv:
+        if arg.startswith("--") and groups[-1]:
+            groups.append([])
+        groups[-1].append(arg)
+    lines = [shlex.join(g) for g in groups if g]
+    return indent + (" \\\n" + indent + "  ").join(lines)
+
+
+def _flag_rows(flags: Any) -> list[tuple[str, str, str]]:
+    """Normalise the plan's flags (list of dicts, dict of dicts, or dict of origins)."""
+    rows: list[tuple[str, str, str]] = []
+
+    def val(v: Any) -> str:
+        if v is None:
+            return ""
+        if isinstance(v, list | tuple):
+            return " ".join(str(x) for x in v)
+        return str(v)
+
+    if isinstance(flags, Mapping):
+        for name, spec in flags.items():
+            if isinstance(spec, Mapping):
+                rows.append((str(name), val(spec.get("value")), val(spec.get("origin"))))
+            else:
+                rows.append((str(name), "", val(spec)))
+    elif isinstance(flags, list):
+        for spec in flags:
+            if isinstance(spec, Mapping):
+                name = spec.get("flag", spec.get("name", "?"))
+                origin = spec.get("origin", spec.get("source"))
+                rows.append((str(name), val(spec.get("value")), val(origin)))
+            elif isinstance(spec, list | tuple) and spec:
+                rows.append((str(spec[0]), val(spec[1:-1]), val(spec[-1]) if len(spec) > 1 else ""))
+    return rows
+
+
+_PLAN_KEYS = (
+    "alias", "argv", "env", "numa_nodes", "cpus", "gpus", "flags", "evict", "blocked_by", "reason",
+)  # fmt: skip
+
+
+def plan_text(alias: str, plan: Mapping[str, Any]) -> str:
+    """``load --dry-run``: what would run, where, and what it would displace."""
+    out = [f"plan for {plan.get('alias', alias)} (dry run: nothing was started)"]
+    argv = plan.get("argv")
+    if argv:
+        out += ["  command:", argv_text([str(a) for a in argv])]
+    env = plan.get("env")
+    if isinstance(env, Mapping) and env:
+        import shlex
+
+        out.append("  environment:")
+        out += [f"    {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())]
+    numa = plan.get("numa_nodes")
+    if numa is not None:
+        out.append(f"  numa nodes:  {ranges(numa)}")
+    cpus = plan.get("cpus")
+    if cpus is not None:
+        out.append(f"  cpus:        {ranges(cpus)} ({len(set(cpus))} cpus)")
+    gpus = plan.get("gpus")
+    if gpus is not None:
+        out.append(f"  gpus:        {ranges(gpus) if gpus else 'none'}")
+    rows = _flag_rows(plan.get("flags"))
+    if rows:
+        out.append("  flags:")
+        width = max(len(f"{n} {v}".strip()) for n, v, _ in rows)
+        for name, value, origin in rows:
+            text = f"{name} {value}".strip()
+            out.append(f"    {text.ljust(width)}  ({origin})" if origin else f"    {text}")
+    if "evict" in plan:
+        evict = plan.get("evict") or []
+        names = evict if isinstance(evict, list) else [evict]
+        out.append(f"  would evict: {', '.join(map(str, names)) if names else 'nothing'}")
+    blocked = plan.get("blocked_by")
+    reason = plan.get("reason")
+    if blocked:
+        names = blocked if isinstance(blocked, list) else [blocked]
+        out.append(f"  BLOCKED by {', '.join(map(str, names))}" + (f": {reason}" if reason else ""))
+    elif reason:
+        out.append(f"  note: {reason}")
+    for key, value in plan.items():
+        if key not in _PLAN_KEYS:
+            out.append(f"  {key}: {json.dumps(value, default=str)}")
+    return "\n".join(out)
+
+
+def doctor_failed(report: Mapping[str, Any]) -> bool:
+    return any(str(c.get("status", "")).lower() in FAIL_STATUSES for c in _checks(report))
+
+
+def _checks(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    checks = report.get("checks", [])
+    return [c for c in checks if isinstance(c, Mapping)] if isinstance(checks, list) else []
+
+
+def doctor_text(report: Mapping[str, Any]) -> str:
+    """One line per check (``ok``/``warn``/``fail``), advice indented under non-ok ones."""
+    checks = _checks(report)
+    if not checks:
+        return "doctor: no checks reported"
+    out = []
+    counts: dict[str, int] = {}
+    for c in checks:
+        status = str(c.get("status", "?")).lower()
+        counts[status] = counts.get(status, 0) + 1
+        line = f"{status:<5} {c.get('name', '?')}"
+        if c.get("detail"):
+            line += f": {c['detail']}"
+        out.append(line)
+        if c.get("advice") and status != "ok":
+            out.append(f"      -> {c['advice']}")
+    out.append("summary: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return "\n".join(out)
+
+
+def event_lines(ev: p.Event) -> list[str]:
+    """``time topic state reason`` for state changes; one line per log line for logs."""
+    head = f"{clock(ev.time)} {ev.topic}"
+    if ev.topic.startswith("log."):
+        return [f"{head} | {line.rstrip()}" for line in ev.lines] or [head]
+    if ev.topic.startswith("lease."):
+        return [f"{head} leases={ev.leases if ev.leases is not None else '?'}"]
+    line = f"{head} {state_text(ev.state, ev.phase)}"
+    if ev.pid:
+        line += f" pid={ev.pid}"
+    if ev.port:
+        line += f" port={ev.port}"
+    if ev.reason:
+        line += f" {one_line(ev.reason)}"
+    return [line]
+
+
+def log_tail_text(alias: str, lines: Sequence[str]) -> str:
+    return "\n".join([f"last {len(lines)} log lines of {alias}:", *(f"  {ln}" for ln in lines)])
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def builtins(obj: Any) -> Any:
+    return msgspec.to_builtins(obj)
+
+
+def reply_doc(reply: p.Reply) -> dict[str, Any]:
+    """A reply as a JSON document: its fields, without the wire-only ``id`` and ``type``."""
+    doc: dict[str, Any] = builtins(reply)
+    doc.pop("id", None)
+    kind = doc.pop("type", None)
+    if kind == "ok":
+        doc = {"ok": True, **doc}
+    return doc
+
+
+def error_doc(code: str, message: str, detail: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "detail": builtins(dict(detail or {}))}}
+
+
+def dumps(obj: Any, *, stream: bool = False) -> str:
+    """One JSON document (indented) or one JSON line (``stream``), structs allowed."""
+    data = builtins(obj)
+    if stream:
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------- load progress
+
+
+class LoadProgress:
+    """The one rewritten status line of ``ktctl load`` on a terminal.
+
+    Fed with the alias's ``engine.``/``log.`` events; ``line`` renders
+    ``alias state (phase) 12.3s | last log line`` cut to the terminal width.
+    """
+
+    def __init__(self, alias: str, started: float) -> None:
+        self.alias = alias
+        self.started = started
+        self.state = "loading"
+        self.phase: str | None = None
+        self.last_line = ""
+
+    def update(self, ev: p.Event) -> None:
+        if ev.topic.startswith("engine."):
+            if ev.state:
+                if ev.state != self.state:
+                    self.phase = None
+                self.state = ev.state
+            if ev.phase:
+                self.phase = ev.phase
+        elif ev.topic.startswith("log."):
+            for raw in reversed(ev.lines):
+                line = one_line(raw)
+                if line:
+                    self.last_line = line
+                    break
+
+    def line(self, now: float, width: int) -> str:
+        text = f"{self.alias} {state_text(self.state, self.phase)} {duration(now - self.started)}"
+        if self.last_line:
+            text += f" | {self.last_line}"
+        # One column short of the width: writing the last column makes some
+        # terminals wrap, and the next \r would then rewrite the wrong line.
+        return truncate(text, max(width - 1, 10))

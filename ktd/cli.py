@@ -1,0 +1,46 @@
+"""``ktd``: the daemon's command (``serve``), the frontend (``frontend``) and ``up``.
+
+Subcommands import their module lazily so that each process pays only for
+what it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: ktd {serve,frontend,up,version} [options]
+
+  serve      run the daemon that owns the engines (ZeroMQ control socket)
+  frontend   run the OpenAI-compatible HTTP frontend
+  up         run daemon and frontend together (--demo: on the simulated engine)
+  version    print the version
+
+Run `ktd COMMAND --help` for the options of each command.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    cmd, rest = args[0], args[1:]
+    if cmd == "serve":
+        from ktd.daemon import main as run
+    elif cmd == "frontend":
+        from ktd.frontend.main import main as run
+    elif cmd == "up":
+        from ktd.up import main as run
+    elif cmd in ("version", "--version"):
+        from ktd import __version__
+
+        print(__version__)
+        return 0
+    else:
+        print(f"ktd: unknown command {cmd!r}\n{USAGE}", end="", file=sys.stderr)
+        return 2
+    return run(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+"""Configuration: the seed's ``config.json`` + ``models.json``, validated and resolved.
+
+Pure (reads files, no sockets or processes). Every error is a ``ConfigError``
+naming the file and the field path, because an operator fixing a 600 GB model's
+config at 3 a.m. should not have to guess which of thirty entries is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+BACKEND_KT = "kt"
+DEFAULT_MODEL_ID = "ktransformers"
+
+
+class ConfigError(Exception):
+    """A config problem, rendered as ``<file>: <path>: <message>``."""
+
+    def __init__(self, file: str, path: str, message: str) -> None:
+        self.file = file
+        self.path = path
+        self.message = message
+        super().__init__(f"{file}: {path}: {message}" if path else f"{file}: {message}")
+
+
+# ---------------------------------------------------------------- file schema
+
+ExtraArgs = list[str] | str
+ExtraEnv = str | list[str] | dict[str, str]
+
+
+class KtSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The seed's ``ktransformers`` section, field for field, plus ``python``."""
+
+    enabled: bool = True
+    model_path: str | None = None
+    kt_weight_path: str | None = None
+    model_id: str = DEFAULT_MODEL_ID
+    host: str = "127.0.0.1"
+    port: int = 0
+    ctx: int = 0
+    extra_args: ExtraArgs = []
+    extra_env: ExtraEnv = {}
+    auto_build: bool = False
+    python: str | None = None
+
+
+class KtOverrides(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    ctx: int | None = None
+    kt_weight_path: str | None = None
+    extra_args: ExtraArgs | None = None
+    extra_env: ExtraEnv | None = None
+    tp_size: int | None = None
+    nnodes: int | None = None
+    dist_init_addr: str | None = None
+    nodes: list[str] | int | None = None
+    port: int | None = None
+    python: str | None = None
+
+
+NumaSpec = Literal["auto", "all"] | list[int]
+GpuSpec = Literal["auto"] | list[int] | int
+RestartPolicy = Literal["on-failure", "no"]
+
+
+class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    path: str
+    backend: str
+    alias: str
+    kt: KtOverrides | None = None
+    numa: NumaSpec = "auto"
+    gpus: GpuSpec = "auto"
+    ttl: float = 0.0
+    restart: RestartPolicy = "on-failure"
+    pinned: bool = False
+    swap: bool = True
+    health_timeout: float | None = None
+
+
+class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    runtime_dir: str | None = None
+    state_dir: str | None = None
+    log_dir: str | None = None
+    group: str | None = None
+    cpus: list[int] | None = None
+    keep_engines_on_exit: bool = False
+    drain_timeout: float = 60.0
+    stop_grace: float = 30.0
+    health_timeout: float = 1800.0
+    health_interval: float = 10.0
+    hang_timeout: float = 60.0
+    lease_ttl: float = 15.0
+    log_max_bytes: int = 64 << 20
+    log_backups: int = 3
+    restart_backoff: float = 2.0
+    restart_max: int = 5
+    restart_window: float = 600.0
+    cpu_reserve: int = 0
+    one_engine_per_machine: bool = False
+
+
+class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    bind: str = "127.0.0.1:8000"
+    api_keys: list[str] = []
+    max_body_bytes: int = 32 << 20
+    load_timeout: float = 1800.0
+    read_timeout: float = 600.0
+    autoload: bool = True
+
+
+class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    ktransformers: KtSection = msgspec.field(default_factory=KtSection)
+    models_file: str | None = None
+    daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
+    frontend: FrontendSection = msgspec.field(default_factory=FrontendSection)
+
+
+# ---------------------------------------------------------------- resolved model
+
+
+class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One model after defaults are merged: everything needed to launch it."""
+
+    alias: str
+    backend: str
+    path: str
+    served: bool
+    source: str
+    kt_weight_path: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    ctx: int = 0
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+    python: str = sys.executable
+    auto_build: bool = False
+    tp_size: int | None = None
+    nnodes: int | None = None
+    dist_init_addr: str | None = None
+    numa: NumaSpec = "auto"
+    gpus: GpuSpec = "auto"
+    ttl: float = 0.0
+    restart: RestartPolicy = "on-failure"
+    pinned: bool = False
+    swap: bool = True
+    health_timeout: float = 1800.0
+    not_served_reason: str | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.extra_env)
+
+
+class Config(msgspec.Struct, kw_only=True):
+    path: str
+    file: ConfigFile
+    models: dict[str, ModelSpec]
+
+    @property
+    def daemon(self) -> DaemonSection:
+        return self.file.daemon
+
+    @property
+    def frontend(self) -> FrontendSection:
+        return self.file.frontend
+
+    def served(self) -> list[ModelSpec]:
+        return [m for m in self.models.values() if m.served]
+
+    def route(self, model: str) -> ModelSpec | None:
+        """DESIGN.md's routing rule: exact alias match only, never substring or family."""
+        spec = self.models.get(model)
+        return spec if spec is not None and spec.served else None
+
+
+# ---------------------------------------------------------------- parsing helpers
+
+_MSGSPEC_AT = re.compile(r"^(?P<msg>.*) - at `(?P<path>.*)`$", re.S)
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_BAD_ALIAS = re.compile(r"[:/\s\x00-\x1f\x7f]")
+
+
+def _validation_error(file: str, exc: Exception, base: str = "$") -> ConfigError:
+    text = str(exc)
+    m = _MSGSPEC_AT.match(text)
+    if m:
+        return ConfigError(file, base + m["path"][1:], m["msg"])
+    return ConfigError(file, base, text)
+
+
+def _decode_json(file: str, data: bytes, type_: Any) -> Any:
+    try:
+        return msgspec.json.decode(data, type=type_)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(file, exc) from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(file, "", f"not valid JSON: {_json_position(data, exc)}") from None
+
+
+def _json_position(data: bytes, exc: Exception) -> str:
+    text = str(exc)
+    m = re.search(r"\(byte (\d+)\)", text)
+    if not m:
+        return text
+    offset = int(m[1])
+    head = data[:offset]
+    line = head.count(b"\n") + 1
+    col = offset - (head.rfind(b"\n") + 1) + 1
+    return f"{text} (line {line}, column {col})"
+
+
+def split_args(value: ExtraArgs | None, file: str, path: str) -> tuple[str, ...]:
+    """``extra_args`` as the seed allows it: a list, or one string split like a shell would."""
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        return tuple(value)
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as exc:
+        raise ConfigError(file, path, f"cannot split like a shell: {exc}") from None
+
+
+def parse_env(value: ExtraEnv | None, file: str, path: str) -> dict[str, str]:
+    """``extra_env`` as a seed-style ``"K=V K2='v 2'"`` string, a list of words, or an object."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        for key in value:
+            if not _ENV_KEY.match(key):
+                raise ConfigError(file, f"{path}.{key}", "not a valid environment variable name")
+        return dict(value)
+    if isinstance(value, str):
+        try:
+            words = shlex.split(value)
+        except ValueError as exc:
+            raise ConfigError(file, path, f"cannot split like a shell: {exc}") from None
+        where = [f"{path} word {i + 1}" for i in range(len(words))]
+    else:
+        words = value
+        where = [f"{path}[{i}]" for i in range(len(words))]
+    env: dict[str, str] = {}
+    for word, at in zip(words, where, strict=True):
+        key, sep, val = word.partition("=")
+        if not sep or not _ENV_KEY.match(key):
+            raise ConfigError(file, at, f"expected KEY=VALUE, got {word!r}")
+        env[key] = val
+    return env
+
+
+def check_alias(alias: str, file: str, path: str) -> None:
+    if not alias:
+        raise ConfigError(file, path, "must not be empty")
+    if ":" in alias:
+        raise ConfigError(
+            file, path, f"{alias!r} contains ':' (SGLang reads 'name:adapter' as a LoRA request)"
+        )
+    if _BAD_ALIAS.search(alias) or alias.startswith("."):
+        raise ConfigError(
+            file, path, f"{alias!r} must not contain '/', whitespace or control characters"
+        )
+
+
+def _check_port(port: int, file: str, path: str) -> None:
+    if not 0 <= port <= 65535:
+        raise ConfigError(file, path, f"port {port} is out of range 0-65535")
+
+
+def _check_nonneg(value: float | int | None, file: str, path: str) -> None:
+    if value is not None and value < 0:
+        raise ConfigError(file, path, f"must be >= 0, got {value}")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Read, validate and resolve a config. Raises ConfigError, never anything else for bad input."""
+    cfg_path = Path(path)
+    cfg_name = str(cfg_path)
+    try:
+        data = cfg_path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(cfg_name, "", f"cannot read: {exc.strerror or exc}") from None
+    file: ConfigFile = _decode_json(cfg_name, data, ConfigFile)
+    _validate_sections(file, cfg_name)
+
+    entries: list[ModelEntry] = []
+    models_name = ""
+    models_file = file.models_file
+    explicit = models_file is not None
+    mpath = cfg_path.parent / (models_file or "models.json")
+    models_name = str(mpath)
+    if mpath.exists() or explicit:
+        try:
+            mdata = mpath.read_bytes()
+        except OSError as exc:
+            raise ConfigError(
+                cfg_name, "$.models_file", f"cannot read {mpath}: {exc.strerror or exc}"
+            ) from None
+        entries = _decode_json(models_name, mdata, list[ModelEntry])
+
+    models = resolve_models(file, entries, cfg_name, models_name)
+    return Config(path=cfg_name, file=file, models=models)
+
+
+def _validate_sections(file: ConfigFile, name: str) -> None:
+    kt = file.ktransformers
+    _check_port(kt.port, name, "$.ktransformers.port")
+    _check_nonneg(kt.ctx, name, "$.ktransformers.ctx")
+    check_alias(kt.model_id, name, "$.ktransformers.model_id")
+    split_args(kt.extra_args, name, "$.ktransformers.extra_args")
+    parse_env(kt.extra_env, name, "$.ktransformers.extra_env")
+    d = file.daemon
+    for field in (
+        "drain_timeout",
+        "stop_grace",
+        "health_timeout",
+        "health_interval",
+        "hang_timeout",
+        "lease_ttl",
+        "log_max_bytes",
+        "log_backups",
+        "restart_backoff",
+        "restart_max",
+        "restart_window",
+        "cpu_reserve",
+    ):
+        _check_nonneg(getattr(d, field), name, f"$.daemon.{field}")
+    if d.health_interval <= 0:
+        raise ConfigError(name, "$.daemon.health_interval", "must be > 0")
+    f = file.frontend
+    _check_nonneg(f.max_body_bytes, name, "$.frontend.max_body_bytes")
+    _check_nonneg(f.load_timeout, name, "$.frontend.load_timeout")
+    if not f.bind.startswith("unix:") and ":" not in f.bind:
+        raise ConfigError(name, "$.frontend.bind", f"expected HOST:PORT or unix:PATH, got {f.bind!r}")
+    for i, key in enumerate(f.api_keys):
+        if not key:
+            raise ConfigError(name, f"$.frontend.api_keys[{i}]", "must not be empty")
+
+
+def resolve_models(
+    file: ConfigFile, entries: list[ModelEntry], cfg_name: str, models_name: str
+) -> dict[str, ModelSpec]:
+    """Merge the section's defaults into each entry; pure, testable without files."""
+    kt = file.ktransformers
+    base_args = split_args(kt.extra_args, cfg_name, "$.ktransformers.extra_args")
+    base_env = parse_env(kt.extra_env, cfg_name, "$.ktransformers.extra_env")
+    python = kt.python or sys.executable
+    off_reason = None if kt.enabled else "ktransformers.enabled is false"
+    models: dict[str, ModelSpec] = {}
+    sources: dict[str, str] = {}
+
+    if kt.model_path:
+        spec = ModelSpec(
+            alias=kt.model_id,
+            backend=BACKEND_KT,
+            path=kt.model_path,
+            served=kt.enabled,
+            not_served_reason=off_reason,
+            source=f"{cfg_name}: $.ktransformers",
+            kt_weight_path=kt.kt_weight_path,
+            host=kt.host,
+            port=kt.port,
+            ctx=kt.ctx,
+            extra_args=base_args,
+            extra_env=tuple(base_env.items()),
+            python=python,
+            auto_build=kt.auto_build,
+            health_timeout=file.daemon.health_timeout,
+        )
+        models[spec.alias] = spec
+        sources[spec.alias] = f"{cfg_name}: $.ktransformers.model_id"
+
+    for i, entry in enumerate(entries):
+        at = f"$[{i}]"
+        check_alias(entry.alias, models_name, f"{at}.alias")
+        if entry.alias in sources:
+            raise ConfigError(
+                models_name,
+                f"{at}.alias",
+                f"duplicate alias {entry.alias!r} (also at {sources[entry.alias]})",
+            )
+        sources[entry.alias] = f"{models_name}: {at}.alias"
+        _check_nonneg(entry.ttl, models_name, f"{at}.ttl")
+        _check_nonneg(entry.health_timeout, models_name, f"{at}.health_timeout")
+        if isinstance(entry.numa, list) and len(set(entry.numa)) != len(entry.numa):
+            raise ConfigError(models_name, f"{at}.numa", "lists a node twice")
+        if isinstance(entry.gpus, int) and entry.gpus < 0:
+            raise ConfigError(models_name, f"{at}.gpus", "must be >= 0")
+        is_kt = entry.backend == BACKEND_KT
+        ov = entry.kt or KtOverrides()
+        if ov.ctx is not None:
+            _check_nonneg(ov.ctx, models_name, f"{at}.kt.ctx")
+        if ov.port is not None:
+            _check_port(ov.port, models_name, f"{at}.kt.port")
+        args = (
+            split_args(ov.extra_args, models_name, f"{at}.kt.extra_args")
+            if ov.extra_args is not None
+            else base_args
+        )
+        env = dict(base_env)
+        env.update(parse_env(ov.extra_env, models_name, f"{at}.kt.extra_env"))
+        reason = off_reason if is_kt else f"backend {entry.backend!r} is not served by ktd"
+        models[entry.alias] = ModelSpec(
+            alias=entry.alias,
+            backend=entry.backend,
+            path=entry.path,
+            served=is_kt and kt.enabled,
+            not_served_reason=reason,
+            source=f"{models_name}: {at}",
+            kt_weight_path=ov.kt_weight_path if ov.kt_weight_path is not None else kt.kt_weight_path,
+            host=kt.host,
+            port=ov.port or 0,
+            ctx=ov.ctx if ov.ctx is not None else kt.ctx,
+            extra_args=args,
+            extra_env=tuple(env.items()),
+            python=ov.python or python,
+            auto_build=kt.auto_build,
+            tp_size=ov.tp_size,
+            nnodes=ov.nnodes,
+            dist_init_addr=ov.dist_init_addr,
+            numa=entry.numa,
+            gpus=entry.gpus,
+            ttl=entry.ttl,
+            restart=entry.restart,
+            pinned=entry.pinned,
+            swap=entry.swap,
+            health_timeout=(
+                entry.health_timeout
+                if entry.health_timeout is not None
+                else file.daemon.health_timeout
+            ),
+        )
+    return models

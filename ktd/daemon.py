@@ -1,0 +1,257 @@
+"""``ktd serve``: set up paths and sockets, run the pool and the control server, tear down.
+
+Start-up order matters for systemd and for clients: the config is validated
+first (a bad config refuses to start, naming file and field), then the runtime
+directory and sockets are made under a tight umask, adoption runs, and only
+then READY=1 is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+import zmq
+
+from ktd import paths, proctree, sdnotify
+from ktd.config import Config, ConfigError, load_config
+from ktd.pool import OpError, Pool
+from ktd.protocol import HARD_MAX_FRAME, ErrorCode
+from ktd.server import ControlServer
+
+log = logging.getLogger("ktd")
+
+
+class Setup:
+    """Resolved paths for one daemon run."""
+
+    def __init__(self, config: Config, socket_override: str | None) -> None:
+        d = config.daemon
+        env = dict(os.environ)
+        if socket_override:
+            env["KTD_SOCKET"] = socket_override
+        if d.runtime_dir and not env.get("KTD_RUNTIME_DIR"):
+            env["KTD_RUNTIME_DIR"] = d.runtime_dir
+        if d.state_dir and not env.get("KTD_STATE_DIR"):
+            env["KTD_STATE_DIR"] = d.state_dir
+        self.control = paths.control_path(env)
+        self.events = paths.events_path(self.control)
+        self.state_dir = paths.state_dir(env)
+        self.log_dir = Path(d.log_dir) if d.log_dir else self.state_dir / "logs"
+        self.group = d.group
+
+
+def prepare_runtime_dir(directory: Path, group: str | None) -> None:
+    """0700 (0750 with a group), owned by us: the socket's permission is the directory's."""
+    mode = 0o750 if group else 0o700
+    directory.mkdir(parents=True, exist_ok=True, mode=mode)
+    st = directory.stat()
+    if st.st_uid != os.geteuid():
+        raise SystemExit(f"ktd: {directory} is owned by uid {st.st_uid}, not by us; refusing")
+    os.chmod(directory, mode)
+    if group:
+        import grp
+
+        try:
+            os.chown(directory, -1, grp.getgrnam(group).gr_gid)
+        except (KeyError, PermissionError) as exc:
+            raise SystemExit(f"ktd: daemon.group {group!r}: {exc}") from None
+
+
+def check_not_running(path: Path) -> None:
+    """A live daemon on this socket → refuse; a stale socket file → remove it."""
+    if not path.exists():
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            path.unlink(missing_ok=True)
+            return
+    raise SystemExit(f"ktd: another ktd is already listening on {path}")
+
+
+def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    ctx = zmq.Context.instance()
+    control = ctx.socket(zmq.ROUTER)
+    events = ctx.socket(zmq.PUB)
+    for s in (control, events):
+        s.setsockopt(zmq.LINGER, 0)
+    control.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_FRAME)
+    control.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    events.setsockopt(zmq.SNDHWM, 10_000)
+    # Never chmod after bind (racy): the umask decides the mode at creation.
+    old = os.umask(0o007 if setup.group else 0o077)
+    try:
+        check_not_running(setup.control)
+        setup.events.unlink(missing_ok=True)
+        control.bind(paths.endpoint(setup.control))
+        events.bind(paths.endpoint(setup.events))
+    finally:
+        os.umask(old)
+    return control, events
+
+
+class Daemon:
+    def __init__(self, config: Config, setup: Setup) -> None:
+        self.config = config
+        self.setup = setup
+        self.stop_requested = trio.Event()
+        self.force_stop = False
+        self.server: ControlServer | None = None
+        self.pool: Pool | None = None
+
+    def request_stop(self) -> None:
+        if self.stop_requested.is_set():
+            self.force_stop = True
+        self.stop_requested.set()
+
+    async def reload(self) -> str:
+        assert self.pool is not None
+        try:
+            new = load_config(self.config.path)
+        except ConfigError as exc:
+            log.error("reload refused: %s", exc)
+            raise OpError(
+                ErrorCode.CONFIG_ERROR, f"{exc} (the running config is kept)",
+                {"file": exc.file, "path": exc.path},
+            ) from None
+        summary = self.pool.apply_config(new)
+        self.config = new
+        log.info("reloaded %s: %s", new.path, summary)
+        return summary
+
+    async def doctor(self) -> dict[str, Any]:
+        from ktd.doctor_run import daemon_report
+
+        assert self.pool is not None
+        return await daemon_report(self.config, self.pool)
+
+    def dry_run(self, alias: str) -> dict[str, Any]:
+        from ktd.doctor_run import dry_run_plan
+
+        assert self.pool is not None
+        return dry_run_plan(self.pool, alias)
+
+    async def run(self, control: zmq.Socket[bytes], events: zmq.Socket[bytes]) -> None:
+        async with trio.open_nursery() as nursery:
+            pool = Pool(
+                self.config, log_dir=self.setup.log_dir, publish=self._publish,
+                state_path=self.setup.state_dir / "engines.json",
+            )
+            self.pool = pool
+            adopted, killed = pool.adopt()
+            if adopted:
+                log.info("re-adopted running engine(s): %s", ", ".join(adopted))
+            if killed:
+                log.warning("killed %d stray engine process(es): %s", len(killed), killed)
+            server = ControlServer(
+                pool, control, events,
+                reload=self.reload, doctor=self.doctor, dry_run=self.dry_run,
+                shutdown=self.request_stop,
+            )
+            self.server = server
+            await nursery.start(server.run)
+            await nursery.start(pool.run)
+            nursery.start_soon(self._signals)
+            nursery.start_soon(self._watchdog)
+            sdnotify.notify("READY=1\nSTATUS=serving")
+            log.info("ktd ready: control %s, %d kt model(s)", self.setup.control, len(pool.engines))
+            await self.stop_requested.wait()
+            sdnotify.notify("STOPPING=1")
+            log.info("shutting down: stopping %d engine(s)", len(pool.engines))
+            with trio.CancelScope(shield=True):
+                if self.config.daemon.keep_engines_on_exit:
+                    pool.keeping_engines = True
+                    pool.save_state()
+                    log.info("keep_engines_on_exit: leaving engines running for the next ktd")
+                else:
+                    async with trio.open_nursery() as stopper:
+                        stopper.start_soon(pool.stop_all)
+                        stopper.start_soon(self._escalate, pool)
+                    pool.save_state()
+            nursery.cancel_scope.cancel()
+        server.close()
+
+    async def _escalate(self, pool: Pool) -> None:
+        """A second SIGTERM/SIGINT during shutdown skips the drains."""
+        while not self.force_stop:
+            if all(e.state in ("stopped", "failed") for e in pool.engines.values()):
+                return
+            await trio.sleep(0.1)
+        for e in pool.engines.values():
+            e.request_down(force=True)
+
+    def _publish(self, topic: str, event: Any) -> None:
+        if self.server is not None:
+            self.server.publish(topic, event)
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for sig in sigs:
+                if sig == signal.SIGHUP:
+                    try:
+                        await self.reload()
+                    except OpError as exc:
+                        log.error("SIGHUP reload failed: %s", exc.message)
+                else:
+                    log.info("received %s", proctree.signal_name(sig))
+                    self.request_stop()
+
+    async def _watchdog(self) -> None:
+        interval = sdnotify.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            sdnotify.notify("WATCHDOG=1")
+            await trio.sleep(interval)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ktd serve", description="Run the ktd daemon.")
+    ap.add_argument("--config", help="config.json (default: $KTD_CONFIG or the per-user path)")
+    ap.add_argument("--socket", help="control socket path (default: $KTD_SOCKET or runtime dir)")
+    ap.add_argument("--log-level", default=os.environ.get("KTD_LOG_LEVEL", "INFO"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    config_path = Path(args.config) if args.config else paths.default_config_path()
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(f"ktd: config error: {exc}", file=sys.stderr)
+        return 2
+    setup = Setup(config, args.socket)
+    if config.daemon.cpus:
+        try:
+            os.sched_setaffinity(0, config.daemon.cpus)
+        except OSError as exc:
+            print(f"ktd: config error: {config.path}: $.daemon.cpus: {exc}", file=sys.stderr)
+            return 2
+    try:
+        prepare_runtime_dir(setup.control.parent, setup.group)
+        control, events = bind_sockets(setup)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except zmq.ZMQError as exc:
+        print(f"ktd: cannot bind {setup.control}: {exc}", file=sys.stderr)
+        return 1
+    proctree.set_child_subreaper()
+    daemon = Daemon(config, setup)
+    try:
+        trio.run(daemon.run, control, events)
+    finally:
+        for path in (setup.control, setup.events):
+            path.unlink(missing_ok=True)
+    return 0

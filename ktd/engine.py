@@ -1,0 +1,693 @@
+"""The engine supervisor: one trio task per engine owns its state and its processes.
+
+Everyone else (control handlers, the frontend's leases, TTL, reload) sets a
+*desire* (``want_up``) and waits for the state to change; only ``run()`` acts.
+That is why 50 concurrent loads make one launch, and why nobody ever acts on
+a stale snapshot of an engine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import trio
+
+from ktd import proctree
+from ktd import states as S
+from ktd.command import ENGINE_MARK, build_argv, build_env
+from ktd.config import DaemonSection, ModelSpec
+from ktd.enginelog import EngineLog
+from ktd.probe import Prober, missing_message
+from ktd.protocol import EngineInfo
+
+READY_LINE = "The server is fired up and ready to roll"
+PORT_TAKEN_MARKERS = ("address already in use", "errno 98")
+
+
+class Busy(Exception):
+    """The engine cannot be placed now; ``holders`` are the engines in the way."""
+
+    def __init__(self, message: str, holders: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.holders = holders
+
+
+class PlacementLike(Protocol):
+    numa_nodes: tuple[int, ...]
+    cpus: tuple[int, ...]
+    gpus: tuple[int, ...]
+    env: Mapping[str, str]
+
+    def argv_flags(self) -> list[str]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class EngineHost(Protocol):
+    """What an engine needs from the pool around it (kept narrow so engines test alone)."""
+
+    settings: DaemonSection
+    log_dir: Path
+    prober: Prober
+    http: httpx.AsyncClient
+    base_env: Mapping[str, str]
+    instance: str  # this daemon's key, prefixed to every engine id
+
+    async def place(self, engine: Engine) -> PlacementLike | None: ...
+
+    def state_changed(self, engine: Engine) -> None: ...
+
+    def log_lines(self, engine: Engine, lines: list[str]) -> None: ...
+
+
+@dataclass
+class Lease:
+    id: str
+    client: str
+    since: float = field(default_factory=time.time)
+
+
+@dataclass
+class Running:
+    """One spawned (or adopted) engine process tree."""
+
+    pid: int
+    start: int
+    engine_id: str
+    port: int
+    argv: list[str]
+    proc: trio.Process | None = None
+    pidfd: int | None = None
+    returncode: int | None = None
+    exited: trio.Event = field(default_factory=trio.Event)
+    started_at: float = field(default_factory=time.time)
+
+    async def wait(self) -> None:
+        if self.proc is not None:
+            self.returncode = await self.proc.wait()
+        elif self.pidfd is not None:
+            await trio.lowlevel.wait_readable(self.pidfd)
+        else:  # no pidfd (old kernel): poll
+            while proctree.alive((self.pid, self.start)):
+                await trio.sleep(0.5)
+        self.exited.set()
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            trio.lowlevel.notify_closing(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+@dataclass
+class Outcome:
+    kind: str  # "stopped" | "failed" | "crashed" | "port_taken" | "busy"
+    reason: str | None = None
+
+
+class Engine:
+    def __init__(self, spec: ModelSpec, host: EngineHost) -> None:
+        self.spec = spec
+        self.host = host
+        self.state = S.STOPPED
+        self.since = time.time()
+        self.reason: str | None = None
+        self.error_code: str | None = None
+        self.phase: str | None = None
+        self.want_up = False
+        self.force = False
+        self.drain_timeout: float | None = None
+        self.leases: dict[str, Lease] = {}
+        self.last_used: float | None = None
+        self.run: Running | None = None
+        self.plan: PlacementLike | None = None
+        self.restarts = 0
+        self.crashes: deque[float] = deque()
+        self.stale = False
+        self.pending_spec: ModelSpec | None = None
+        self.retired = False  # removed from config: stop and forget
+        self.generation = 0
+        self.adopt: Running | None = None
+        self._changed = trio.Event()
+        self._poke = trio.Event()
+        self._healthy = False
+        self._hung = False
+        self._ready_line = trio.Event()
+        d = host.settings
+        self.log = EngineLog(
+            host.log_dir / f"{spec.alias}.log",
+            max_bytes=d.log_max_bytes,
+            backups=d.log_backups,
+            publish=lambda lines: host.log_lines(self, lines),
+        )
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def alias(self) -> str:
+        return self.spec.alias
+
+    @property
+    def url(self) -> str | None:
+        if self.run is None:
+            return None
+        host = self.spec.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.run.port}"
+
+    def info(self, *, tail: int = 0) -> EngineInfo:
+        run = self.run
+        plan = self.plan
+        return EngineInfo(
+            alias=self.alias,
+            state=self.state,
+            pid=run.pid if run else None,
+            port=run.port if run else None,
+            argv=list(run.argv) if run else [],
+            numa_nodes=list(plan.numa_nodes) if plan else [],
+            gpus=list(plan.gpus) if plan else [],
+            cpus=list(plan.cpus) if plan else [],
+            since=self.since,
+            reason=self.reason,
+            leases=len(self.leases),
+            url=self.url if self.state in (S.READY, S.DRAINING) else None,
+            restarts=self.restarts,
+            last_used=self.last_used,
+            pinned=self.spec.pinned,
+            stale=self.stale,
+            log_tail=self.log.last(tail) if tail else [],
+            phase=self.phase,
+        )
+
+    # ------------------------------------------------------------ requests (any task)
+
+    def request_up(self) -> None:
+        if self.retired:
+            return
+        self.want_up = True
+        self.force = False
+        self._wake()
+
+    def request_down(self, *, force: bool = False, drain_timeout: float | None = None) -> None:
+        self.want_up = False
+        self.force = self.force or force
+        self.drain_timeout = drain_timeout
+        self._wake()
+
+    def add_lease(self, lease: Lease) -> None:
+        self.leases[lease.id] = lease
+        self.last_used = time.time()
+
+    def drop_lease(self, lease_id: str) -> bool:
+        if self.leases.pop(lease_id, None) is None:
+            return False
+        self.last_used = time.time()
+        self._wake()
+        return True
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    async def wait_until(self, pred: Callable[[], bool], timeout: float = math.inf) -> bool:
+        with trio.move_on_after(timeout):
+            while not pred():
+                await self._changed.wait()
+            return True
+        return False
+
+    def load_settled(self) -> bool:
+        """For load waiters: ready, or the attempt ended without it (failed or stopped)."""
+        if self.state == S.READY:
+            return True
+        return not self.want_up and self.state in (S.FAILED, S.STOPPED)
+
+    # ------------------------------------------------------------ owner task
+
+    def _wake(self) -> None:
+        self._poke.set()
+
+    def _set(self, state: str, *, reason: str | None = None, phase: str | None = None) -> None:
+        if state != self.state:
+            S.check(self.state, state)
+            self.since = time.time()
+        self.state = state
+        self.reason = reason
+        self.phase = phase
+        if state != S.FAILED:
+            self.error_code = None
+        self._changed.set()
+        self._changed = trio.Event()
+        self.host.state_changed(self)
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self._changed.set()
+        self._changed = trio.Event()
+        self.host.state_changed(self)
+
+    async def _sleep_until_poked(self, timeout: float = math.inf) -> None:
+        with trio.move_on_after(timeout):
+            await self._poke.wait()
+        self._poke = trio.Event()
+
+    async def run_forever(self) -> None:
+        """The owner loop. Cancelled at daemon shutdown, after ``shutdown()`` stopped the engine."""
+        if self.adopt is not None:
+            run, self.adopt = self.adopt, None
+            await self._cycle(adopted=run)
+        while not self.retired:
+            if self.want_up and self.state in (S.STOPPED, S.FAILED):
+                await self._cycle()
+            else:
+                await self._sleep_until_poked()
+
+    async def _cycle(self, adopted: Running | None = None) -> None:
+        """Start, supervise and restart (per policy) until stopped or failed."""
+        port_retries = 1
+        backoff_n = 0
+        first = True
+        while self.want_up or (adopted is not None and first):
+            self.generation += 1
+            if adopted is not None and first:
+                outcome = await self._adopted(adopted)
+            else:
+                outcome = await self._run_once(restart=not first)
+            first = False
+            if outcome.kind == "port_taken" and port_retries > 0 and self.want_up:
+                port_retries -= 1
+                self.log.note(f"{outcome.reason}; retrying once on another port")
+                continue
+            if outcome.kind == "crashed" and self.want_up and self.spec.restart != "no":
+                now = time.monotonic()
+                self.crashes.append(now)
+                window = self.host.settings.restart_window
+                while self.crashes and now - self.crashes[0] > window:
+                    self.crashes.popleft()
+                if len(self.crashes) > self.host.settings.restart_max:
+                    self._fail(
+                        f"flapping: {len(self.crashes)} crashes within {window:g}s; "
+                        f"last: {outcome.reason}"
+                    )
+                    return
+                delay = min(60.0, self.host.settings.restart_backoff * (2**backoff_n))
+                backoff_n += 1
+                self.restarts += 1
+                self._set(S.STARTING, reason=outcome.reason, phase=f"restart in {delay:.1f}s")
+                self.log.note(f"{outcome.reason}; restarting in {delay:.1f}s")
+                await self._sleep_until_poked(delay)
+                while self._poke.is_set():
+                    self._poke = trio.Event()
+                if not self.want_up:
+                    self._set(S.STOPPED, reason="stopped during restart backoff")
+                    return
+                continue
+            if outcome.kind == "crashed":
+                self.want_up = False
+                self._fail(outcome.reason or "engine exited")
+                return
+            if outcome.kind in ("failed", "port_taken"):
+                self.want_up = False
+                self._fail(outcome.reason or "failed")
+                return
+            if outcome.kind == "busy":
+                self.want_up = False
+                self.error_code = "busy"
+                self._set(S.STOPPED, reason=outcome.reason)
+                self.error_code = "busy"
+                return
+            # stopped as asked
+            return
+
+    def _fail(self, reason: str) -> None:
+        self.want_up = False
+        self.log.note(f"failed: {reason}")
+        self._set(S.FAILED, reason=reason)
+        self.error_code = "load_failed"
+
+    # ------------------------------------------------------------ one run
+
+    async def _run_once(self, *, restart: bool) -> Outcome:
+        self._set(S.STARTING, reason=self.reason if restart else None, phase="probing engine Python")
+        env = build_env(self.spec, self.host.base_env)
+        probe = await self.host.prober.probe(self.spec.python, env)
+        if self.spec.auto_build and probe.ok_python and probe.sglang is None:
+            problem = missing_message(probe, auto_build=True)
+            if problem:
+                return Outcome("failed", problem)
+            built = await self._pip_install_sglang(env)
+            if not built:
+                return Outcome("failed", "`pip install sglang` failed; see the log")
+            self.host.prober.forget()
+            probe = await self.host.prober.probe(self.spec.python, env)
+        problem = missing_message(probe, auto_build=False)
+        if problem:
+            return Outcome("failed", problem)
+        if not self.want_up:
+            self._set(S.STOPPED, reason="stopped before launch")
+            return Outcome("stopped")
+
+        self._set_phase("placing")
+        try:
+            self.plan = await self.host.place(self)
+        except Busy as exc:
+            self.plan = None
+            return Outcome("busy", str(exc))
+        if not self.want_up:
+            self.plan = None
+            self._set(S.STOPPED, reason="stopped before launch")
+            return Outcome("stopped")
+        port = self.spec.port or proctree.pick_port(self.spec.host)
+        flags = self.plan.argv_flags() if self.plan else []
+        argv = build_argv(self.spec, port, flags)
+        engine_id = f"{self.host.instance}/{self.alias}@{time.time_ns()}"
+        env = build_env(
+            self.spec,
+            self.host.base_env,
+            self.plan.env if self.plan else None,
+            engine_id=engine_id,
+        )
+        try:
+            run = await self._spawn(argv, env, port, engine_id)
+        except OSError as exc:
+            self.plan = None
+            return Outcome("failed", f"cannot start {argv[0]}: {exc.strerror or exc}")
+        self.run = run
+        self._set_phase("loading")
+        return await self._supervise(run)
+
+    async def _adopted(self, run: Running) -> Outcome:
+        """Supervise an engine a previous daemon started (it is already ready)."""
+        self.run = run
+        self.want_up = True
+        self.log.start_following(from_end=True)
+        self._set(S.STARTING, phase="adopting")
+        return await self._supervise(run, adopted=True)
+
+    async def _spawn(self, argv: list[str], env: dict[str, str], port: int, eid: str) -> Running:
+        cmd = list(argv)
+        plan = self.plan
+        if plan is not None and (plan.cpus or plan.numa_nodes):
+            pin = [sys.executable, "-m", "ktd.pin"]
+            if plan.cpus:
+                pin += ["--cpus", ",".join(map(str, plan.cpus))]
+            if plan.numa_nodes:
+                pin += ["--mems", ",".join(map(str, plan.numa_nodes))]
+            cmd = [*pin, "--", *argv]
+            env = dict(env)
+            # ktd.pin must import from where ktd lives, whatever the engine's PYTHONPATH.
+            ktd_root = str(Path(__file__).resolve().parent.parent)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (env.get("PYTHONPATH", ""), ktd_root) if p
+            )
+        fd = self.log.open_for_engine()
+        self.log.start_following(from_end=True)
+        self.log.note(f"starting: {subprocess.list2cmdline(argv)}")
+        try:
+            proc = await trio.lowlevel.open_process(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=fd if fd is not None else subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
+        info = proctree.read_stat(proc.pid)
+        run = Running(
+            pid=proc.pid, start=info.start if info else 0, engine_id=eid, port=port,
+            argv=argv, proc=proc,
+        )
+        self.host.state_changed(self)
+        return run
+
+    async def _pip_install_sglang(self, env: dict[str, str]) -> bool:
+        self._set_phase("pip install sglang")
+        cmd = [self.spec.python, "-m", "pip", "install", "sglang"]
+        self.log.note(f"auto_build: {subprocess.list2cmdline(cmd)}")
+        self.log.start_following(from_end=True)
+        fd = self.log.open_for_engine()
+        try:
+            proc = await trio.lowlevel.open_process(
+                cmd, env=env, stdin=subprocess.DEVNULL,
+                stdout=fd if fd is not None else subprocess.DEVNULL,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
+        try:
+            async with trio.open_nursery() as n:
+                n.start_soon(self._follow_log)
+                code = await proc.wait()
+                n.cancel_scope.cancel()
+        finally:
+            if proc.returncode is None:
+                proctree.signal_group(proc.pid, signal.SIGKILL)
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+        self.log.poll()
+        return code == 0
+
+    # ------------------------------------------------------------ supervision
+
+    async def _supervise(self, run: Running, *, adopted: bool = False) -> Outcome:
+        self._healthy = False
+        self._hung = False
+        self._ready_line = trio.Event()
+        deadline = trio.current_time() + self.spec.health_timeout
+        try:
+            async with trio.open_nursery() as n:
+                n.start_soon(self._watch_exit, run)
+                n.start_soon(self._follow_log)
+                n.start_soon(self._health_loop, run)
+                outcome = await self._decide(run, deadline)
+                n.cancel_scope.cancel()
+        finally:
+            # Whatever happened (even cancellation at daemon exit), nothing may be left.
+            if self.run is run and not self._keep_on_exit():
+                with trio.CancelScope(shield=True):
+                    await self._kill_everything(run, grace=0.0)
+        self.log.poll()
+        return outcome
+
+    def _keep_on_exit(self) -> bool:
+        return getattr(self.host, "keeping_engines", False) is True
+
+    async def _watch_exit(self, run: Running) -> None:
+        await run.wait()
+        self._wake()
+
+    async def _follow_log(self) -> None:
+        """Tail the engine's file: fast while it is busy, slower when quiet (idle ~0 CPU)."""
+        interval = 0.02
+        while True:
+            lines = self.log.poll()
+            if lines:
+                interval = 0.02
+                if self.state == S.STARTING:
+                    for line in lines:
+                        if READY_LINE in line:
+                            self._ready_line.set()
+                    self.phase = lines[-1][:200] if lines[-1].strip() else self.phase
+            else:
+                interval = min(interval * 2, 1.0 if self.state == S.READY else 0.25)
+            await trio.sleep(interval)
+
+    async def _health_loop(self, run: Running) -> None:
+        interval = 0.05
+        last_ok = trio.current_time()
+        while True:
+            if self.state == S.STARTING and not self._healthy:
+                if await self._check_ready(run):
+                    self._healthy = True
+                    self._wake()
+                    continue
+                with trio.move_on_after(interval):
+                    await self._ready_line.wait()
+                interval = min(interval * 1.5, 0.5)
+            elif self.state == S.READY:
+                await trio.sleep(self.host.settings.health_interval)
+                if self.state != S.READY:
+                    continue
+                if await self._get_ok(run, "/health", timeout=self.host.settings.hang_timeout):
+                    last_ok = trio.current_time()
+                elif trio.current_time() - last_ok >= self.host.settings.hang_timeout:
+                    self._hung = True
+                    self._wake()
+                    return
+            else:
+                await trio.sleep(0.2)
+
+    async def _get_ok(self, run: Running, path: str, *, timeout: float) -> bool:
+        try:
+            r = await self.host.http.get(f"{self.url_for(run)}{path}", timeout=timeout)
+        except (httpx.HTTPError, OSError):
+            return False
+        return r.status_code == 200
+
+    def url_for(self, run: Running) -> str:
+        host = self.spec.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{run.port}"
+
+    async def _check_ready(self, run: Running) -> bool:
+        """SGLang answers /v1/models before warm-up ends; /health says when it really is up."""
+        try:
+            r = await self.host.http.get(f"{self.url_for(run)}/v1/models", timeout=2.0)
+            if r.status_code != 200:
+                return False
+            ids = [m.get("id") for m in r.json().get("data", [])]
+            if self.alias not in ids:
+                return False
+            h = await self.host.http.get(f"{self.url_for(run)}/health", timeout=20.0)
+            return h.status_code == 200
+        except (httpx.HTTPError, OSError, ValueError, AttributeError):
+            return False
+
+    async def _decide(self, run: Running, deadline: float) -> Outcome:
+        while True:
+            if run.exited.is_set():
+                return self._exit_outcome(run)
+            if not self.want_up:
+                await self._stop(run)
+                return Outcome("stopped")
+            if self.state == S.STARTING and self._healthy:
+                took = time.time() - run.started_at
+                self.log.note(f"ready on {self.url_for(run)} (pid {run.pid}) after {took:.1f}s")
+                self._set(S.READY)
+                self.last_used = self.last_used or time.time()
+            if self.state == S.STARTING and trio.current_time() >= deadline:
+                reason = (
+                    f"not healthy within {self.spec.health_timeout:g}s "
+                    "(health_timeout); killed"
+                )
+                await self._kill_everything(run, grace=self.host.settings.stop_grace)
+                return Outcome("failed", reason)
+            if self.state == S.READY and self._hung:
+                reason = (
+                    f"hung: /health did not answer 200 for {self.host.settings.hang_timeout:g}s"
+                )
+                self.log.note(f"{reason}; killing the engine")
+                await self._kill_everything(run, grace=0.0)
+                return Outcome("crashed", reason)
+            wait = deadline - trio.current_time() if self.state == S.STARTING else math.inf
+            await self._sleep_until_poked(max(wait, 0.0))
+
+    def _exit_outcome(self, run: Running) -> Outcome:
+        code = run.returncode
+        how = "exited" if code is None else (
+            f"exited with code {code}" if code >= 0
+            else f"was killed by {proctree.signal_name(-code)}"
+        )
+        self.log.poll()
+        if self.state == S.READY:
+            if code == 0:
+                self.want_up = False
+                return Outcome("failed", f"engine {how} on its own while ready")
+            return Outcome("crashed", f"engine {how} while ready")
+        tail = "\n".join(self.log.last(40)).lower()
+        if not self.spec.port and any(m in tail for m in PORT_TAKEN_MARKERS):
+            return Outcome("port_taken", f"port {run.port} was taken before the engine bound it")
+        last = next((ln for ln in reversed(self.log.last(40)) if ln.strip()), "")
+        return Outcome("failed", f"engine {how} before it was ready: {last[:300]}")
+
+    async def _stop(self, run: Running) -> None:
+        """Drain (bounded) → SIGTERM the group → grace → SIGKILL everything that is left."""
+        if self.state == S.READY and self.leases and not self.force:
+            timeout = self.drain_timeout
+            if timeout is None:
+                timeout = self.host.settings.drain_timeout
+            self._set(S.DRAINING, phase=f"waiting for {len(self.leases)} request(s)")
+            with trio.move_on_after(timeout):
+                while self.leases and not self.force and not run.exited.is_set():
+                    await self._sleep_until_poked()
+            if self.leases:
+                self.log.note(f"drain ended with {len(self.leases)} request(s) still running")
+        self._set(S.STOPPING, phase="terminating")
+        await self._kill_everything(run, grace=0.0 if self.force else self.host.settings.stop_grace)
+
+    def _members(self, run: Running) -> set[tuple[int, int]]:
+        """Every process of this engine: its group, its descendants, and any process carrying
+        its marker (a descendant that escaped with setsid and was orphaned)."""
+        procs = proctree.all_procs()
+        found: set[tuple[int, int]] = set()
+        root = procs.get(run.pid)
+        if root is not None and root.start == run.start:
+            found.add((root.pid, root.start))
+            found.update((d.pid, d.start) for d in proctree.descendants(run.pid, procs))
+        me = os.getpid()
+        for info in procs.values():
+            if info.pid == me:
+                continue
+            if info.pgid == run.pid or info.sid == run.pid:
+                found.add((info.pid, info.start))
+            elif proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id):
+                found.add((info.pid, info.start))
+        return found
+
+    async def _kill_everything(self, run: Running, *, grace: float) -> None:
+        members = self._members(run)
+        if members or not run.exited.is_set():
+            if grace > 0 and not run.exited.is_set():
+                self.log.note(f"SIGTERM to process group {run.pid}")
+                proctree.signal_group(run.pid, signal.SIGTERM)
+                for ident in members:
+                    proctree.signal_ident(ident, signal.SIGTERM)
+                with trio.move_on_after(grace):
+                    while not run.exited.is_set() or any(map(proctree.alive, members)):
+                        await trio.sleep(0.05)
+                        members |= self._members(run) if not run.exited.is_set() else set()
+            leftover = {m for m in members | self._members(run) if proctree.alive(m)}
+            if leftover or not run.exited.is_set():
+                if grace > 0:
+                    self.log.note(f"SIGKILL to {len(leftover)} process(es) left after {grace:g}s")
+                proctree.signal_group(run.pid, signal.SIGKILL)
+                for ident in leftover:
+                    proctree.signal_ident(ident, signal.SIGKILL)
+            with trio.move_on_after(10):
+                while True:
+                    proctree.reap(pid for pid, _ in members if pid != run.pid)
+                    left = [m for m in members | self._members(run) if proctree.alive(m)]
+                    if not left and (run.exited.is_set() or run.proc is None):
+                        break
+                    for ident in left:
+                        proctree.signal_ident(ident, signal.SIGKILL)
+                    await trio.sleep(0.02)
+        if run.proc is not None and run.returncode is None:
+            with trio.move_on_after(5):
+                run.returncode = await run.proc.wait()
+        run.exited.set()
+        run.close()
+        with trio.move_on_after(10):
+            while not proctree.port_free(self.spec.host, run.port):
+                await trio.sleep(0.05)
+        self.log.note(
+            f"stopped (pid {run.pid}"
+            + (f", exit {run.returncode}" if run.returncode is not None else "")
+            + ")"
+        )
+        self.log.stop_following()
+        self.run = None
+        self.plan = None
+        if self.state in (S.STOPPING,):
+            self._set(S.STOPPED)
+        else:
+            self.host.state_changed(self)

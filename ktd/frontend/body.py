@@ -1,0 +1,107 @@
+"""Read just enough of an OpenAI request body to route it.
+
+The body goes to the engine byte for byte: the frontend decodes only ``model``
+and ``stream`` (msgspec skips every other field without building objects) and
+never re-encodes, so fields this code has never heard of reach SGLang intact and
+a 10 MB prompt costs one fast scan, not a dict of Python strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable
+from typing import Any
+
+import msgspec
+
+from ktd.frontend import errors
+
+
+class RequestHead(msgspec.Struct):
+    """The two fields routing needs; everything else is ignored, not rejected."""
+
+    model: Any = msgspec.UNSET
+    stream: Any = False
+
+
+class Head(msgspec.Struct, frozen=True):
+    model: str
+    stream: bool
+
+
+_decoder = msgspec.json.Decoder(RequestHead)
+
+
+def parse_head(body: bytes) -> Head:
+    """Validate the routing fields; raise ``ApiError`` 400 in OpenAI's words otherwise."""
+    if not body.strip():
+        raise errors.bad_request(
+            "We could not parse the JSON body of your request: the body is empty.",
+            code="invalid_json",
+        )
+    try:
+        head = _decoder.decode(body)
+    except msgspec.ValidationError:
+        # Only possible cause with Any-typed fields: the top level is not an object.
+        raise errors.bad_request(
+            "The JSON body of your request must be an object.", code="invalid_json"
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise errors.bad_request(
+            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        ) from None
+    if head.model is msgspec.UNSET or head.model is None:
+        raise errors.bad_request("you must provide a model parameter", param="model")
+    if not isinstance(head.model, str):
+        raise errors.bad_request(
+            f"Invalid type for 'model': expected a string, got {_json_type(head.model)}.",
+            param="model",
+            code="invalid_type",
+        )
+    if not head.model:
+        raise errors.bad_request("'model' must not be empty", param="model")
+    if head.stream is None:
+        stream = False
+    elif isinstance(head.stream, bool):
+        stream = head.stream
+    else:
+        raise errors.bad_request(
+            f"Invalid type for 'stream': expected a boolean, got {_json_type(head.stream)}.",
+            param="stream",
+            code="invalid_type",
+        )
+    return Head(model=head.model, stream=stream)
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null"
+
+
+def check_declared_length(content_length: int | None, limit: int) -> None:
+    """Refuse an over-limit body from its Content-Length, before reading a byte of it."""
+    if limit and content_length is not None and content_length > limit:
+        raise errors.body_too_large(limit)
+
+
+async def read_limited(chunks: AsyncIterable[bytes], limit: int) -> bytes:
+    """Collect the body, counting as it arrives (Content-Length may be absent or lie).
+
+    ``limit`` 0 means no limit.
+    """
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if limit and size > limit:
+            raise errors.body_too_large(limit)
+        parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -1,0 +1,144 @@
+"""The control server: a ROUTER socket answering protocol requests, and the PUB socket.
+
+Each request is handled in its own task (a ``load`` may wait minutes); the
+socket itself is pumped by one task (``TrioSocket``). A frame that cannot be
+decoded gets a ``bad_request`` reply; nothing a client sends can raise out of here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import trio
+import zmq
+
+from ktd import __version__
+from ktd import protocol as p
+from ktd.pool import OpError, Pool
+from ktd.zmqtrio import Frames, TrioSocket
+
+log = logging.getLogger("ktd.server")
+
+
+class ControlServer:
+    def __init__(
+        self,
+        pool: Pool,
+        control: zmq.Socket[bytes],
+        events: zmq.Socket[bytes],
+        *,
+        reload: Callable[[], Awaitable[str]],
+        doctor: Callable[[], Awaitable[dict[str, Any]]],
+        dry_run: Callable[[str], dict[str, Any]],
+        shutdown: Callable[[], None],
+    ) -> None:
+        self.pool = pool
+        self.control = TrioSocket(control, self._on_message)
+        self.events = TrioSocket(events, lambda frames: None, max_outbox=10_000)
+        self._reload = reload
+        self._doctor = doctor
+        self._dry_run = dry_run
+        self._shutdown = shutdown
+        self._nursery: trio.Nursery | None = None
+        self._encoder = msgspec.msgpack.Encoder()
+
+    def publish(self, topic: str, event: p.Event) -> None:
+        self.events.send([topic.encode(), self._encoder.encode(event)])
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self.control.run)
+            nursery.start_soon(self.events.run)
+            task_status.started()
+
+    def close(self) -> None:
+        self.control.close()
+        self.events.close()
+
+    # ------------------------------------------------------------ dispatch
+
+    def _reply(self, envelope: Frames, reply: p.Reply) -> None:
+        self.control.send([*envelope, self._encoder.encode(reply)])
+
+    def _on_message(self, frames: Frames) -> None:
+        if len(frames) < 2:
+            return  # no identity: nobody to answer
+        envelope, payload = frames[:-1], frames[-1]
+        if len(payload) > p.MAX_FRAME:
+            self._reply(
+                envelope,
+                p.Error(
+                    code=p.ErrorCode.BAD_REQUEST,
+                    message=f"frame of {len(payload)} bytes exceeds {p.MAX_FRAME}",
+                ),
+            )
+            return
+        try:
+            req = p.decode_request(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._reply(
+                envelope,
+                p.Error(
+                    id=p.peek_id(payload),
+                    code=p.ErrorCode.BAD_REQUEST,
+                    message=f"malformed request: {exc}",
+                ),
+            )
+            return
+        assert self._nursery is not None
+        self._nursery.start_soon(self._handle, envelope, req)
+
+    async def _handle(self, envelope: Frames, req: p.Request) -> None:
+        try:
+            reply = await self._dispatch(req)
+        except OpError as exc:
+            reply = p.Error(code=exc.code, message=exc.message, detail=exc.detail)
+        except Exception as exc:  # the daemon never dies of a request
+            log.exception("request %r failed", req)
+            reply = p.Error(code=p.ErrorCode.INTERNAL, message=f"internal error: {exc!r}")
+        reply.id = req.id
+        self._reply(envelope, reply)
+
+    async def _dispatch(self, req: p.Request) -> p.Reply:
+        pool = self.pool
+        match req:
+            case p.Ping():
+                return p.Pong(version=__version__, pid=os.getpid())
+            case p.Status(alias=alias):
+                return p.StatusReply(engines=pool.status(alias))
+            case p.Models():
+                return p.ModelsReply(models=pool.models())
+            case p.Load(alias=alias, dry_run=True):
+                pool.engine(alias)
+                return p.PlanReply(plan=self._dry_run(alias))
+            case p.Load(alias=alias, wait=wait, timeout=timeout):
+                return p.LoadReply(engine=await pool.load(alias, wait=wait, timeout=timeout))
+            case p.Evict(alias=alias, all=all_, force=force, timeout=timeout):
+                evicted = await pool.evict(alias, all=all_, force=force, timeout=timeout)
+                return p.EvictReply(evicted=evicted)
+            case p.Logs(alias=alias, lines=lines):
+                return p.LogsReply(alias=alias, lines=pool.logs(alias, lines))
+            case p.Reload():
+                return p.Ok(message=await self._reload())
+            case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):
+                lease, engine = await pool.acquire(
+                    model, client, autoload=autoload, timeout=timeout
+                )
+                return p.AcquireReply(lease=lease, alias=engine.alias, url=engine.url or "")
+            case p.Release(lease=lease):
+                found = pool.release(lease)
+                return p.Ok(message="released" if found else "unknown lease (already expired)")
+            case p.Heartbeat(client=client):
+                pool.heartbeat(client)
+                return p.Ok()
+            case p.Doctor():
+                return p.DoctorReply(report=await self._doctor())
+            case p.Shutdown():
+                self._shutdown()
+                return p.Ok(message="shutting down")
+        raise OpError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")

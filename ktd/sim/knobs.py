@@ -1,0 +1,85 @@
+"""The sim's environment knobs: timings and injected faults.
+
+Why environment variables and not flags: ktd builds the engine's argv exactly
+as it would for real SGLang, and tests must not change that argv to steer the
+sim. The environment (``extra_env`` in ktd's config) reaches the engine without
+touching the command line, and the scheduler child inherits it.
+
+Stdlib only: the scheduler child imports this module too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PREFIX = "KTD_SIM_"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Every knob, parsed once; bad values fall back to the default with a warning."""
+
+    load_time: float = 0.3  # KTD_SIM_LOAD_TIME: seconds the scheduler "loads weights"
+    warmup: float = 0.1  # KTD_SIM_WARMUP: seconds between bind and ready
+    token_rate: float = 0.0  # KTD_SIM_TOKEN_RATE: tokens/s per request, 0 = no pacing
+    crash_during_load: bool = False  # KTD_SIM_CRASH_DURING_LOAD
+    crash_mid_stream: int = 0  # KTD_SIM_CRASH_MID_STREAM: die after N chunks of a stream
+    never_healthy: bool = False  # KTD_SIM_NEVER_HEALTHY: /health always 503
+    hang_after: float | None = None  # KTD_SIM_HANG_AFTER: seconds after ready, then hang
+    ignore_sigterm: bool = False  # KTD_SIM_IGNORE_SIGTERM
+    escape: bool = False  # KTD_SIM_ESCAPE: a grandchild leaves the session
+    drain: float = 5.0  # KTD_SIM_DRAIN: max seconds in-flight requests get on SIGTERM
+    record: str | None = None  # KTD_SIM_RECORD: path of the start-up record (JSON)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> tuple[Knobs, list[str]]:
+        """Returns the knobs and one warning per value that could not be used."""
+        env = os.environ if env is None else env
+        warnings: list[str] = []
+
+        def num(name: str, default: float, *, minimum: float = 0.0) -> float:
+            raw = env.get(PREFIX + name)
+            if raw is None or raw.strip() == "":
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                value = minimum - 1
+            if value < minimum or value != value:  # NaN fails both
+                warnings.append(
+                    f"{PREFIX}{name}={raw!r} is not a number >= {minimum}; using {default}"
+                )
+                return default
+            return value
+
+        def flag(name: str) -> bool:
+            raw = env.get(PREFIX + name, "").strip().lower()
+            if raw in _TRUE:
+                return True
+            if raw not in _FALSE:
+                warnings.append(f"{PREFIX}{name}={raw!r} is not a boolean; using false")
+            return False
+
+        hang_after: float | None = None
+        if env.get(PREFIX + "HANG_AFTER", "").strip():
+            value = num("HANG_AFTER", -1.0)
+            hang_after = value if value >= 0 else None
+        knobs = cls(
+            load_time=num("LOAD_TIME", cls.load_time),
+            warmup=num("WARMUP", cls.warmup),
+            token_rate=num("TOKEN_RATE", cls.token_rate),
+            crash_during_load=flag("CRASH_DURING_LOAD"),
+            crash_mid_stream=int(num("CRASH_MID_STREAM", 0)),
+            never_healthy=flag("NEVER_HEALTHY"),
+            hang_after=hang_after,
+            ignore_sigterm=flag("IGNORE_SIGTERM"),
+            escape=flag("ESCAPE"),
+            drain=num("DRAIN", cls.drain),
+            record=env.get(PREFIX + "RECORD") or None,
+        )
+        return knobs, warnings

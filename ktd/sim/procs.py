@@ -1,0 +1,140 @@
+"""The server side of the scheduler child: spawn, wait for ready, watch, kill.
+
+Why these choices:
+
+* ``subprocess.Popen`` from the main thread, never ``trio.run_process``: trio
+  starts processes from a worker thread, and ``PR_SET_PDEATHSIG`` fires when
+  the *thread* that forked the child exits, so a cached worker thread idling
+  out would kill the scheduler. Never ``multiprocessing`` fork either: SGLang
+  spawns, and a forked trio process is undefined.
+* A pipe carries the child's one ``ready`` line; the child then keeps the
+  write end open until it dies, so EOF on the pipe is a cheap death notice
+  (no polling, no pidfd needed).
+* ``kill_tree`` walks ``/proc`` for descendants before killing, as SGLang's
+  ``kill_process_tree`` walks psutil children: a graceful exit leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+
+def _package_root() -> str:
+    """The directory that holds the ``ktd`` package, for the child's PYTHONPATH."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+class Scheduler:
+    """One scheduler child and the read end of its pipe."""
+
+    def __init__(self, context_length: int) -> None:
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ)
+        root = _package_root()
+        old = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = root if not old else root + os.pathsep + old
+        cmd = [
+            sys.executable,
+            "-m",
+            "ktd.sim.scheduler",
+            "--parent-pid",
+            str(os.getpid()),
+            "--ready-fd",
+            str(write_fd),
+            "--context-length",
+            str(context_length),
+        ]
+        try:
+            self.popen = subprocess.Popen(
+                cmd, pass_fds=(write_fd,), env=env, stdin=subprocess.DEVNULL
+            )
+        finally:
+            os.close(write_fd)
+        self.pid = self.popen.pid
+        self._read_fd: int | None = read_fd
+        self._pipe: trio.lowlevel.FdStream | None = None
+        self._buf = b""
+
+    def _stream(self) -> trio.lowlevel.FdStream:
+        if self._pipe is None:
+            assert self._read_fd is not None
+            self._pipe = trio.lowlevel.FdStream(self._read_fd)
+            self._read_fd = None
+        return self._pipe
+
+    async def wait_ready(self) -> dict[str, object] | None:
+        """The child's ``ready`` message, or None when it died first."""
+        stream = self._stream()
+        while b"\n" not in self._buf:
+            data = await stream.receive_some(4096)
+            if not data:
+                return None
+            self._buf += data
+        line, self._buf = self._buf.split(b"\n", 1)
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return None
+        return msg if isinstance(msg, dict) else None
+
+    async def wait_exit(self) -> int:
+        """Returns the child's exit status (``-N`` = killed by signal N) once it is gone."""
+        stream = self._stream()
+        while await stream.receive_some(4096):
+            pass
+        # EOF comes while the child exits; its status follows within microseconds.
+        while True:
+            code = self.popen.poll()
+            if code is not None:
+                return code
+            await trio.sleep(0.005)
+
+    def returncode(self) -> int | None:
+        try:
+            return self.popen.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def descendants(root: int) -> list[int]:
+    """Every live descendant of ``root``, parents before children, from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(sched: Scheduler | None) -> None:
+    """SIGKILL every descendant of this process (escaped ones included), reap the child."""
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if sched is not None:
+        try:
+            sched.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass

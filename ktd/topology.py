@@ -1,0 +1,483 @@
+"""Machine topology: NUMA nodes, CPU cores, ISA flags and GPUs, read from sysfs/procfs.
+
+Everything here is a pure function of a filesystem root plus one injectable
+``nvidia-smi`` runner, so tests build fake machines in a tmp dir (a 2-socket
+Xeon, a 4-node EPYC) and placement can be reasoned about without the hardware.
+Reading never raises for a missing or odd file: a daemon that refuses to start
+because ``/sys`` looks unusual is worse than one that places engines on a
+best-effort view and lets ``ktctl doctor`` say what it could not read.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "Gpu",
+    "NumaNode",
+    "Topology",
+    "format_cpulist",
+    "parse_cpulist",
+    "parse_nvidia_smi",
+    "read_topology",
+]
+
+NVIDIA_SMI_QUERY = ("--query-gpu=index,name,memory.total,memory.used", "--format=csv")
+NVIDIA_SMI_TIMEOUT = 15.0
+
+_AMX = ("amx_tile", "amx_int8", "amx_bf16")
+_AVX512 = ("avx512f", "avx512bw")
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    """One NUMA node. ``cpus`` are online CPUs only (hyperthreads included)."""
+
+    id: int
+    cpus: tuple[int, ...]
+    mem_total_kb: int
+    mem_free_kb: int
+    hugepages_total: int = 0  # 2 MiB pages reserved on this node
+    hugepages_free: int = 0
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as nvidia-smi numbers it (PCI bus order)."""
+
+    index: int
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What placement and doctor need to know about the machine, and nothing else."""
+
+    nodes: tuple[NumaNode, ...]
+    cpu_model: str
+    flags: frozenset[str]
+    core_of: Mapping[int, tuple[int, int]] = field(hash=False)  # cpu -> (package, core)
+    gpus: tuple[Gpu, ...] = ()
+    gpu_error: str | None = None
+
+    # ------------------------------------------------------------ lookups
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        return tuple(n.id for n in self.nodes)
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        """Every online CPU of the machine, sorted."""
+        return tuple(sorted(c for n in self.nodes for c in n.cpus))
+
+    def node(self, node_id: int) -> NumaNode:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(f"no NUMA node {node_id} (machine has {_ids(self.node_ids)})")
+
+    def node_cpus(self, node_ids: Iterable[int]) -> list[int]:
+        """All online CPUs of the given nodes, sorted. Unknown node ids raise KeyError."""
+        out: set[int] = set()
+        for nid in node_ids:
+            out.update(self.node(nid).cpus)
+        return sorted(out)
+
+    def physical_cores(self, cpus: Iterable[int]) -> list[int]:
+        """One CPU (the lowest) per physical core among ``cpus``, sorted.
+
+        kt-kernel's ``--kt-cpuinfer`` should count physical cores: two expert
+        threads on the hyperthreads of one core fight for the same AMX/AVX units.
+        A CPU whose core is unknown counts as a core of its own.
+        """
+        first: dict[tuple[int, int], int] = {}
+        for cpu in sorted(set(cpus)):
+            key = self.core_of.get(cpu, (-1, -1 - cpu))
+            first.setdefault(key, cpu)
+        return sorted(first.values())
+
+    @property
+    def packages(self) -> tuple[int, ...]:
+        """Distinct physical packages (sockets) among online CPUs."""
+        return tuple(sorted({pkg for pkg, _ in self.core_of.values()}))
+
+    # ------------------------------------------------------------ ISA
+
+    def has_flag(self, flag: str) -> bool:
+        """``/proc/cpuinfo`` spells some flags with or without ``_`` (avx512_bf16/avx512bf16)."""
+        return flag in self.flags or flag.replace("_", "") in self.flags
+
+    def isa(self) -> str:
+        """The best matrix ISA kt-kernel can use here: ``amx``, ``avx512``, ``avx2`` or ``none``."""
+        if all(self.has_flag(f) for f in _AMX):
+            return "amx"
+        if all(self.has_flag(f) for f in _AVX512):
+            return "avx512"
+        if self.has_flag("avx2"):
+            return "avx2"
+        return "none"
+
+    def isa_extras(self) -> tuple[str, ...]:
+        """AVX-512 extensions that change which kt-kernel build runs fast (VNNI, VBMI, BF16)."""
+        return tuple(
+            name
+            for name, flag in (
+                ("vnni", "avx512_vnni"),
+                ("vbmi", "avx512_vbmi"),
+                ("bf16", "avx512_bf16"),
+            )
+            if self.has_flag(flag)
+        )
+
+    def kt_variant(self) -> str | None:
+        """The variant kt-kernel's own ``_cpu_detect`` would load, or None if it cannot run.
+
+        Mirrors kt-kernel's progressive matching (amx needs the full AVX-512 set
+        too), so doctor can say which ``.so`` the engine will pick before loading
+        600 GB of weights.
+        """
+        avx512 = ["avx512f", "avx512bw"]
+        ladder = [
+            ("amx", [*_AMX, *avx512, "avx512_vnni", "avx512_vbmi", "avx512_bf16"]),
+            ("avx512_bf16", [*avx512, "avx512_vnni", "avx512_vbmi", "avx512_bf16"]),
+            ("avx512_vbmi", [*avx512, "avx512_vnni", "avx512_vbmi"]),
+            ("avx512_vnni", [*avx512, "avx512_vnni"]),
+            ("avx512_base", avx512),
+            ("avx2", ["avx2"]),
+        ]
+        for name, need in ladder:
+            if all(self.has_flag(f) for f in need):
+                return name
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary for ``ktctl doctor --json`` (flags reduced to the relevant ones)."""
+        return {
+            "cpu_model": self.cpu_model,
+            "isa": self.isa(),
+            "isa_extras": list(self.isa_extras()),
+            "kt_variant": self.kt_variant(),
+            "packages": len(self.packages),
+            "cpus": len(self.cpus),
+            "physical_cores": len(self.physical_cores(self.cpus)),
+            "nodes": [
+                {
+                    "id": n.id,
+                    "cpus": format_cpulist(n.cpus),
+                    "physical_cores": len(self.physical_cores(n.cpus)),
+                    "mem_total_kb": n.mem_total_kb,
+                    "mem_free_kb": n.mem_free_kb,
+                    "hugepages_total": n.hugepages_total,
+                    "hugepages_free": n.hugepages_free,
+                }
+                for n in self.nodes
+            ],
+            "gpus": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "memory_total_mib": g.memory_total_mib,
+                    "memory_used_mib": g.memory_used_mib,
+                }
+                for g in self.gpus
+            ],
+            "gpu_error": self.gpu_error,
+        }
+
+
+# ---------------------------------------------------------------- cpulists
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """Parse the kernel's list format (``"0-3,8-11"``, ``"5"``, ``""``) into sorted unique ints.
+
+    Also accepts the kernel's stride form ``"0-15:2/4"`` (2 of every 4), which
+    ``isolcpus``-style parameters use. Raises ValueError on anything else, so a
+    typo in a config never silently pins to the wrong CPUs.
+    """
+    out: set[int] = set()
+    for raw in text.strip().split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?", part)
+        if m is None:
+            raise ValueError(f"bad cpulist element {part!r} in {text!r}")
+        lo = int(m[1])
+        hi = int(m[2]) if m[2] is not None else lo
+        if hi < lo:
+            raise ValueError(f"bad cpulist range {part!r}: end before start")
+        if m[3] is not None:
+            used, group = int(m[3]), int(m[4])
+            if group <= 0 or used <= 0 or used > group:
+                raise ValueError(f"bad cpulist stride {part!r}")
+            out.update(c for c in range(lo, hi + 1) if (c - lo) % group < used)
+        else:
+            out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """The inverse of :func:`parse_cpulist`: sorted, deduplicated, runs collapsed."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _ids(ids: Iterable[int]) -> str:
+    text = format_cpulist(ids)
+    return text or "none"
+
+
+# ---------------------------------------------------------------- nvidia-smi
+
+
+def _mib(value: str) -> int:
+    """``"81920 MiB"`` / ``"81920"`` -> 81920; ``"[N/A]"`` (some MIG/GH200 setups) -> 0."""
+    text = value.strip()
+    if text.lower().endswith("mib"):
+        text = text[:-3].strip()
+    try:
+        return int(float(text))
+    except ValueError:
+        if text.startswith("[") or text.upper() in ("N/A", ""):
+            return 0
+        raise ValueError(f"bad memory value {value!r}") from None
+
+
+def parse_nvidia_smi(csv_text: str) -> tuple[Gpu, ...]:
+    """Parse ``nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv``.
+
+    Tolerates ``noheader``/``nounits`` output and commas inside GPU names (the
+    first field is the index, the last two are memory, the rest is the name).
+    Raises ValueError for a line that is not a GPU row.
+    """
+    gpus: list[Gpu] = []
+    for line in csv_text.splitlines():
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if fields[0].lower() == "index":
+            continue  # header
+        if len(fields) < 4:
+            raise ValueError(f"unexpected nvidia-smi line {line.strip()!r}")
+        try:
+            index = int(fields[0])
+        except ValueError:
+            raise ValueError(f"unexpected nvidia-smi line {line.strip()!r}") from None
+        name = ", ".join(fields[1:-2])
+        gpus.append(Gpu(index, name, _mib(fields[-2]), _mib(fields[-1])))
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+RunFn = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def _probe_gpus(nvidia_smi: Sequence[str], run: RunFn) -> tuple[tuple[Gpu, ...], str | None]:
+    cmd = [*nvidia_smi, *NVIDIA_SMI_QUERY]
+    try:
+        proc = run(cmd, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT, check=False)
+    except FileNotFoundError:
+        return (), f"{nvidia_smi[0]} not found (no NVIDIA driver installed?)"
+    except subprocess.TimeoutExpired:
+        return (), f"{nvidia_smi[0]} did not answer within {NVIDIA_SMI_TIMEOUT:g}s"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return (), f"{nvidia_smi[0]} could not run: {exc}"
+    out = proc.stdout if isinstance(proc.stdout, str) else ""
+    if proc.returncode != 0:
+        err = proc.stderr if isinstance(proc.stderr, str) else ""
+        msg = (err.strip() or out.strip() or "no output").splitlines()[0]
+        return (), f"{nvidia_smi[0]} exited with {proc.returncode}: {msg}"
+    try:
+        gpus = parse_nvidia_smi(out)
+    except ValueError as exc:
+        return (), f"cannot parse {nvidia_smi[0]} output: {exc}"
+    if not gpus:
+        return (), f"{nvidia_smi[0]} listed no GPUs"
+    return gpus, None
+
+
+# ---------------------------------------------------------------- sysfs / procfs
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = _read(path)
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def _cpuinfo(text: str) -> tuple[str, frozenset[str], dict[int, tuple[int, int]]]:
+    """Model name, flags of the first CPU, and per-processor (physical id, core id) if given."""
+    model = ""
+    flags: frozenset[str] | None = None
+    cores: dict[int, tuple[int, int]] = {}
+    for block in re.split(r"\n\s*\n", text):
+        kv: dict[str, str] = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                kv.setdefault(key.strip().lower(), value.strip())
+        if not model:
+            model = kv.get("model name") or kv.get("hardware") or kv.get("cpu model") or ""
+        if flags is None and ("flags" in kv or "features" in kv):
+            flags = frozenset((kv.get("flags") or kv.get("features") or "").lower().split())
+        try:
+            proc = int(kv["processor"])
+            cores[proc] = (int(kv["physical id"]), int(kv["core id"]))
+        except (KeyError, ValueError):
+            pass
+    return model, flags or frozenset(), cores
+
+
+def _online_cpus(
+    sysdir: Path, cpuinfo_cores: Mapping[int, tuple[int, int]], text: str
+) -> list[int]:
+    online = _read(sysdir / "cpu" / "online")
+    if online is not None:
+        try:
+            return parse_cpulist(online)
+        except ValueError:
+            pass
+    # No (readable) online mask: every cpuN directory whose own ``online`` is not 0
+    # (cpu0 usually has no ``online`` file because it cannot be offlined).
+    found: list[int] = []
+    try:
+        entries = list((sysdir / "cpu").iterdir())
+    except OSError:
+        entries = []
+    for entry in entries:
+        m = re.fullmatch(r"cpu(\d+)", entry.name)
+        if m and _read_int(entry / "online") != 0:
+            found.append(int(m[1]))
+    if found:
+        return sorted(found)
+    procs = [int(m) for m in re.findall(r"^processor\s*:\s*(\d+)", text, re.M)]
+    return sorted(set(procs) | set(cpuinfo_cores))
+
+
+def _meminfo_kb(text: str | None, key: str) -> int:
+    """``Node 0 MemFree:  123 kB`` (per node) or ``MemFree:  123 kB`` (/proc/meminfo)."""
+    if not text:
+        return 0
+    m = re.search(rf"^(?:Node \d+ )?{key}:\s*(\d+)", text, re.M)
+    return int(m[1]) if m else 0
+
+
+def _hugepages(dir_: Path) -> tuple[int, int]:
+    total = _read_int(dir_ / "nr_hugepages") or 0
+    free = _read_int(dir_ / "free_hugepages") or 0
+    return total, free
+
+
+def read_topology(
+    root: Path = Path("/"),
+    *,
+    nvidia_smi: Sequence[str] | None = ("nvidia-smi",),
+    run: RunFn = subprocess.run,
+) -> Topology:
+    """Read the machine under ``root`` (``/`` in production, a fixture dir in tests).
+
+    Never raises for missing files: a machine without ``node*`` directories
+    (NUMA off in the BIOS, many VMs and containers) is one node 0 holding every
+    online CPU, with memory from ``/proc/meminfo``. Offline CPUs are the only
+    ones left out. ``nvidia_smi=None`` skips the GPU probe (gpus=(), no error).
+    """
+    root = Path(root)
+    sysdir = root / "sys" / "devices" / "system"
+    cpuinfo_text = _read(root / "proc" / "cpuinfo") or ""
+    model, flags, cpuinfo_cores = _cpuinfo(cpuinfo_text)
+    online = _online_cpus(sysdir, cpuinfo_cores, cpuinfo_text)
+    online_set = set(online)
+
+    core_of: dict[int, tuple[int, int]] = {}
+    for cpu in online:
+        tdir = sysdir / "cpu" / f"cpu{cpu}" / "topology"
+        pkg = _read_int(tdir / "physical_package_id")
+        core = _read_int(tdir / "core_id")
+        if pkg is not None and core is not None:
+            core_of[cpu] = (pkg, core)
+        elif cpu in cpuinfo_cores:
+            core_of[cpu] = cpuinfo_cores[cpu]
+
+    nodes: list[NumaNode] = []
+    node_dirs: list[tuple[int, Path]] = []
+    try:
+        for entry in (sysdir / "node").iterdir():
+            m = re.fullmatch(r"node(\d+)", entry.name)
+            if m and entry.is_dir():
+                node_dirs.append((int(m[1]), entry))
+    except OSError:
+        pass
+    for nid, ndir in sorted(node_dirs):
+        try:
+            cpus = parse_cpulist(_read(ndir / "cpulist") or "")
+        except ValueError:
+            cpus = []
+        meminfo = _read(ndir / "meminfo")
+        hp_total, hp_free = _hugepages(ndir / "hugepages" / "hugepages-2048kB")
+        nodes.append(
+            NumaNode(
+                id=nid,
+                cpus=tuple(c for c in cpus if c in online_set),
+                mem_total_kb=_meminfo_kb(meminfo, "MemTotal"),
+                mem_free_kb=_meminfo_kb(meminfo, "MemFree"),
+                hugepages_total=hp_total,
+                hugepages_free=hp_free,
+            )
+        )
+    if not nodes:
+        meminfo = _read(root / "proc" / "meminfo")
+        hp_total, hp_free = _hugepages(
+            root / "sys" / "kernel" / "mm" / "hugepages" / "hugepages-2048kB"
+        )
+        nodes.append(
+            NumaNode(
+                id=0,
+                cpus=tuple(online),
+                mem_total_kb=_meminfo_kb(meminfo, "MemTotal"),
+                mem_free_kb=_meminfo_kb(meminfo, "MemFree"),
+                hugepages_total=hp_total,
+                hugepages_free=hp_free,
+            )
+        )
+
+    gpus: tuple[Gpu, ...] = ()
+    gpu_error: str | None = None
+    if nvidia_smi is not None and len(nvidia_smi) > 0:
+        gpus, gpu_error = _probe_gpus(nvidia_smi, run)
+
+    return Topology(
+        nodes=tuple(nodes),
+        cpu_model=model,
+        flags=flags,
+        core_of=MappingProxyType(core_of),
+        gpus=gpus,
+        gpu_error=gpu_error,
+    )

@@ -1,0 +1,110 @@
+"""A ZeroMQ socket driven by exactly one trio task.
+
+pyzmq has no trio integration (trio #116, pyzmq #1827). The zmq FD is
+edge-triggered: it signals only a change of ``EVENTS``, and any zmq call (even
+``getsockopt(EVENTS)``) may consume the edge. So the pump task does all socket
+I/O non-blockingly until ``zmq.Again``, re-reads ``EVENTS``, and only then waits
+on the FD, as pyzmq's own ``_future.py`` does. Other tasks never touch the
+socket: they put frames on an outbox and wake the pump by cancelling its wait,
+so there is exactly one task per socket, and trio's one-waiter-per-fd rule holds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import trio
+import zmq
+
+Frames = list[bytes]
+
+
+class TrioSocket:
+    """Owns one zmq socket. Call ``run()`` in a task; ``send()`` from anywhere in trio."""
+
+    def __init__(
+        self,
+        sock: zmq.Socket[bytes],
+        on_message: Callable[[Frames], None],
+        *,
+        max_outbox: int = 100_000,
+    ) -> None:
+        self.sock = sock
+        self._on_message = on_message
+        self._outbox: deque[Frames] = deque()
+        self._max_outbox = max_outbox
+        self._wait_scope: trio.CancelScope | None = None
+        self._closed = False
+        self.dropped = 0
+
+    def send(self, frames: Frames) -> None:
+        """Queue a multipart message; never blocks. Past ``max_outbox`` the oldest is dropped.
+
+        Dropping beats blocking here: the pump serves every client, and one
+        client that stopped reading must not stall replies to the others.
+        """
+        if self._closed:
+            return
+        if len(self._outbox) >= self._max_outbox:
+            self._outbox.popleft()
+            self.dropped += 1
+        self._outbox.append(frames)
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+
+    def _flush(self) -> bool:
+        """Send what the socket accepts now. True when the outbox is empty."""
+        while self._outbox:
+            frames = self._outbox[0]
+            try:
+                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return False
+            except zmq.ZMQError as exc:
+                # EHOSTUNREACH with ROUTER_MANDATORY and similar: the peer is gone.
+                if exc.errno in (zmq.EHOSTUNREACH, zmq.ENOTSOCK, zmq.ETERM):
+                    self._outbox.popleft()
+                    self.dropped += 1
+                    continue
+                raise
+            self._outbox.popleft()
+        return True
+
+    def _drain_recv(self) -> list[Frames]:
+        got: list[Frames] = []
+        while True:
+            try:
+                got.append(self.sock.recv_multipart(flags=zmq.NOBLOCK))
+            except zmq.Again:
+                return got
+            if len(got) >= 256:
+                # Yield to other tasks under a flood; EVENTS still says POLLIN.
+                return got
+
+    async def run(self) -> None:
+        """The pump: the only code that calls into the zmq socket."""
+        try:
+            while True:
+                # on_message must not block: handlers that take time spawn tasks.
+                for frames in self._drain_recv():
+                    self._on_message(frames)
+                sent_all = self._flush()
+                events = self.sock.getsockopt(zmq.EVENTS)
+                if events & zmq.POLLIN or (not sent_all and events & zmq.POLLOUT):
+                    await trio.lowlevel.checkpoint()
+                    continue
+                with trio.CancelScope() as scope:
+                    self._wait_scope = scope
+                    await trio.lowlevel.wait_readable(self.sock.FD)
+                self._wait_scope = None
+        finally:
+            self._wait_scope = None
+            self._closed = True
+
+    def close(self, linger: int = 0) -> None:
+        """Close the socket; call after ``run()`` has returned (its task is cancelled)."""
+        self._closed = True
+        if not self.sock.closed:
+            trio.lowlevel.notify_closing(self.sock.FD)
+            self.sock.close(linger=linger)

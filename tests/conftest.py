@@ -1,0 +1,246 @@
+"""Shared fixtures: real daemons on real ipc sockets, sim engines, and the leak check.
+
+Every process a test starts inherits ``KTD_TEST_RUN`` (set below), so the
+autouse leak check can find any survivor by its environment, whatever session
+or parent it escaped to. A test that leaves one fails, and the survivor is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ktd import proctree
+
+REPO = Path(__file__).resolve().parent.parent
+SHIM = REPO / "ktd" / "sim" / "shim"
+MARK = "KTD_TEST_RUN"
+RUN_ID = os.environ.setdefault(MARK, uuid.uuid4().hex)
+# Nothing in the tests may talk to a daemon of the machine's own.
+for _var in ("KTD_SOCKET", "KTD_CONFIG", "KTD_RUNTIME_DIR", "KTD_STATE_DIR", "NOTIFY_SOCKET"):
+    os.environ.pop(_var, None)
+
+
+def marked_processes() -> list[tuple[int, list[str]]]:
+    """Live processes of this test run, except pytest itself and its ancestors."""
+    me = os.getpid()
+    ancestors = {me}
+    info = proctree.read_stat(me)
+    while info is not None and info.ppid > 1:
+        ancestors.add(info.ppid)
+        info = proctree.read_stat(info.ppid)
+    out = []
+    for pid, info in proctree.all_procs().items():
+        if pid in ancestors or info.state in ("Z", "X"):
+            continue
+        if proctree.environ_has(pid, MARK, RUN_ID):
+            out.append((pid, proctree.cmdline(pid)))
+    return out
+
+
+def kill_marked() -> None:
+    for pid, _ in marked_processes():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """Fails the test if any process it started (engines above all) is still alive after it."""
+    yield
+    deadline = time.monotonic() + 5.0
+    left = marked_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = marked_processes()
+    if left:
+        kill_marked()
+        lines = "\n".join(f"  pid {pid}: {' '.join(cmd)[:200]}" for pid, cmd in left)
+        pytest.fail(f"test leaked {len(left)} process(es):\n{lines}", pytrace=False)
+
+
+# ---------------------------------------------------------------- environment and config
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    """Short path: an ipc socket path must stay under ~107 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="ktd-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def ktd_env(tmp_path: Path, runtime_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["KTD_RUNTIME_DIR"] = str(runtime_dir / "run")
+    env["KTD_STATE_DIR"] = str(tmp_path / "state")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), env.get("PYTHONPATH", "")) if p
+    )
+    env.pop("KTD_SOCKET", None)
+    return env
+
+
+def sim_model(alias: str, *, record: Path | None = None, **knobs: Any) -> dict[str, Any]:
+    """A models.json entry whose engine is the sim, launched through the sglang shim."""
+    env = {"PYTHONPATH": os.pathsep.join((str(SHIM), str(REPO))), "KTD_SIM_LOAD_TIME": "0.1"}
+    env.update({k: str(v) for k, v in knobs.pop("env", {}).items()})
+    if record is not None:
+        env["KTD_SIM_RECORD"] = str(record)
+    entry: dict[str, Any] = {
+        "path": f"/models/{alias}",
+        "backend": "kt",
+        "alias": alias,
+        "kt": {"extra_env": env, "kt_weight_path": f"/models/{alias}-kt"},
+    }
+    kt_over = knobs.pop("kt", {})
+    entry["kt"].update(kt_over)
+    entry.update(knobs)
+    return entry
+
+
+@dataclass
+class ConfigWriter:
+    root: Path
+
+    def __call__(
+        self,
+        models: list[dict[str, Any]],
+        *,
+        ktransformers: dict[str, Any] | None = None,
+        daemon: dict[str, Any] | None = None,
+        frontend: dict[str, Any] | None = None,
+    ) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        cfg: dict[str, Any] = {
+            "ktransformers": ktransformers or {},
+            "models_file": "models.json",
+            "daemon": {"stop_grace": 5, "drain_timeout": 5, "health_interval": 1, **(daemon or {})},
+            "frontend": frontend or {},
+        }
+        (self.root / "models.json").write_text(json.dumps(models, indent=2))
+        path = self.root / "config.json"
+        path.write_text(json.dumps(cfg, indent=2))
+        return path
+
+
+@pytest.fixture
+def write_config(tmp_path: Path) -> ConfigWriter:
+    return ConfigWriter(tmp_path / "etc")
+
+
+# ---------------------------------------------------------------- a real daemon
+
+
+@dataclass
+class DaemonProc:
+    config: Path
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def socket(self) -> Path:
+        return Path(self.env["KTD_RUNTIME_DIR"]) / "control.sock"
+
+    def start(self, *, wait: bool = True) -> DaemonProc:
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ktd", "serve", "--config", str(self.config), *self.extra_args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        from ktctl import Client, DaemonUnreachable
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"ktd exited {self.proc.returncode}:\n{self.output()}")
+            if self.socket.exists():
+                try:
+                    with Client(self.socket, timeout=1.0) as c:
+                        c.ping()
+                    return
+                except DaemonUnreachable:
+                    pass
+            time.sleep(0.05)
+        raise AssertionError(f"ktd did not come up in {timeout}s:\n{self.output()}")
+
+    def client(self, timeout: float = 10.0) -> Any:
+        from ktctl import Client
+
+        return Client(self.socket, timeout=timeout)
+
+    def ktctl(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ktctl", "--socket", str(self.socket), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"ktd ignored {sig} for {timeout}s:\n{self.output()}") from None
+        return self.proc.returncode
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
+    started: list[DaemonProc] = []
+
+    def make(config: Path, *, start: bool = True, env: dict[str, str] | None = None) -> DaemonProc:
+        d = DaemonProc(
+            config=config,
+            env=env or ktd_env,
+            log_path=tmp_path / f"ktd-{len(started)}.log",
+        )
+        started.append(d)
+        if start:
+            d.start()
+        return d
+
+    yield make
+    for d in started:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
