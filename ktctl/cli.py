@@ -17,7 +17,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from ktctl import render
@@ -112,10 +111,17 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
 
 
 def _terminal_width() -> int:
+    """Columns of the terminal (``$COLUMNS`` wins, as with shutil); 80 if unknown."""
     try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns
-    except (OSError, ValueError):
-        return 80
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.stderr.fileno()).columns
+        except (OSError, ValueError):
+            columns = 0
+    return columns if columns > 0 else 80
 
 
 class _ProgressLine:
@@ -230,9 +236,10 @@ def _local_doctor(args: argparse.Namespace, why: DaemonUnreachable) -> dict[str,
         raise DaemonUnreachable(
             f"{why}; local checks are not available in this install ({exc})"
         ) from None
-    config = Path(args.config) if args.config else default_config_path()
+    config: str | None = args.config  # None: local_report picks the default path
     if not _json(args):
-        _err(f"ktctl: ktd is not running; running the checks locally (config {config})")
+        shown = config or default_config_path()
+        _err(f"ktctl: ktd is not running; running the checks locally (config {shown})")
     try:
         report = local_report(config)
     except Exception as exc:

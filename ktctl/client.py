@@ -20,7 +20,7 @@ import os
 import socket as _socket
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
@@ -553,9 +553,10 @@ class Client:
         msg = p.Logs(alias=alias, lines=lines)
         return self._expect(self._call(msg, self.timeout), p.LogsReply).lines
 
-    def follow_logs(self, alias: str, lines: int = 100) -> Iterator[str]:
+    def follow_logs(self, alias: str, lines: int = 100) -> Generator[str, None, None]:
         """The last ``lines`` log lines, then every new one as it is written (forever).
 
+        ``close()`` the generator (or close the client) to drop the subscription.
         Subscribes to ``log.<alias>`` *before* fetching the tail so no line falls
         in between; lines published while the tail was being fetched are
         de-duplicated against its end.

@@ -28,14 +28,18 @@ FAIL_STATUSES = frozenset({"fail", "failed", "error"})
 def one_line(text: str) -> str:
     """Text safe for a single terminal line: no ANSI codes, no control characters.
 
+    Several lines are joined with spaces (a multi-line failure reason in a table).
+
     Engine logs are full of tqdm bars (``\\r``-rewritten) and colour codes; only
     what the terminal would finally show after the last ``\\r`` is kept.
     """
-    text = _ANSI.sub("", text).rstrip("\r\n")
-    if "\r" in text:
-        text = text.rsplit("\r", 1)[-1]
-    text = text.replace("\t", " ")
-    return _CONTROL.sub("", text).strip()
+    parts = []
+    for line in _ANSI.sub("", text).split("\n"):
+        line = line.rstrip("\r").rsplit("\r", 1)[-1]
+        line = _CONTROL.sub("", line.replace("\t", " ")).strip()
+        if line:
+            parts.append(line)
+    return " ".join(parts)
 
 
 def truncate(text: str, width: int) -> str:
@@ -176,7 +180,12 @@ def argv_text(argv: Sequence[str], indent: str = "    ") -> str:
 
 
 def _flag_rows(flags: Any) -> list[tuple[str, str, str]]:
-    """Normalise the plan's flags (list of dicts, dict of dicts, or dict of origins)."""
+    """Normalise the plan's flags to ``(flag, value, origin)`` rows.
+
+    ktd sends ``[{"name", "values", "origin"}]``; a dict of dicts, a dict of
+    origins and ``flag``/``value`` spellings are accepted too, so a daemon that
+    evolves the shape still gets a readable plan instead of a crash.
+    """
     rows: list[tuple[str, str, str]] = []
 
     def val(v: Any) -> str:
@@ -186,31 +195,46 @@ def _flag_rows(flags: Any) -> list[tuple[str, str, str]]:
             return " ".join(str(x) for x in v)
         return str(v)
 
+    def row(name: Any, spec: Mapping[str, Any]) -> tuple[str, str, str]:
+        value = spec.get("values", spec.get("value"))
+        return (str(name), val(value), val(spec.get("origin", spec.get("source"))))
+
     if isinstance(flags, Mapping):
         for name, spec in flags.items():
-            if isinstance(spec, Mapping):
-                rows.append((str(name), val(spec.get("value")), val(spec.get("origin"))))
-            else:
-                rows.append((str(name), "", val(spec)))
+            rows.append(
+                row(name, spec) if isinstance(spec, Mapping) else (str(name), "", val(spec))
+            )
     elif isinstance(flags, list):
         for spec in flags:
             if isinstance(spec, Mapping):
-                name = spec.get("flag", spec.get("name", "?"))
-                origin = spec.get("origin", spec.get("source"))
-                rows.append((str(name), val(spec.get("value")), val(origin)))
+                rows.append(row(spec.get("name", spec.get("flag", "?")), spec))
             elif isinstance(spec, list | tuple) and spec:
                 rows.append((str(spec[0]), val(spec[1:-1]), val(spec[-1]) if len(spec) > 1 else ""))
     return rows
 
 
-_PLAN_KEYS = (
-    "alias", "argv", "env", "numa_nodes", "cpus", "gpus", "flags", "evict", "blocked_by", "reason",
+#: Plan keys shown by dedicated lines (or deliberately not at all: ``argv_flags``
+#: repeats ``flags``, ``python`` is argv[0]); any other key is printed as JSON.
+_PLAN_KEYS = frozenset(
+    {
+        "alias", "ok", "argv", "argv_flags", "python", "env", "numa_nodes", "cpus", "cpulist",
+        "gpus", "flags", "evict", "blocked_by", "reason", "notes", "state", "running_pid",
+    }
 )  # fmt: skip
+
+
+def _names(value: Any) -> list[str]:
+    if not value:
+        return []
+    return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
 
 
 def plan_text(alias: str, plan: Mapping[str, Any]) -> str:
     """``load --dry-run``: what would run, where, and what it would displace."""
     out = [f"plan for {plan.get('alias', alias)} (dry run: nothing was started)"]
+    if plan.get("state"):
+        running = f", pid {plan['running_pid']}" if plan.get("running_pid") else ""
+        out.append(f"  now:         {plan['state']}{running}")
     argv = plan.get("argv")
     if argv:
         out += ["  command:", argv_text([str(a) for a in argv])]
@@ -222,10 +246,13 @@ def plan_text(alias: str, plan: Mapping[str, Any]) -> str:
         out += [f"    {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())]
     numa = plan.get("numa_nodes")
     if numa is not None:
-        out.append(f"  numa nodes:  {ranges(numa)}")
+        out.append(f"  numa nodes:  {ranges(numa) if numa else 'any'}")
     cpus = plan.get("cpus")
     if cpus is not None:
-        out.append(f"  cpus:        {ranges(cpus)} ({len(set(cpus))} cpus)")
+        shown = plan.get("cpulist") or ranges(cpus)
+        out.append(
+            f"  cpus:        {shown} ({len(set(cpus))} cpus)" if cpus else "  cpus:        any"
+        )
     gpus = plan.get("gpus")
     if gpus is not None:
         out.append(f"  gpus:        {ranges(gpus) if gpus else 'none'}")
@@ -237,16 +264,16 @@ def plan_text(alias: str, plan: Mapping[str, Any]) -> str:
             text = f"{name} {value}".strip()
             out.append(f"    {text.ljust(width)}  ({origin})" if origin else f"    {text}")
     if "evict" in plan:
-        evict = plan.get("evict") or []
-        names = evict if isinstance(evict, list) else [evict]
-        out.append(f"  would evict: {', '.join(map(str, names)) if names else 'nothing'}")
-    blocked = plan.get("blocked_by")
+        evict = _names(plan.get("evict"))
+        out.append(f"  would evict: {', '.join(evict) if evict else 'nothing'}")
+    blocked = _names(plan.get("blocked_by"))
     reason = plan.get("reason")
-    if blocked:
-        names = blocked if isinstance(blocked, list) else [blocked]
-        out.append(f"  BLOCKED by {', '.join(map(str, names))}" + (f": {reason}" if reason else ""))
+    if blocked or plan.get("ok") is False:
+        by = f" by {', '.join(blocked)}" if blocked else ""
+        out.append(f"  BLOCKED{by}" + (f": {reason}" if reason else ""))
     elif reason:
         out.append(f"  note: {reason}")
+    out += [f"  note: {n}" for n in _names(plan.get("notes"))]
     for key, value in plan.items():
         if key not in _PLAN_KEYS:
             out.append(f"  {key}: {json.dumps(value, default=str)}")
@@ -287,16 +314,19 @@ def event_lines(ev: p.Event) -> list[str]:
     head = f"{clock(ev.time)} {ev.topic}"
     if ev.topic.startswith("log."):
         return [f"{head} | {line.rstrip()}" for line in ev.lines] or [head]
-    if ev.topic.startswith("lease."):
-        return [f"{head} leases={ev.leases if ev.leases is not None else '?'}"]
-    line = f"{head} {state_text(ev.state, ev.phase)}"
+    parts = [head]
+    if ev.state:
+        parts.append(state_text(ev.state, ev.phase))
     if ev.pid:
-        line += f" pid={ev.pid}"
+        parts.append(f"pid={ev.pid}")
     if ev.port:
-        line += f" port={ev.port}"
+        parts.append(f"port={ev.port}")
+    if ev.leases is not None:
+        parts.append(f"leases={ev.leases}")
     if ev.reason:
-        line += f" {one_line(ev.reason)}"
-    return [line]
+        parts.append(one_line(ev.reason))
+    parts += [one_line(line) for line in ev.lines]
+    return [" ".join(parts)]
 
 
 def log_tail_text(alias: str, lines: Sequence[str]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+
 import msgspec
 import trio
 import zmq
@@ -33,7 +34,7 @@ class AsyncClient:
     def __init__(self, endpoint: str, *, timeout: float = 5.0) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._ids = itertools.count(1)
         self._waiting: dict[int, trio.MemorySendChannel[p.Reply]] = {}
         self._sock: TrioSocket | None = None

@@ -26,20 +26,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     cmd, rest = args[0], args[1:]
     if cmd == "serve":
-        from ktd.daemon import main as run
-    elif cmd == "frontend":
-        from ktd.frontend.main import main as run
-    elif cmd == "up":
-        from ktd.up import main as run
-    elif cmd in ("version", "--version"):
+        from ktd import daemon
+
+        return daemon.main(rest)
+    if cmd == "frontend":
+        from ktd.frontend import main as frontend
+
+        return frontend.main(rest)
+    if cmd == "up":
+        from ktd import up
+
+        return up.main(rest)
+    if cmd in ("version", "--version"):
         from ktd import __version__
 
         print(__version__)
         return 0
-    else:
-        print(f"ktd: unknown command {cmd!r}\n{USAGE}", end="", file=sys.stderr)
-        return 2
-    return run(rest)
+    print(f"ktd: unknown command {cmd!r}\n{USAGE}", end="", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

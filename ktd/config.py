@@ -65,7 +65,7 @@ class KtOverrides(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     python: str | None = None
 
 
-NumaSpec = Literal["auto", "all"] | list[int]
+NumaSpec = Literal["auto", "all", "none"] | list[int]
 GpuSpec = Literal["auto"] | list[int] | int
 RestartPolicy = Literal["on-failure", "no"]
 

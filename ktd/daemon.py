@@ -79,7 +79,7 @@ def check_not_running(path: Path) -> None:
 
 
 def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     control = ctx.socket(zmq.ROUTER)
     events = ctx.socket(zmq.PUB)
     for s in (control, events):

@@ -44,10 +44,14 @@ class Busy(Exception):
 
 
 class PlacementLike(Protocol):
-    numa_nodes: tuple[int, ...]
-    cpus: tuple[int, ...]
-    gpus: tuple[int, ...]
-    env: Mapping[str, str]
+    @property
+    def numa_nodes(self) -> tuple[int, ...]: ...
+    @property
+    def cpus(self) -> tuple[int, ...]: ...
+    @property
+    def gpus(self) -> tuple[int, ...]: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
 
     def argv_flags(self) -> list[str]: ...
 
@@ -57,12 +61,18 @@ class PlacementLike(Protocol):
 class EngineHost(Protocol):
     """What an engine needs from the pool around it (kept narrow so engines test alone)."""
 
-    settings: DaemonSection
-    log_dir: Path
-    prober: Prober
-    http: httpx.AsyncClient
-    base_env: Mapping[str, str]
-    instance: str  # this daemon's key, prefixed to every engine id
+    @property
+    def settings(self) -> DaemonSection: ...
+    @property
+    def log_dir(self) -> Path: ...
+    @property
+    def prober(self) -> Prober: ...
+    @property
+    def http(self) -> httpx.AsyncClient: ...
+    @property
+    def base_env(self) -> Mapping[str, str]: ...
+    @property
+    def instance(self) -> str: ...  # this daemon's key, prefixed to every engine id
 
     async def place(self, engine: Engine) -> PlacementLike | None: ...
 
@@ -228,6 +238,9 @@ class Engine:
                 await self._changed.wait()
             return True
         return False
+
+    async def wait_stopped(self) -> None:
+        await self.wait_until(lambda: self.state in (S.STOPPED, S.FAILED))
 
     def load_settled(self) -> bool:
         """For load waiters: ready, or the attempt ended without it (failed or stopped)."""
@@ -440,9 +453,9 @@ class Engine:
     async def _pip_install_sglang(self, env: dict[str, str]) -> bool:
         self._set_phase("pip install sglang")
         cmd = [self.spec.python, "-m", "pip", "install", "sglang"]
-        self.log.note(f"auto_build: {subprocess.list2cmdline(cmd)}")
-        self.log.start_following(from_end=True)
         fd = self.log.open_for_engine()
+        self.log.start_following(from_end=True)
+        self.log.note(f"auto_build: {subprocess.list2cmdline(cmd)}")
         try:
             proc = await trio.lowlevel.open_process(
                 cmd, env=env, stdin=subprocess.DEVNULL,
@@ -637,9 +650,7 @@ class Engine:
         for info in procs.values():
             if info.pid == me:
                 continue
-            if info.pgid == run.pid or info.sid == run.pid:
-                found.add((info.pid, info.start))
-            elif proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id):
+            if info.pgid == run.pid or info.sid == run.pid or proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id):
                 found.add((info.pid, info.start))
         return found
 

@@ -124,18 +124,21 @@ class EngineLog:
     def note(self, line: str) -> None:
         """A line of ktd's own about this engine (spawn, signals, exit status), in file and tail."""
         text = f"[ktd] {line}"
-        if self._rfd is not None:
-            # Goes through the file, so poll() picks it up in order with the engine's lines.
+        if self.error is None:
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
                 try:
                     os.write(fd, text.encode() + b"\n")
                 finally:
                     os.close(fd)
-                self.poll()
-                return
             except OSError as exc:
                 self._file_error(exc)
+            else:
+                if self._rfd is not None:
+                    # Read it back, in order with the engine's own lines.
+                    self.poll()
+                    return
         self._add([text])
 
     def _add(self, lines: list[str]) -> list[str]:

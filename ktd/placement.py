@@ -200,9 +200,6 @@ class _Need:
     fixed: tuple[int, ...] | None
     count: int
 
-    def wants(self) -> bool:
-        return self.fixed is not None or self.count > 0
-
 
 class _Fail(Exception):
     """An impossible request; becomes ``Plan(ok=False, reason=...)``."""
@@ -324,7 +321,8 @@ def _numa_need(
         raise _Fail(f"numa: expected 'auto', 'all' or a list of node ids, got {numa!r}")
 
     # auto: the user's --kt-threadpool-count says how many pools the weights were
-    # converted for; honour it rather than pick a count the weights don't match.
+    # converted for; honour it rather than pick a count the weights don't match
+    # (this wins over single_engine's "all nodes" for the same reason).
     pools = _int_values(uflags.get(POOL_FLAG, ()))
     if pools is not None and len(pools) == 1 and pools[0] >= 1:
         count = pools[0]

@@ -91,7 +91,7 @@ class Pool:
         for engine in engines:
             engine.request_down(force=force)
         for engine in engines:
-            await engine.wait_until(lambda e=engine: e.state in (S.STOPPED, S.FAILED))
+            await engine.wait_stopped()
 
     # ------------------------------------------------------------ EngineHost
 
@@ -102,6 +102,9 @@ class Pool:
 
             self._topology = read_topology()
         return self._topology
+
+    def refresh_topology(self, topo: Any) -> None:
+        self._topology = topo
 
     def holdings(self, exclude: Engine | None = None) -> list[Any]:
         from ktd.placement import Holding
@@ -124,27 +127,54 @@ class Pool:
         return out
 
     def make_plan(self, spec: ModelSpec, *, exclude: Engine | None = None) -> Any:
+        """The placement of ``spec`` given every other engine's holdings (pure given those)."""
+        import dataclasses
+
         from ktd.placement import plan
 
-        return plan(
+        holdings = self.holdings(exclude)
+        unpinned = spec.numa == "none"
+        if unpinned:
+            # ktd's extension: no NUMA ownership, no pinning, no derived kt flags;
+            # only GPUs are planned. For engines that are not kt-kernel heavy (the sim).
+            holdings = [dataclasses.replace(h, numa_nodes=()) for h in holdings]
+        result = plan(
             spec.alias,
-            spec.numa,
+            "all" if unpinned else spec.numa,
             spec.gpus,
             spec.extra_args,
             self.topology,
-            self.holdings(exclude),
+            holdings,
             tp_size=spec.tp_size,
             reserved_cpus=tuple(self.settings.cpus or ()),
             cpu_reserve=self.settings.cpu_reserve,
-            single_engine=self.settings.one_engine_per_machine or len(self.engines) == 1,
+            single_engine=not unpinned
+            and (self.settings.one_engine_per_machine or len(self.engines) == 1),
             allow_evict=spec.swap,
         )
+        if unpinned and result.ok:
+            result = dataclasses.replace(
+                result,
+                numa_nodes=(),
+                cpus=(),
+                flags=tuple(f for f in result.flags if f.origin == "user"),
+                notes=(*result.notes, "numa: none: not pinned, no derived --kt-* flags"),
+            )
+        return result
 
     async def place(self, engine: Engine) -> PlacementLike | None:
         async with self._place_lock:
             for _ in range(len(self.engines) + 1):
                 plan = self.make_plan(engine.spec, exclude=engine)
                 if not plan.ok:
+                    leaving = [
+                        self.engines[a] for a in plan.blocked_by
+                        if a in self.engines and not self.engines[a].want_up
+                    ]
+                    if leaving:  # already being evicted: wait for them rather than fail
+                        for victim in leaving:
+                            await victim.wait_stopped()
+                        continue
                     raise Busy(plan.reason or "cannot be placed", tuple(plan.blocked_by))
                 if not plan.evict:
                     result: PlacementLike = plan
@@ -154,8 +184,7 @@ class Pool:
                     victim.log.note(f"evicted to make room for {engine.alias}")
                     victim.request_down()
                 for alias in plan.evict:
-                    victim = self.engines[alias]
-                    await victim.wait_until(lambda v=victim: v.state in (S.STOPPED, S.FAILED))
+                    await self.engines[alias].wait_stopped()
             raise Busy("cannot be placed: evictions did not free enough", ())
 
     def state_changed(self, engine: Engine) -> None:
@@ -247,7 +276,7 @@ class Pool:
                     pid=rec.pid, start=rec.start, engine_id=rec.engine_id, port=rec.port,
                     argv=rec.argv, pidfd=pidfd,
                 )
-                engine.plan = FixedPlacement(
+                engine.plan = FixedPlacement(  # type: ignore[assignment]
                     numa_nodes=tuple(rec.numa_nodes), cpus=tuple(rec.cpus),
                     gpus=tuple(rec.gpus), env=dict(rec.env),
                 )
@@ -307,7 +336,7 @@ class Pool:
         self._check_open()
         if engine.state in (S.DRAINING, S.STOPPING):
             # An evict is under way: let it finish, then start afresh.
-            await engine.wait_until(lambda: engine.state in (S.STOPPED, S.FAILED))
+            await engine.wait_stopped()
         engine.request_up()
         if not wait:
             return engine.info()
@@ -349,7 +378,7 @@ class Pool:
                 engine.request_down(force=force, drain_timeout=timeout)
                 evicted.append(engine.alias)
         for engine in targets:
-            await engine.wait_until(lambda e=engine: e.state in (S.STOPPED, S.FAILED))
+            await engine.wait_stopped()
         return evicted
 
     def logs(self, alias: str, lines: int) -> list[str]:
@@ -443,7 +472,11 @@ class Pool:
         are flagged ``stale`` until their last lease ends; removed ones drain
         and stop; new ones appear stopped.
         """
-        added, removed, restarted, stale, updated = [], [], [], [], []
+        added: list[str] = []
+        removed: list[str] = []
+        restarted: list[str] = []
+        stale: list[str] = []
+        updated: list[str] = []
         new_served = {s.alias: s for s in new.served()}
         for alias, engine in list(self.engines.items()):
             if alias not in new_served:
@@ -453,14 +486,15 @@ class Pool:
                 if self._nursery is not None:
                     self._nursery.start_soon(self._forget_when_stopped, engine)
         for alias, spec in new_served.items():
-            engine = self.engines.get(alias)
-            if engine is None:
-                engine = Engine(spec, self)
-                self.engines[alias] = engine
+            existing = self.engines.get(alias)
+            if existing is None:
+                fresh = Engine(spec, self)
+                self.engines[alias] = fresh
                 if self._nursery is not None:
-                    self._nursery.start_soon(engine.run_forever)
+                    self._nursery.start_soon(fresh.run_forever)
                 added.append(alias)
                 continue
+            engine = existing
             if spec == engine.spec:
                 continue
             if launch_key(spec) == launch_key(engine.spec) or engine.state not in S.HOLDS_RESOURCES:
@@ -488,7 +522,7 @@ class Pool:
         return "; ".join(parts) or "no changes"
 
     async def _forget_when_stopped(self, engine: Engine) -> None:
-        await engine.wait_until(lambda: engine.state in (S.STOPPED, S.FAILED))
+        await engine.wait_stopped()
         if self.engines.get(engine.alias) is engine:
             del self.engines[engine.alias]
 
@@ -499,7 +533,7 @@ class Pool:
             return
         was_up = engine.want_up or engine.state == S.READY
         engine.request_down()
-        await engine.wait_until(lambda: engine.state in (S.STOPPED, S.FAILED))
+        await engine.wait_stopped()
         engine.spec = spec
         engine.pending_spec = None
         engine.stale = False

@@ -8,7 +8,7 @@ not, so an operator who installs the missing package needs no daemon restart.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import msgspec
 import trio

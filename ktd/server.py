@@ -38,7 +38,7 @@ class ControlServer:
     ) -> None:
         self.pool = pool
         self.control = TrioSocket(control, self._on_message)
-        self.events = TrioSocket(events, lambda frames: None, max_outbox=10_000)
+        self.events = TrioSocket(events, None, max_outbox=10_000)
         self._reload = reload
         self._doctor = doctor
         self._dry_run = dry_run

@@ -26,10 +26,11 @@ class TrioSocket:
     def __init__(
         self,
         sock: zmq.Socket[bytes],
-        on_message: Callable[[Frames], None],
+        on_message: Callable[[Frames], None] | None,
         *,
         max_outbox: int = 100_000,
     ) -> None:
+        """``on_message=None`` for send-only sockets (PUB), which must never be read."""
         self.sock = sock
         self._on_message = on_message
         self._outbox: deque[Frames] = deque()
@@ -87,11 +88,13 @@ class TrioSocket:
         try:
             while True:
                 # on_message must not block: handlers that take time spawn tasks.
-                for frames in self._drain_recv():
-                    self._on_message(frames)
+                if self._on_message is not None:
+                    for frames in self._drain_recv():
+                        self._on_message(frames)
                 sent_all = self._flush()
-                events = self.sock.getsockopt(zmq.EVENTS)
-                if events & zmq.POLLIN or (not sent_all and events & zmq.POLLOUT):
+                events = int(self.sock.getsockopt(zmq.EVENTS))
+                readable = self._on_message is not None and events & zmq.POLLIN
+                if readable or (not sent_all and events & zmq.POLLOUT):
                     await trio.lowlevel.checkpoint()
                     continue
                 with trio.CancelScope() as scope:

@@ -107,6 +107,7 @@ def sim_model(alias: str, *, record: Path | None = None, **knobs: Any) -> dict[s
         "path": f"/models/{alias}",
         "backend": "kt",
         "alias": alias,
+        "numa": "none",  # this box has one NUMA node; tests of placement set numa explicitly
         "kt": {"extra_env": env, "kt_weight_path": f"/models/{alias}-kt"},
     }
     kt_over = knobs.pop("kt", {})

@@ -34,7 +34,7 @@ try:
         xeon_machine,
     )
 except ImportError:  # pytest run with tests/ (not the repo root) on sys.path
-    from fixtures.topology import (  # type: ignore[no-redef]
+    from fixtures.topology import (  # type: ignore[no-redef,import-not-found,unused-ignore]
         FOUR_L40S,
         TWO_H100,
         FakeRun,

@@ -190,8 +190,12 @@ class LeaseBroker:
         """
         if self._nursery is None:
             raise Unreachable("the frontend's control client is not running")
-        if self._alive is not True:
+        if self._alive is None:
             await self.ping()
+        elif not self._alive:
+            # Known down: a short ping, so a restarted daemon is noticed at once
+            # but a dead one costs each request only a second.
+            await self.ping(min(1.0, self.ping_timeout))
         pending = _Pending()
         self._pendings.add(pending)
         msg = p.Acquire(model=model, client=self.client_id, autoload=autoload, timeout=load_timeout)

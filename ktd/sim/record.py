@@ -20,9 +20,7 @@ ENV_KEYS = ("CUDA_VISIBLE_DEVICES",)
 def selected_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """KT* (so KT_*, KTD_*, KTD_SIM_*), SGLANG* and CUDA_VISIBLE_DEVICES."""
     env = os.environ if env is None else env
-    return {
-        k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) or k in ENV_KEYS
-    }
+    return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) or k in ENV_KEYS}
 
 
 def _cmdline() -> list[str]:

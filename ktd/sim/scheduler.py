@@ -46,7 +46,7 @@ def _prctl(option: int, arg: int | bytes) -> bool:
 
 
 def set_pdeathsig() -> bool:
-    """SIGKILL this process when its parent (thread) dies: SGLang's ``kill_itself_when_parent_died``."""
+    """SIGKILL us when the parent (thread) dies: SGLang's ``kill_itself_when_parent_died``."""
     return _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 

@@ -71,7 +71,7 @@ class FakeDaemon:
                 self.router.close(linger=0)
                 self.pub.close(linger=0)
                 return
-            for item in answer or []:
+            for item in answer if isinstance(answer, list) else []:
                 frame = item if isinstance(item, bytes) else p.encode(item)
                 self.router.send_multipart([ident, frame])
 
@@ -169,9 +169,11 @@ def test_silent_daemon_times_out(rundir: Path) -> None:
     router.bind(f"ipc://{rundir / 'control.sock'}")
     try:
         t0 = time.monotonic()
-        with Client(rundir / "control.sock", timeout=0.3) as c:
-            with pytest.raises(DaemonUnreachable, match="no reply"):
-                c.ping()
+        with (
+            Client(rundir / "control.sock", timeout=0.3) as c,
+            pytest.raises(DaemonUnreachable, match="no reply"),
+        ):
+            c.ping()
         assert 0.25 < time.monotonic() - t0 < 1.5
     finally:
         ctx.destroy(linger=0)
@@ -284,7 +286,9 @@ def test_wire_arguments_of_operations(daemon: Callable[[Handler], FakeDaemon]) -
             case p.Load():
                 return [p.LoadReply(id=req.id, engine=engine(req.alias))]
             case p.Evict():
-                return [p.EvictReply(id=req.id, evicted=["a", "b"] if req.all else [req.alias])]
+                return [
+                    p.EvictReply(id=req.id, evicted=["a", "b"] if req.all else [str(req.alias)])
+                ]
             case p.Logs():
                 return [p.LogsReply(id=req.id, alias=req.alias, lines=["x"] * req.lines)]
             case p.Acquire():
@@ -328,7 +332,10 @@ def test_wire_arguments_of_operations(daemon: Callable[[Handler], FakeDaemon]) -
 def test_daemon_death_ends_an_unbounded_wait(daemon: Callable[[Handler], FakeDaemon]) -> None:
     d = daemon(lambda req, d: "die")
     t0 = time.monotonic()
-    with Client(d.path, timeout=0.5) as c, pytest.raises(ConnectionLost, match="lost the connection"):
+    with (
+        Client(d.path, timeout=0.5) as c,
+        pytest.raises(ConnectionLost, match="lost the connection"),
+    ):
         c.load("m")  # wait=True, timeout=None: no overall limit
     assert time.monotonic() - t0 < 3
 

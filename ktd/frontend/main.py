@@ -1,0 +1,149 @@
+"""``ktd frontend``: run the OpenAI frontend under Hypercorn's trio worker.
+
+SIGTERM/SIGINT start Hypercorn's graceful shutdown: stop accepting, give
+in-flight requests ``--graceful-timeout`` seconds, cancel the rest (their
+leases are released on the way out), then stop the control client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+from ktd import paths
+from ktd.config import Config, ConfigError, load_config
+from ktd.frontend.app import FrontendOptions, create_app
+
+log = logging.getLogger("ktd.frontend")
+
+
+def control_endpoint(config: Config, socket_override: str | None) -> str:
+    """The daemon's control socket, resolved exactly as ``ktd serve`` resolves it."""
+    env = dict(os.environ)
+    if socket_override:
+        env["KTD_SOCKET"] = socket_override
+    if config.daemon.runtime_dir and not env.get("KTD_RUNTIME_DIR"):
+        env["KTD_RUNTIME_DIR"] = config.daemon.runtime_dir
+    return paths.endpoint(paths.control_path(env))
+
+
+def hypercorn_config(bind: str, *, graceful_timeout: float, access_log: bool) -> HyperConfig:
+    hc = HyperConfig()
+    hc.bind = [bind]
+    hc.graceful_timeout = graceful_timeout
+    hc.accesslog = "-" if access_log else None
+    hc.errorlog = "-"
+    hc.include_server_header = False
+    # Streams can be quiet for minutes during a load (we send comments, but
+    # not in the non-streaming case): never let the server read timeout cut them.
+    hc.read_timeout = None
+    hc.keep_alive_timeout = 75.0
+    return hc
+
+
+async def _serve(options: FrontendOptions, hc: HyperConfig) -> None:
+    app = create_app(options)
+    stop = trio.Event()
+
+    async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for signum in signals:
+                log.info("received %s: shutting down", signal.Signals(signum).name)
+                stop.set()
+                return
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(on_signals)
+        binds: list[str] = await nursery.start(
+            functools.partial(serve, app, hc, shutdown_trigger=stop.wait)
+        )
+        print(
+            f"ktd frontend: serving on {', '.join(binds)} (daemon: {options.control_endpoint})",
+            file=sys.stderr,
+            flush=True,
+        )
+        _notify("READY=1")
+        await stop.wait()
+        _notify("STOPPING=1")
+    # serve() returns after its graceful shutdown; the signal task returned too.
+
+
+def _notify(message: str) -> None:
+    try:
+        from ktd import sdnotify
+    except ImportError:  # pragma: no cover
+        return
+    sdnotify.notify(message)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="ktd frontend", description="Run the OpenAI-compatible HTTP frontend."
+    )
+    ap.add_argument("--config", help="config.json (default: $KTD_CONFIG or the per-user path)")
+    ap.add_argument("--socket", help="daemon control socket (default: $KTD_SOCKET or runtime dir)")
+    ap.add_argument("--bind", help="HOST:PORT or unix:PATH (default: frontend.bind)")
+    ap.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=5.0,
+        help="seconds in-flight requests get on SIGTERM (default 5)",
+    )
+    ap.add_argument("--access-log", action="store_true", help="log each request to stdout")
+    ap.add_argument("--log-level", default=os.environ.get("KTD_LOG_LEVEL", "INFO"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    config_path = Path(args.config) if args.config else paths.default_config_path()
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(f"ktd frontend: config error: {exc}", file=sys.stderr)
+        return 2
+    options = FrontendOptions(
+        frontend=config.frontend,
+        control_endpoint=control_endpoint(config, args.socket),
+        heartbeat_interval=max(0.2, config.daemon.lease_ttl / 3),
+    )
+    bind = args.bind or config.frontend.bind
+    hc = hypercorn_config(bind, graceful_timeout=args.graceful_timeout, access_log=args.access_log)
+    try:
+        trio.run(_serve, options, hc)
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were up, or a second one
+        return 130
+    except BaseException as exc:
+        oserr = _find(exc, OSError)
+        if oserr is None:
+            raise
+        print(f"ktd frontend: cannot serve on {bind}: {oserr}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _find(exc: BaseException, kind: type[OSError]) -> OSError | None:
+    """The first ``kind`` inside (possibly nested) exception groups."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

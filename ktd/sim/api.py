@@ -1,0 +1,533 @@
+"""``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` as SGLang answers them.
+
+Why the order of checks matters: SGLang rejects a malformed request (wrong
+content type, bad JSON, a field of the wrong type) and a ``model`` naming a
+LoRA adapter (``name:adapter``) before anything starts, so those are plain
+400 replies even for ``stream: true``. The context-length check happens in
+the tokenizer manager, which a streaming reply reaches only after its 200
+status and headers are out: there the error is an SSE event.
+
+Every generation request is counted in ``/sim/stats``; ``finish`` runs once
+per request however it ends, and a client that goes away is logged as
+``sim: request <rid> aborted by client``. Unknown JSON fields are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+import trio
+
+from ktd.sim import gen
+from ktd.sim.cli import SimArgs
+from ktd.sim.httpd import SSE, Reply, Request
+from ktd.sim.knobs import Knobs
+from ktd.sim.logfmt import log
+from ktd.sim.shapes import (
+    DONE,
+    chat_choice,
+    chat_chunk,
+    chat_response,
+    completion_obj,
+    delta_choice,
+    embedding_response,
+    error_reply,
+    field_error,
+    json_reply,
+    sse,
+    stream_error,
+    text_choice,
+    usage,
+    validation_reply,
+)
+from ktd.sim.state import DRAINING, ServerState
+
+_decode = msgspec.json.Decoder().decode
+
+
+class Pacer:
+    """Token timing: ``KTD_SIM_TOKEN_RATE`` tokens/s, and a hang stops the tokens too."""
+
+    def __init__(self, rate: float, state: ServerState) -> None:
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.state = state
+        self.next = 0.0
+
+    async def tick(self) -> None:
+        if self.state.hung:
+            await self.state.wait_unhung()
+        if self.interval:
+            now = trio.current_time()
+            self.next = max(self.next + self.interval, now) if self.next else now + self.interval
+            await trio.sleep_until(self.next)
+
+
+def parse_body(req: Request) -> dict[str, Any] | Reply:
+    """The JSON object of a request, or SGLang's 400 for what FastAPI would reject."""
+    ctype = req.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype != "application/json":
+        err: dict[str, Any] = {
+            "loc": ["header", "content-type"],
+            "msg": "Unsupported Media Type: Only 'application/json' is allowed",
+            "type": "value_error",
+        }
+        return validation_reply([err])
+    try:
+        body = _decode(req.body)
+    except msgspec.DecodeError:
+        try:
+            json.loads(req.body)
+            pos, why = 0, "Invalid JSON"
+        except ValueError as exc:
+            pos = getattr(exc, "pos", 0)
+            why = getattr(exc, "msg", str(exc))
+        err = {
+            "type": "json_invalid",
+            "loc": ("body", pos),
+            "msg": "JSON decode error",
+            "input": {},
+            "ctx": {"error": why},
+        }
+        return validation_reply([err])
+    if not isinstance(body, dict):
+        return validation_reply(
+            [
+                field_error(
+                    "model_attributes_type",
+                    (),
+                    "Input should be a valid dictionary or object to extract fields from",
+                    body,
+                )
+            ]
+        )
+    return body
+
+
+class _Fields:
+    """Pydantic-like checks of the few fields the sim reads; collects every error."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.errors: list[dict[str, Any]] = []
+
+    def str_(self, name: str, default: str) -> str:
+        v = self.body.get(name, default)
+        if not isinstance(v, str):
+            self.errors.append(
+                field_error("string_type", (name,), "Input should be a valid string", v)
+            )
+            return default
+        return v
+
+    def bool_(self, name: str) -> bool:
+        v = self.body.get(name)
+        if v is None:
+            return False
+        if not isinstance(v, bool):
+            self.errors.append(
+                field_error("bool_type", (name,), "Input should be a valid boolean", v)
+            )
+            return False
+        return v
+
+    def int_(self, name: str, default: int | None, *, positive: bool = False) -> int | None:
+        v = self.body.get(name)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.errors.append(
+                field_error("int_type", (name,), "Input should be a valid integer", v)
+            )
+            return default
+        if positive and v <= 0:
+            msg = f"Value error, {name} must be positive"
+            self.errors.append(field_error("value_error", (name,), msg, v))
+            return default
+        return v
+
+    def stop(self) -> list[str]:
+        v = self.body.get("stop")
+        if v is None:
+            return []
+        if isinstance(v, str):
+            return [v]
+        if isinstance(v, list) and all(isinstance(s, str) for s in v):
+            return list(v)
+        self.errors.append(
+            field_error("string_type", ("stop",), "Input should be a valid string", v)
+        )
+        return []
+
+    def stream_options(self) -> dict[str, Any]:
+        v = self.body.get("stream_options")
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            self.errors.append(
+                field_error("model_type", ("stream_options",), "Input should be an object", v)
+            )
+            return {}
+        return v
+
+    def required(self, name: str) -> Any:
+        if name not in self.body:
+            self.errors.append(field_error("missing", (name,), "Field required", self.body))
+        return self.body.get(name)
+
+
+def _items(value: Any) -> list[Any] | None:
+    """A prompt/input: str | list[str] | list[int] | list[list[int]] -> its items."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+            return [value]
+        if all(isinstance(x, str) for x in value):
+            return list(value)
+        if all(isinstance(x, list) and all(isinstance(t, int) for t in x) for x in value):
+            return list(value)
+    return None
+
+
+class OpenAIServing:
+    def __init__(self, args: SimArgs, knobs: Knobs, state: ServerState) -> None:
+        self.args = args
+        self.knobs = knobs
+        self.state = state
+
+    # -- common
+    async def _run(self, req: Request, body: Callable[[str], Awaitable[Reply]]) -> Reply:
+        """Count the request and make sure ``finish`` runs once, whatever happens."""
+        rid = uuid.uuid4().hex
+        self.state.begin()
+        done = False
+
+        def finish(aborted: bool) -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            self.state.end(aborted)
+            if aborted:
+                who = " by client" if req.disconnected else ""
+                log(f"sim: request {rid} aborted{who}")
+
+        try:
+            reply = await body(rid)
+        except trio.Cancelled:
+            finish(True)
+            raise
+        except BaseException:
+            finish(False)
+            raise
+        reply.finish = finish
+        if reply.stream is not None:
+            self.state.mark_stream()
+            if self.knobs.crash_mid_stream:
+                reply.on_chunk = self._crash_counter()
+        return reply
+
+    def _crash_counter(self) -> Callable[[], None]:
+        limit = self.knobs.crash_mid_stream
+        sent = 0
+
+        def on_chunk() -> None:
+            nonlocal sent
+            sent += 1
+            if sent >= limit:
+                log(f"sim: KTD_SIM_CRASH_MID_STREAM={limit}: the server process dies now")
+                sys.stdout.flush()
+                os._exit(1)
+
+        return on_chunk
+
+    def _refuse(self) -> Reply | None:
+        if self.state.status == DRAINING:
+            return error_reply(
+                "The server is shutting down (draining): new requests are refused.",
+                "ServiceUnavailable",
+                503,
+            )
+        return None
+
+    def _lora_error(self, model: str) -> str | None:
+        if ":" not in model:
+            return None
+        adapter = model.split(":", 1)[1].strip()
+        if not adapter:
+            return None
+        return (
+            f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch "
+            "the server with --enable-lora flag and preload adapters using --lora-paths or "
+            "/load_lora_adapter endpoint."
+        )
+
+    def _context_error(self, prompt_tokens: int, max_tokens: int | None) -> str | None:
+        ctx = self.args.context_length
+        if prompt_tokens >= ctx:
+            return (
+                f"The input ({prompt_tokens} tokens) is longer than the model's context "
+                f"length ({ctx} tokens)."
+            )
+        if max_tokens is not None and prompt_tokens + max_tokens >= ctx:
+            return (
+                f"Requested token count exceeds the model's maximum context length of {ctx} "
+                f"tokens. You requested a total of {prompt_tokens + max_tokens} tokens: "
+                f"{prompt_tokens} tokens from the input messages and {max_tokens} tokens for "
+                "the completion. Please reduce the number of tokens in the input messages or "
+                "the completion to fit within the limit."
+            )
+        return None
+
+    async def _generate(self, n_tokens: int) -> None:
+        """Non-streaming generation time: the same pacing as a stream."""
+        if not self.knobs.token_rate and not self.state.hung:
+            return
+        pacer = Pacer(self.knobs.token_rate, self.state)
+        for _ in range(n_tokens):
+            await pacer.tick()
+
+    # -- /v1/chat/completions
+    async def chat(self, req: Request) -> Reply:
+        return await self._run(req, lambda rid: self._chat(req, rid))
+
+    async def _chat(self, req: Request, rid: str) -> Reply:
+        body = parse_body(req)
+        if isinstance(body, Reply):
+            return body
+        refused = self._refuse()
+        if refused:
+            return refused
+        f = _Fields(body)
+        messages = f.required("messages")
+        if messages is not None and not (
+            isinstance(messages, list)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+        ):
+            f.errors.append(
+                field_error("list_type", ("messages",), "Input should be a valid list", messages)
+            )
+        model = f.str_("model", self.args.served_model_name)
+        n = f.int_("n", 1, positive=True) or 1
+        max_tokens = f.int_("max_completion_tokens", None, positive=True)
+        if max_tokens is None:
+            max_tokens = f.int_("max_tokens", None, positive=True)
+        stream = f.bool_("stream")
+        options = f.stream_options()
+        stops = f.stop()
+        if f.errors:
+            return validation_reply(f.errors)
+        lora = self._lora_error(model)
+        if lora:
+            return error_reply(lora)
+
+        prompt_tokens = sum(gen.count_content(m.get("content")) for m in messages or [])
+        ctx_error = self._context_error(prompt_tokens, max_tokens)
+        plan = gen.plan(max_tokens, stops)
+        if stream:
+            events = self._chat_stream(
+                rid,
+                model,
+                n,
+                plan,
+                prompt_tokens,
+                ctx_error,
+                bool(options.get("include_usage")),
+                bool(options.get("continuous_usage_stats")),
+            )
+            return Reply(200, content_type=SSE, stream=events)
+        if ctx_error:
+            return error_reply(ctx_error)
+        await self._generate(plan.n_tokens)
+        text = plan.text()
+        choices = [chat_choice(i, text, plan.finish_reason, plan.matched_stop) for i in range(n)]
+        resp = chat_response(
+            rid, int(time.time()), model, choices, usage(prompt_tokens, plan.n_tokens * n)
+        )
+        return json_reply(resp)
+
+    async def _chat_stream(
+        self,
+        rid: str,
+        model: str,
+        n: int,
+        plan: gen.Plan,
+        prompt_tokens: int,
+        ctx_error: str | None,
+        include_usage: bool,
+        continuous_usage: bool,
+    ) -> AsyncGenerator[bytes, None]:
+        if ctx_error:
+            yield stream_error(ctx_error)
+            yield DONE
+            return
+        created = int(time.time())
+        for i in range(n):
+            yield sse(
+                chat_chunk(rid, created, model, [delta_choice(i, role="assistant", content="")])
+            )
+        pacer = Pacer(self.knobs.token_rate, self.state)
+        generated = 0
+        for piece in plan.pieces():
+            await pacer.tick()
+            generated += 1
+            if not piece:
+                continue
+            for i in range(n):
+                chunk = chat_chunk(rid, created, model, [delta_choice(i, content=piece)])
+                if continuous_usage:
+                    chunk["usage"] = usage(prompt_tokens, generated)
+                yield sse(chunk)
+        for i in range(n):
+            finish = delta_choice(
+                i, finish_reason=plan.finish_reason, matched_stop=plan.matched_stop
+            )
+            yield sse(chat_chunk(rid, created, model, [finish]))
+        if include_usage:
+            yield sse(chat_chunk(rid, created, model, [], usage(prompt_tokens, plan.n_tokens * n)))
+        yield DONE
+
+    # -- /v1/completions
+    async def completions(self, req: Request) -> Reply:
+        return await self._run(req, lambda rid: self._completions(req, rid))
+
+    async def _completions(self, req: Request, rid: str) -> Reply:
+        body = parse_body(req)
+        if isinstance(body, Reply):
+            return body
+        refused = self._refuse()
+        if refused:
+            return refused
+        f = _Fields(body)
+        raw_prompt = f.required("prompt")
+        prompts = _items(raw_prompt) if raw_prompt is not None else []
+        if prompts is None:
+            f.errors.append(
+                field_error(
+                    "string_type", ("prompt",), "Input should be a valid string", raw_prompt
+                )
+            )
+        model = f.str_("model", self.args.served_model_name)
+        n = f.int_("n", 1, positive=True) or 1
+        max_tokens = f.int_("max_tokens", 16, positive=True)
+        stream = f.bool_("stream")
+        echo = f.bool_("echo")
+        options = f.stream_options()
+        stops = f.stop()
+        if f.errors or prompts is None:
+            return validation_reply(f.errors)
+        lora = self._lora_error(model)
+        if lora:
+            return error_reply(lora)
+
+        counts = [gen.count_prompt(p) for p in prompts]
+        ctx_error = next(
+            (e for e in (self._context_error(c, max_tokens) for c in counts) if e), None
+        )
+        plan = gen.plan(max_tokens, stops)
+        echoes = [(p if echo and isinstance(p, str) else "") for p in prompts for _ in range(n)]
+        prompt_tokens = sum(counts)
+        completion_tokens = plan.n_tokens * len(echoes)
+        if stream:
+            events = self._completion_stream(
+                rid,
+                model,
+                echoes,
+                plan,
+                prompt_tokens,
+                ctx_error,
+                bool(options.get("include_usage")),
+            )
+            return Reply(200, content_type=SSE, stream=events)
+        if ctx_error:
+            return error_reply(ctx_error)
+        await self._generate(plan.n_tokens)
+        text = plan.text()
+        choices = [
+            text_choice(i, e + text, plan.finish_reason, plan.matched_stop)
+            for i, e in enumerate(echoes)
+        ]
+        resp = completion_obj(
+            rid,
+            int(time.time()),
+            model,
+            choices,
+            usage(prompt_tokens, completion_tokens),
+            final=True,
+        )
+        return json_reply(resp)
+
+    async def _completion_stream(
+        self,
+        rid: str,
+        model: str,
+        echoes: list[str],
+        plan: gen.Plan,
+        prompt_tokens: int,
+        ctx_error: str | None,
+        include_usage: bool,
+    ) -> AsyncGenerator[bytes, None]:
+        if ctx_error:
+            yield stream_error(ctx_error)
+            yield DONE
+            return
+        created = int(time.time())
+        pacer = Pacer(self.knobs.token_rate, self.state)
+        last = plan.n_tokens - 1
+        for step, piece in enumerate(plan.pieces()):
+            await pacer.tick()
+            final = step == last
+            if not piece and not final:
+                continue
+            for i, prefix in enumerate(echoes):
+                text = prefix + piece if step == 0 else piece
+                choice = text_choice(
+                    i,
+                    text,
+                    plan.finish_reason if final else None,
+                    plan.matched_stop if final else None,
+                )
+                yield sse(completion_obj(rid, created, model, [choice], None, final=False))
+        if include_usage:
+            total = usage(prompt_tokens, plan.n_tokens * len(echoes))
+            yield sse(completion_obj(rid, created, model, [], total, final=False))
+        yield DONE
+
+    # -- /v1/embeddings
+    async def embeddings(self, req: Request) -> Reply:
+        return await self._run(req, lambda rid: self._embeddings(req, rid))
+
+    async def _embeddings(self, req: Request, rid: str) -> Reply:
+        body = parse_body(req)
+        if isinstance(body, Reply):
+            return body
+        refused = self._refuse()
+        if refused:
+            return refused
+        f = _Fields(body)
+        raw = f.required("input")
+        items = _items(raw) if raw is not None else []
+        if items is None:
+            f.errors.append(
+                field_error("string_type", ("input",), "Input should be a valid string", raw)
+            )
+        model = f.str_("model", self.args.served_model_name)
+        if f.errors or items is None:
+            return validation_reply(f.errors)
+        lora = self._lora_error(model)
+        if lora:
+            return error_reply(lora)
+        counts = [gen.count_prompt(x) for x in items]
+        for c in counts:
+            err = self._context_error(c, None)
+            if err:
+                return error_reply(err)
+        await self._generate(1)
+        return json_reply(embedding_response(model, [gen.embedding(x) for x in items], sum(counts)))

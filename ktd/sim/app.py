@@ -1,0 +1,226 @@
+"""The sim's life, in SGLang's order: parse, spawn the scheduler, load, bind, warm up, serve, drain.
+
+Why this order matters to ktd (NOTES.md, "SGLang as the engine"):
+
+1. The scheduler child is spawned first and "loads" the model; the HTTP port
+   is *not* bound during the load, so a busy port is found only afterwards
+   (uvicorn's ``[Errno 98] ... address already in use``, exit 1).
+2. Until the load ends SIGTERM has its default action: the process dies at
+   once (the child follows through PDEATHSIG). After it, SIGTERM drains:
+   ``/health`` turns 503, new generations are refused, in-flight ones get up
+   to ``KTD_SIM_DRAIN`` seconds, then the process tree is killed and the
+   server exits 0.
+3. After the bind ``/v1/models`` answers at once, ``/health`` only after the
+   warm-up (``KTD_SIM_WARMUP``), when "The server is fired up and ready to
+   roll!" is logged.
+
+A scheduler that dies on its own takes the server down (exit 1), as SGLang's
+SIGQUIT from a failed child does; one killed by SIGTERM (a group SIGTERM)
+starts the drain instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+
+import trio
+
+from ktd.sim import record
+from ktd.sim.cli import SimArgs, parse, server_args_repr
+from ktd.sim.httpd import HttpServer
+from ktd.sim.knobs import Knobs
+from ktd.sim.logfmt import line_buffered, log, uvicorn
+from ktd.sim.procs import Scheduler, kill_tree
+from ktd.sim.routes import SimApp
+from ktd.sim.state import DRAINING, STARTING, UP, ServerState
+
+
+class Recorder:
+    """``KTD_SIM_RECORD``: written at start-up, rewritten with more fields when ready."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.extra: dict[str, object] = {}
+
+    def write(self, **more: object) -> None:
+        if not self.path:
+            return
+        self.extra.update(more)
+        try:
+            record.write(self.path, record.snapshot(self.extra))
+        except OSError as exc:
+            log(f"sim: cannot write KTD_SIM_RECORD={self.path}: {exc}")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+class Lifecycle:
+    def __init__(self, args: SimArgs, knobs: Knobs, sched: Scheduler, rec: Recorder) -> None:
+        self.args = args
+        self.knobs = knobs
+        self.sched = sched
+        self.rec = rec
+        self.state = ServerState()
+        self.app = SimApp(args, knobs, self.state)
+        self.exit_code = 0
+        self._scope = trio.CancelScope()
+
+    def exit(self, code: int) -> None:
+        self.exit_code = code
+        self._scope.cancel()
+
+    async def run(self) -> int:
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._hang_toggle)
+                if await self._load():
+                    await nursery.start(self._signals, nursery)
+                    listeners = await self._bind()
+                    if listeners is None:
+                        self.exit(1)
+                    else:
+                        server = HttpServer(self.app.handle, access_log=self.args.access_log)
+                        nursery.start_soon(trio.serve_listeners, server.serve, listeners)
+                        nursery.start_soon(self._warmup)
+                        nursery.start_soon(self._watch_scheduler, nursery)
+                else:
+                    self.exit(1)
+        return self.exit_code
+
+    async def _load(self) -> bool:
+        """Wait for the scheduler's ``ready``; False (after SGLang's messages) if it died."""
+        ready = await self.sched.wait_ready()
+        if ready is None:
+            code = self.sched.returncode()
+            log("Rank 0 scheduler is dead. Please check if there are relevant logs.")
+            log(f"Exit code: {code}")
+            try:
+                raise RuntimeError("Initialization failed. Please see the error messages above.")
+            except RuntimeError:
+                traceback.print_exc()
+            return False
+        for key in ("max_total_num_tokens", "max_req_input_len"):
+            if key in ready:
+                self.app.scheduler_info[key] = ready[key]
+        self.rec.write(escaped_pid=ready.get("escaped_pid"))
+        return True
+
+    async def _bind(self) -> list[trio.SocketListener] | None:
+        host, port = self.args.host, self.args.port
+        uvicorn("INFO", f"Started server process [{os.getpid()}]")
+        uvicorn("INFO", "Waiting for application startup.")
+        uvicorn("INFO", "Application startup complete.")
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            errno = exc.errno or 0
+            why = os.strerror(errno).lower() if errno > 0 else str(exc)
+            address = (host, port)
+            uvicorn(
+                "ERROR",
+                f"[Errno {errno}] error while attempting to bind on address {address!r}: {why}",
+            )
+            uvicorn("INFO", "Waiting for application shutdown.")
+            uvicorn("INFO", "Application shutdown complete.")
+            return None
+        bound = listeners[0].socket.getsockname()[1]
+        self.rec.write(port=bound)
+        uvicorn(
+            "INFO", f"Uvicorn running on http://{_url_host(host)}:{bound} (Press CTRL+C to quit)"
+        )
+        return listeners
+
+    async def _warmup(self) -> None:
+        await trio.sleep(self.knobs.warmup)
+        if self.state.status == STARTING:
+            self.state.status = UP
+            log("The server is fired up and ready to roll!")
+        if self.knobs.hang_after is not None:
+            await trio.sleep(self.knobs.hang_after)
+            log(f"sim: KTD_SIM_HANG_AFTER={self.knobs.hang_after}: every request hangs from now")
+            self.state.set_hung(True)
+
+    async def _hang_toggle(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """SIGUSR1 flips the hang on and off (from start-up on: the default would kill us)."""
+        with trio.open_signal_receiver(signal.SIGUSR1) as signals:
+            task_status.started()
+            async for _ in signals:
+                self.state.set_hung(not self.state.hung)
+                now = "hang" if self.state.hung else "are answered again"
+                log(f"sim: SIGUSR1: requests {now}")
+
+    async def _signals(
+        self, nursery: trio.Nursery, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        wanted = [signal.SIGINT]
+        if not self.knobs.ignore_sigterm:
+            wanted.append(signal.SIGTERM)
+        with trio.open_signal_receiver(*wanted) as signals:
+            task_status.started()
+            async for signum in signals:
+                if self.state.status != DRAINING:
+                    self._begin_drain(nursery, signum)
+                elif signum == signal.SIGINT:
+                    log("sim: SIGINT while draining: exiting now")
+                    self.exit(0)
+                else:
+                    log("sim: SIGTERM while draining: already shutting down")
+
+    def _begin_drain(self, nursery: trio.Nursery, signum: int) -> None:
+        name = signal.Signals(signum).name
+        log(f"{name} received. signum={signum} frame=None. Draining requests and shutting down...")
+        self.state.status = DRAINING
+        nursery.start_soon(self._drain)
+
+    async def _drain(self) -> None:
+        with trio.move_on_after(self.knobs.drain):
+            await self.state.wait_idle()
+        log(f"Gracefully exiting... Remaining number of requests {self.state.stats.active}.")
+        self.exit(0)
+
+    async def _watch_scheduler(self, nursery: trio.Nursery) -> None:
+        code = await self.sched.wait_exit()
+        if self.state.status == DRAINING:
+            return
+        if code == -signal.SIGTERM:
+            self._begin_drain(nursery, signal.SIGTERM)  # the group got SIGTERM
+            return
+        log(f"sim: scheduler process {self.sched.pid} exited unexpectedly (exit code {code}).")
+        log("Received sigquit from a child process. It usually means the child failed.")
+        self.exit(1)
+
+
+async def _amain(args: SimArgs, knobs: Knobs, sched: Scheduler, rec: Recorder) -> int:
+    return await Lifecycle(args, knobs, sched, rec).run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    line_buffered()
+    args = parse(argv)
+    knobs, warnings = Knobs.from_env()
+    if knobs.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the scheduler
+    log(f"server_args={server_args_repr(args)}")
+    if args.ignored:
+        log(f"sim: accepted and ignored flags: {args.ignored}")
+    for warning in warnings:
+        log(f"sim: {warning}")
+    rec = Recorder(knobs.record)
+    sched: Scheduler | None = None
+    try:
+        sched = Scheduler(args.context_length)
+        rec.write(scheduler_pid=sched.pid)
+        return trio.run(_amain, args, knobs, sched, rec)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        kill_tree(sched)
+        sys.stdout.flush()

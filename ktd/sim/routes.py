@@ -1,0 +1,138 @@
+"""Routing and SGLang's native endpoints: health, models, model and server info, stats.
+
+Why these behaviours:
+
+* ``/health`` and ``/health_generate`` answer 503 while starting (before
+  warm-up ends) and while draining, as SGLang's do; ``/v1/models`` answers
+  200 from the moment the port is bound. ktd's readiness needs both.
+* a hang (``KTD_SIM_HANG_AFTER``, SIGUSR1) makes *every* request wait without
+  an answer, health included: the case of an engine stuck on the GPU.
+* ``--api-key`` is enforced as SGLang's middleware does (``/health*`` and
+  ``/metrics`` exempt; 401 ``{"error": "Unauthorized"}``).
+* unknown paths and methods answer FastAPI's ``{"detail": ...}`` 404/405.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from ktd.sim.api import OpenAIServing
+from ktd.sim.cli import SimArgs
+from ktd.sim.httpd import Reply, Request
+from ktd.sim.knobs import Knobs
+from ktd.sim.logfmt import log
+from ktd.sim.shapes import WEIGHT_VERSION, json_reply, model_card
+from ktd.sim.state import DRAINING, UP, ServerState
+
+SIM_VERSION = "0.0.0-sim"
+
+Route = Callable[[Request], Awaitable[Reply]]
+
+
+def _hf_config(model_path: str) -> dict[str, Any]:
+    """``model_type``/``architectures`` from the model's config.json, when there is one."""
+    try:
+        data = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class SimApp:
+    def __init__(self, args: SimArgs, knobs: Knobs, state: ServerState) -> None:
+        self.args = args
+        self.knobs = knobs
+        self.state = state
+        self.scheduler_info: dict[str, Any] = {}
+        self.openai = OpenAIServing(args, knobs, state)
+        hf = _hf_config(args.model_path)
+        self._model_info = {
+            "model_path": args.model_path,
+            "tokenizer_path": args.tokenizer_path,
+            "is_generation": not args.is_embedding,
+            "preferred_sampling_params": None,
+            "weight_version": WEIGHT_VERSION,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": hf.get("model_type"),
+            "architectures": hf.get("architectures"),
+        }
+        self.routes: dict[str, dict[str, Route]] = {
+            "/health": {"GET": self.health},
+            "/health_generate": {"GET": self.health},
+            "/v1/models": {"GET": self.models},
+            "/model_info": {"GET": self.model_info},
+            "/get_model_info": {"GET": self.model_info},
+            "/server_info": {"GET": self.server_info},
+            "/get_server_info": {"GET": self.server_info},
+            "/v1/chat/completions": {"POST": self.openai.chat},
+            "/v1/completions": {"POST": self.openai.completions},
+            "/v1/embeddings": {"POST": self.openai.embeddings},
+            "/sim/stats": {"GET": self.stats},
+        }
+
+    async def handle(self, req: Request) -> Reply:
+        if self.state.hung:
+            await self.state.wait_unhung()
+        key = self.args.api_key
+        if (
+            key
+            and not req.path.startswith(("/health", "/metrics"))
+            and req.method != "OPTIONS"
+            and req.headers.get("authorization") != f"Bearer {key}"
+        ):
+            return json_reply({"error": "Unauthorized"}, 401)
+        methods = self.routes.get(req.path)
+        if methods is None:
+            if req.path.startswith("/v1/models/") and req.method == "GET":
+                return self.retrieve_model(req.path[len("/v1/models/") :])
+            return json_reply({"detail": "Not Found"}, 404)
+        route = methods.get(req.method)
+        if route is None:
+            reply = json_reply({"detail": "Method Not Allowed"}, 405)
+            reply.headers.append(("allow", ", ".join(methods)))
+            return reply
+        return await route(req)
+
+    async def health(self, req: Request) -> Reply:
+        if self.state.status == DRAINING:
+            log("Health check request received during shutdown. Returning 503.")
+            return Reply(503, content_type=None)
+        if self.knobs.never_healthy or self.state.status != UP:
+            return Reply(503, content_type=None)
+        return Reply(200, content_type=None)
+
+    def _card(self) -> dict[str, Any]:
+        a = self.args
+        return model_card(a.served_model_name, a.model_path, int(time.time()), a.context_length)
+
+    async def models(self, req: Request) -> Reply:
+        return json_reply({"object": "list", "data": [self._card()]})
+
+    def retrieve_model(self, model: str) -> Reply:
+        if model != self.args.served_model_name:
+            err = {
+                "message": f"The model '{model}' does not exist",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
+            return json_reply({"error": err}, 404)
+        return json_reply(self._card())
+
+    async def model_info(self, req: Request) -> Reply:
+        return json_reply(self._model_info)
+
+    async def server_info(self, req: Request) -> Reply:
+        info: dict[str, Any] = dict(self.args.server_args)
+        info.update(self.scheduler_info)
+        info["internal_states"] = [{"last_gen_throughput": 0.0, "status": self.state.status}]
+        info["version"] = SIM_VERSION
+        return json_reply(info)
+
+    async def stats(self, req: Request) -> Reply:
+        return json_reply(self.state.stats.as_dict())

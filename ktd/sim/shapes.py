@@ -1,0 +1,207 @@
+"""JSON shapes of SGLang's OpenAI-compatible API, as its pydantic models serialise them.
+
+Why exact shapes: ktd's frontend passes engine bytes through to OpenAI
+clients and its tests compare against what SGLang really sends. SGLang dumps
+every field, ``null`` included (``reasoning_content``, ``tool_calls``,
+``logprobs``, ``matched_stop`` ...), so these builders do too.
+
+Errors: SGLang answers OpenAI-route failures with a *top-level*
+``{"object": "error", "message", "type", "param", "code"}`` (``type``
+``BadRequestError`` for 400s), request validation failures (bad JSON, a wrong
+field type) with the same shape but ``type`` ``"Bad Request"`` as FastAPI's
+validation handler sets it, and errors found after a stream has started as one
+``data: {"error": {...}}`` event followed by ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from ktd.sim.httpd import JSON, Reply
+
+_encode = msgspec.json.Encoder().encode
+
+DONE = b"data: [DONE]\n\n"
+WEIGHT_VERSION = "default"
+
+
+def dumps(obj: object) -> bytes:
+    return _encode(obj)
+
+
+def json_reply(obj: object, status: int = 200) -> Reply:
+    return Reply(status, _encode(obj), JSON)
+
+
+def sse(obj: object) -> bytes:
+    return b"data: " + _encode(obj) + b"\n\n"
+
+
+# -- errors
+def error_obj(
+    message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None
+) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": err_type, "param": param, "code": code}
+
+
+def error_reply(
+    message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None
+) -> Reply:
+    return json_reply(error_obj(message, err_type, code, param), code)
+
+
+def stream_error(message: str, err_type: str = "BadRequestError", code: int = 400) -> bytes:
+    return sse({"error": error_obj(message, err_type, code)})
+
+
+def field_error(kind: str, loc: Sequence[str | int], msg: str, value: object) -> dict[str, Any]:
+    """One pydantic-style validation error (``loc`` without the leading ``"body"``)."""
+    return {"type": kind, "loc": ("body", *loc), "msg": msg, "input": value}
+
+
+def validation_reply(errors: Sequence[Mapping[str, Any]]) -> Reply:
+    """FastAPI's RequestValidationError as SGLang rewrites it: 400, ``type`` "Bad Request"."""
+    plural = "s" if len(errors) != 1 else ""
+    text = f"{len(errors)} validation error{plural}:\n" + "".join(f"  {e}\n" for e in errors)
+    message = f"{text} {list(errors)}"
+    return error_reply(message, "Bad Request", 400)
+
+
+# -- usage and models
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+def model_card(served: str, root: str, created: int, max_model_len: int) -> dict[str, Any]:
+    return {
+        "id": served,
+        "object": "model",
+        "created": created,
+        "owned_by": "sglang",
+        "root": root,
+        "parent": None,
+        "max_model_len": max_model_len,
+    }
+
+
+# -- chat
+def delta_choice(
+    index: int,
+    *,
+    role: str | None = None,
+    content: str | None = None,
+    finish_reason: str | None = None,
+    matched_stop: int | str | None = None,
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "delta": {"role": role, "content": content, "reasoning_content": None, "tool_calls": None},
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "matched_stop": matched_stop,
+    }
+
+
+def chat_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage_obj: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage_obj,
+    }
+
+
+def chat_choice(
+    index: int, text: str, finish_reason: str, matched_stop: int | str | None
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {
+            "role": "assistant",
+            "content": text,
+            "reasoning_content": None,
+            "tool_calls": None,
+        },
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "matched_stop": matched_stop,
+    }
+
+
+def chat_response(
+    rid: str, created: int, model: str, choices: list[dict[str, Any]], usage_obj: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage_obj,
+        "metadata": {"weight_version": WEIGHT_VERSION},
+    }
+
+
+# -- completions
+def text_choice(
+    index: int, text: str, finish_reason: str | None, matched_stop: int | str | None
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "matched_stop": matched_stop,
+    }
+
+
+def completion_obj(
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage_obj: dict[str, Any] | None,
+    *,
+    final: bool,
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage_obj,
+    }
+    if final:
+        obj["metadata"] = {"weight_version": WEIGHT_VERSION}
+    return obj
+
+
+# -- embeddings
+def embedding_response(
+    model: str, vectors: list[list[float]], prompt_tokens: int
+) -> dict[str, Any]:
+    return {
+        "data": [
+            {"embedding": v, "index": i, "object": "embedding"} for i, v in enumerate(vectors)
+        ],
+        "model": model,
+        "object": "list",
+        "usage": usage(prompt_tokens, 0),
+    }

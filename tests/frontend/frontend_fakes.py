@@ -1,0 +1,364 @@
+"""In-process stand-ins for the daemon and an engine, for white-box frontend tests.
+
+The fake engine is raw trio + h11 on purpose: it notices a client hang-up by
+reading EOF from its own socket, independently of Hypercorn, so a test can
+tell whether the frontend really closed its upstream connection.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+import trio
+import zmq
+
+from ktd import protocol as p
+from ktd.zmqtrio import Frames, TrioSocket
+
+# ---------------------------------------------------------------- fake daemon
+
+
+@dataclass
+class FakeModel:
+    alias: str
+    url: str = ""
+    state: str = "stopped"
+    served: bool = True
+    backend: str = "kt"
+    load_delay: float = 0.0
+    error: tuple[str, str, dict[str, Any]] | None = None  # (code, message, detail)
+    loads: int = 0
+    loaded: trio.Event = field(default_factory=trio.Event)
+    loading: bool = False
+
+
+class FakeDaemon:
+    """A ROUTER socket answering ping/heartbeat/models/acquire/release like ktd."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.models: dict[str, FakeModel] = {}
+        self.leases: dict[str, str] = {}
+        self.acquires = 0
+        self.releases = 0
+        self.heartbeats = 0
+        self.requests: list[p.Request] = []
+        self._ids = itertools.count(1)
+        self._sock: TrioSocket | None = None
+        self._nursery: trio.Nursery | None = None
+
+    def add(self, alias: str, **kw: Any) -> FakeModel:
+        m = FakeModel(alias, **kw)
+        if m.state == "ready":
+            m.loaded.set()
+        self.models[alias] = m
+        return m
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        raw = zmq.Context.instance().socket(zmq.ROUTER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.bind(self.endpoint)
+        self._sock = TrioSocket(raw, self._on_message)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._sock.run)
+                task_status.started()
+        finally:
+            self._sock.close()
+
+    def _reply(self, ident: bytes, reply: p.Reply) -> None:
+        assert self._sock is not None
+        self._sock.send([ident, p.encode(reply)])
+
+    def _on_message(self, frames: Frames) -> None:
+        ident, payload = frames[0], frames[-1]
+        req = p.decode_request(payload)
+        self.requests.append(req)
+        rid = req.id
+        if isinstance(req, p.Ping):
+            self._reply(ident, p.Pong(id=rid, version="fake", pid=0))
+        elif isinstance(req, p.Heartbeat):
+            self.heartbeats += 1
+            self._reply(ident, p.Ok(id=rid))
+        elif isinstance(req, p.Models):
+            infos = [
+                p.ModelInfo(
+                    alias=m.alias, backend=m.backend, served=m.served, path="/m", state=m.state
+                )
+                for m in self.models.values()
+            ]
+            self._reply(ident, p.ModelsReply(id=rid, models=infos))
+        elif isinstance(req, p.Release):
+            self.releases += 1
+            if self.leases.pop(req.lease, None) is None:
+                self._reply(ident, p.Error(id=rid, code="bad_request", message="no such lease"))
+            else:
+                self._reply(ident, p.Ok(id=rid))
+        elif isinstance(req, p.Acquire):
+            self.acquires += 1
+            assert self._nursery is not None
+            self._nursery.start_soon(self._acquire, ident, req)
+        else:
+            self._reply(ident, p.Error(id=rid, code="bad_request", message="not faked"))
+
+    async def _acquire(self, ident: bytes, req: p.Acquire) -> None:
+        m = self.models.get(req.model)
+        if m is None:
+            names = [x.alias for x in self.models.values() if x.served]
+            self._reply(
+                ident,
+                p.Error(
+                    id=req.id,
+                    code="unknown_model",
+                    message=f"unknown model {req.model!r}",
+                    detail={"models": names},
+                ),
+            )
+            return
+        if not m.loaded.is_set():
+            if not req.autoload:
+                self._reply(ident, p.Error(id=req.id, code="not_loaded", message="not loaded"))
+                return
+            if not m.loading:
+                m.loading = True
+                m.loads += 1
+                m.state = "starting"
+                await trio.sleep(m.load_delay)
+                m.loading = False
+                if m.error is None:
+                    m.state = "ready"
+                m.loaded.set()
+            else:
+                await m.loaded.wait()
+        if m.error is not None:
+            code, message, detail = m.error
+            self._reply(ident, p.Error(id=req.id, code=code, message=message, detail=detail))
+            return
+        lease = f"lease-{next(self._ids)}"
+        self.leases[lease] = m.alias
+        self._reply(ident, p.AcquireReply(id=req.id, lease=lease, alias=m.alias, url=m.url))
+
+
+# ---------------------------------------------------------------- fake engine
+
+
+@dataclass
+class Seen:
+    method: str
+    target: str
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+class FakeEngine:
+    """An SGLang-ish HTTP/1.1 server on raw trio sockets.
+
+    ``chunks`` SSE events per stream, ``chunk_delay`` apart; ``die_after`` cuts
+    the TCP connection after that many chunks (engine death); ``status`` != 200
+    answers an SGLang-shaped error instead.
+    """
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.chunks = 5
+        self.chunk_delay = 0.0
+        self.die_after: int | None = None
+        self.status = 200
+        self.seen: list[Seen] = []
+        self.active = 0
+        self.aborted = 0
+        self.completed = 0
+        self.aborted_event = trio.Event()
+        self.connections = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._conn, listeners)
+
+    async def _conn(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                req = await self._read_request(conn, stream)
+                if req is None:
+                    return
+                keep = await self._respond(conn, stream, req)
+                if not keep or conn.our_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            return
+        finally:
+            await stream.aclose()
+
+    async def _read_request(self, conn: h11.Connection, stream: trio.SocketStream) -> Seen | None:
+        head: h11.Request | None = None
+        body = bytearray()
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(65536)
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                head = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                assert head is not None
+                seen = Seen(
+                    head.method.decode(), head.target.decode(), list(head.headers), bytes(body)
+                )
+                self.seen.append(seen)
+                return seen
+            elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+                return None
+
+    async def _send(self, conn: h11.Connection, stream: trio.SocketStream, event: Any) -> None:
+        data = conn.send(event)
+        if data:
+            await stream.send_all(data)
+
+    async def _respond(self, conn: h11.Connection, stream: trio.SocketStream, req: Seen) -> bool:
+        try:
+            obj = json.loads(req.body)
+        except ValueError:
+            obj = {}
+        if self.status != 200:
+            body = json.dumps(
+                {
+                    "object": "error",
+                    "message": "fake engine says no",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": self.status,
+                }
+            ).encode()
+            await self._send(
+                conn,
+                stream,
+                h11.Response(
+                    status_code=self.status,
+                    headers=[
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(body))),
+                    ],
+                ),
+            )
+            await self._send(conn, stream, h11.Data(data=body))
+            await self._send(conn, stream, h11.EndOfMessage())
+            return True
+        if not obj.get("stream"):
+            body = json.dumps(
+                {
+                    "id": "cmpl-1",
+                    "object": "chat.completion",
+                    "model": obj.get("model"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "hello"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
+            ).encode()
+            await self._send(
+                conn,
+                stream,
+                h11.Response(
+                    status_code=200,
+                    headers=[
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(body))),
+                    ],
+                ),
+            )
+            await self._send(conn, stream, h11.Data(data=body))
+            await self._send(conn, stream, h11.EndOfMessage())
+            self.completed += 1
+            return True
+        return await self._stream(conn, stream, obj)
+
+    def events(self, model: str) -> list[bytes]:
+        out = []
+        for i in range(self.chunks):
+            chunk = {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "model": model,
+                "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}],
+            }
+            out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        return out
+
+    async def _stream(self, conn: h11.Connection, stream: trio.SocketStream, obj: Any) -> bool:
+        await self._send(
+            conn,
+            stream,
+            h11.Response(status_code=200, headers=[("content-type", "text/event-stream")]),
+        )
+        self.active += 1
+        hung_up = False
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    nonlocal hung_up
+                    # The client sends nothing more on this request: EOF = hang-up.
+                    try:
+                        data = await stream.receive_some(65536)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        data = b""
+                    if not data:
+                        hung_up = True
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch)
+                try:
+                    await self._stream_events(conn, stream, obj, nursery)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    hung_up = True
+                    nursery.cancel_scope.cancel()
+        finally:
+            self.active -= 1
+        if hung_up:
+            self.aborted += 1
+            self.aborted_event.set()
+            return False
+        self.completed += 1
+        return False  # one stream per connection keeps the watcher simple
+
+    async def _stream_events(
+        self, conn: h11.Connection, stream: trio.SocketStream, obj: Any, nursery: trio.Nursery
+    ) -> None:
+        for i, event in enumerate(self.events(str(obj.get("model")))):
+            if self.die_after is not None and i == self.die_after:
+                await stream.send_all(b"5\r\ndata:\r\n")  # half an event, then gone
+                await stream.aclose()
+                nursery.cancel_scope.cancel()
+                return
+            await self._send(conn, stream, h11.Data(data=event))
+            if self.chunk_delay:
+                await trio.sleep(self.chunk_delay)
+        if (obj.get("stream_options") or {}).get("include_usage"):
+            usage = {"id": "c1", "choices": [], "usage": {"total_tokens": self.chunks}}
+            await self._send(
+                conn, stream, h11.Data(data=b"data: " + json.dumps(usage).encode() + b"\n\n")
+            )
+        await self._send(conn, stream, h11.Data(data=b"data: [DONE]\n\n"))
+        await self._send(conn, stream, h11.EndOfMessage())
+        nursery.cancel_scope.cancel()
