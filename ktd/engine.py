@@ -227,7 +227,12 @@ class Engine:
             return False
         self.last_used = time.time()
         self._wake()
+        self._notify()  # waiters on "no leases" (drain, restart-when-idle)
         return True
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     async def wait_changed(self) -> None:
         await self._changed.wait()
@@ -262,14 +267,12 @@ class Engine:
         self.phase = phase
         if state != S.FAILED:
             self.error_code = None
-        self._changed.set()
-        self._changed = trio.Event()
+        self._notify()
         self.host.state_changed(self)
 
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
-        self._changed.set()
-        self._changed = trio.Event()
+        self._notify()
         self.host.state_changed(self)
 
     async def _sleep_until_poked(self, timeout: float = math.inf) -> None:

@@ -25,7 +25,8 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from types import FrameType
 
 import trio
 
@@ -60,6 +61,26 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def install_handlers(signums: Iterable[int], callback: Callable[[int], None]) -> None:
+    """Run ``callback(signum)`` in trio for each signal; ignore signals once trio is done.
+
+    Why not ``trio.open_signal_receiver``: closing a receiver re-raises the
+    signals it had not yet handed out, under the restored default handler, so a
+    SIGTERM landing while the drain finishes would kill the process (-15)
+    instead of letting it exit 0. ``run_sync_soon`` is safe in a signal handler.
+    """
+    token = trio.lowlevel.current_trio_token()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        try:
+            token.run_sync_soon(callback, signum)
+        except trio.RunFinishedError:
+            pass  # already exiting
+
+    for signum in signums:
+        signal.signal(signum, handler)
+
+
 class Lifecycle:
     def __init__(self, args: SimArgs, knobs: Knobs, sched: Scheduler, rec: Recorder) -> None:
         self.args = args
@@ -70,17 +91,24 @@ class Lifecycle:
         self.app = SimApp(args, knobs, self.state)
         self.exit_code = 0
         self._scope = trio.CancelScope()
+        self._nursery: trio.Nursery
 
     def exit(self, code: int) -> None:
         self.exit_code = code
         self._scope.cancel()
 
     async def run(self) -> int:
+        # SIGUSR1 from start-up on: its default action would kill the process.
+        install_handlers([signal.SIGUSR1], self._on_sigusr1)
         with self._scope:
             async with trio.open_nursery() as nursery:
-                await nursery.start(self._hang_toggle)
+                self._nursery = nursery
                 if await self._load():
-                    await nursery.start(self._signals, nursery)
+                    # From here on SIGTERM drains; during the load it killed at once.
+                    stop = [signal.SIGINT]
+                    if not self.knobs.ignore_sigterm:
+                        stop.append(signal.SIGTERM)
+                    install_handlers(stop, self._on_stop_signal)
                     listeners = await self._bind()
                     if listeners is None:
                         self.exit(1)
@@ -88,7 +116,7 @@ class Lifecycle:
                         server = HttpServer(self.app.handle, access_log=self.args.access_log)
                         nursery.start_soon(trio.serve_listeners, server.serve, listeners)
                         nursery.start_soon(self._warmup)
-                        nursery.start_soon(self._watch_scheduler, nursery)
+                        nursery.start_soon(self._watch_scheduler)
                 else:
                     self.exit(1)
         return self.exit_code
@@ -146,39 +174,25 @@ class Lifecycle:
             log(f"sim: KTD_SIM_HANG_AFTER={self.knobs.hang_after}: every request hangs from now")
             self.state.set_hung(True)
 
-    async def _hang_toggle(
-        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """SIGUSR1 flips the hang on and off (from start-up on: the default would kill us)."""
-        with trio.open_signal_receiver(signal.SIGUSR1) as signals:
-            task_status.started()
-            async for _ in signals:
-                self.state.set_hung(not self.state.hung)
-                now = "hang" if self.state.hung else "are answered again"
-                log(f"sim: SIGUSR1: requests {now}")
+    def _on_sigusr1(self, signum: int) -> None:
+        self.state.set_hung(not self.state.hung)
+        now = "hang" if self.state.hung else "are answered again"
+        log(f"sim: SIGUSR1: requests {now}")
 
-    async def _signals(
-        self, nursery: trio.Nursery, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        wanted = [signal.SIGINT]
-        if not self.knobs.ignore_sigterm:
-            wanted.append(signal.SIGTERM)
-        with trio.open_signal_receiver(*wanted) as signals:
-            task_status.started()
-            async for signum in signals:
-                if self.state.status != DRAINING:
-                    self._begin_drain(nursery, signum)
-                elif signum == signal.SIGINT:
-                    log("sim: SIGINT while draining: exiting now")
-                    self.exit(0)
-                else:
-                    log("sim: SIGTERM while draining: already shutting down")
+    def _on_stop_signal(self, signum: int) -> None:
+        if self.state.status != DRAINING:
+            self._begin_drain(signum)
+        elif signum == signal.SIGINT:
+            log("sim: SIGINT while draining: exiting now")
+            self.exit(0)
+        else:
+            log("sim: SIGTERM while draining: already shutting down")
 
-    def _begin_drain(self, nursery: trio.Nursery, signum: int) -> None:
+    def _begin_drain(self, signum: int) -> None:
         name = signal.Signals(signum).name
         log(f"{name} received. signum={signum} frame=None. Draining requests and shutting down...")
         self.state.status = DRAINING
-        nursery.start_soon(self._drain)
+        self._nursery.start_soon(self._drain)
 
     async def _drain(self) -> None:
         with trio.move_on_after(self.knobs.drain):
@@ -186,12 +200,12 @@ class Lifecycle:
         log(f"Gracefully exiting... Remaining number of requests {self.state.stats.active}.")
         self.exit(0)
 
-    async def _watch_scheduler(self, nursery: trio.Nursery) -> None:
+    async def _watch_scheduler(self) -> None:
         code = await self.sched.wait_exit()
         if self.state.status == DRAINING:
             return
         if code == -signal.SIGTERM:
-            self._begin_drain(nursery, signal.SIGTERM)  # the group got SIGTERM
+            self._begin_drain(signal.SIGTERM)  # the group got SIGTERM
             return
         log(f"sim: scheduler process {self.sched.pid} exited unexpectedly (exit code {code}).")
         log("Received sigquit from a child process. It usually means the child failed.")
