@@ -12,6 +12,7 @@ from collections.abc import AsyncIterable
 from typing import Any
 
 import msgspec
+import trio
 
 from ktd.frontend import errors
 
@@ -92,16 +93,32 @@ def check_declared_length(content_length: int | None, limit: int) -> None:
         raise errors.body_too_large(limit)
 
 
-async def read_limited(chunks: AsyncIterable[bytes], limit: int) -> bytes:
+async def read_limited(
+    chunks: AsyncIterable[bytes],
+    limit: int,
+    *,
+    drain_bytes: int = 4 << 20,
+    drain_seconds: float = 1.0,
+) -> bytes:
     """Collect the body, counting as it arrives (Content-Length may be absent or lie).
 
-    ``limit`` 0 means no limit.
+    ``limit`` 0 means no limit. Past the limit, up to ``drain_bytes`` more are
+    read and dropped (for at most ``drain_seconds``) before the 413: a client
+    still writing its body would otherwise miss the answer, and Hypercorn's
+    per-request queue can stall on body events nobody reads any more.
     """
     parts: list[bytes] = []
     size = 0
-    async for chunk in chunks:
+    iterator = aiter(chunks)
+    async for chunk in iterator:
         size += len(chunk)
         if limit and size > limit:
+            drained = 0
+            with trio.move_on_after(drain_seconds):
+                async for extra in iterator:
+                    drained += len(extra)
+                    if drained > drain_bytes:
+                        break
             raise errors.body_too_large(limit)
         parts.append(chunk)
     return parts[0] if len(parts) == 1 else b"".join(parts)

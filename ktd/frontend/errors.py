@@ -135,6 +135,8 @@ def body_too_large(limit: int) -> ApiError:
         413,
         f"Request body is larger than the limit of {limit} bytes (frontend.max_body_bytes).",
         code="request_too_large",
+        # The rest of the body may still be on its way: never reuse this connection.
+        headers={"Connection": "close"},
     )
 
 

@@ -144,7 +144,7 @@ class LeaseBroker:
                 self._mark(True)
             await trio.sleep(self.heartbeat_interval)
 
-    async def ping(self, timeout: float | None = None) -> p.Pong:  # noqa: ASYNC109
+    async def ping(self, timeout: float | None = None) -> p.Pong:
         """Raise ``Unreachable`` unless the daemon answers within ``timeout``."""
         try:
             reply = await self.control.request(p.Ping(), timeout=timeout or self.ping_timeout)
@@ -160,7 +160,7 @@ class LeaseBroker:
         self,
         msg: p.Request,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - mirrors AsyncClient.request
+        timeout: float | None = None,
     ) -> p.Reply:
         """A plain control request (models, status) for the routes that need one."""
         return await self.control.request(msg, timeout=timeout)

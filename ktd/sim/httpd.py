@@ -215,7 +215,8 @@ class _Connection:
                 ("content-type", "text/plain; charset=utf-8"),
                 ("connection", "close"),
             ]
-            data = self.h.send(h11.Response(status_code=status, headers=headers))
+            head = h11.Response(status_code=status, headers=headers, reason=phrase(status))
+            data = self.h.send(head)
             data = (data or b"") + (self.h.send(h11.Data(data=body)) or b"")
             data += self.h.send(h11.EndOfMessage()) or b""
             await self.stream.send_all(data)
@@ -267,6 +268,9 @@ class _Connection:
                     await self._send(h11.Data(data=chunk))
                     if on_chunk is not None:
                         on_chunk()
+                # Every event is out: a client that hangs up now (after ``[DONE]``, before
+                # the last zero-length chunk) got the whole answer.
+                aborted = False
                 await self._send(h11.EndOfMessage())
             aborted = False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
