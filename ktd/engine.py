@@ -28,6 +28,7 @@ from ktd import states as S
 from ktd.command import ENGINE_MARK, build_argv, build_env
 from ktd.config import DaemonSection, ModelSpec
 from ktd.enginelog import EngineLog
+from ktd.inotify import FileWatch
 from ktd.probe import Prober, missing_message
 from ktd.protocol import EngineInfo
 
@@ -491,7 +492,10 @@ class Engine:
         try:
             async with trio.open_nursery() as n:
                 n.start_soon(self._watch_exit, run)
-                n.start_soon(self._follow_log)
+                if run.proc is not None and run.proc.stdout is not None:
+                    n.start_soon(self._pump_pipe, run.proc.stdout)
+                else:
+                    n.start_soon(self._follow_log)
                 n.start_soon(self._health_loop, run)
                 outcome = await self._decide(run, deadline)
                 n.cancel_scope.cancel()
@@ -511,20 +515,35 @@ class Engine:
         self._wake()
 
     async def _follow_log(self) -> None:
-        """Tail the engine's file: fast while it is busy, slower when quiet (idle ~0 CPU)."""
-        interval = 0.02
-        while True:
-            lines = self.log.poll()
-            if lines:
-                interval = 0.02
-                if self.state == S.STARTING:
-                    for line in lines:
-                        if READY_LINE in line:
-                            self._ready_line.set()
-                    self.phase = lines[-1][:200] if lines[-1].strip() else self.phase
-            else:
-                interval = min(interval * 2, 1.0 if self.state == S.READY else 0.25)
-            await trio.sleep(interval)
+        """Tail the engine's file: woken by inotify on each write (no polling when idle),
+        batching bursts; a slow poll remains as the fallback without inotify."""
+        watch = FileWatch.open(self.log.path)
+        try:
+            while True:
+                lines = self.log.poll()
+                if lines and self.state == S.STARTING:
+                    if any(READY_LINE in line for line in lines):
+                        self._ready_line.set()
+                    last = lines[-1].strip()
+                    if last:
+                        self.phase = last[:200]
+                if watch is None:
+                    await trio.sleep(0.05 if self.state == S.STARTING else 1.0)
+                    continue
+                with trio.move_on_after(30):  # rotation re-creates nothing, but be safe
+                    await watch.wait()
+                await trio.sleep(0.01)  # a burst of lines becomes one read
+        finally:
+            if watch is not None:
+                watch.close()
+
+    async def _pump_pipe(self, stream: trio.abc.ReceiveStream) -> None:
+        """The fallback when the log file cannot be opened: ktd drains the engine's pipe."""
+        async with stream:
+            while data := await stream.receive_some(65536):
+                lines = self.log.feed(data)
+                if self.state == S.STARTING and any(READY_LINE in ln for ln in lines):
+                    self._ready_line.set()
 
     async def _health_loop(self, run: Running) -> None:
         interval = 0.05

@@ -53,6 +53,7 @@ _DROP_REQUEST = frozenset(
         b"expect",
         b"x-api-key",
         b"api-key",
+        b"content-type",  # replaced: see forward_headers
     }
 )
 
@@ -122,9 +123,14 @@ def pool_counts(client: httpx.AsyncClient) -> tuple[int, int]:
 
 
 def forward_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The client's headers minus hop-by-hop, host, length and credentials."""
+    """The client's headers minus hop-by-hop, host, length and credentials.
+
+    Content-Type is always ``application/json``: the body was just checked to
+    be a JSON object, and SGLang refuses anything else with a 400 that
+    ``curl -d`` users (form-urlencoded by default) would not expect.
+    """
     connection_named: set[bytes] = set()
-    kept: list[tuple[bytes, bytes]] = []
+    kept: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
     for name, value in raw:
         lname = name.lower()
         if lname == b"connection":

@@ -216,6 +216,19 @@ async def _amain(args: SimArgs, knobs: Knobs, sched: Scheduler, rec: Recorder) -
     return await Lifecycle(args, knobs, sched, rec).run()
 
 
+def raise_nofile_limit(target: int = 65535) -> None:
+    """SGLang's ``set_ulimit``: 1,000 concurrent streams need more than 1,024 descriptors."""
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (OSError, ValueError) as exc:
+        log(f"sim: cannot raise RLIMIT_NOFILE: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     line_buffered()
     args = parse(argv)
@@ -227,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"sim: accepted and ignored flags: {args.ignored}")
     for warning in warnings:
         log(f"sim: {warning}")
+    raise_nofile_limit()
     rec = Recorder(knobs.record)
     sched: Scheduler | None = None
     try:

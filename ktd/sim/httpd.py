@@ -89,6 +89,12 @@ class _TooLarge(Exception):
     pass
 
 
+def _is_disconnect(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_disconnect(e) for e in exc.exceptions)
+    return isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError))
+
+
 class HttpServer:
     """``await server.serve(stream)`` for each accepted connection."""
 
@@ -139,8 +145,11 @@ class _Connection:
             await self._send_error(exc.error_status_hint, b"Invalid HTTP request received.")
         except _TooLarge:
             await self._send_error(413, b"Request Entity Too Large")
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except Exception as exc:
+            # One broken connection must never take the server down (trio would
+            # propagate it through serve_listeners); a client that went away is normal.
+            if not _is_disconnect(exc):
+                uvicorn("ERROR", "Exception in connection handler\n" + traceback.format_exc())
 
     # -- reading
     async def _receive(self) -> bytes:

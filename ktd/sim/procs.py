@@ -11,7 +11,9 @@ Why these choices:
   write end open until it dies, so EOF on the pipe is a cheap death notice
   (no polling, no pidfd needed).
 * ``kill_tree`` walks ``/proc`` for descendants before killing, as SGLang's
-  ``kill_process_tree`` walks psutil children: a graceful exit leaves nothing.
+  ``kill_process_tree`` walks psutil children. It spares a descendant that
+  left our session (``KTD_SIM_ESCAPE``): that one emulates a process that
+  escapes the engine's own clean-up too, so finding it is always ktd's job.
 """
 
 from __future__ import annotations
@@ -127,10 +129,12 @@ def descendants(root: int) -> list[int]:
 
 
 def kill_tree(sched: Scheduler | None) -> None:
-    """SIGKILL every descendant of this process (escaped ones included), reap the child."""
+    """SIGKILL every descendant in our session, then reap the scheduler child."""
+    sid = os.getsid(0)
     for pid in descendants(os.getpid()):
         try:
-            os.kill(pid, signal.SIGKILL)
+            if os.getsid(pid) == sid:
+                os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
     if sched is not None:

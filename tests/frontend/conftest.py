@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,10 +18,11 @@ import httpx
 import pytest
 import trio
 from frontend_fakes import FakeDaemon, FakeEngine
+from frontend_helpers import Frontend, StartFrontend
 from hypercorn.trio import serve
 
 from ktd.config import FrontendSection
-from ktd.frontend.app import FrontendOptions, State, create_app
+from ktd.frontend.app import FrontendOptions, create_app
 
 
 @pytest.fixture
@@ -38,20 +44,6 @@ async def fake_engine(nursery: trio.Nursery) -> FakeEngine:
     engine = FakeEngine()
     await nursery.start(engine.run)
     return engine
-
-
-@dataclass
-class Frontend:
-    url: str
-    state: State
-    scope: trio.CancelScope
-
-    def client(self, **kw: Any) -> httpx.AsyncClient:
-        kw.setdefault("timeout", 10.0)
-        return httpx.AsyncClient(base_url=self.url, **kw)
-
-
-StartFrontend = Callable[..., Awaitable[Frontend]]
 
 
 @pytest.fixture
@@ -96,12 +88,73 @@ async def start_frontend(short_dir: Path, nursery: trio.Nursery) -> AsyncIterato
         fe.scope.cancel()
 
 
-async def wait_for(pred: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
-    with trio.move_on_after(timeout):
-        while not pred():
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out waiting for {what or pred}")
+# ---------------------------------------------------------------- real processes
 
 
-__all__ = ["Frontend", "StartFrontend", "wait_for"]
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class FrontendProc:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"frontend ignored {sig}:\n{self.output()}") from None
+        return self.proc.returncode
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], output: Callable[[], str]) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}:\n{output()}")
+        try:
+            httpx.get(url + "/metrics", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} did not come up:\n{output()}")
+
+
+@pytest.fixture
+def frontend_factory(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
+    started: list[FrontendProc] = []
+
+    def start(config: Path, *, env: dict[str, str] | None = None) -> FrontendProc:
+        port = free_port()
+        log_path = tmp_path / f"frontend-{len(started)}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ktd", "frontend", "--config", str(config)]
+                + ["--bind", f"127.0.0.1:{port}"],
+                env=env or ktd_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        fe = FrontendProc(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
+        started.append(fe)
+        wait_http(fe.url, proc, fe.output)
+        return fe
+
+    yield start
+    for fe in started:
+        fe.stop()

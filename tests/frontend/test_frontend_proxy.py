@@ -11,8 +11,8 @@ import json
 import httpx
 import pytest
 import trio
-from conftest import StartFrontend, wait_for
 from frontend_fakes import FakeDaemon, FakeEngine
+from frontend_helpers import StartFrontend, wait_for
 
 from ktd.frontend.proxy import pool_counts
 

@@ -154,7 +154,7 @@ def test_api_keys() -> None:
 def test_forward_headers_drops_credentials_and_hop_by_hop() -> None:
     raw = [
         (b"Host", b"x"),
-        (b"Content-Type", b"application/json"),
+        (b"Content-Type", b"application/x-www-form-urlencoded"),
         (b"Content-Length", b"12"),
         (b"Authorization", b"Bearer sk-secret"),
         (b"Connection", b"keep-alive, X-Hop"),

@@ -334,7 +334,7 @@ def fuzz_settings(max_examples: int) -> settings:
     )
 
 
-@fuzz_settings(6)
+@fuzz_settings(30)
 @given(batch=st.lists(messages, min_size=5, max_size=40))
 def test_fuzzed_batches_leave_daemon_answering_and_unchanged(fuzz_daemon: Any, batch: list[Msg]) -> None:
     fire(fuzz_daemon, batch)
@@ -342,7 +342,7 @@ def test_fuzzed_batches_leave_daemon_answering_and_unchanged(fuzz_daemon: Any, b
 
 
 @pytest.mark.slow
-@fuzz_settings(150)
+@fuzz_settings(1000)
 @given(batch=st.lists(messages, min_size=5, max_size=80))
 def test_fuzzed_batches_soak(fuzz_daemon: Any, batch: list[Msg]) -> None:
     fire(fuzz_daemon, batch, threads=32)

@@ -1,0 +1,60 @@
+"""Wake on file writes without polling: a minimal inotify binding for trio (Linux).
+
+ktd follows every engine's log file; polling would cost CPU on an idle box
+and latency on a busy one (the "ready to roll" line should turn into a ready
+state at once). Falls back to ``None`` where inotify is unavailable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import trio
+
+IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+
+try:
+    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+    _libc.inotify_init1  # noqa: B018
+except (OSError, AttributeError):
+    _libc = None
+
+
+class FileWatch:
+    """Readable whenever the watched file is written to (or truncated)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def open(cls, path: Path) -> FileWatch | None:
+        if _libc is None:
+            return None
+        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            return None
+        if _libc.inotify_add_watch(fd, os.fsencode(path), IN_MODIFY | IN_ATTRIB) < 0:
+            os.close(fd)
+            return None
+        return cls(fd)
+
+    async def wait(self) -> None:
+        """Until the next write; coalesces whatever piled up."""
+        while True:
+            try:
+                if os.read(self.fd, 65536):
+                    return
+            except BlockingIOError:
+                pass
+            await trio.lowlevel.wait_readable(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            trio.lowlevel.notify_closing(self.fd)
+            os.close(self.fd)
+            self.fd = -1

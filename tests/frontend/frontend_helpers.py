@@ -1,0 +1,51 @@
+"""Helpers shared by the frontend tests (importable; conftest modules are not)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from ktd.frontend.app import State
+
+REPO = Path(__file__).resolve().parents[2]
+SHIM = REPO / "ktd" / "sim" / "shim"
+
+
+@dataclass
+class Frontend:
+    url: str
+    state: State
+    scope: trio.CancelScope
+
+    def client(self, **kw: Any) -> httpx.AsyncClient:
+        kw.setdefault("timeout", 10.0)
+        return httpx.AsyncClient(base_url=self.url, **kw)
+
+
+StartFrontend = Callable[..., Awaitable[Frontend]]
+
+
+async def wait_for(pred: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
+    with trio.move_on_after(timeout):
+        while not pred():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out waiting for {what or pred}")
+
+
+def sim_entry(alias: str, **env: Any) -> dict[str, Any]:
+    """A models.json entry whose engine is the sim, through the sglang shim."""
+    full = {"PYTHONPATH": os.pathsep.join((str(SHIM), str(REPO))), "KTD_SIM_LOAD_TIME": "0.1"}
+    full.update({k: str(v) for k, v in env.items()})
+    return {
+        "path": f"/models/{alias}",
+        "backend": "kt",
+        "alias": alias,
+        "kt": {"extra_env": full, "kt_weight_path": f"/models/{alias}-kt"},
+    }

@@ -1,0 +1,453 @@
+"""Injected faults, end to end: real ``ktd serve``, sim engines, real signals and file systems.
+
+Each test says in its docstring what an operator sees, and ends by checking that
+no engine process and no engine port is left (on top of the autouse leak check).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ktd import proctree, statefile
+from ktd.command import ENGINE_MARK
+from tests.conftest import ConfigWriter, sim_model
+
+from ._util import (
+    FAST_DAEMON,
+    alive,
+    engine_procs,
+    kill_group,
+    listening_ports,
+    session_of,
+    wait_for,
+)
+
+
+def assert_clean(*ports: int | None) -> None:
+    """No engine process of this run, and none of ``ports`` still listening."""
+    wait_for(lambda: not engine_procs(), timeout=10, what="engine processes to be gone")
+    held = {p for p in ports if p} & listening_ports()
+    assert not held, f"ports still listening: {held}"
+
+
+def ready_with_new_pid(c: Any, alias: str, old_pid: int) -> Any:
+    def check() -> Any:
+        [e] = c.status(alias)
+        return e if e.state == "ready" and e.pid not in (None, old_pid) else None
+
+    return check
+
+
+def state_is(c: Any, alias: str, *states: str) -> Any:
+    def check() -> Any:
+        [e] = c.status(alias)
+        return e if e.state in states else None
+
+    return check
+
+
+def log_text(d: Any, alias: str) -> str:
+    return (Path(d.env["KTD_STATE_DIR"]) / "logs" / f"{alias}.log").read_text(errors="replace")
+
+
+# ---------------------------------------------------------------- engine crashes
+
+
+def test_engine_killed_while_ready_is_restarted(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User sees: after ``kill -9 -<pgid>`` of a ready engine, ``ktctl status`` shows it
+    ``starting`` ("engine was killed by SIGKILL while ready") and shortly ``ready`` again on
+    a new pid with ``restarts: 1``; nobody had to run ``ktctl load``. The old process tree
+    is gone and the log says why it restarted."""
+    d = daemon_factory(write_config([sim_model("crash-kt")], daemon=FAST_DAEMON))
+    with d.client(timeout=60) as c:
+        first = c.load("crash-kt")
+        old_tree = session_of(first.pid)
+        assert len(old_tree) >= 2  # the sim and its scheduler child
+        kill_group(first.pid)
+        again = wait_for(ready_with_new_pid(c, "crash-kt", first.pid), what="restart")
+        assert again.restarts == 1
+        assert not any(alive(pid) for pid in old_tree)
+        assert set(engine_procs()) <= session_of(again.pid)
+        assert "killed by SIGKILL while ready; restarting" in "\n".join(c.logs("crash-kt", 200))
+        c.evict("crash-kt")
+    assert_clean(first.port, again.port)
+
+
+def test_engine_killed_with_restart_no_ends_failed(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User sees: with ``"restart": "no"`` the killed engine stays down: ``ktctl status`` says
+    ``failed`` with the reason "engine was killed by SIGKILL while ready" and the log tail;
+    ``ktctl load`` starts it again."""
+    d = daemon_factory(write_config([sim_model("once-kt", restart="no")], daemon=FAST_DAEMON))
+    with d.client(timeout=60) as c:
+        first = c.load("once-kt")
+        kill_group(first.pid)
+        failed = wait_for(state_is(c, "once-kt", "failed"), what="failed")
+        assert failed.reason == "engine was killed by SIGKILL while ready"
+        assert failed.pid is None and failed.restarts == 0 and failed.log_tail
+        assert_clean(first.port)
+        time.sleep(0.5)  # and it stays down
+        assert c.status("once-kt")[0].state == "failed" and not engine_procs()
+        second = c.load("once-kt")
+        assert second.state == "ready" and second.pid != first.pid
+        c.evict("once-kt")
+    assert_clean(second.port)
+
+
+def test_engine_that_keeps_crashing_ends_failed_as_flapping(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User sees: an engine that dies every time it becomes ready is restarted
+    ``restart_max`` times and then ``ktctl status`` shows ``failed`` with a reason starting
+    "flapping: 3 crashes within 60s"; it is not restarted forever."""
+    daemon = {**FAST_DAEMON, "restart_max": 2, "restart_window": 60}
+    d = daemon_factory(write_config([sim_model("flap-kt")], daemon=daemon))
+    kills = 0
+    pids: list[int] = []
+    with d.client(timeout=60) as c:
+        c.load("flap-kt")
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            [e] = c.status("flap-kt")
+            if e.state == "failed":
+                break
+            if e.state == "ready" and e.pid not in pids:
+                pids.append(e.pid)
+                kill_group(e.pid)  # "crashes right after becoming ready"
+                kills += 1
+            time.sleep(0.02)
+        [e] = c.status("flap-kt")
+        assert e.state == "failed", e
+        assert e.reason and e.reason.startswith("flapping: 3 crashes within 60s"), e.reason
+        assert kills == 3 and e.restarts == 2
+        time.sleep(1.0)
+        [still] = c.status("flap-kt")
+        assert still.state == "failed" and still.pid is None and still.restarts == 2
+    assert_clean()
+
+
+def test_explicit_load_after_flapping_gets_a_fresh_restart_budget(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User sees: after fixing a flapping engine, ``ktctl load`` brings it back and one
+    crash later it is restarted again, not failed at once for crashes of the old attempt."""
+    daemon = {**FAST_DAEMON, "restart_max": 1, "restart_window": 60}
+    d = daemon_factory(write_config([sim_model("budget-kt")], daemon=daemon))
+    with d.client(timeout=60) as c:
+        e = c.load("budget-kt")
+        for _ in range(2):
+            kill_group(e.pid)
+            e = wait_for(
+                lambda: (x := c.status("budget-kt")[0]).state in ("ready", "failed")
+                and x.pid != e.pid and x,
+                what="restart or failure",
+            )
+        assert e.state == "failed" and "flapping" in (e.reason or "")
+        e = c.load("budget-kt")
+        kill_group(e.pid)
+        again = wait_for(
+            lambda: (x := c.status("budget-kt")[0]).state in ("ready", "failed")
+            and x.pid != e.pid and x,
+            what="restart after a fresh load",
+        )
+        assert again.state == "ready", again.reason
+        c.evict("budget-kt")
+    assert_clean()
+
+
+# ---------------------------------------------------------------- hangs
+
+
+def test_hung_engine_is_killed_and_restarted(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User sees: an engine that stops answering (SIGUSR1 makes the sim hang, as a GPU
+    lock-up would) is killed after ``hang_timeout`` and comes back ``ready`` on a new pid;
+    the log says "hung: /health did not answer 200 for 1s; killing the engine"."""
+    d = daemon_factory(write_config([sim_model("hang-kt")], daemon=FAST_DAEMON))
+    with d.client(timeout=60) as c:
+        first = c.load("hang-kt")
+        old_tree = session_of(first.pid)
+        os.kill(first.pid, signal.SIGUSR1)
+        t0 = time.monotonic()
+        again = wait_for(ready_with_new_pid(c, "hang-kt", first.pid), what="hang restart")
+        assert time.monotonic() - t0 < 10
+        assert again.restarts == 1
+        assert not any(alive(pid) for pid in old_tree)
+        log = "\n".join(c.logs("hang-kt", 300))
+        assert "hung: /health did not answer 200 for 1s; killing the engine" in log
+        c.evict("hang-kt")
+    assert_clean(first.port, again.port)
+
+
+def test_engine_that_always_hangs_ends_failed(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User sees: an engine that hangs shortly after every start (``KTD_SIM_HANG_AFTER``) is
+    restarted once (``restart_max`` 1) and then shown ``failed`` as flapping, the last reason
+    being the hang; every hung tree was killed."""
+    daemon = {**FAST_DAEMON, "restart_max": 1, "restart_window": 60}
+    model = sim_model("hang2-kt", env={"KTD_SIM_HANG_AFTER": "0.3"})
+    d = daemon_factory(write_config([model], daemon=daemon))
+    with d.client(timeout=60) as c:
+        c.load("hang2-kt")
+        e = wait_for(state_is(c, "hang2-kt", "failed"), timeout=30, what="failed")
+        assert e.reason and e.reason.startswith("flapping: 2 crashes"), e.reason
+        assert "hung: /health did not answer" in e.reason
+        assert e.restarts == 1
+    assert_clean()
+
+
+# ---------------------------------------------------------------- daemon death and adoption
+
+
+def test_daemon_sigkill_then_restart_adopts_running_engines(
+    write_config: ConfigWriter, daemon_factory: Any, tmp_path: Path
+) -> None:
+    """User sees: ``kill -9`` of ktd does not touch the engines; the next ``ktd serve``
+    shows them ``ready`` again within a second or two with the SAME pids and ports (no
+    reload of a 600 GB model), and ``ktctl evict`` still tears each one down completely."""
+    rec = {a: tmp_path / f"{a}.json" for a in ("ad-a", "ad-b")}
+    cfg = write_config([sim_model(a, record=r) for a, r in rec.items()], daemon=FAST_DAEMON)
+    d1 = daemon_factory(cfg)
+    with d1.client(timeout=60) as c:
+        before = {a: c.load(a) for a in rec}
+    trees = {a: session_of(e.pid) for a, e in before.items()}
+    assert d1.stop(signal.SIGKILL) == -signal.SIGKILL
+    time.sleep(0.3)
+    for a, e in before.items():
+        assert all(alive(pid) for pid in trees[a]), f"{a}'s tree died with the daemon"
+        assert e.port in listening_ports()
+
+    d2 = daemon_factory(cfg)
+    with d2.client(timeout=60) as c:
+        for a, e in before.items():
+            now = wait_for(state_is(c, a, "ready"), timeout=10, what=f"{a} adopted")
+            assert (now.pid, now.port, now.restarts) == (e.pid, e.port, 0)
+            # The sim writes its record once per start: same pid = never restarted.
+            assert json.loads(rec[a].read_text())["pid"] == e.pid
+            assert log_text(d2, a).count("[ktd] starting:") == 1
+        assert "re-adopted running engine(s): ad-a, ad-b" in d2.output()
+        r = d2.ktctl("evict", "ad-a")
+        assert r.returncode == 0, r.stderr
+        assert not any(alive(pid) for pid in trees["ad-a"])
+        assert before["ad-a"].port not in listening_ports()
+        assert all(alive(pid) for pid in trees["ad-b"])
+        r = d2.ktctl("evict", "--all")
+        assert r.returncode == 0, r.stderr
+    assert not any(alive(pid) for tree in trees.values() for pid in tree)
+    assert_clean(*(e.port for e in before.values()))
+
+
+def _spawn_sleeper(*, env: dict[str, str] | None = None, argv0: str | None = None) -> Any:
+    """A harmless long-lived process (the test reaps it)."""
+    cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
+    if argv0:
+        cmd.append(argv0)
+    return subprocess.Popen(
+        cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def test_state_file_with_dead_or_recycled_pids_is_not_adopted(
+    write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    """User sees: a stale ``engines.json`` (the engine died while ktd was down, or its pid
+    now belongs to another program) is ignored: ``ktctl status`` shows the engines
+    ``stopped``, the unrelated program that got the pid is left alone, and ``ktctl load``
+    starts fresh engines."""
+    state_dir = Path(ktd_env["KTD_STATE_DIR"])
+    instance = statefile.instance_key(state_dir)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    bystander = _spawn_sleeper()  # a live pid with another program's cmdline
+    twin = _spawn_sleeper(argv0="twin")  # same cmdline as recorded, other start time
+    try:
+        wait_for(lambda: proctree.cmdline(twin.pid)[-1:] == ["twin"], what="twin up")
+        b_info = proctree.read_stat(bystander.pid)
+        t_info = proctree.read_stat(twin.pid)
+        assert b_info and t_info
+        fake_argv = [sys.executable, "-m", "sglang.launch_server", "--port", "1"]
+        records = [
+            statefile.EngineRecord(alias="st-a", pid=gone.pid, start=1, engine_id=f"{instance}/st-a@1",
+                                   port=1, argv=fake_argv),
+            statefile.EngineRecord(alias="st-b", pid=bystander.pid, start=b_info.start,
+                                   engine_id=f"{instance}/st-b@1", port=1, argv=fake_argv),
+            statefile.EngineRecord(alias="st-c", pid=twin.pid, start=t_info.start + 1,
+                                   engine_id=f"{instance}/st-c@1", port=1,
+                                   argv=proctree.cmdline(twin.pid)),
+        ]
+        statefile.write(state_dir / "engines.json", statefile.StateFile(engines=records))
+        cfg = write_config([sim_model(a) for a in ("st-a", "st-b", "st-c")], daemon=FAST_DAEMON)
+        d = daemon_factory(cfg)
+        with d.client(timeout=60) as c:
+            for e in c.status():
+                assert (e.state, e.pid) == ("stopped", None), e
+            assert "re-adopted" not in d.output()
+            assert alive(bystander.pid) and alive(twin.pid)
+            loaded = c.load("st-b")
+            assert loaded.state == "ready" and loaded.pid not in (bystander.pid, twin.pid)
+            c.evict("st-b")
+        assert alive(bystander.pid) and alive(twin.pid)
+    finally:
+        for proc in (bystander, twin):
+            proc.kill()
+            proc.wait()
+    assert_clean()
+
+
+def test_stray_marked_engine_is_killed_at_startup(
+    write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    """User sees: an engine process of this ktd instance that no record names (its record
+    was lost) is killed when ktd starts (the log says "killed 1 stray engine process(es)"),
+    so it cannot hold a GPU or a port unseen; engines of another ktd instance (another
+    state dir) are not touched."""
+    instance = statefile.instance_key(Path(ktd_env["KTD_STATE_DIR"]))
+    env_ours = {**os.environ, ENGINE_MARK: f"{instance}/ghost-kt@123"}
+    env_theirs = {**os.environ, ENGINE_MARK: "0123456789ab/ghost-kt@123"}
+    ours = _spawn_sleeper(env=env_ours)
+    theirs = _spawn_sleeper(env=env_theirs)
+    try:
+        wait_for(lambda: proctree.environ_has(ours.pid, ENGINE_MARK), what="ghost up")
+        d = daemon_factory(write_config([sim_model("ghost-kt")], daemon=FAST_DAEMON))
+        assert ours.wait(timeout=10) == -signal.SIGKILL
+        assert "killed 1 stray engine process(es)" in d.output()
+        assert theirs.poll() is None
+        with d.client() as c:
+            assert c.status("ghost-kt")[0].state == "stopped"
+    finally:
+        for proc in (ours, theirs):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    assert_clean()
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["keep_engines_on_exit", "default"])
+def test_sigterm_with_and_without_keep_engines_on_exit(
+    write_config: ConfigWriter, daemon_factory: Any, keep: bool
+) -> None:
+    """User sees: with ``daemon.keep_engines_on_exit: true``, ``systemctl stop ktd`` (SIGTERM)
+    leaves the engines serving and the next ktd adopts them (same pids, ready at once);
+    without it, SIGTERM drains and stops every engine and ktd exits 0 leaving nothing."""
+    daemon = {**FAST_DAEMON, "keep_engines_on_exit": keep}
+    cfg = write_config([sim_model("k-a"), sim_model("k-b")], daemon=daemon)
+    d1 = daemon_factory(cfg)
+    with d1.client(timeout=60) as c:
+        before = {a: c.load(a) for a in ("k-a", "k-b")}
+    assert d1.stop(signal.SIGTERM) == 0
+    if not keep:
+        assert not engine_procs()
+        assert_clean(*(e.port for e in before.values()))
+        return
+    assert all(alive(e.pid) for e in before.values())
+    d2 = daemon_factory(cfg)
+    with d2.client(timeout=60) as c:
+        for a, e in before.items():
+            now = wait_for(state_is(c, a, "ready"), timeout=10, what=f"{a} adopted")
+            assert (now.pid, now.port) == (e.pid, e.port)
+        assert c.evict(all=True) == ["k-a", "k-b"]
+    assert_clean(*(e.port for e in before.values()))
+
+
+# ---------------------------------------------------------------- log files
+
+
+def test_unwritable_log_dir_still_loads_and_shows_the_tail(
+    write_config: ConfigWriter, daemon_factory: Any, tmp_path: Path
+) -> None:
+    """User sees: with ``daemon.log_dir`` unusable (here a path under a regular file), the
+    engine still loads; ``ktctl logs`` shows the engine's own lines (from the in-memory
+    tail) and a line naming the log file and why it cannot be written."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a regular file\n")
+    log_dir = blocker / "logs"
+    cfg = write_config([sim_model("nolog-kt")], daemon={**FAST_DAEMON, "log_dir": str(log_dir)})
+    d = daemon_factory(cfg)
+    with d.client(timeout=60) as c:
+        e = c.load("nolog-kt", timeout=30)
+        assert e.state == "ready"
+        r = d.ktctl("logs", "nolog-kt", "-n", "200")
+        assert r.returncode == 0, r.stderr
+        assert f"log file {log_dir / 'nolog-kt.log'}: Not a directory" in r.stdout
+        assert "The server is fired up and ready to roll!" in r.stdout
+        # Still ready a while later: its output is drained, nothing blocks on a full pipe.
+        url = f"http://127.0.0.1:{e.port}"
+        with httpx.Client(trust_env=False, timeout=5) as http:
+            for _ in range(300):  # ~100 bytes of access log each: more than a pipe buffer
+                assert http.get(f"{url}/v1/models").status_code == 200
+        [again] = c.status("nolog-kt")
+        assert again.state == "ready" and again.pid == e.pid
+        assert any("GET /v1/models" in ln for ln in c.logs("nolog-kt", 50))
+        c.evict("nolog-kt")
+    assert_clean(e.port)
+
+
+@contextlib.contextmanager
+def small_tmpfs(size: str) -> Iterator[Path]:
+    mnt = Path(tempfile.mkdtemp(prefix="ktd-full-", dir="/tmp"))
+    try:
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mnt)],
+            capture_output=True, text=True,
+        )
+    except FileNotFoundError:
+        mnt.rmdir()
+        pytest.skip("no mount(8) here: cannot make a small file system to fill")
+    if r.returncode != 0:
+        mnt.rmdir()
+        pytest.skip(f"cannot mount a {size} tmpfs here (need root/CAP_SYS_ADMIN): "
+                    f"{r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        mnt.rmdir()
+
+
+def test_log_disk_full_keeps_engine_and_daemon_up(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User sees: when the log file system fills up (a 64 KiB tmpfs here, filled by the
+    engine's own access log under load), the engine stays ``ready`` on the same pid and
+    serves, ktd keeps answering, ``ktctl logs`` still answers, and ``ktctl evict`` works."""
+    with small_tmpfs("64k") as mnt:
+        cfg = write_config([sim_model("full-kt")], daemon={**FAST_DAEMON, "log_dir": str(mnt)})
+        d = daemon_factory(cfg)
+        with d.client(timeout=60) as c:
+            e = c.load("full-kt")
+            url = f"http://127.0.0.1:{e.port}"
+            with httpx.Client(trust_env=False, timeout=5) as http:
+                for _ in range(1500):  # ~100 bytes each: well past 64 KiB
+                    assert http.get(f"{url}/v1/models").status_code == 200
+                free = os.statvfs(mnt)
+                assert free.f_bavail * free.f_frsize < 8192, "the file system did not fill"
+                assert http.get(f"{url}/health").status_code == 200
+            time.sleep(1.0)  # a few health checks on a full disk
+            assert c.ping().pid == d.proc.pid
+            [now] = c.status("full-kt")
+            assert (now.state, now.pid, now.restarts) == ("ready", e.pid, 0)
+            assert c.logs("full-kt", 20)
+            c.evict("full-kt")
+            [gone] = c.status("full-kt")
+            assert gone.state == "stopped"
+        d.stop()
+    assert_clean(e.port)
