@@ -297,6 +297,9 @@ class Engine:
         port_retries = 1
         backoff_n = 0
         first = True
+        # A new cycle is an explicit load: crashes of an earlier (failed) attempt do not
+        # count against its restart budget.
+        self.crashes.clear()
         while self.want_up or (adopted is not None and first):
             self.generation += 1
             if adopted is not None and first:

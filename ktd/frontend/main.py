@@ -40,8 +40,10 @@ def hypercorn_config(bind: str, *, graceful_timeout: float, access_log: bool) ->
     hc = HyperConfig()
     hc.bind = [bind]
     hc.graceful_timeout = graceful_timeout
-    hc.accesslog = "-" if access_log else None
-    hc.errorlog = "-"
+    # Loggers, not "-": with "-" Hypercorn adds its own handler and every line
+    # shows up twice (once more through the root handler).
+    hc.accesslog = logging.getLogger("hypercorn.access") if access_log else None
+    hc.errorlog = logging.getLogger("hypercorn.error")
     hc.include_server_header = False
     # Streams can be quiet for minutes during a load (we send comments, but
     # not in the non-streaming case): never let the server read timeout cut them.
@@ -107,6 +109,11 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # httpx logs every upstream request at INFO: noise, and work on the hot path.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+    if args.access_log:
+        logging.getLogger("hypercorn.access").setLevel(logging.INFO)
     config_path = Path(args.config) if args.config else paths.default_config_path()
     try:
         config = load_config(config_path)

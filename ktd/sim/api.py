@@ -14,15 +14,12 @@ per request however it ends, and a client that goes away is logged as
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
 
-import msgspec
 import trio
 
 from ktd.sim import gen
@@ -48,8 +45,7 @@ from ktd.sim.shapes import (
     validation_reply,
 )
 from ktd.sim.state import DRAINING, ServerState
-
-_decode = msgspec.json.Decoder().decode
+from ktd.sim.validate import Fields, items_of, parse_body
 
 
 class Pacer:
@@ -67,133 +63,6 @@ class Pacer:
             now = trio.current_time()
             self.next = max(self.next + self.interval, now) if self.next else now + self.interval
             await trio.sleep_until(self.next)
-
-
-def parse_body(req: Request) -> dict[str, Any] | Reply:
-    """The JSON object of a request, or SGLang's 400 for what FastAPI would reject."""
-    ctype = req.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if ctype != "application/json":
-        err: dict[str, Any] = {
-            "loc": ["header", "content-type"],
-            "msg": "Unsupported Media Type: Only 'application/json' is allowed",
-            "type": "value_error",
-        }
-        return validation_reply([err])
-    try:
-        body = _decode(req.body)
-    except msgspec.DecodeError:
-        try:
-            json.loads(req.body)
-            pos, why = 0, "Invalid JSON"
-        except ValueError as exc:
-            pos = getattr(exc, "pos", 0)
-            why = getattr(exc, "msg", str(exc))
-        err = {
-            "type": "json_invalid",
-            "loc": ("body", pos),
-            "msg": "JSON decode error",
-            "input": {},
-            "ctx": {"error": why},
-        }
-        return validation_reply([err])
-    if not isinstance(body, dict):
-        return validation_reply(
-            [
-                field_error(
-                    "model_attributes_type",
-                    (),
-                    "Input should be a valid dictionary or object to extract fields from",
-                    body,
-                )
-            ]
-        )
-    return body
-
-
-class _Fields:
-    """Pydantic-like checks of the few fields the sim reads; collects every error."""
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
-        self.errors: list[dict[str, Any]] = []
-
-    def str_(self, name: str, default: str) -> str:
-        v = self.body.get(name, default)
-        if not isinstance(v, str):
-            self.errors.append(
-                field_error("string_type", (name,), "Input should be a valid string", v)
-            )
-            return default
-        return v
-
-    def bool_(self, name: str) -> bool:
-        v = self.body.get(name)
-        if v is None:
-            return False
-        if not isinstance(v, bool):
-            self.errors.append(
-                field_error("bool_type", (name,), "Input should be a valid boolean", v)
-            )
-            return False
-        return v
-
-    def int_(self, name: str, default: int | None, *, positive: bool = False) -> int | None:
-        v = self.body.get(name)
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, int):
-            self.errors.append(
-                field_error("int_type", (name,), "Input should be a valid integer", v)
-            )
-            return default
-        if positive and v <= 0:
-            msg = f"Value error, {name} must be positive"
-            self.errors.append(field_error("value_error", (name,), msg, v))
-            return default
-        return v
-
-    def stop(self) -> list[str]:
-        v = self.body.get("stop")
-        if v is None:
-            return []
-        if isinstance(v, str):
-            return [v]
-        if isinstance(v, list) and all(isinstance(s, str) for s in v):
-            return list(v)
-        self.errors.append(
-            field_error("string_type", ("stop",), "Input should be a valid string", v)
-        )
-        return []
-
-    def stream_options(self) -> dict[str, Any]:
-        v = self.body.get("stream_options")
-        if v is None:
-            return {}
-        if not isinstance(v, dict):
-            self.errors.append(
-                field_error("model_type", ("stream_options",), "Input should be an object", v)
-            )
-            return {}
-        return v
-
-    def required(self, name: str) -> Any:
-        if name not in self.body:
-            self.errors.append(field_error("missing", (name,), "Field required", self.body))
-        return self.body.get(name)
-
-
-def _items(value: Any) -> list[Any] | None:
-    """A prompt/input: str | list[str] | list[int] | list[list[int]] -> its items."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value:
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-            return [value]
-        if all(isinstance(x, str) for x in value):
-            return list(value)
-        if all(isinstance(x, list) and all(isinstance(t, int) for t in x) for x in value):
-            return list(value)
-    return None
 
 
 class OpenAIServing:
@@ -305,7 +174,7 @@ class OpenAIServing:
         refused = self._refuse()
         if refused:
             return refused
-        f = _Fields(body)
+        f = Fields(body)
         messages = f.required("messages")
         if messages is not None and not (
             isinstance(messages, list)
@@ -405,9 +274,9 @@ class OpenAIServing:
         refused = self._refuse()
         if refused:
             return refused
-        f = _Fields(body)
+        f = Fields(body)
         raw_prompt = f.required("prompt")
-        prompts = _items(raw_prompt) if raw_prompt is not None else []
+        prompts = items_of(raw_prompt) if raw_prompt is not None else []
         if prompts is None:
             f.errors.append(
                 field_error(
@@ -511,9 +380,9 @@ class OpenAIServing:
         refused = self._refuse()
         if refused:
             return refused
-        f = _Fields(body)
+        f = Fields(body)
         raw = f.required("input")
-        items = _items(raw) if raw is not None else []
+        items = items_of(raw) if raw is not None else []
         if items is None:
             f.errors.append(
                 field_error("string_type", ("input",), "Input should be a valid string", raw)

@@ -143,8 +143,10 @@ def frontend_factory(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
         log_path = tmp_path / f"frontend-{len(started)}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "ktd", "frontend", "--config", str(config)]
-                + ["--bind", f"127.0.0.1:{port}"],
+                [
+                    *(sys.executable, "-m", "ktd", "frontend"),
+                    *("--config", str(config), "--bind", f"127.0.0.1:{port}"),
+                ],
                 env=env or ktd_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -14,7 +14,10 @@ from ktd.frontend.proxy import forward_headers, loading_comment
 
 
 def test_parse_head_reads_only_model_and_stream() -> None:
-    body = b'{"messages": [{"role": "user", "content": "hi"}], "model": "m", "stream": true, "x": {"y": [1,2]}}'
+    body = (
+        b'{"messages": [{"role": "user", "content": "hi"}], "model": "m",'
+        b' "stream": true, "x": {"y": [1,2]}}'
+    )
     head = parse_head(body)
     assert head.model == "m"
     assert head.stream is True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -274,3 +275,33 @@ def test_scheduler_child_and_idle_cpu(sim: SimProc) -> None:
     before = _cpu_ticks(sim.pid) + _cpu_ticks(child)
     time.sleep(1.0)
     assert _cpu_ticks(sim.pid) + _cpu_ticks(child) - before <= 2  # 1 tick = 10 ms
+
+
+def _raw(sim: SimProc, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", sim.port), timeout=3) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_http_edge_cases(sim: SimProc) -> None:
+    assert _raw(sim, b"HELLO\r\n\r\n").startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    two = _raw(
+        sim,
+        b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+        b"GET /sim/stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    assert two.count(b"HTTP/1.1 200 OK") == 2 and two.endswith(b'"streams":0}')
+    body = json.dumps({"prompt": "x", "max_tokens": 2, "stream": True}).encode()
+    old = _raw(
+        sim,
+        b"POST /v1/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body),
+    )
+    assert old.endswith(b"data: [DONE]\n\n") and b"transfer-encoding" not in old.lower()
+    with httpx.Client(base_url=sim.base) as client:  # keep-alive: one connection, many requests
+        for _ in range(3):
+            assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 200
+    assert httpx.get(sim.url("/health")).status_code == 200

@@ -1,0 +1,276 @@
+"""The real thing: ``ktd serve`` + ``ktd frontend`` processes + sim engines.
+
+OpenAI's own client talks to the frontend; the sim's ``/sim/stats`` and
+``ktctl status --json`` tell what really happened behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import trio
+from frontend_helpers import sim_entry
+
+from ktd import proctree
+
+CHAT = [{"role": "user", "content": "hello"}]
+
+
+def status(daemon: Any) -> dict[str, Any]:
+    res = daemon.ktctl("status", "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)  # type: ignore[no-any-return]
+
+
+def engine(daemon: Any, alias: str) -> dict[str, Any]:
+    for e in status(daemon)["engines"]:
+        if e["alias"] == alias:
+            return e  # type: ignore[no-any-return]
+    raise AssertionError(f"no engine {alias}")
+
+
+def wait_until(pred: Any, timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out: {what}")
+
+
+def sim_stats(url: str) -> dict[str, int]:
+    return httpx.get(url + "/sim/stats", timeout=5).json()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def stack(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any:
+    def make(models: list[dict[str, Any]], **frontend: Any) -> tuple[Any, Any]:
+        cfg = write_config(models, frontend=frontend)
+        daemon = daemon_factory(cfg)
+        fe = frontend_factory(cfg)
+        return daemon, fe
+
+    return make
+
+
+def test_openai_client_sync(stack: Any) -> None:
+    daemon, fe = stack([sim_entry("m1")])
+    client = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0)
+    try:
+        models = client.models.list()
+        assert [m.id for m in models.data] == ["m1"]
+        # The model is not loaded: this first request loads it on demand.
+        reply = client.chat.completions.create(model="m1", messages=CHAT, max_tokens=5)
+        assert reply.choices[0].message.content
+        assert reply.usage is not None and reply.usage.completion_tokens == 5
+        chunks = list(
+            client.chat.completions.create(
+                model="m1",
+                messages=CHAT,
+                max_tokens=4,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text
+        assert chunks[-1].choices == [] and chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 4
+        comp = client.completions.create(model="m1", prompt="hi", max_tokens=3)
+        assert comp.choices[0].text
+        streamed = list(
+            client.completions.create(model="m1", prompt="hi", max_tokens=3, stream=True)
+        )
+        assert "".join(c.choices[0].text for c in streamed if c.choices)
+    finally:
+        client.close()
+    wait_until(lambda: engine(daemon, "m1")["leases"] == 0, what="leases back to 0")
+
+
+async def test_openai_client_async(stack: Any) -> None:
+    _daemon, fe = await trio.to_thread.run_sync(lambda: stack([sim_entry("m1")]))
+    client = openai.AsyncOpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0)
+    try:
+        reply = await client.chat.completions.create(model="m1", messages=CHAT, max_tokens=3)
+        assert reply.choices[0].message.content
+        stream = await client.chat.completions.create(
+            model="m1",
+            messages=CHAT,
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
+        assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
+        comp = await client.completions.create(model="m1", prompt="x", max_tokens=2)
+        assert comp.choices[0].text
+        comp_stream = await client.completions.create(
+            model="m1", prompt="x", max_tokens=2, stream=True
+        )
+        assert [c async for c in comp_stream]
+    finally:
+        await client.close()
+
+
+def test_concurrent_requests_for_unloaded_model_cause_one_load(stack: Any) -> None:
+    daemon, fe = stack([sim_entry("m1", KTD_SIM_LOAD_TIME=1.5)])
+    assert engine_state(daemon, "m1") in ("stopped", None)
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=fe.url, timeout=60) as c:
+            codes: list[int] = []
+
+            async def one(i: int) -> None:
+                body = {"model": "m1", "messages": CHAT, "max_tokens": 2, "stream": i % 2 == 0}
+                resp = await c.post("/v1/chat/completions", json=body)
+                codes.append(resp.status_code)
+
+            async with trio.open_nursery() as n:
+                for i in range(20):
+                    n.start_soon(one, i)
+            return codes
+
+    codes = trio.run(burst)
+    assert codes == [200] * 20
+    eng = engine(daemon, "m1")
+    assert eng["state"] == "ready" and eng["restarts"] == 0
+    stats = sim_stats(eng["url"])
+    assert stats["requests"] == 20
+    launches = [
+        pid
+        for pid in proctree.all_procs()
+        if "sglang.launch_server" in " ".join(proctree.cmdline(pid))
+        and "m1" in proctree.cmdline(pid)
+    ]
+    assert len(launches) == 1, launches
+    wait_until(lambda: engine(daemon, "m1")["leases"] == 0, what="leases back to 0")
+
+
+def engine_state(daemon: Any, alias: str) -> str | None:
+    for e in status(daemon)["engines"]:
+        if e["alias"] == alias:
+            return str(e["state"])
+    return None
+
+
+def test_family_name_does_not_route(stack: Any) -> None:
+    daemon, fe = stack([sim_entry("deepseek-v4-kt")])
+    client = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0)
+    try:
+        with pytest.raises(openai.NotFoundError) as info:
+            client.chat.completions.create(model="deepseek-v4", messages=CHAT)
+    finally:
+        client.close()
+    assert info.value.status_code == 404
+    err = info.value.response.json()["error"]
+    assert "deepseek-v4-kt" in err["message"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert engine_state(daemon, "deepseek-v4-kt") in ("stopped", None)
+
+
+def test_abort_stream_closes_upstream_and_releases_lease(stack: Any) -> None:
+    daemon, fe = stack([sim_entry("m1", KTD_SIM_TOKEN_RATE=20)])
+    body = {"model": "m1", "messages": CHAT, "max_tokens": 2000, "stream": True}
+    with (
+        httpx.Client(base_url=fe.url, timeout=30) as c,
+        c.stream("POST", "/v1/chat/completions", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        seen = 0
+        # Keep a reference: a sync generator dropped at ``break`` is closed at
+        # once, which would close the connection before we look.
+        chunks = resp.iter_raw()
+        for chunk in chunks:
+            if chunk.startswith(b"data: {"):
+                seen += 1
+            if seen >= 3:
+                break
+        url = engine(daemon, "m1")["url"]
+        assert engine(daemon, "m1")["leases"] == 1
+        assert sim_stats(url)["active"] == 1
+        t0 = time.monotonic()
+        resp.close()  # hang up mid-stream
+    wait_until(lambda: sim_stats(url)["aborted"] == 1, timeout=1.0, what="sim saw the abort")
+    assert time.monotonic() - t0 < 1.0
+    wait_until(lambda: engine(daemon, "m1")["leases"] == 0, timeout=3, what="lease released")
+    assert sim_stats(url)["active"] == 0
+
+
+def test_abort_while_loading_releases_lease(stack: Any) -> None:
+    daemon, fe = stack([sim_entry("m1", KTD_SIM_LOAD_TIME=1.5)])
+    body = {"model": "m1", "messages": CHAT, "max_tokens": 5, "stream": True}
+    with (
+        httpx.Client(base_url=fe.url, timeout=30) as c,
+        c.stream("POST", "/v1/chat/completions", json=body) as resp,
+    ):
+        first = next(resp.iter_raw())
+        assert first.startswith(b": loading m1")
+
+    # The load goes on (other clients may want it); the orphaned lease is released.
+    wait_until(lambda: engine_state(daemon, "m1") == "ready", timeout=20, what="loaded")
+    wait_until(lambda: engine(daemon, "m1")["leases"] == 0, timeout=3, what="lease released")
+    assert sim_stats(engine(daemon, "m1")["url"])["requests"] == 0
+
+
+def test_engine_crash_mid_stream_ends_stream_with_error(stack: Any) -> None:
+    _daemon, fe = stack([sim_entry("m1", KTD_SIM_CRASH_MID_STREAM=3, KTD_SIM_TOKEN_RATE=50)])
+    body = {"model": "m1", "messages": CHAT, "max_tokens": 200, "stream": True}
+    t0 = time.monotonic()
+    with (
+        httpx.Client(base_url=fe.url, timeout=30) as c,
+        c.stream("POST", "/v1/chat/completions", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        data = b"".join(resp.iter_raw())
+
+    assert time.monotonic() - t0 < 15
+    events = [e for e in data.split(b"\n\n") if e.strip()]
+    assert events[-1] == b"data: [DONE]"
+    err = json.loads(events[-2].removeprefix(b"data: "))["error"]
+    assert err["message"] and err["code"]
+
+
+def test_frontend_errors_over_real_http(stack: Any) -> None:
+    daemon, fe = stack([sim_entry("m1")], api_keys=["sk-test"], max_body_bytes=4096)
+    ok = {"authorization": "Bearer sk-test"}
+    with httpx.Client(base_url=fe.url, timeout=10) as c:
+        cases = [
+            (c.post("/v1/chat/completions", content=b"{bad", headers=ok), 400),
+            (c.post("/v1/chat/completions", json={"messages": []}, headers=ok), 400),
+            (c.post("/v1/chat/completions", json={"model": "m1"}), 401),
+            (
+                c.post(
+                    "/v1/chat/completions",
+                    json={"model": "m1"},
+                    headers={"authorization": "Bearer sk-wrong"},
+                ),
+                401,
+            ),
+            (c.post("/v1/completions", content=b"x" * 10000, headers=ok), 413),
+            (c.post("/v1/embeddings", json={"model": "nope", "input": "x"}, headers=ok), 404),
+        ]
+        for resp, code in cases:
+            assert resp.status_code == code, resp.text
+            assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+    assert engine_state(daemon, "m1") in ("stopped", None)
+
+
+def test_daemon_restart_is_survived(stack: Any, tmp_path: Path) -> None:
+    daemon, fe = stack([sim_entry("m1")])
+    with httpx.Client(base_url=fe.url, timeout=30) as c:
+        assert c.get("/health").status_code == 200
+        daemon.stop()
+        wait_until(lambda: c.get("/health").status_code == 503, what="health 503")
+        resp = c.post("/v1/chat/completions", json={"model": "m1", "messages": CHAT})
+        assert resp.status_code == 503
+        assert resp.json()["error"]["code"] == "daemon_unreachable"
+        daemon.start()
+        wait_until(lambda: c.get("/health").status_code == 200, what="health 200")
+        resp = c.post("/v1/chat/completions", json={"model": "m1", "messages": CHAT})
+        assert resp.status_code == 200, resp.text

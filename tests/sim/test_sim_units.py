@@ -1,0 +1,70 @@
+"""The sim's pure parts: knobs, flags, the deterministic "model", the record's env selection."""
+
+from __future__ import annotations
+
+from ktd.sim import gen
+from ktd.sim.cli import DEFAULT_CONTEXT_LENGTH, parse
+from ktd.sim.knobs import Knobs
+from ktd.sim.record import selected_env
+
+
+def test_knobs_defaults_and_bad_values() -> None:
+    knobs, warnings = Knobs.from_env({})
+    assert knobs == Knobs() and warnings == []
+    assert (knobs.load_time, knobs.warmup, knobs.drain, knobs.hang_after) == (0.3, 0.1, 5.0, None)
+    knobs, warnings = Knobs.from_env(
+        {
+            "KTD_SIM_LOAD_TIME": "fast",
+            "KTD_SIM_TOKEN_RATE": "-3",
+            "KTD_SIM_HANG_AFTER": "2.5",
+            "KTD_SIM_CRASH_MID_STREAM": "4",
+            "KTD_SIM_ESCAPE": "yes",
+            "KTD_SIM_NEVER_HEALTHY": "maybe",
+        }
+    )
+    assert knobs.load_time == 0.3 and knobs.token_rate == 0.0  # bad values: defaults
+    assert knobs.hang_after == 2.5 and knobs.crash_mid_stream == 4 and knobs.escape
+    assert not knobs.never_healthy
+    assert len(warnings) == 3
+
+
+def test_flags_like_launch_server() -> None:
+    args = parse(["--model", "/m", "--kt-numa-nodes", "0", "1", "--new-flag", "x", "--enable-x"])
+    assert (args.host, args.port) == ("127.0.0.1", 30000)
+    assert args.context_length == DEFAULT_CONTEXT_LENGTH
+    assert args.served_model_name == "/m" and args.tokenizer_path == "/m"
+    assert args.server_args["kt_numa_nodes"] == ["0", "1"]
+    assert args.ignored == ["--new-flag", "x", "--enable-x"]
+    assert args.access_log
+    assert not parse(["--model-path", "/m", "--log-level-http", "warning"]).access_log
+
+
+def test_plan_finish_reasons() -> None:
+    assert gen.plan(3).text() == "tok0 tok1 tok2"
+    assert (gen.plan(3).finish_reason, gen.plan(3).matched_stop) == ("length", None)
+    natural = gen.plan(None)
+    assert natural.n_tokens == gen.NATURAL_TOKENS and natural.matched_stop == gen.EOS_TOKEN_ID
+    cut = gen.plan(10, ["k3 t"])
+    assert cut.text() == "tok0 tok1 tok2 to" and cut.matched_stop == "k3 t"
+    assert cut.n_tokens == 5  # the stop string ends inside token 4
+    assert gen.plan(5, ["nowhere"]).finish_reason == "length"
+    assert gen.count_content([{"type": "text", "text": "a b"}, {"type": "image_url"}]) == 2
+    assert gen.count_prompt([1, 2, 3]) == 3
+    assert gen.embedding("x") == gen.embedding("x") != gen.embedding("y")
+
+
+def test_record_env_selection() -> None:
+    env = {
+        "KT_A": "1",
+        "KTD_SIM_X": "2",
+        "SGLANG_Y": "3",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "CUDA_HOME": "/cuda",
+        "PATH": "/bin",
+    }
+    assert selected_env(env) == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "KTD_SIM_X": "2",
+        "KT_A": "1",
+        "SGLANG_Y": "3",
+    }
