@@ -360,11 +360,17 @@ class Client:
             if on_event is not None:
                 on_event(None)
 
-        # IMMEDIATE=1: the DEALER is writable only once the connection is up.
-        while not sock.poll(_ms(deadline - time.monotonic()), zmq.POLLOUT):
-            if time.monotonic() >= deadline:
+        # IMMEDIATE=1: the DEALER is writable only once the zmq handshake is
+        # done. A wedged daemon whose kernel socket still accepts never gets
+        # there, so this phase is bounded by the plain timeout even when the
+        # reply wait is not.
+        connect_by = min(deadline, started + self.timeout)
+        while not sock.poll(_ms(connect_by - time.monotonic()), zmq.POLLOUT):
+            if time.monotonic() >= connect_by:
+                probe(self.socket_path)  # gone since the last request? say so precisely
                 raise DaemonUnreachable(
-                    f"ktd did not accept a connection on {self.socket_path} within {budget:g}s"
+                    f"ktd did not accept a connection on {self.socket_path} "
+                    f"within {min(budget, self.timeout):g}s (is it hung?)"
                 )
             tick()
         sock.send(frame, zmq.NOBLOCK)

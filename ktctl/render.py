@@ -94,9 +94,14 @@ def address(engine: p.EngineInfo) -> str | None:
     return None
 
 
+#: Longest phase shown beside a state: some daemons report the last log line as
+#: the phase, and a table cell must not grow to a whole SGLang log line.
+PHASE_WIDTH = 40
+
+
 def state_text(state: str | None, phase: str | None = None) -> str:
     state = state or "?"
-    return f"{state} ({one_line(phase)})" if phase else state
+    return f"{state} ({truncate(one_line(phase), PHASE_WIDTH)})" if phase else state
 
 
 def engine_line(engine: p.EngineInfo, elapsed: float | None = None) -> str:
@@ -396,7 +401,7 @@ class LoadProgress:
 
     def line(self, now: float, width: int) -> str:
         text = f"{self.alias} {state_text(self.state, self.phase)} {duration(now - self.started)}"
-        if self.last_line:
+        if self.last_line and one_line(self.phase or "") != self.last_line:
             text += f" | {self.last_line}"
         # One column short of the width: writing the last column makes some
         # terminals wrap, and the next \r would then rewrite the wrong line.

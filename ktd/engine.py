@@ -108,7 +108,10 @@ class Running:
         if self.proc is not None:
             self.returncode = await self.proc.wait()
         elif self.pidfd is not None:
-            await trio.lowlevel.wait_readable(self.pidfd)
+            try:
+                await trio.lowlevel.wait_readable(self.pidfd)
+            except trio.ClosedResourceError:
+                pass  # close() after _kill_everything saw the tree gone (e.g. a forced evict)
         else:  # no pidfd (old kernel): poll
             while proctree.alive((self.pid, self.start)):
                 await trio.sleep(0.5)
@@ -123,7 +126,7 @@ class Running:
 
 @dataclass
 class Outcome:
-    kind: str  # "stopped" | "failed" | "crashed" | "port_taken" | "busy"
+    kind: str  # "stopped" | "exited" | "failed" | "crashed" | "port_taken" | "busy"
     reason: str | None = None
 
 
@@ -342,6 +345,11 @@ class Engine:
             if outcome.kind in ("failed", "port_taken"):
                 self.want_up = False
                 self._fail(outcome.reason or "failed")
+                return
+            if outcome.kind == "exited":
+                self.want_up = False
+                self.log.note(outcome.reason or "exited")
+                self._set(S.STOPPED, reason=outcome.reason)
                 return
             if outcome.kind == "busy":
                 self.want_up = False
@@ -637,9 +645,9 @@ class Engine:
         )
         self.log.poll()
         if self.state == S.READY:
-            if code == 0:
+            if code == 0:  # a clean exit nobody asked for (an outside SIGTERM): not a crash
                 self.want_up = False
-                return Outcome("failed", f"engine {how} on its own while ready")
+                return Outcome("exited", f"engine {how} on its own while ready")
             return Outcome("crashed", f"engine {how} while ready")
         tail = "\n".join(self.log.last(40)).lower()
         if not self.spec.port and any(m in tail for m in PORT_TAKEN_MARKERS):

@@ -339,6 +339,10 @@ class Pool:
             await engine.wait_stopped()
         engine.request_up()
         if not wait:
+            # Answer once the supervisor has taken the request, so the reply says "starting".
+            await engine.wait_until(
+                lambda: engine.state not in (S.STOPPED, S.FAILED) or not engine.want_up, 5.0
+            )
             return engine.info()
         limit = math.inf if timeout is None or timeout <= 0 else timeout
         if not await engine.wait_until(engine.load_settled, limit):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ import httpx
 import pytest
 import trio
 from frontend_fakes import FakeDaemon, FakeEngine
-from frontend_helpers import Frontend, StartFrontend
+from frontend_helpers import Frontend, StartFrontend, free_port
 from hypercorn.trio import serve
 
 from ktd.config import FrontendSection
@@ -89,12 +88,6 @@ async def start_frontend(short_dir: Path, nursery: trio.Nursery) -> AsyncIterato
 
 
 # ---------------------------------------------------------------- real processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

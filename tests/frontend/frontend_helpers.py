@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,3 +50,9 @@ def sim_entry(alias: str, **env: Any) -> dict[str, Any]:
         "alias": alias,
         "kt": {"extra_env": full, "kt_weight_path": f"/models/{alias}-kt"},
     }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

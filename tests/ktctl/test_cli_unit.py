@@ -747,6 +747,8 @@ def test_load_progress_line_fits_the_terminal() -> None:
     prog.update(p.Event(topic="log.m", time=0, alias="m", lines=["x" * 200, "\x1b[1m  \x1b[0m"]))
     line = prog.line(112.3, 40)
     assert line.startswith("m starting (weights) 12.3s | xxx") and len(line) == 39
+    prog.update(p.Event(topic="engine.m", time=0, alias="m", phase="x" * 200))
+    assert prog.line(112.3, 300) == f"m starting ({'x' * 37}...) 12.3s"  # phase == last line
     prog.update(p.Event(topic="engine.m", time=0, alias="m", state="ready"))
     assert prog.line(113.0, 200).startswith("m ready 13.0s")
 

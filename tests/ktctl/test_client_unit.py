@@ -448,3 +448,29 @@ def test_no_thread_or_fd_leak_after_close(daemon: Callable[[Handler], FakeDaemon
         with Client(d.path) as c:
             c.ping()
     assert len(os.listdir("/proc/self/fd")) <= fds + 2
+
+
+def test_wedged_listener_bounds_even_an_unbounded_load(rundir: Path) -> None:
+    """The kernel accepts the connection but nobody speaks zmq: no infinite hang."""
+    path = rundir / "control.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    try:
+        t0 = time.monotonic()
+        with Client(path, timeout=0.3) as c, pytest.raises(DaemonUnreachable, match="hung"):
+            c.load("m")  # wait=True, timeout=None
+        assert time.monotonic() - t0 < 2
+    finally:
+        listener.close()
+
+
+def test_daemon_gone_between_requests_is_reported_precisely(
+    daemon: Callable[[Handler], FakeDaemon],
+) -> None:
+    d = daemon(basic)
+    with Client(d.path, timeout=0.3) as c:
+        assert c.ping().pid == 42
+        d.close()  # zmq unlinks the ipc file it bound
+        with pytest.raises(DaemonUnreachable, match="ktd is not running"):
+            c.ping()

@@ -217,6 +217,8 @@ class DaemonMachine(RuleBasedStateMachine):
 
     @invariant()
     def daemon_view_equals_process_table(self) -> None:
+        d = self.h.d
+        assert d.proc.poll() is None, f"ktd died (exit {d.proc.returncode}):\n{d.output()}"
         deadline = time.monotonic() + SETTLE
         while True:
             problems = self._problems()

@@ -1,0 +1,285 @@
+"""``ktd up``: the daemon and the frontend as two child processes, for a workstation.
+
+``ktd up --demo`` needs no GPU and no SGLang: it writes a throw-away config whose
+only model, ``ktd-sim``, is launched exactly like a real kt engine
+(``<python> -m sglang.launch_server ...``) but with the simulated engine's
+``sglang`` shim first on ``PYTHONPATH``.
+
+Process handling, because orphans are the top complaint about such tools:
+the children get their own process group (a terminal's Ctrl-C reaches only
+us, so shutdown happens in order: frontend first, then the daemon, which tears
+its engines down) and ``PR_SET_PDEATHSIG`` (if ``ktd up`` is SIGKILLed, they get
+SIGTERM instead of living on). When either child dies, the other is stopped
+and ``ktd up`` exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import FrameType
+
+from ktd import paths
+
+DEMO_ALIAS = "ktd-sim"
+_PR_SET_PDEATHSIG = 1
+
+
+def shim_dir() -> Path:
+    """Directory whose ``sglang/launch_server.py`` runs the sim."""
+    return Path(__file__).resolve().parent / "sim" / "shim"
+
+
+def demo_config(root: Path, bind: str) -> Path:
+    """Write config.json + models.json for the demo under ``root``; return config.json."""
+    root.mkdir(parents=True, exist_ok=True)
+    models = [
+        {
+            "path": "/models/ktd-sim",
+            "backend": "kt",
+            "alias": DEMO_ALIAS,
+            "kt": {
+                "kt_weight_path": "/models/ktd-sim-kt",
+                "extra_env": {
+                    "PYTHONPATH": str(shim_dir()),
+                    # Slow enough to see: a short load (with ": loading" comments
+                    # on streams) and tokens at a readable pace.
+                    "KTD_SIM_LOAD_TIME": "3",
+                    "KTD_SIM_TOKEN_RATE": "30",
+                },
+            },
+            "ttl": 600,
+        }
+    ]
+    config = {
+        "ktransformers": {},
+        "models_file": "models.json",
+        "daemon": {
+            "runtime_dir": str(root / "run"),
+            "state_dir": str(root / "state"),
+            "stop_grace": 5,
+            "drain_timeout": 5,
+            "health_interval": 1,
+        },
+        "frontend": {"bind": bind},
+    }
+    (root / "models.json").write_text(json.dumps(models, indent=2) + "\n")
+    path = root / "config.json"
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            argv,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            preexec_fn=_pdeathsig,
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float) -> int:
+        """SIGTERM, wait up to ``timeout``, then SIGKILL. Returns the exit status."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                print(
+                    f"ktd up: {self.name} ignored SIGTERM for {timeout:g}s; killing",
+                    file=sys.stderr,
+                )
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def _wait(pred: Callable[[], bool], timeout: float, children: list[Child]) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        if any(not c.alive() for c in children) or _STOP:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+def _daemon_answers(socket_path: Path) -> bool:
+    if not socket_path.exists():
+        return False
+    from ktctl import Client, KtctlError
+
+    try:
+        with Client(socket_path, timeout=0.5) as client:
+            client.ping()
+        return True
+    except KtctlError:
+        return False
+
+
+def _frontend_answers(bind: str) -> bool:
+    import socket as sk
+
+    if bind.startswith("unix:"):
+        return Path(bind[5:]).exists()
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    try:
+        with sk.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+_STOP: int | None = None
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _STOP
+    _STOP = signum
+
+
+def _banner(bind: str, socket_path: Path, demo: bool, root: Path | None) -> str:
+    url = f"http://{bind}" if not bind.startswith("unix:") else bind
+    model = DEMO_ALIAS if demo else "<alias>"
+    lines = [
+        "",
+        f"ktd is up: frontend {url}, daemon socket {socket_path}",
+        "",
+        "Try it:",
+        f"  curl -s {url}/v1/models",
+        f"  curl -sN {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+        f'    -d \'{{"model": "{model}", "stream": true, '
+        '"messages": [{"role": "user", "content": "Hello"}]}\'',
+        f"  ktctl --socket {socket_path} status",
+        f"  ktctl --socket {socket_path} logs {model} -f",
+        "",
+        "Ctrl-C stops the frontend, then the daemon and its engines.",
+    ]
+    if demo and root is not None:
+        lines.append(f"(demo files in {root}; removed on exit)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    global _STOP
+    ap = argparse.ArgumentParser(
+        prog="ktd up", description="Run the ktd daemon and the frontend together."
+    )
+    ap.add_argument("--demo", action="store_true", help="use the simulated engine (no GPU)")
+    ap.add_argument("--config", help="config.json (ignored with --demo)")
+    ap.add_argument("--socket", help="daemon control socket (default: $KTD_SOCKET or runtime dir)")
+    ap.add_argument(
+        "--bind", help="frontend HOST:PORT (default: frontend.bind, demo 127.0.0.1:8000)"
+    )
+    ap.add_argument("--dir", help="with --demo: keep the demo's files here instead of a temp dir")
+    ap.add_argument("--stop-timeout", type=float, default=60.0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    env = dict(os.environ)
+    root: Path | None = None
+    cleanup = False
+    if args.demo:
+        if args.dir:
+            root = Path(args.dir).resolve()
+        else:
+            # Short path: the ipc socket path must stay under ~107 bytes.
+            root = Path(tempfile.mkdtemp(prefix="ktd-demo-", dir="/tmp"))
+            cleanup = True
+        bind = args.bind or "127.0.0.1:8000"
+        config_path = demo_config(root, bind)
+        env["KTD_RUNTIME_DIR"] = str(root / "run")
+        env["KTD_STATE_DIR"] = str(root / "state")
+        env.pop("KTD_SOCKET", None)
+        env.pop("KTD_CONFIG", None)
+    else:
+        config_path = Path(args.config) if args.config else paths.default_config_path(env)
+        from ktd.config import ConfigError, load_config
+
+        try:
+            config = load_config(config_path)
+        except ConfigError as exc:
+            print(f"ktd up: config error: {exc}", file=sys.stderr)
+            return 2
+        bind = args.bind or config.frontend.bind
+        if config.daemon.runtime_dir and not env.get("KTD_RUNTIME_DIR"):
+            env["KTD_RUNTIME_DIR"] = config.daemon.runtime_dir
+    if args.socket:
+        env["KTD_SOCKET"] = args.socket
+    # The children run the same ktd as we do, wherever it was imported from.
+    ktd_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ktd_root, env.get("PYTHONPATH")) if p)
+    socket_path = paths.control_path(env)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    _STOP = None
+
+    py = [sys.executable, "-m", "ktd"]
+    cfg = ["--config", str(config_path)]
+    children: list[Child] = []
+    status = 0
+    try:
+        daemon = Child("daemon", [*py, "serve", *cfg], env)
+        children.append(daemon)
+        if not _wait(lambda: _daemon_answers(socket_path), 30.0, children):
+            if _STOP is None:
+                print("ktd up: the daemon did not come up", file=sys.stderr)
+                status = 1
+            return status
+        frontend = Child("frontend", [*py, "frontend", *cfg, "--bind", bind], env)
+        children.append(frontend)
+        if _wait(lambda: _frontend_answers(bind), 30.0, children):
+            print(_banner(bind, socket_path, args.demo, root if cleanup else None), flush=True)
+        while _STOP is None:
+            dead = [c for c in children if not c.alive()]
+            if dead:
+                for c in dead:
+                    print(
+                        f"ktd up: {c.name} exited with status {c.proc.returncode}; stopping",
+                        file=sys.stderr,
+                    )
+                status = next((c.proc.returncode for c in dead if c.proc.returncode), 1) or 1
+                break
+            time.sleep(0.1)
+        return status
+    finally:
+        # Frontend first (no new requests), then the daemon (drains and stops engines).
+        for child in reversed(children):
+            child.stop(args.stop_timeout)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        if cleanup and root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+        if _STOP is not None:
+            print("ktd up: stopped", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,73 @@
+"""``ktd up --demo``: both processes start, answer, and stop on SIGINT leaving nothing."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from frontend_helpers import free_port
+
+from ktd.up import DEMO_ALIAS, demo_config
+
+
+def test_demo_config_is_a_valid_config(tmp_path: Path) -> None:
+    from ktd.config import load_config
+
+    cfg = load_config(demo_config(tmp_path, "127.0.0.1:9"))
+    spec = cfg.route(DEMO_ALIAS)
+    assert spec is not None and spec.backend == "kt"
+    assert dict(spec.extra_env)["PYTHONPATH"].endswith("ktd/sim/shim")
+    assert cfg.frontend.bind == "127.0.0.1:9"
+
+
+def test_up_demo_serves_and_stops_cleanly(tmp_path: Path, ktd_env: dict[str, str]) -> None:
+    port = free_port()
+    root = Path("/tmp") / f"ktd-up-{port}"  # short: ipc socket paths are limited
+    log = tmp_path / "up.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "ktd", "up", "--demo"),
+                *("--bind", f"127.0.0.1:{port}", "--dir", str(root)),
+            ],
+            env=ktd_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while b"ktd is up" not in log.read_bytes():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        # curl-equivalent: what the banner tells people to run.
+        models = httpx.get(url + "/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == [DEMO_ALIAS]
+        resp = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": DEMO_ALIAS, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Content-Type": "application/json"},
+            timeout=60,
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["message"]["content"]
+        text = log.read_text()
+        assert "ktctl --socket" in text and "curl" in text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    assert code == 0, log.read_text()
+    assert "ktd up: stopped" in log.read_text()
+    # The autouse leak check then verifies no daemon, frontend or engine survived.
