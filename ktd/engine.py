@@ -152,6 +152,7 @@ class Engine:
         self.pending_spec: ModelSpec | None = None
         self.retired = False  # removed from config: stop and forget
         self.generation = 0
+        self.downs = 0  # request_down() calls: lets a deferred restart see an evict since
         self.adopt: Running | None = None
         self._changed = trio.Event()
         self._poke = trio.Event()
@@ -218,6 +219,7 @@ class Engine:
 
     def request_down(self, *, force: bool = False, drain_timeout: float | None = None) -> None:
         self.want_up = False
+        self.downs += 1
         self.force = self.force or force
         self.drain_timeout = drain_timeout
         self._wake()

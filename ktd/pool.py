@@ -500,18 +500,23 @@ class Pool:
                 continue
             engine = existing
             if spec == engine.spec:
+                engine.pending_spec = None  # back to what runs: no restart pending any more
+                engine.stale = False
                 continue
             if launch_key(spec) == launch_key(engine.spec) or engine.state not in S.HOLDS_RESOURCES:
                 engine.spec = spec
+                engine.pending_spec = None
+                engine.stale = False
                 updated.append(alias)
                 continue
+            restart_pending = engine.pending_spec is not None
             engine.pending_spec = spec
             if engine.leases:
                 engine.stale = True
                 stale.append(alias)
             else:
                 restarted.append(alias)
-            if self._nursery is not None:
+            if self._nursery is not None and not restart_pending:
                 self._nursery.start_soon(self._restart_when_idle, engine)
         self.config = new
         self.settings = new.daemon
@@ -532,16 +537,17 @@ class Pool:
 
     async def _restart_when_idle(self, engine: Engine) -> None:
         await engine.wait_until(lambda: not engine.leases)
-        spec = engine.pending_spec
-        if spec is None:
-            return
+        if engine.pending_spec is None:
+            return  # a later reload went back to the running launch
         was_up = engine.want_up or engine.state == S.READY
         engine.request_down()
+        downs = engine.downs
         await engine.wait_stopped()
-        engine.spec = spec
+        # Re-read: a reload during the stop may have replaced the pending spec.
+        engine.spec = engine.pending_spec or engine.spec
         engine.pending_spec = None
         engine.stale = False
-        if was_up:
+        if was_up and engine.downs == downs:  # an evict meanwhile wins over the restart
             engine.request_up()
 
 

@@ -151,7 +151,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
 
     @app.after_serving
     async def _stop() -> None:
-        state.broker.stop()
+        await state.broker.aclose()
         if state.http is not None:
             await state.http.aclose()
 

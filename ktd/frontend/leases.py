@@ -91,6 +91,8 @@ class LeaseBroker:
         # None = not known yet; first request pings before trusting it.
         self._alive: bool | None = None
         self._pendings: set[_Pending] = set()
+        self._releasing = 0
+        self._released = trio.Event()
         self.unreachable_count = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -109,6 +111,17 @@ class LeaseBroker:
     def stop(self) -> None:
         if self._scope is not None:
             self._scope.cancel()
+
+    async def aclose(self, grace: float = 2.0) -> None:
+        """Let queued releases reach the daemon (bounded), then stop.
+
+        At shutdown the last requests end (and release) just before this runs;
+        without the grace their leases would linger until ``lease_ttl``.
+        """
+        with trio.move_on_after(grace):
+            while self._releasing:
+                await self._released.wait()
+        self.stop()
 
     # ------------------------------------------------------------ liveness
 
@@ -228,16 +241,23 @@ class LeaseBroker:
         self._nursery.start_soon(self._release_task, lease)
 
     async def _release_task(self, lease: str) -> None:
-        for attempt in range(3):
-            try:
-                await self.control.request(p.Release(lease=lease), timeout=self.ping_timeout)
-                return
-            except ControlError as exc:
-                log.debug("release %s refused: %s", lease, exc)  # e.g. expired already
-                return
-            except Unreachable:
-                await trio.sleep(0.5 * (attempt + 1))
-        log.warning("could not release lease %s: ktd unreachable (it will expire)", lease)
+        self._releasing += 1
+        try:
+            for attempt in range(3):
+                try:
+                    await self.control.request(p.Release(lease=lease), timeout=self.ping_timeout)
+                    return
+                except ControlError as exc:
+                    log.debug("release %s refused: %s", lease, exc)  # e.g. expired already
+                    return
+                except Unreachable:
+                    await trio.sleep(0.5 * (attempt + 1))
+            log.warning("could not release lease %s: ktd unreachable (it will expire)", lease)
+        finally:
+            self._releasing -= 1
+            if not self._releasing:
+                self._released.set()
+                self._released = trio.Event()
 
 
 class AcquireHandle:

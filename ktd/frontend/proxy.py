@@ -73,6 +73,18 @@ _DROP_RESPONSE = frozenset(
     }
 )
 
+# Error codes that prove the daemon knows the model name (so it may be a label).
+_NAME_KNOWN = frozenset(
+    {
+        "engine_failed",
+        "model_not_loaded",
+        "load_timeout",
+        "engine_busy",
+        "upstream_error",
+        "upstream_timeout",
+    }
+)
+
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -197,8 +209,9 @@ class Exchange:
     def failed(self, err: ApiError) -> ApiError:
         """Record an error's status (and a bounded model label) and return it."""
         self.status = err.status
-        if err.code not in ("model_not_found",) and self.label == UNKNOWN_MODEL:
-            # The daemon knew the name (load failed, timeout...): a config alias.
+        if err.code in _NAME_KNOWN and self.label == UNKNOWN_MODEL:
+            # The daemon knew the name (load failed, timeout...): a config alias,
+            # safe as a label. Anything else keeps the placeholder.
             self.label = self.model
         return err
 
@@ -257,8 +270,13 @@ class Exchange:
 
 
 def loading_comment(alias: str, elapsed: float) -> bytes:
-    """An SSE comment: OpenAI clients skip it, proxies see traffic, humans see progress."""
-    return f": loading {alias} {int(elapsed)}s\n\n".encode()
+    """An SSE comment: OpenAI clients skip it, proxies see traffic, humans see progress.
+
+    The name comes from the client: control characters are dropped so that it
+    cannot end the comment line and forge an event.
+    """
+    safe = "".join(ch for ch in alias if ch.isprintable())
+    return f": loading {safe} {int(elapsed)}s\n\n".encode()
 
 
 async def relay(ex: Exchange, *, interval: float = 2.0) -> AsyncIterator[bytes]:

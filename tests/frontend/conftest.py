@@ -68,13 +68,14 @@ async def start_frontend(short_dir: Path, nursery: trio.Nursery) -> AsyncIterato
         hc.errorlog = None
         hc.accesslog = None
         scope = trio.CancelScope()
+        shutdown = trio.Event()
 
         async def run(task_status: trio.TaskStatus[list[str]]) -> None:
             with scope:
-                await serve(app, hc, task_status=task_status)
+                await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
 
         binds: list[str] = await nursery.start(run)
-        fe = Frontend(url=binds[0], state=app.extensions["ktd"], scope=scope)
+        fe = Frontend(url=binds[0], state=app.extensions["ktd"], scope=scope, shutdown=shutdown)
         started.append(fe)
         # Let the first heartbeat land so the broker knows the daemon is up.
         with trio.move_on_after(2):

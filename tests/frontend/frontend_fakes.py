@@ -59,7 +59,7 @@ class FakeDaemon:
         return m
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        raw = zmq.Context.instance().socket(zmq.ROUTER)
+        raw: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         raw.setsockopt(zmq.LINGER, 0)
         raw.bind(self.endpoint)
         self._sock = TrioSocket(raw, self._on_message)

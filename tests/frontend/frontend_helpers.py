@@ -23,6 +23,7 @@ class Frontend:
     url: str
     state: State
     scope: trio.CancelScope
+    shutdown: trio.Event  # set = Hypercorn's graceful shutdown (as on SIGTERM)
 
     def client(self, **kw: Any) -> httpx.AsyncClient:
         kw.setdefault("timeout", 10.0)

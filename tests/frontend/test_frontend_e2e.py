@@ -19,7 +19,7 @@ from frontend_helpers import sim_entry
 
 from ktd import proctree
 
-CHAT = [{"role": "user", "content": "hello"}]
+CHAT: Any = [{"role": "user", "content": "hello"}]
 
 
 def status(daemon: Any) -> dict[str, Any]:

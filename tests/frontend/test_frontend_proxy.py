@@ -7,16 +7,23 @@ the fake daemon counts leases, and the app's httpx pool is inspected for leaks.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 import trio
 from frontend_fakes import FakeDaemon, FakeEngine
-from frontend_helpers import StartFrontend, wait_for
+from frontend_helpers import Frontend, StartFrontend, wait_for
 
 from ktd.frontend.proxy import pool_counts
 
 CHAT = "/v1/chat/completions"
+
+
+def _http(fe: Frontend) -> httpx.AsyncClient:
+    assert fe.state.http is not None
+    return fe.state.http
 
 
 def body(model: str = "m", stream: bool = False, **extra: object) -> bytes:
@@ -67,6 +74,19 @@ async def test_non_streaming_passes_status_and_body(
     assert (b"content-type", b"application/json") in seen.headers
     await wait_for(lambda: not fake_daemon.leases, what="lease released")
     assert fake_daemon.acquires == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/embeddings"])
+async def test_every_proxied_route_reaches_the_engine(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend, path: str
+) -> None:
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fe = await start_frontend()
+    async with fe.client() as c:
+        resp = await c.post(path + "?trace=1", content=b'{"model": "m", "input": "x"}')
+    assert resp.status_code == 200
+    assert fake_engine.seen[-1].target == path + "?trace=1"
+    assert fake_engine.seen[-1].body == b'{"model": "m", "input": "x"}'
 
 
 async def test_streaming_is_byte_exact_with_proxy_headers(
@@ -151,7 +171,7 @@ async def test_bad_requests_get_openai_errors(
         assert_openai_error(await c.post(CHAT, content=b"x" * 5000), 413)
 
         # Undeclared (chunked) too large: counted while reading.
-        async def gen():  # type: ignore[no-untyped-def]
+        async def gen() -> AsyncIterator[bytes]:
             for _ in range(10):
                 yield b"y" * 300
 
@@ -294,6 +314,37 @@ async def test_stream_load_failure_ends_with_error_event(
     assert 'ktd_frontend_requests_total{endpoint="chat",model="m",status="503"} 1.0' in text
 
 
+async def test_stream_after_load_with_engine_error_ends_with_its_error(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    fake_daemon.add("m", url=fake_engine.url, load_delay=0.8)
+    fake_engine.status = 400
+    fe = await start_frontend()
+    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as resp:
+        assert resp.status_code == 200  # committed while loading
+        events = await read_sse(resp)
+    assert events[0].startswith(b": loading m")
+    err = json.loads(events[-2].removeprefix(b"data: "))["error"]
+    assert err["message"] == "fake engine says no" and err["code"] == 400
+    assert events[-1] == b"data: [DONE]"
+    await wait_for(lambda: not fake_daemon.leases, what="lease released")
+
+
+async def test_shutdown_releases_leases_of_cut_streams(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fake_engine.chunks = 10_000
+    fake_engine.chunk_delay = 0.01
+    fe = await start_frontend()
+    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as resp:
+        async for _ in resp.aiter_raw():
+            break
+        assert len(fake_daemon.leases) == 1
+        fe.shutdown.set()  # graceful shutdown (graceful_timeout 1 s) cuts the stream
+    await wait_for(lambda: not fake_daemon.leases, timeout=3, what="lease released")
+
+
 async def test_non_stream_waits_for_load(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
@@ -337,9 +388,7 @@ async def test_client_abort_mid_stream_closes_upstream_and_releases(
         await fake_engine.aborted_event.wait()
     assert trio.current_time() - t0 < 1.0
     await wait_for(lambda: not fake_daemon.leases, timeout=2, what="lease released")
-    await wait_for(
-        lambda: pool_counts(fe.state.http) == (0, 0) or pool_counts(fe.state.http)[0] == 0
-    )
+    await wait_for(lambda: pool_counts(_http(fe)) == (0, 0) or pool_counts(_http(fe))[0] == 0)
     await wait_for(lambda: fe.state.metrics.in_flight._value.get() == 0, what="in-flight 0")
 
 
@@ -390,9 +439,9 @@ async def test_aborted_requests_do_not_leak_pool_connections(
             nursery.start_soon(abort_one, i)
     await wait_for(lambda: fake_engine.active == 0, timeout=3, what="engine streams closed")
     assert fake_engine.aborted >= n, (fake_engine.aborted, fake_engine.completed)
-    await wait_for(lambda: pool_counts(fe.state.http)[0] == 0, timeout=3, what="no active conns")
+    await wait_for(lambda: pool_counts(_http(fe))[0] == 0, timeout=3, what="no active conns")
     await wait_for(lambda: not fake_daemon.leases, what="leases released")
-    pool = fe.state.http._transport._pool  # type: ignore[attr-defined]
+    pool: Any = getattr(_http(fe)._transport, "_pool", None)
     assert not pool._requests
     # And the pool still works afterwards.
     fake_engine.chunks = 3

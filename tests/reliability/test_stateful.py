@@ -55,6 +55,7 @@ LEASE_TTL = 1.0
 SETTLE = 15.0
 DAEMON = {**FAST_DAEMON, "lease_ttl": LEASE_TTL, "drain_timeout": 1, "restart_max": 50,
           "restart_window": 600}
+TRACE = bool(os.environ.get("KTD_TEST_TRACE"))  # print every step (debugging aid)
 # Errors an operation may legitimately get in a random sequence (and their reasons).
 EXPECTED = {"load_failed", "busy", "timeout", "not_loaded"}
 
@@ -109,6 +110,8 @@ class DaemonMachine(RuleBasedStateMachine):
         self.dying: list[tuple[float, str]] = []  # (acquired at, lease) of dead clients
         self.ports: dict[str, set[int]] = {a: set() for a in ALIASES}
         self.dead_ids = itertools.count()
+        self.last = "start"
+        self.adopted: dict[str, int | None] = {}  # alias -> pid adopted by a restarted daemon
 
     # ------------------------------------------------------------ helpers
 
@@ -118,6 +121,11 @@ class DaemonMachine(RuleBasedStateMachine):
         except KtdError as exc:
             assert exc.code in EXPECTED, f"{fn.__name__}{args}: {exc}"
             return None
+
+    def trace(self) -> None:
+        if TRACE:
+            view = [(e.alias, e.state, e.pid, e.leases) for e in self.c.status()]
+            print(f"{time.monotonic():9.2f} {self.last:40} {view}", flush=True)
 
     def engine(self, alias: str) -> Any:
         return self.c.status(alias)[0]
@@ -138,16 +146,19 @@ class DaemonMachine(RuleBasedStateMachine):
 
     @rule(alias=st.sampled_from(ALIASES))
     def load(self, alias: str) -> None:
+        self.last = f"load {alias}"
         info = self.call(self.c.load, alias, timeout=30)
         if info is not None:
             assert info.state == "ready" and info.pid
 
     @rule(alias=st.sampled_from(ALIASES))
     def load_no_wait(self, alias: str) -> None:
+        self.last = f"load_no_wait {alias}"
         self.call(self.c.load, alias, wait=False)
 
     @rule(alias=st.sampled_from(ALIASES), force=st.booleans())
     def evict(self, alias: str, force: bool) -> None:
+        self.last = f"evict {alias} {force}"
         self.c.evict(alias, force=force)
         e = self.engine(alias)
         assert e.state in ("stopped", "failed") or e.state == "starting", e
@@ -155,12 +166,14 @@ class DaemonMachine(RuleBasedStateMachine):
 
     @rule(alias=st.sampled_from(ALIASES))
     def crash(self, alias: str) -> None:
+        self.last = f"crash {alias}"
         pid = self.engine(alias).pid
         if pid:
             kill_group(pid)
 
     @rule(alias=st.sampled_from(ALIASES))
     def hang(self, alias: str) -> None:
+        self.last = f"hang {alias}"
         pid = self.engine(alias).pid
         if pid:
             try:
@@ -170,12 +183,14 @@ class DaemonMachine(RuleBasedStateMachine):
 
     @rule(alias=st.sampled_from(ALIASES), ctx=st.sampled_from([2048, 4096, 8192]))
     def reload_with_new_ctx(self, alias: str, ctx: int) -> None:
+        self.last = f"reload_with_new_ctx {alias} {ctx}"
         self.ctx[alias] = ctx
         self.h.write(self.ctx)
         self.c.reload()
 
     @rule(alias=st.sampled_from(ALIASES))
     def acquire_and_release(self, alias: str) -> None:
+        self.last = f"acquire_and_release {alias}"
         got = self.call(self.c.acquire, alias, self.h.hb_client, timeout=30)
         if got is not None:
             assert got.alias == alias and got.url.startswith("http://")
@@ -183,6 +198,7 @@ class DaemonMachine(RuleBasedStateMachine):
 
     @rule(alias=st.sampled_from(ALIASES))
     def acquire_and_hold(self, alias: str) -> None:
+        self.last = f"acquire_and_hold {alias}"
         got = self.call(self.c.acquire, alias, self.h.hb_client, timeout=30)
         if got is not None:
             self.live[got.lease] = alias
@@ -190,12 +206,14 @@ class DaemonMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
     def release_held(self, data: st.DataObject) -> None:
+        self.last = "release_held"
         lease = data.draw(st.sampled_from(sorted(self.live)))
         del self.live[lease]
         self.c.release(lease)
 
     @rule(alias=st.sampled_from(ALIASES))
     def acquire_then_client_dies(self, alias: str) -> None:
+        self.last = f"acquire_then_client_dies {alias}"
         client = f"sm-dead-{next(self.dead_ids)}"
         got = self.call(self.c.acquire, alias, client, timeout=30)
         if got is not None:
@@ -204,12 +222,14 @@ class DaemonMachine(RuleBasedStateMachine):
     @rule()
     def daemon_kill9_and_restart(self) -> None:
         """``kill -9 ktd`` and start it again: engines are re-adopted, leases are gone."""
+        self.last = "daemon_kill9_and_restart"
         d = self.h.d
         self.c.close()
         d.proc.kill()
         d.proc.wait()
         d.start()
         self.c = d.client(timeout=30)
+        self.adopted = {e.alias: e.pid for e in self.c.status() if e.pid}
         self.live.clear()
         self.dying.clear()
 
@@ -223,6 +243,7 @@ class DaemonMachine(RuleBasedStateMachine):
         while True:
             problems = self._problems()
             if not problems:
+                self.trace()
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(
@@ -259,6 +280,13 @@ class DaemonMachine(RuleBasedStateMachine):
             alias = mark.rsplit("/", 1)[-1].split("@", 1)[0]
             if owners.get(info.sid) != alias:
                 problems.append(f"engine process {pid} ({mark}) has no record in status")
+        for alias, e in status.items():
+            # A ready, idle engine runs the configured launch (a reload restarted it), unless
+            # it is one a restarted daemon adopted (see test_faults: adoption keeps the argv).
+            if e.state == "ready" and not e.leases and self.adopted.get(alias) != e.pid:
+                ctx = e.argv[e.argv.index("--context-length") + 1]
+                if ctx != str(self.ctx[alias]):
+                    problems.append(f"{alias} runs ctx {ctx}, config says {self.ctx[alias]}")
         held = {e.port for e in status.values() if e.pid is not None}
         for alias, e in status.items():
             if e.state in ("stopped", "failed"):
@@ -316,7 +344,7 @@ def run_machine(write_config: ConfigWriter, daemon_factory: Any, examples: int, 
 
 
 def test_daemon_state_machine(write_config: ConfigWriter, daemon_factory: Any) -> None:
-    run_machine(write_config, daemon_factory, examples=5, steps=12)
+    run_machine(write_config, daemon_factory, examples=8, steps=15)
 
 
 @pytest.mark.slow
