@@ -45,6 +45,13 @@ class AsyncClient:
         except (msgspec.DecodeError, msgspec.ValidationError, IndexError):
             return
         chan = self._waiting.pop(reply.id, None)
+        if chan is None:
+            # The caller timed out before the daemon answered. A lease granted
+            # to nobody would keep the engine busy for as long as this client
+            # heartbeats: give it back at once.
+            if isinstance(reply, p.AcquireReply) and self._sock is not None:
+                self._sock.send([p.encode(p.Release(id=0, lease=reply.lease))])
+            return
         if chan is not None:
             try:
                 chan.send_nowait(reply)

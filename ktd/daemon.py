@@ -225,6 +225,9 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Health checks every few seconds are not news; httpx logs each at INFO.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     config_path = Path(args.config) if args.config else paths.default_config_path()
     try:
         config = load_config(config_path)

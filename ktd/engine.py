@@ -554,7 +554,7 @@ class Engine:
         """The fallback when the log file cannot be opened: ktd drains the engine's pipe."""
         async with stream:
             while data := await stream.receive_some(65536):
-                lines = self.log.feed(data)
+                lines = self.log.feed(bytes(data))
                 if self.state == S.STARTING and any(READY_LINE in ln for ln in lines):
                     self._ready_line.set()
 

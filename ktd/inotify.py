@@ -18,11 +18,16 @@ IN_ATTRIB = 0x00000004
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 
-try:
-    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
-    _libc.inotify_init1  # noqa: B018
-except (OSError, AttributeError):
-    _libc = None
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.inotify_init1  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_libc = _load_libc()
 
 
 class FileWatch:

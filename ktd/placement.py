@@ -18,6 +18,8 @@ Ground rules, from how kt-kernel behaves (see NOTES.md "kt-kernel"):
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -40,7 +42,7 @@ CPUINFER_FLAG = "--kt-cpuinfer"
 PLACEMENT_FLAGS = (NUMA_FLAG, POOL_FLAG, CPUINFER_FLAG)
 TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
 
-NumaRequest = Literal["auto", "all"] | Sequence[int]
+NumaRequest = Literal["auto", "all", "none"] | Sequence[int]
 GpuRequest = Literal["auto"] | Sequence[int] | int
 
 
@@ -239,6 +241,11 @@ def plan(
     nothing. ``reserved_cpus`` are kept off the engine (the daemon's own CPUs);
     ``cpu_reserve`` more cores are left for SGLang's own threads.
     """
+    if numa == "none":
+        return _unpinned(
+            alias, gpus, extra_args, topo, holdings, tp_size=tp_size,
+            reserved_cpus=reserved_cpus, cpu_reserve=cpu_reserve, allow_evict=allow_evict,
+        )
     notes: list[str] = []
     try:
         return _plan(
@@ -263,6 +270,29 @@ def plan(
             reason=exc.reason,
             notes=tuple(notes),
         )
+
+
+def _unpinned(
+    alias: str,
+    gpus: GpuRequest,
+    extra_args: Sequence[str],
+    topo: Topology,
+    holdings: Sequence[Holding],
+    **kw: Any,
+) -> Plan:
+    """``numa: "none"`` (ktd's extension): no NUMA ownership, no pinning, no derived
+    kt flags; only GPUs are planned. For engines that are not kt-kernel heavy."""
+    free = [dataclasses.replace(h, numa_nodes=()) for h in holdings]
+    p = plan(alias, "all", gpus, extra_args, topo, free, single_engine=False, **kw)
+    if not p.ok:
+        return p
+    return dataclasses.replace(
+        p,
+        numa_nodes=(),
+        cpus=(),
+        flags=tuple(f for f in p.flags if f.origin == "user"),
+        notes=(*p.notes, "numa: none: not pinned, no derived --kt-* flags"),
+    )
 
 
 def _numa_need(

@@ -128,39 +128,21 @@ class Pool:
 
     def make_plan(self, spec: ModelSpec, *, exclude: Engine | None = None) -> Any:
         """The placement of ``spec`` given every other engine's holdings (pure given those)."""
-        import dataclasses
-
         from ktd.placement import plan
 
-        holdings = self.holdings(exclude)
-        unpinned = spec.numa == "none"
-        if unpinned:
-            # ktd's extension: no NUMA ownership, no pinning, no derived kt flags;
-            # only GPUs are planned. For engines that are not kt-kernel heavy (the sim).
-            holdings = [dataclasses.replace(h, numa_nodes=()) for h in holdings]
-        result = plan(
+        return plan(
             spec.alias,
-            "all" if unpinned else spec.numa,
+            spec.numa,
             spec.gpus,
             spec.extra_args,
             self.topology,
-            holdings,
+            self.holdings(exclude),
             tp_size=spec.tp_size,
             reserved_cpus=tuple(self.settings.cpus or ()),
             cpu_reserve=self.settings.cpu_reserve,
-            single_engine=not unpinned
-            and (self.settings.one_engine_per_machine or len(self.engines) == 1),
+            single_engine=self.settings.one_engine_per_machine or len(self.engines) == 1,
             allow_evict=spec.swap,
         )
-        if unpinned and result.ok:
-            result = dataclasses.replace(
-                result,
-                numa_nodes=(),
-                cpus=(),
-                flags=tuple(f for f in result.flags if f.origin == "user"),
-                notes=(*result.notes, "numa: none: not pinned, no derived --kt-* flags"),
-            )
-        return result
 
     async def place(self, engine: Engine) -> PlacementLike | None:
         async with self._place_lock:

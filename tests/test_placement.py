@@ -658,3 +658,14 @@ def test_sequential_auto_plans_stay_disjoint(
     gpus = [g for h in holdings for g in h.gpus]
     assert len(nodes) == len(set(nodes))
     assert len(gpus) == len(set(gpus))
+
+
+def test_numa_none_owns_no_node_but_still_plans_gpus(xeon: Topology) -> None:
+    holder = H("a", (0, 1), (0,))
+    p = plan("b", "none", 1, ["--kt-cpuinfer", "4"], xeon, [holder])
+    assert p.ok and p.numa_nodes == () and p.cpus == ()
+    assert p.argv_flags() == [] and p.gpus == (1,)
+    assert flags_of(p) == {"--kt-cpuinfer": (("4",), "user")}
+    assert any("numa: none" in n for n in p.notes)
+    busy = plan("c", "none", [0], [], xeon, [holder], allow_evict=False)
+    assert not busy.ok and busy.blocked_by == ("a",)
