@@ -210,3 +210,22 @@ def test_unit_files_verify() -> None:
     assert r.returncode == 0, r.stderr
     # Only complaints about this sandbox (no ktd user, no binary) would be tolerable.
     assert "ktd.service" not in r.stderr or "Unknown" not in r.stderr, r.stderr
+
+
+def test_sighup_reloads(write_config: ConfigWriter, daemon_factory: Any) -> None:
+    import signal
+
+    models = [sim_model("h-kt")]
+    cfg = write_config(models)
+    d = daemon_factory(cfg)
+    models.append(sim_model("h2-kt"))
+    (cfg.parent / "models.json").write_text(json.dumps(models))
+    d.proc.send_signal(signal.SIGHUP)
+    with d.client() as c:
+        wait_for(lambda: any(e.alias == "h2-kt" for e in c.status()), what="SIGHUP reload")
+    # A broken file on SIGHUP is refused and logged; the daemon keeps running.
+    (cfg.parent / "models.json").write_text("[{]")
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload failed" in d.output(), what="reload error logged")
+    with d.client() as c:
+        assert {e.alias for e in c.status()} == {"h-kt", "h2-kt"}

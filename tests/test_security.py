@@ -1,0 +1,83 @@
+"""Security: the control socket is ours alone, and config values never reach a shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ConfigWriter, sim_model
+
+
+def as_user(uid: int, gid: int, fn: Any) -> int:
+    """Run ``fn`` in a forked child with another uid (the interpreter under /root may not be
+    executable by that user, so no exec); returns the child's exit code."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 99
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            code = fn()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_control_socket_refuses_another_user(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    d = daemon_factory(write_config([sim_model("a-kt")]))
+    nobody = pwd.getpwnam("nobody")
+    assert (d.socket.parent.stat().st_mode & 0o777) == 0o700
+
+    def raw_connect() -> int:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(str(d.socket))
+            except PermissionError:
+                return 7
+        return 0
+
+    def ktctl_probe() -> int:
+        from ktctl.client import DaemonUnreachable, probe
+
+        try:
+            probe(d.socket)
+        except DaemonUnreachable as exc:
+            return 7 if "ermission" in str(exc) else 8
+        return 0
+
+    assert as_user(nobody.pw_uid, nobody.pw_gid, raw_connect) == 7
+    assert as_user(nobody.pw_uid, nobody.pw_gid, ktctl_probe) == 7
+    with d.client() as c:
+        assert c.ping()
+
+
+def test_config_values_never_reach_a_shell(
+    write_config: ConfigWriter, daemon_factory: Any, tmp_path: Path
+) -> None:
+    pwned = tmp_path / "pwned"
+    record = tmp_path / "rec.json"
+    evil = f"/models/x; touch {pwned} $(touch {pwned}) `touch {pwned}`"
+    entry = sim_model("evil-kt", record=record)
+    entry["path"] = evil
+    entry["kt"]["extra_args"] = f"--kt-method 'AMX INT4; touch {pwned}'"
+    entry["kt"]["extra_env"]["EVIL"] = f"$(touch {pwned})"
+    d = daemon_factory(write_config([entry]))
+    with d.client(timeout=60) as c:
+        c.load("evil-kt")
+        rec = json.loads(record.read_text())
+        args = rec["args"]
+        assert args[args.index("--model") + 1] == evil
+        assert args[-2:] == ["--kt-method", f"AMX INT4; touch {pwned}"]
+        c.evict("evil-kt")
+    assert not pwned.exists()
