@@ -158,9 +158,10 @@ class Daemon:
                 shutdown=self.request_stop,
             )
             self.server = server
+            # Signal handlers first: a SIGHUP before them would kill the daemon.
+            await nursery.start(self._signals)
             await nursery.start(server.run)
             await nursery.start(pool.run)
-            nursery.start_soon(self._signals)
             nursery.start_soon(self._watchdog)
             sdnotify.notify("READY=1\nSTATUS=serving")
             log.info("ktd ready: control %s, %d kt model(s)", self.setup.control, len(pool.engines))
@@ -193,8 +194,9 @@ class Daemon:
         if self.server is not None:
             self.server.publish(topic, event)
 
-    async def _signals(self) -> None:
+    async def _signals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            task_status.started()
             async for sig in sigs:
                 if sig == signal.SIGHUP:
                     try:
