@@ -74,6 +74,17 @@ def no_leaked_processes() -> Iterator[None]:
         pytest.fail(f"test leaked {len(left)} process(es):\n{lines}", pytrace=False)
 
 
+def wait_for(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns something truthy; that value is returned."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 # ---------------------------------------------------------------- environment and config
 
 

@@ -17,21 +17,21 @@ import zmq
 
 from ktd import proctree
 from ktd.command import ENGINE_MARK
-from tests.conftest import MARK, REPO, RUN_ID, SHIM, ConfigWriter, marked_processes, sim_model
+from tests.conftest import (
+    MARK,
+    REPO,
+    RUN_ID,
+    SHIM,
+    ConfigWriter,
+    marked_processes,
+    sim_model,
+    wait_for,
+)
 
 
 def engine_procs() -> list[tuple[int, list[str]]]:
     return [(pid, cmd) for pid, cmd in marked_processes() if proctree.environ_has(pid, ENGINE_MARK)]
 
-
-def wait_for(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def port_in_use(port: int) -> bool:

@@ -15,17 +15,7 @@ from typing import Any
 import pytest
 
 from ktd import proctree
-from tests.conftest import ConfigWriter, sim_model
-
-
-def wait_for(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.conftest import ConfigWriter, sim_model, wait_for
 
 
 def state(c: Any, alias: str) -> str:

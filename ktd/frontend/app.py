@@ -1,35 +1,22 @@
 """The Quart-Trio app: OpenAI routes in front of ktd's engines.
 
-Request flow for the proxied routes (``/v1/chat/completions``,
-``/v1/completions``, ``/v1/embeddings``):
-
-1. API key, then the body (size-limited), then ``model``/``stream`` only.
-2. ``Acquire`` through the lease broker (the daemon loads on demand).
-3. Non-streaming: wait for the lease, send the original bytes upstream, answer
-   with the engine's status and body.
-   Streaming: wait for the lease for at most ``stream_grace`` seconds. Decided in
-   time (the usual case: the engine is up, or the name is unknown) -> the
-   client gets the real status: 404 for an unknown model, the engine's own
-   error status, or the engine's 200 stream. Not decided (a load is running) ->
-   answer 200 at once and keep the client company with ``: loading`` comments;
-   from then on failures are in-band error events.
-
-The lease is released however the request ends; see proxy.Exchange.
+Quart serves ``/v1/models``, ``/health``, ``/metrics`` and renders errors for
+unknown routes and methods. The proxied routes (``POST /v1/chat/completions``,
+``/v1/completions``, ``/v1/embeddings``) are answered by a raw ASGI layer in
+front of Quart (fastpath.py), so no per-request or per-chunk Quart work sits on
+the hot path; the upstream hop is a small pooled HTTP/1.1 client on trio
+(upstream.py). The app is still one QuartTrio object served by
+``hypercorn.trio.serve``: the layer wraps ``app.asgi_app``, as any ASGI
+middleware would.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
 
-import httpx
-import trio
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.datastructures import Headers
 from werkzeug.exceptions import HTTPException
 
 from ktd import protocol as p
@@ -37,34 +24,14 @@ from ktd.aclient import ControlError, Unreachable
 from ktd.config import FrontendSection
 from ktd.frontend import errors
 from ktd.frontend.auth import ApiKeys
-from ktd.frontend.body import check_declared_length, parse_head, read_limited
 from ktd.frontend.errors import ApiError
+from ktd.frontend.fastpath import PROXIED, ProxyRoutes
 from ktd.frontend.leases import LeaseBroker
-from ktd.frontend.metrics import NO_MODEL, Metrics
-from ktd.frontend.proxy import (
-    STREAM_HEADERS,
-    Exchange,
-    backward_headers,
-    control_error,
-    forward_headers,
-    make_http_client,
-    pool_counts,
-    relay,
-)
+from ktd.frontend.metrics import Metrics
+from ktd.frontend.proxy import control_error
+from ktd.frontend.upstream import Pool
 
-PROXIED = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
-
-_SCOPE_KEY = "ktd.exchange"
 _JSON = "application/json"
-
-ASGIApp = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-    Awaitable[None],
-]
 
 
 @dataclass
@@ -92,7 +59,7 @@ class State:
             client_id=options.client_id,
             heartbeat_interval=options.heartbeat_interval,
         )
-        self.http: httpx.AsyncClient | None = None
+        self.upstream = Pool(read_timeout=options.frontend.read_timeout)
         self.created = int(time.time())
 
 
@@ -107,31 +74,6 @@ def error_response(err: ApiError) -> Response:
     return _json_response(err.status, err.body(), err.headers)
 
 
-class _ExchangeGuard:
-    """ASGI middleware: closes a request's exchange when the ASGI call ends.
-
-    Needed for one gap: the route returned a streaming response that owns a
-    lease, but the server was cancelled (client gone) before it started
-    iterating the body, so the body's own ``finally`` never runs.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            ex = scope.get(_SCOPE_KEY) if scope.get("type") == "http" else None
-            if ex is not None and not ex.closed:
-                await ex.aclose()
-
-
 def create_app(options: FrontendOptions) -> QuartTrio:
     """Build the app. Background tasks (control client, heartbeats) start with it."""
     app = QuartTrio("ktd.frontend")
@@ -140,20 +82,17 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     state = State(options)
     app.extensions["ktd"] = state
-    app.asgi_app = _ExchangeGuard(app.asgi_app)  # type: ignore[method-assign,assignment,arg-type]
+    app.asgi_app = ProxyRoutes(app.asgi_app, state)  # type: ignore[method-assign,assignment,arg-type]
+    state.metrics.add_pool_gauge(state.upstream.counts)
 
     @app.before_serving
     async def _start() -> None:
-        state.http = make_http_client(read_timeout=options.frontend.read_timeout)
-        http = state.http
-        state.metrics.add_pool_gauge(lambda: pool_counts(http))
         await app.nursery.start(state.broker.run)
 
     @app.after_serving
     async def _stop() -> None:
         await state.broker.aclose()
-        if state.http is not None:
-            await state.http.aclose()
+        await state.upstream.aclose()
 
     # ------------------------------------------------------------ errors
 
@@ -219,89 +158,17 @@ def create_app(options: FrontendOptions) -> QuartTrio:
 
     # ------------------------------------------------------------ proxied routes
 
-    async def proxy() -> Response:
-        endpoint = PROXIED[request.path]
-        started = trio.current_time()
-        try:
-            state.keys.check(_raw_header(b"authorization"))
-            limit = options.frontend.max_body_bytes
-            check_declared_length(request.content_length, limit)
-            with trio.move_on_after(options.body_timeout) as scope:
-                body = await read_limited(request.body, limit)
-            if scope.cancelled_caught:
-                raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
-            head = parse_head(body)
-        except ApiError as err:
-            state.metrics.requests.labels(endpoint, NO_MODEL, str(err.status)).inc()
-            return error_response(err)
-
-        ex = Exchange(
-            broker=state.broker,
-            http=_http(state),
-            metrics=state.metrics,
-            endpoint=endpoint,
-            model=head.model,
-            target=_target(),
-            body=body,
-            headers=forward_headers(request.scope["headers"]),
-            started=started,
+    async def proxied() -> Response:
+        # POSTs never get here (ProxyRoutes answers them); the rule exists so that
+        # other methods get Quart's 405 rather than a 404.
+        raise ApiError(
+            500, "proxied route reached Quart", type=errors.SERVER_ERROR, code="internal"
         )
-        scope_dict: dict[str, Any] = request.scope  # type: ignore[assignment]
-        scope_dict[_SCOPE_KEY] = ex
-        handed_off = False
-        try:
-            try:
-                ex.handle = await state.broker.start_acquire(
-                    head.model,
-                    autoload=options.frontend.autoload,
-                    load_timeout=options.frontend.load_timeout,
-                )
-                lease = await ex.handle.wait(options.stream_grace if head.stream else math.inf)
-            except (ControlError, Unreachable) as exc:
-                raise ex.failed(control_error(head.model, exc)) from None
-            if lease is None:
-                # Still loading: answer 200 now, and wait inside the body.
-                handed_off = True
-                return _stream_response(
-                    relay(ex, interval=options.loading_interval),
-                    [("Content-Type", "text/event-stream; charset=utf-8")],
-                )
-            ex.got_lease(lease, trio.current_time() - started)
-            upstream = await ex.open_upstream()
-            if head.stream and upstream.status_code == 200:
-                handed_off = True
-                return _stream_response(
-                    relay(ex, interval=options.loading_interval),
-                    backward_headers(upstream.headers),
-                )
-            try:
-                data = await upstream.aread()
-            except httpx.HTTPError as exc:
-                raise ex.upstream_error(exc) from None
-            ex.status = upstream.status_code
-            ex.first_byte()
-            headers = Headers(backward_headers(upstream.headers))
-            return Response(data, status=upstream.status_code, headers=headers)
-        except ApiError as err:
-            ex.failed(err)
-            return error_response(err)
-        finally:
-            if not handed_off:
-                await ex.aclose()
 
     for path in PROXIED:
-        app.add_url_rule(path, endpoint=PROXIED[path], view_func=proxy, methods=["POST"])
+        app.add_url_rule(path, endpoint=PROXIED[path], view_func=proxied, methods=["POST"])
 
     return app
-
-
-def _stream_response(body: Any, headers: list[tuple[str, str]]) -> Response:
-    resp = Response(body, status=200, headers=Headers(headers))
-    for key, value in STREAM_HEADERS.items():
-        resp.headers[key] = value
-    # Quart's RESPONSE_TIMEOUT (60 s) would cut long generations and long loads.
-    resp.timeout = None
-    return resp
 
 
 def _raw_header(name: bytes) -> bytes | None:
@@ -309,14 +176,3 @@ def _raw_header(name: bytes) -> bytes | None:
         if key.lower() == name:
             return bytes(value)
     return None
-
-
-def _target() -> str:
-    qs: bytes = request.scope.get("query_string") or b""
-    return request.path + ("?" + qs.decode("latin-1") if qs else "")
-
-
-def _http(state: State) -> httpx.AsyncClient:
-    if state.http is None:  # served without lifespan: create lazily
-        state.http = make_http_client(read_timeout=state.options.frontend.read_timeout)
-    return state.http

@@ -1,25 +1,27 @@
-"""Upstream HTTP: one pooled httpx client and the per-request exchange.
+"""The per-request exchange with an engine, and the streaming relay.
 
 The hot path is the chunk loop in ``relay``: receive bytes from the engine, hand
 them to the server, nothing else (no parsing, no re-encoding, no per-chunk
 bookkeeping; the first chunk is pulled out of the loop so time-to-first-byte
-costs nothing per chunk). Everything per-request (headers, lease, metrics) is
-done once, before or after the loop.
+costs nothing per chunk). Whatever arrived together is forwarded as one ASGI
+message, so under load one message carries several SSE events.
+Everything per-request (headers, lease, metrics) is done once, before or after
+the loop.
 
-Cleanup is owned by ``Exchange.aclose``, which is idempotent and runs from
-whichever comes first: the stream's ``finally``, the route's ``finally``, or the
-per-request guard in app.py (the case where the server never started the body
-at all). It closes the upstream response (an unfinished one closes its TCP
-connection, which is how SGLang learns to abort the generation) and then
-releases the lease.
+Cleanup is owned by ``Exchange.aclose``, which is idempotent and runs from the
+request handler's ``finally`` however the request ends (normally, client gone,
+server shutdown). It closes the upstream response (an unfinished one closes its
+TCP connection, which is how SGLang learns to abort the generation) and then
+releases the lease. Both are synchronous, so a cancellation cannot interrupt
+them halfway.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
-import httpx
 import trio
 
 from ktd.aclient import ControlError, Unreachable
@@ -27,8 +29,11 @@ from ktd.frontend import errors
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.leases import AcquireHandle, Lease, LeaseBroker
 from ktd.frontend.metrics import UNKNOWN_MODEL, Metrics
+from ktd.frontend.upstream import Pool, Response, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("ktd.frontend")
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 # Request headers never forwarded to the engine: hop-by-hop (RFC 9110 7.6.1),
 # ones httpx sets itself, and the client's credentials (the engine does not
@@ -60,16 +65,16 @@ _DROP_REQUEST = frozenset(
 # Response headers not copied back: hop-by-hop, and ones the server recomputes.
 _DROP_RESPONSE = frozenset(
     {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "date",
-        "server",
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"date",
+        b"server",
     }
 )
 
@@ -85,53 +90,17 @@ _NAME_KNOWN = frozenset(
     }
 )
 
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+_STREAM_NAMES = frozenset(k for k, _ in STREAM_HEADERS)
+SSE_CONTENT_TYPE = (b"content-type", b"text/event-stream; charset=utf-8")
 
 
-def make_http_client(
-    *,
-    read_timeout: float,
-    connect_timeout: float = 5.0,
-    max_connections: int = 4096,
-    max_keepalive: int = 1024,
-) -> httpx.AsyncClient:
-    """The one pooled client (anyio picks the trio backend at run time).
-
-    read: between two chunks, so it must cover a long prefill; no total
-    timeout (streams last as long as generation does); pool: how long a request
-    may queue for a free connection.
-    """
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(
-            connect=connect_timeout, read=read_timeout or None, write=60.0, pool=60.0
-        ),
-        limits=httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_keepalive,
-            keepalive_expiry=30.0,
-        ),
-        headers={"accept-encoding": "identity"},
-        follow_redirects=False,
-        trust_env=False,  # an http_proxy in the environment must not catch 127.0.0.1
-    )
-
-
-def pool_counts(client: httpx.AsyncClient) -> tuple[int, int]:
-    """(active, idle) upstream connections; reads httpcore internals, best effort."""
-    pool = getattr(getattr(client, "_transport", None), "_pool", None)
-    conns = getattr(pool, "connections", None) or []
-    active = idle = 0
-    for conn in conns:
-        try:
-            if conn.is_closed():
-                continue
-            if conn.is_idle():
-                idle += 1
-            else:
-                active += 1
-        except Exception:  # pragma: no cover - httpcore internals changed
-            continue
-    return active, idle
+def stream_headers(upstream: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Headers of a streamed answer: the engine's, with the no-buffering pair forced."""
+    kept = [(k, v) for k, v in backward_headers(upstream) if k not in _STREAM_NAMES]
+    if not any(k == b"content-type" for k, _ in kept):
+        kept.append(SSE_CONTENT_TYPE)
+    return kept + STREAM_HEADERS
 
 
 def forward_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -155,8 +124,9 @@ def forward_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, byt
     return kept
 
 
-def backward_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in headers.multi_items() if k.lower() not in _DROP_RESPONSE]
+def backward_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The engine's response headers minus hop-by-hop ones and those the server sets."""
+    return [(k, v) for k, v in headers if k not in _DROP_RESPONSE]
 
 
 def control_error(model: str, exc: Exception) -> ApiError:
@@ -169,21 +139,39 @@ def control_error(model: str, exc: Exception) -> ApiError:
 class Exchange:
     """One proxied request: its lease, its upstream response, its metrics."""
 
+    __slots__ = (
+        "body",
+        "broker",
+        "closed",
+        "endpoint",
+        "handle",
+        "headers",
+        "label",
+        "lease",
+        "metrics",
+        "model",
+        "pool",
+        "response",
+        "started",
+        "status",
+        "target",
+    )
+
     def __init__(
         self,
         *,
         broker: LeaseBroker,
-        http: httpx.AsyncClient,
+        pool: Pool,
         metrics: Metrics,
         endpoint: str,
         model: str,
-        target: str,
+        target: bytes,
         body: bytes,
         headers: list[tuple[bytes, bytes]],
         started: float,
     ) -> None:
         self.broker = broker
-        self.http = http
+        self.pool = pool
         self.metrics = metrics
         self.endpoint = endpoint
         self.model = model
@@ -193,7 +181,7 @@ class Exchange:
         self.started = started
         self.handle: AcquireHandle | None = None
         self.lease: Lease | None = None
-        self.response: httpx.Response | None = None
+        self.response: Response | None = None
         self.label = UNKNOWN_MODEL
         self.status = 499  # nginx's "client closed request" until we know better
         self.closed = False
@@ -215,28 +203,25 @@ class Exchange:
             self.label = self.model
         return err
 
-    async def open_upstream(self) -> httpx.Response:
+    async def open_upstream(self) -> Response:
         """Send the original body to the engine; return once its headers are in."""
         assert self.lease is not None
-        request = self.http.build_request(
-            "POST", self.lease.url + self.target, content=self.body, headers=self.headers
-        )
         try:
-            self.response = await self.http.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            self.response = await self.pool.request(
+                self.lease.url, self.target, self.headers, self.body
+            )
+        except UpstreamError as exc:
             raise self.upstream_error(exc) from None
         return self.response
 
-    def upstream_error(self, exc: httpx.HTTPError) -> ApiError:
-        if isinstance(exc, httpx.TimeoutException):
-            kind = "timeout"
-            err = errors.upstream_timeout(self.label, f"{type(exc).__name__}: {exc}")
+    def upstream_error(self, exc: UpstreamError) -> ApiError:
+        detail = str(exc) or type(exc).__name__
+        if isinstance(exc, UpstreamTimeout):
+            err = errors.upstream_timeout(self.label, detail)
         else:
-            kind = "connect" if isinstance(exc, httpx.ConnectError) else "broken"
-            detail = str(exc) or type(exc).__name__
             err = errors.upstream_failed(self.label, detail)
-        self.metrics.upstream_errors.labels(self.label, kind).inc()
-        log.warning("upstream %s for %s: %s: %s", kind, self.label, type(exc).__name__, exc)
+        self.metrics.upstream_errors.labels(self.label, exc.kind).inc()
+        log.warning("upstream %s for %s: %s", exc.kind, self.label, detail)
         return self.failed(err)
 
     def first_byte(self) -> None:
@@ -246,23 +231,16 @@ class Exchange:
 
     async def aclose(self) -> None:
         """Close upstream, release the lease, count the request. Idempotent, cancel-proof."""
+        self.close()
+
+    def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         if self.handle is not None:
             self.handle.abandon()
-        response = self.response
-        if response is not None and not response.is_closed:
-            # Shielded and bounded: we are often here because of a cancellation
-            # (client went away), and an unshielded aclose would be cancelled
-            # before httpcore marks the connection closed -> leaked pool slot
-            # (httpx #3782, httpcore #658).
-            with trio.CancelScope(shield=True) as scope:
-                scope.deadline = trio.current_time() + 2.0
-                try:
-                    await response.aclose()
-                except Exception as exc:  # closing a broken connection may complain
-                    log.debug("closing upstream response: %r", exc)
+        if self.response is not None:
+            self.response.close()
         if self.lease is not None:
             self.broker.release(self.lease.lease)
         self.metrics.in_flight.dec()
@@ -279,66 +257,65 @@ def loading_comment(alias: str, elapsed: float) -> bytes:
     return f": loading {safe} {int(elapsed)}s\n\n".encode()
 
 
-async def relay(ex: Exchange, *, interval: float = 2.0) -> AsyncIterator[bytes]:
-    """Body of a streaming response (status already 200 or the engine's own).
+async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
+    """Body of a streaming response (status already sent: 200 or the engine's own).
 
     If the exchange has no upstream response yet, the request is still waiting
     for its engine: send ``: loading`` comments every ``interval`` seconds until
     the lease comes, then open the upstream. Any failure after the status line
     went out becomes one ``data: {"error": ...}`` event and ``data: [DONE]``.
+    Ends the HTTP response (``more_body: False``) unless cancelled.
     """
-    chunk = b"\n\n"
+    last = b"\n\n"
+    tail = b""
     try:
-        try:
-            if ex.response is None:
-                assert ex.handle is not None
-                yield loading_comment(ex.model, trio.current_time() - ex.started)
-                while True:
-                    try:
-                        lease = await ex.handle.wait(interval)
-                    except (ControlError, Unreachable) as exc:
-                        raise ex.failed(control_error(ex.model, exc)) from None
-                    if lease is not None:
-                        break
-                    yield loading_comment(ex.model, trio.current_time() - ex.started)
-                ex.got_lease(lease, trio.current_time() - ex.started)
-                opened = await ex.open_upstream()
-                if opened.status_code != 200:
-                    body = await opened.aread()
-                    raise ex.failed(errors.from_upstream_body(opened.status_code, body))
-            response = ex.response
-            assert response is not None
-            ex.status = response.status_code
-            chunks = response.aiter_raw()
-            try:
-                # The first chunk outside the hot loop: TTFB without per-chunk cost.
-                async for chunk in chunks:
-                    ex.first_byte()
-                    yield chunk
+        if ex.response is None:
+            assert ex.handle is not None
+            await _body(send, loading_comment(ex.model, trio.current_time() - ex.started))
+            while True:
+                try:
+                    lease = await ex.handle.wait(interval)
+                except (ControlError, Unreachable) as exc:
+                    raise ex.failed(control_error(ex.model, exc)) from None
+                if lease is not None:
                     break
-                async for chunk in chunks:
-                    yield chunk
-            finally:
-                await _aclose_shielded(chunks)
-        except httpx.HTTPError as exc:
-            err = ex.upstream_error(exc)
-            # A chunk cut mid-event would glue our event onto its half line.
-            sep = b"" if chunk.endswith(b"\n\n") else b"\n\n"
-            yield sep + err.sse() + SSE_DONE
-        except ApiError as err:
-            ex.failed(err)
-            yield err.sse() + SSE_DONE
-    finally:
-        await ex.aclose()
+                await _body(send, loading_comment(ex.model, trio.current_time() - ex.started))
+            ex.got_lease(lease, trio.current_time() - ex.started)
+            opened = await ex.open_upstream()
+            if opened.status != 200:
+                data = await opened.read()
+                raise ex.failed(errors.from_upstream_body(opened.status, data))
+        response = ex.response
+        assert response is not None
+        ex.status = response.status
+        # The first chunk outside the hot loop: TTFB without per-chunk cost.
+        data = await response.receive()
+        if data:
+            ex.first_byte()
+            last = data
+            if response.done:
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+                return
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        receive = response.receive
+        while not response.done:
+            data = await receive()
+            if data:
+                last = data
+                more = not response.done
+                await send({"type": "http.response.body", "body": data, "more_body": more})
+                if not more:
+                    return
+    except UpstreamError as exc:
+        err = ex.upstream_error(exc)
+        # A chunk cut mid-event would glue our event onto its half line.
+        sep = b"" if last.endswith(b"\n\n") else b"\n\n"
+        tail = sep + err.sse() + SSE_DONE
+    except ApiError as err:
+        ex.failed(err)
+        tail = err.sse() + SSE_DONE
+    await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 
-async def _aclose_shielded(gen: AsyncIterator[bytes]) -> None:
-    aclose = getattr(gen, "aclose", None)
-    if aclose is None:
-        return
-    with trio.CancelScope(shield=True) as scope:
-        scope.deadline = trio.current_time() + 2.0
-        try:
-            await aclose()
-        except Exception as exc:
-            log.debug("closing upstream iterator: %r", exc)
+async def _body(send: Send, data: bytes) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": True})

@@ -451,3 +451,90 @@ def test_log_disk_full_keeps_engine_and_daemon_up(
             assert gone.state == "stopped"
         d.stop()
     assert_clean(e.port)
+
+
+# ---------------------------------------------------------------- known bugs (repros)
+# Each is strict: when the bug is fixed the test XPASSes, fails, and the marker goes.
+
+
+@pytest.mark.xfail(strict=True, reason="known bug: an adopted engine that hung while ktd was "
+                   "down waits for the model's health_timeout (default 30 min), not hang_timeout")
+def test_engine_that_hung_while_ktd_was_down_is_restarted_after_adoption(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User should see: an engine that was ``ready`` when ktd died but hangs meanwhile is
+    killed and restarted by the next ktd after ``hang_timeout``, like any hung engine.
+    Today it shows ``starting`` ("adopting") until ``health_timeout`` and then ``failed``."""
+    cfg = write_config([sim_model("hz-kt", health_timeout=30)], daemon=FAST_DAEMON)
+    d1 = daemon_factory(cfg)
+    with d1.client(timeout=60) as c:
+        first = c.load("hz-kt")
+    d1.stop(signal.SIGKILL)
+    os.kill(first.pid, signal.SIGUSR1)  # hangs while no ktd watches it
+    d2 = daemon_factory(cfg)
+    try:
+        with d2.client(timeout=60) as c:
+            wait_for(ready_with_new_pid(c, "hz-kt", first.pid), timeout=8,
+                     what="the hung adopted engine to be restarted")
+    finally:
+        with d2.client(timeout=60) as c:
+            c.evict(all=True, force=True)
+        assert_clean(first.port)
+
+
+@pytest.mark.xfail(strict=True, reason="known bug: a model removed by one reload and re-added by "
+                   "the next while its engine still drains disappears until ktd restarts")
+def test_model_readded_while_its_engine_drains_is_served(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User should see: removing a model from models.json, ``ktctl reload``, putting it back
+    and reloading again (a quick undo) leaves the model served. Today, if its engine was
+    still draining at the second reload, ``ktctl load`` answers ``unknown_model`` although
+    the config lists it."""
+    both = [sim_model("rm-a"), sim_model("rm-b")]
+    daemon = {**FAST_DAEMON, "drain_timeout": 3}
+    d = daemon_factory(write_config(both, daemon=daemon))
+    with d.client(timeout=60) as c:
+        c.load("rm-b")
+        lease = c.acquire("rm-b", "holder").lease  # keeps it draining for drain_timeout
+        write_config(both[:1], daemon=daemon)
+        c.reload()
+        wait_for(state_is(c, "rm-b", "draining"), what="drain")
+        write_config(both, daemon=daemon)
+        c.reload()
+        c.release(lease)
+        try:
+            wait_for(lambda: not engine_procs(), what="the old engine to stop")
+            assert c.load("rm-b").state == "ready"
+        finally:
+            c.evict(all=True, force=True)
+    assert_clean()
+
+
+@pytest.mark.xfail(strict=True, reason="known bug: an engine adopted after a config change keeps "
+                   "its old command line; nothing marks it stale or restarts it")
+def test_adopted_engine_follows_a_config_changed_while_ktd_was_down(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User should see: after editing models.json while ktd is down (here ``ctx`` 4096 ->
+    8192), the next ktd adopts the running engine and then restarts it with the new
+    command line once idle, as ``ktctl reload`` would (or at least flags it ``stale``).
+    Today it keeps serving ``--context-length 4096`` indefinitely, with ``stale: false``."""
+    daemon = FAST_DAEMON
+    d1 = daemon_factory(write_config([sim_model("cfg-kt", kt={"ctx": 4096})], daemon=daemon))
+    with d1.client(timeout=60) as c:
+        first = c.load("cfg-kt")
+    d1.stop(signal.SIGKILL)
+    cfg = write_config([sim_model("cfg-kt", kt={"ctx": 8192})], daemon=daemon)
+    d2 = daemon_factory(cfg)
+    try:
+        with d2.client(timeout=60) as c:
+            def follows() -> bool:
+                [e] = c.status("cfg-kt")
+                return e.stale or (e.state == "ready" and "8192" in e.argv)
+
+            wait_for(follows, timeout=8, what="the adopted engine to follow the new config")
+    finally:
+        with d2.client(timeout=60) as c:
+            c.evict(all=True, force=True)
+        assert_clean(first.port)

@@ -61,7 +61,9 @@ EXPECTED = {"load_failed", "busy", "timeout", "not_loaded"}
 
 
 def models(ctx: dict[str, int]) -> list[dict[str, Any]]:
-    return [sim_model(a, kt={"ctx": ctx[a]}) for a in ALIASES]
+    # health_timeout bounds how long an engine that hung while ktd was down stays
+    # "starting" after re-adoption (see test_faults: known bug, xfail).
+    return [sim_model(a, kt={"ctx": ctx[a]}, health_timeout=8) for a in ALIASES]
 
 
 class Harness:
@@ -104,7 +106,7 @@ class DaemonMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.h = type(self).harness
-        self.c: Client = self.h.d.client(timeout=30)
+        self.c: Client = self.h.d.client(timeout=20)
         self.ctx = {a: BASE_CTX for a in ALIASES}
         self.live: dict[str, str] = {}  # lease -> alias, held by the heartbeating client
         self.dying: list[tuple[float, str]] = []  # (acquired at, lease) of dead clients
@@ -147,7 +149,7 @@ class DaemonMachine(RuleBasedStateMachine):
     @rule(alias=st.sampled_from(ALIASES))
     def load(self, alias: str) -> None:
         self.last = f"load {alias}"
-        info = self.call(self.c.load, alias, timeout=30)
+        info = self.call(self.c.load, alias, timeout=20)
         if info is not None:
             assert info.state == "ready" and info.pid
 
@@ -191,7 +193,7 @@ class DaemonMachine(RuleBasedStateMachine):
     @rule(alias=st.sampled_from(ALIASES))
     def acquire_and_release(self, alias: str) -> None:
         self.last = f"acquire_and_release {alias}"
-        got = self.call(self.c.acquire, alias, self.h.hb_client, timeout=30)
+        got = self.call(self.c.acquire, alias, self.h.hb_client, timeout=20)
         if got is not None:
             assert got.alias == alias and got.url.startswith("http://")
             self.c.release(got.lease)
@@ -199,7 +201,7 @@ class DaemonMachine(RuleBasedStateMachine):
     @rule(alias=st.sampled_from(ALIASES))
     def acquire_and_hold(self, alias: str) -> None:
         self.last = f"acquire_and_hold {alias}"
-        got = self.call(self.c.acquire, alias, self.h.hb_client, timeout=30)
+        got = self.call(self.c.acquire, alias, self.h.hb_client, timeout=20)
         if got is not None:
             self.live[got.lease] = alias
 
@@ -215,7 +217,7 @@ class DaemonMachine(RuleBasedStateMachine):
     def acquire_then_client_dies(self, alias: str) -> None:
         self.last = f"acquire_then_client_dies {alias}"
         client = f"sm-dead-{next(self.dead_ids)}"
-        got = self.call(self.c.acquire, alias, client, timeout=30)
+        got = self.call(self.c.acquire, alias, client, timeout=20)
         if got is not None:
             self.dying.append((time.monotonic(), got.lease))
 
@@ -228,7 +230,7 @@ class DaemonMachine(RuleBasedStateMachine):
         d.proc.kill()
         d.proc.wait()
         d.start()
-        self.c = d.client(timeout=30)
+        self.c = d.client(timeout=20)
         self.adopted = {e.alias: e.pid for e in self.c.status() if e.pid}
         self.live.clear()
         self.dying.clear()

@@ -1,0 +1,509 @@
+"""The engine hop: a small pooled HTTP/1.1 client on raw trio socket streams.
+
+Why not httpx: the frontend talks to exactly one kind of server (SGLang's
+uvicorn, or the sim) on 127.0.0.1, sends one POST and reads one response; the
+general client cost more per chunk (anyio, httpcore's state machine, its pool
+scan per request) than the whole rest of the proxy. This client parses only the
+status line, the headers and the chunked framing, and reads with
+``receive_some(65536)``: chunks that arrived together are handed on together
+(coalescing costs no latency: it never waits for more data).
+
+Connections are kept alive and reused (LIFO, so a few hot ones stay warm); an
+idle one is dropped after ``idle_expiry`` seconds (below uvicorn's 5 s
+keep-alive) or when a peek shows the server closed it. A request that fails on a
+*reused* connection before a single response byte arrived is retried once on a
+fresh one: that is the keep-alive race (the server closed just as we sent), not
+an engine failure.
+
+Closing is synchronous (``Response.close``): a response read to its end returns
+its connection to the pool, anything else closes the socket, which is how
+SGLang learns that the client went away and aborts the generation. Being
+synchronous it cannot be interrupted by a cancellation (httpx #3782, httpcore
+#658 were leaks of exactly that kind).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from urllib.parse import urlsplit
+
+import trio
+
+RECV_SIZE = 65536
+MAX_HEAD = 64 * 1024  # status line + headers
+MAX_CHUNK_LINE = 4096
+
+
+class UpstreamError(Exception):
+    """The engine's HTTP exchange failed. ``kind`` is the metrics label."""
+
+    kind = "broken"
+
+
+class ConnectFailed(UpstreamError):
+    kind = "connect"
+
+
+class UpstreamTimeout(UpstreamError):
+    kind = "timeout"
+
+
+class _Retry(Exception):
+    """A reused connection died before answering: try a fresh one."""
+
+
+# Body framing
+_CHUNKED = 1
+_LENGTH = 2
+_EOF = 3  # no length, no chunking: the body ends when the server closes
+
+# Chunked decoder states
+_SIZE = 0
+_DATA = 1
+_CRLF = 2
+_TRAILER = 3
+
+
+class _Conn:
+    __slots__ = ("buf", "idle_since", "key", "reused", "stream")
+
+    def __init__(self, key: tuple[str, int], stream: trio.SocketStream) -> None:
+        self.key = key
+        self.stream = stream
+        self.buf = bytearray()
+        self.idle_since = 0.0
+        self.reused = False
+
+    def close(self) -> None:
+        # trio's socket close notifies any waiter first (notify_closing): safe, sync.
+        self.stream.socket.close()
+
+    def looks_alive(self) -> bool:
+        """An idle connection must have nothing to read: data or EOF means it is done."""
+        sock = self.stream.socket
+        try:
+            data = sock._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # type: ignore[attr-defined]
+        except BlockingIOError:
+            return True
+        except (OSError, AttributeError):
+            return False
+        del data  # EOF (b"") or bytes nobody asked for: either way, not reusable
+        return False
+
+
+class Response:
+    """The engine's answer: status and headers read, body read on demand."""
+
+    __slots__ = (
+        "_conn",
+        "_keep",
+        "_pool",
+        "_remaining",
+        "_state",
+        "_timeout",
+        "done",
+        "framing",
+        "headers",
+        "status",
+    )
+
+    def __init__(
+        self,
+        pool: Pool,
+        conn: _Conn,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        framing: int,
+        length: int,
+        keep: bool,
+        timeout: float | None,
+    ) -> None:
+        self._pool = pool
+        self._conn: _Conn | None = conn
+        self.status = status
+        self.headers = headers  # names lower-cased, values as sent
+        self.framing = framing
+        self._remaining = length
+        self._state = _SIZE
+        self._keep = keep
+        self._timeout = timeout
+        self.done = framing == _LENGTH and length == 0
+
+    @property
+    def closed(self) -> bool:
+        return self._conn is None
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    # ------------------------------------------------------------ reading
+
+    async def _fill(self, conn: _Conn) -> bool:
+        """Read more bytes into the buffer; False on EOF."""
+        try:
+            if self._timeout is None:
+                data = await conn.stream.receive_some(RECV_SIZE)
+            else:
+                with trio.move_on_after(self._timeout) as scope:
+                    data = await conn.stream.receive_some(RECV_SIZE)
+                if scope.cancelled_caught:
+                    raise UpstreamTimeout(f"no data from the engine for {self._timeout:g}s")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise UpstreamError(f"connection to the engine broke: {exc}") from None
+        if not data:
+            return False
+        conn.buf += data
+        return True
+
+    async def receive(self) -> bytes:
+        """The next body bytes available (everything buffered, decoded); b"" at the end.
+
+        Returns as soon as there is anything to return: it never waits to fill.
+        After a call, ``done`` tells whether the body is complete.
+        """
+        while not self.done:
+            conn = self._conn
+            if conn is None:
+                raise UpstreamError("response already closed")
+            if conn.buf:
+                out = self._decode(conn.buf)
+                if out or self.done:
+                    return out
+            if not await self._fill(conn):
+                if self.framing == _EOF:
+                    self.done = True
+                    self._keep = False
+                    return b""
+                raise UpstreamError(
+                    "the engine closed the connection before the response was complete"
+                )
+        return b""
+
+    async def read(self) -> bytes:
+        """The whole body (for non-streaming answers)."""
+        parts = []
+        while not self.done:
+            data = await self.receive()
+            if data:
+                parts.append(data)
+        return b"".join(parts)
+
+    def _decode(self, buf: bytearray) -> bytes:
+        """Consume what ``buf`` holds; return the body bytes in it."""
+        if self.framing != _CHUNKED:
+            if self.framing == _EOF:
+                out = bytes(buf)
+                buf.clear()
+                return out
+            n = min(self._remaining, len(buf))
+            out = bytes(buf[:n])
+            del buf[:n]
+            self._remaining -= n
+            if not self._remaining:
+                self.done = True
+                if buf:  # the server sent more than it announced: do not reuse
+                    self._keep = False
+            return out
+        parts: list[bytes | bytearray] = []
+        pos = 0
+        end = len(buf)
+        state = self._state
+        while pos < end:
+            if state == _DATA:
+                n = min(self._remaining, end - pos)
+                parts.append(buf[pos : pos + n])
+                pos += n
+                self._remaining -= n
+                if self._remaining:
+                    break
+                state = _CRLF
+            elif state == _CRLF:
+                if end - pos < 2:
+                    break
+                if buf[pos] != 13 or buf[pos + 1] != 10:
+                    raise UpstreamError("bad chunked encoding from the engine (no CRLF)")
+                pos += 2
+                state = _SIZE
+            elif state == _SIZE:
+                i = buf.find(b"\r\n", pos)
+                if i < 0:
+                    if end - pos > MAX_CHUNK_LINE:
+                        raise UpstreamError("bad chunked encoding from the engine (size line)")
+                    break
+                line = bytes(buf[pos:i]).split(b";", 1)[0].strip()
+                try:
+                    size = int(line, 16)
+                except ValueError:
+                    size = -1
+                if size < 0 or not line or len(line) > 16:
+                    raise UpstreamError(f"bad chunk size from the engine: {line[:20]!r}")
+                pos = i + 2
+                if size:
+                    self._remaining = size
+                    state = _DATA
+                else:
+                    state = _TRAILER
+            else:  # trailers until an empty line
+                i = buf.find(b"\r\n", pos)
+                if i < 0:
+                    if end - pos > MAX_HEAD:
+                        raise UpstreamError("trailers from the engine are too large")
+                    break
+                if i == pos:
+                    pos += 2
+                    self.done = True
+                    break
+                pos = i + 2
+        self._state = state
+        if pos == end:
+            buf.clear()
+        else:
+            del buf[:pos]
+            if self.done:
+                self._keep = False  # bytes after the end: not ours to guess
+        if not parts:
+            return b""
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+
+    # ------------------------------------------------------------ end
+
+    def close(self) -> None:
+        """Give the connection back (body complete) or close it (anything else). Sync."""
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        self._pool._release(conn, reuse=self.done and self._keep)
+
+
+class Pool:
+    """Keep-alive connections per (host, port)."""
+
+    def __init__(
+        self,
+        *,
+        read_timeout: float | None,
+        connect_timeout: float = 5.0,
+        write_timeout: float = 60.0,
+        idle_expiry: float = 4.0,
+        max_idle_per_host: int = 1024,
+    ) -> None:
+        self.read_timeout = read_timeout or None
+        self.connect_timeout = connect_timeout
+        self.write_timeout = write_timeout
+        self.idle_expiry = idle_expiry
+        self.max_idle_per_host = max_idle_per_host
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._hosts: dict[str, tuple[tuple[str, int], bytes]] = {}
+        self.active = 0
+        self.closed = False
+
+    def counts(self) -> tuple[int, int]:
+        """(active, idle) connections."""
+        return self.active, sum(len(v) for v in self._idle.values())
+
+    def _target(self, base_url: str) -> tuple[tuple[str, int], bytes]:
+        hit = self._hosts.get(base_url)
+        if hit is None:
+            url = urlsplit(base_url)
+            if url.scheme != "http" or not url.hostname:
+                raise ConnectFailed(f"unsupported engine URL {base_url!r}")
+            port = url.port or 80
+            host = url.hostname
+            netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            hit = ((host, port), netloc.encode("ascii"))
+            if len(self._hosts) > 256:
+                self._hosts.clear()
+            self._hosts[base_url] = hit
+        return hit
+
+    def _checkout(self, key: tuple[str, int]) -> _Conn | None:
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        limit = time.monotonic() - self.idle_expiry
+        while idle:
+            conn = idle.pop()
+            if conn.idle_since >= limit and conn.looks_alive():
+                conn.reused = True
+                return conn
+            conn.close()
+        return None
+
+    def _release(self, conn: _Conn, *, reuse: bool) -> None:
+        self.active -= 1
+        if reuse and not self.closed and not conn.buf:
+            idle = self._idle.setdefault(conn.key, [])
+            if len(idle) < self.max_idle_per_host:
+                conn.idle_since = time.monotonic()
+                idle.append(conn)
+                return
+        conn.close()
+
+    async def _connect(self, key: tuple[str, int]) -> _Conn:
+        try:
+            with trio.fail_after(self.connect_timeout):
+                stream = await trio.open_tcp_stream(*key)
+        except trio.TooSlowError:
+            raise ConnectFailed(f"connect to {key[0]}:{key[1]} timed out") from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
+        return _Conn(key, stream)
+
+    async def request(
+        self,
+        base_url: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        *,
+        method: bytes = b"POST",
+    ) -> Response:
+        """Send the request; return once the response's status and headers are in.
+
+        The caller must ``close()`` the response (in a ``finally``).
+        """
+        if self.closed:
+            raise ConnectFailed("upstream pool is closed")
+        key, netloc = self._target(base_url)
+        lines = [method, b" ", target, b" HTTP/1.1\r\nhost: ", netloc]
+        lines.append(b"\r\ncontent-length: ")
+        lines.append(str(len(body)).encode())
+        lines.append(b"\r\naccept-encoding: identity")
+        for name, value in headers:
+            lines += (b"\r\n", name, b": ", value)
+        lines.append(b"\r\n\r\n")
+        head = b"".join(lines)
+        # A small body travels in the same segment as the head.
+        payload = head + body if len(body) < 65536 else None
+        conn = self._checkout(key)
+        if conn is not None:
+            self.active += 1
+            try:
+                return await self._exchange(conn, head, body, payload)
+            except _Retry:
+                pass
+        conn = await self._connect(key)
+        self.active += 1
+        try:
+            return await self._exchange(conn, head, body, payload)
+        except _Retry:
+            raise UpstreamError("the engine closed the connection without answering") from None
+
+    async def _exchange(
+        self, conn: _Conn, head: bytes, body: bytes, payload: bytes | None
+    ) -> Response:
+        ok = False
+        try:
+            try:
+                with trio.fail_after(self.write_timeout):
+                    if payload is not None:
+                        await conn.stream.send_all(payload)
+                    else:
+                        await conn.stream.send_all(head)
+                        await conn.stream.send_all(body)
+            except trio.TooSlowError:
+                raise UpstreamTimeout("sending the request to the engine timed out") from None
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                if conn.reused:
+                    raise _Retry from None
+                raise UpstreamError(f"sending to the engine failed: {exc}") from None
+            response = await self._read_head(conn)
+            ok = True
+            return response
+        finally:
+            if not ok:
+                self._release(conn, reuse=False)
+
+    async def _read_head(self, conn: _Conn) -> Response:
+        timeout = self.read_timeout
+        buf = conn.buf
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                head = bytes(buf[:end])
+                del buf[: end + 4]
+                status, headers = _parse_head(head)
+                if 100 <= status < 200:
+                    continue  # 100 Continue and friends: the real answer follows
+                break
+            if len(buf) > MAX_HEAD:
+                raise UpstreamError("response head from the engine is too large")
+            try:
+                if timeout is None:
+                    data = await conn.stream.receive_some(RECV_SIZE)
+                else:
+                    with trio.move_on_after(timeout) as scope:
+                        data = await conn.stream.receive_some(RECV_SIZE)
+                    if scope.cancelled_caught:
+                        raise UpstreamTimeout(f"no answer from the engine for {timeout:g}s")
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                if conn.reused and not buf and _is_reset(exc):
+                    raise _Retry from None
+                raise UpstreamError(f"connection to the engine broke: {exc}") from None
+            if not data:
+                if conn.reused and not buf:
+                    raise _Retry
+                raise UpstreamError("the engine closed the connection without answering")
+            buf += data
+        framing = _EOF
+        length = 0
+        keep = True
+        for name, value in headers:
+            if name == b"transfer-encoding":
+                if value.strip().lower().endswith(b"chunked"):
+                    framing = _CHUNKED
+            elif name == b"content-length" and framing != _CHUNKED:
+                try:
+                    length = int(value)
+                except ValueError:
+                    raise UpstreamError(f"bad content-length from the engine: {value!r}") from None
+                framing = _LENGTH
+            elif name == b"connection" and b"close" in value.lower():
+                keep = False
+        if status in (204, 304):
+            framing, length = _LENGTH, 0
+        if framing == _EOF:
+            keep = False
+        return Response(self, conn, status, headers, framing, length, keep, timeout)
+
+    def aclose_sync(self) -> None:
+        self.closed = True
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+
+    async def aclose(self) -> None:
+        self.aclose_sync()
+        await trio.lowlevel.checkpoint()
+
+
+def _is_reset(exc: BaseException) -> bool:
+    cause = exc.__cause__ or exc.__context__ or exc
+    return isinstance(cause, OSError) and cause.errno in (errno.ECONNRESET, errno.EPIPE)
+
+
+def _parse_head(head: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+        raise UpstreamError(f"bad status line from the engine: {lines[0][:80]!r}")
+    try:
+        status = int(parts[1])
+    except ValueError:
+        raise UpstreamError(f"bad status line from the engine: {lines[0][:80]!r}") from None
+    headers: list[tuple[bytes, bytes]] = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise UpstreamError(f"bad header line from the engine: {line[:80]!r}")
+        headers.append((name.lower(), value.strip()))
+    if parts[0] == b"HTTP/1.0":
+        headers.append((b"connection", b"close"))
+    return status, headers
