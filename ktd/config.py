@@ -282,7 +282,7 @@ def _check_nonneg(value: float | int | None, file: str, path: str) -> None:
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
-    """Read, validate and resolve a config. Raises ConfigError, never anything else for bad input."""
+    """Read, validate and resolve a config; bad input raises ConfigError and nothing else."""
     cfg_path = Path(path)
     cfg_name = str(cfg_path)
     try:
@@ -340,7 +340,9 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
     _check_nonneg(f.max_body_bytes, name, "$.frontend.max_body_bytes")
     _check_nonneg(f.load_timeout, name, "$.frontend.load_timeout")
     if not f.bind.startswith("unix:") and ":" not in f.bind:
-        raise ConfigError(name, "$.frontend.bind", f"expected HOST:PORT or unix:PATH, got {f.bind!r}")
+        raise ConfigError(
+            name, "$.frontend.bind", f"expected HOST:PORT or unix:PATH, got {f.bind!r}"
+        )
     for i, key in enumerate(f.api_keys):
         if not key:
             raise ConfigError(name, f"$.frontend.api_keys[{i}]", "must not be empty")
@@ -416,7 +418,9 @@ def resolve_models(
             served=is_kt and kt.enabled,
             not_served_reason=reason,
             source=f"{models_name}: {at}",
-            kt_weight_path=ov.kt_weight_path if ov.kt_weight_path is not None else kt.kt_weight_path,
+            kt_weight_path=ov.kt_weight_path
+            if ov.kt_weight_path is not None
+            else kt.kt_weight_path,
             host=kt.host,
             port=ov.port or 0,
             ctx=ov.ctx if ov.ctx is not None else kt.ctx,

@@ -120,7 +120,8 @@ class Daemon:
         except ConfigError as exc:
             log.error("reload refused: %s", exc)
             raise OpError(
-                ErrorCode.CONFIG_ERROR, f"{exc} (the running config is kept)",
+                ErrorCode.CONFIG_ERROR,
+                f"{exc} (the running config is kept)",
                 {"file": exc.file, "path": exc.path},
             ) from None
         summary = self.pool.apply_config(new)
@@ -143,7 +144,9 @@ class Daemon:
     async def run(self, control: zmq.Socket[bytes], events: zmq.Socket[bytes]) -> None:
         async with trio.open_nursery() as nursery:
             pool = Pool(
-                self.config, log_dir=self.setup.log_dir, publish=self._publish,
+                self.config,
+                log_dir=self.setup.log_dir,
+                publish=self._publish,
                 state_path=self.setup.state_dir / "engines.json",
             )
             self.pool = pool
@@ -153,8 +156,12 @@ class Daemon:
             if killed:
                 log.warning("killed %d stray engine process(es): %s", len(killed), killed)
             server = ControlServer(
-                pool, control, events,
-                reload=self.reload, doctor=self.doctor, dry_run=self.dry_run,
+                pool,
+                control,
+                events,
+                reload=self.reload,
+                doctor=self.doctor,
+                dry_run=self.dry_run,
                 shutdown=self.request_stop,
             )
             self.server = server
@@ -194,7 +201,9 @@ class Daemon:
         if self.server is not None:
             self.server.publish(topic, event)
 
-    async def _signals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _signals(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
             task_status.started()
             async for sig in sigs:

@@ -44,21 +44,33 @@ def probe_python(spec: ModelSpec, *, timeout: float = 120.0) -> dict[str, Any]:
     env = build_env(spec, os.environ)
     try:
         r = subprocess.run(
-            [spec.python, "-c", PROBE_CODE], env=env, capture_output=True, text=True,
-            timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+            [spec.python, "-c", PROBE_CODE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"python": spec.python, "error": str(exc)}
     res = parse_probe_output(spec.python, r.returncode, r.stdout + r.stderr)
     out: dict[str, Any] = {
-        "python": spec.python, "sglang": res.sglang, "kt_kernel": res.kt_kernel,
-        "kt_variant": res.kt_variant, "error": res.error,
+        "python": spec.python,
+        "sglang": res.sglang,
+        "kt_kernel": res.kt_kernel,
+        "kt_variant": res.kt_variant,
+        "error": res.error,
     }
     if res.sglang:
         try:
             h = subprocess.run(
-                [spec.python, "-m", "sglang.launch_server", "--help"], env=env,
-                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                [spec.python, "-m", "sglang.launch_server", "--help"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
                 check=False,
             )
             out["kt_flags"] = "--kt-weight-path" in h.stdout
@@ -77,13 +89,10 @@ def build_report(
     def port_free(host: str, port: int) -> bool:
         return proctree.port_free(host, port)
 
-    checks = doctor.collect(
-        topo, served, probe, port_free=port_free, running=running.keys()
-    )
+    checks = doctor.collect(topo, served, probe, port_free=port_free, running=running.keys())
     return doctor.report(
         checks,
-        {"where": where, "config": config.path, "topology": topo.to_dict(),
-         "probe": probe or {}},
+        {"where": where, "config": config.path, "topology": topo.to_dict(), "probe": probe or {}},
     )
 
 

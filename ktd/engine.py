@@ -33,6 +33,7 @@ from ktd.probe import Prober, missing_message
 from ktd.protocol import EngineInfo
 
 READY_LINE = "The server is fired up and ready to roll"
+KTD_ROOT = str(Path(__file__).resolve().parent.parent)
 PORT_TAKEN_MARKERS = ("address already in use", "errno 98")
 
 
@@ -371,7 +372,9 @@ class Engine:
     # ------------------------------------------------------------ one run
 
     async def _run_once(self, *, restart: bool) -> Outcome:
-        self._set(S.STARTING, reason=self.reason if restart else None, phase="probing engine Python")
+        self._set(
+            S.STARTING, reason=self.reason if restart else None, phase="probing engine Python"
+        )
         env = build_env(self.spec, self.host.base_env)
         probe = await self.host.prober.probe(self.spec.python, env)
         if self.spec.auto_build and probe.ok_python and probe.sglang is None:
@@ -439,9 +442,8 @@ class Engine:
             cmd = [*pin, "--", *argv]
             env = dict(env)
             # ktd.pin must import from where ktd lives, whatever the engine's PYTHONPATH.
-            ktd_root = str(Path(__file__).resolve().parent.parent)
             env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (env.get("PYTHONPATH", ""), ktd_root) if p
+                p for p in (env.get("PYTHONPATH", ""), KTD_ROOT) if p
             )
         fd = self.log.open_for_engine()
         self.log.start_following(from_end=True)
@@ -461,8 +463,12 @@ class Engine:
                 os.close(fd)
         info = proctree.read_stat(proc.pid)
         run = Running(
-            pid=proc.pid, start=info.start if info else 0, engine_id=eid, port=port,
-            argv=argv, proc=proc,
+            pid=proc.pid,
+            start=info.start if info else 0,
+            engine_id=eid,
+            port=port,
+            argv=argv,
+            proc=proc,
         )
         self.host.state_changed(self)
         return run
@@ -475,9 +481,12 @@ class Engine:
         self.log.note(f"auto_build: {subprocess.list2cmdline(cmd)}")
         try:
             proc = await trio.lowlevel.open_process(
-                cmd, env=env, stdin=subprocess.DEVNULL,
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
                 stdout=fd if fd is not None else subprocess.DEVNULL,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         finally:
             if fd is not None:
@@ -624,8 +633,7 @@ class Engine:
                 self.last_used = self.last_used or time.time()
             if self.state == S.STARTING and trio.current_time() >= deadline:
                 reason = (
-                    f"not healthy within {self.spec.health_timeout:g}s "
-                    "(health_timeout); killed"
+                    f"not healthy within {self.spec.health_timeout:g}s (health_timeout); killed"
                 )
                 await self._kill_everything(run, grace=self.host.settings.stop_grace)
                 return Outcome("failed", reason)
@@ -641,9 +649,14 @@ class Engine:
 
     def _exit_outcome(self, run: Running) -> Outcome:
         code = run.returncode
-        how = "exited" if code is None else (
-            f"exited with code {code}" if code >= 0
-            else f"was killed by {proctree.signal_name(-code)}"
+        how = (
+            "exited"
+            if code is None
+            else (
+                f"exited with code {code}"
+                if code >= 0
+                else f"was killed by {proctree.signal_name(-code)}"
+            )
         )
         self.log.poll()
         if self.state == S.READY:
@@ -685,7 +698,11 @@ class Engine:
         for info in procs.values():
             if info.pid == me:
                 continue
-            if info.pgid == run.pid or info.sid == run.pid or proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id):
+            if (
+                info.pgid == run.pid
+                or info.sid == run.pid
+                or proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id)
+            ):
                 found.add((info.pid, info.start))
         return found
 

@@ -127,7 +127,9 @@ class EngineLog:
         if self.error is None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+                fd = os.open(
+                    self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640
+                )
                 try:
                     os.write(fd, text.encode() + b"\n")
                 finally:

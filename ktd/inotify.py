@@ -18,6 +18,7 @@ IN_ATTRIB = 0x00000004
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 
+
 def _load_libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)

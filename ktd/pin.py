@@ -1,4 +1,4 @@
-"""Exec wrapper that pins an engine before it starts: ``python -m ktd.pin --cpus 0-7 --mems 0 -- ARGV``.
+"""Exec wrapper that pins an engine: ``python -m ktd.pin --cpus 0-7 --mems 0 -- ARGV``.
 
 Affinity and the memory policy must be set in the child before exec, so that
 SGLang's scheduler and every thread it starts inherit them. ``preexec_fn`` is

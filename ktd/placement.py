@@ -19,7 +19,6 @@ Ground rules, from how kt-kernel behaves (see NOTES.md "kt-kernel"):
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -243,8 +242,15 @@ def plan(
     """
     if numa == "none":
         return _unpinned(
-            alias, gpus, extra_args, topo, holdings, tp_size=tp_size,
-            reserved_cpus=reserved_cpus, cpu_reserve=cpu_reserve, allow_evict=allow_evict,
+            alias,
+            gpus,
+            extra_args,
+            topo,
+            holdings,
+            tp_size=tp_size,
+            reserved_cpus=reserved_cpus,
+            cpu_reserve=cpu_reserve,
+            allow_evict=allow_evict,
         )
     notes: list[str] = []
     try:

@@ -150,7 +150,8 @@ class Pool:
                 plan = self.make_plan(engine.spec, exclude=engine)
                 if not plan.ok:
                     leaving = [
-                        self.engines[a] for a in plan.blocked_by
+                        self.engines[a]
+                        for a in plan.blocked_by
                         if a in self.engines and not self.engines[a].want_up
                     ]
                     if leaving:  # already being evicted: wait for them rather than fail
@@ -210,13 +211,18 @@ class Pool:
             plan = e.plan
             records.append(
                 statefile.EngineRecord(
-                    alias=e.alias, pid=run.pid, start=run.start, engine_id=run.engine_id,
-                    port=run.port, argv=run.argv,
+                    alias=e.alias,
+                    pid=run.pid,
+                    start=run.start,
+                    engine_id=run.engine_id,
+                    port=run.port,
+                    argv=run.argv,
                     numa_nodes=list(plan.numa_nodes) if plan else [],
                     cpus=list(plan.cpus) if plan else [],
                     gpus=list(plan.gpus) if plan else [],
                     env=dict(plan.env) if plan else {},
-                    since=e.since, state=e.state,
+                    since=e.since,
+                    state=e.state,
                 )
             )
         return statefile.StateFile(daemon_pid=os.getpid(), engines=records)
@@ -227,8 +233,15 @@ class Pool:
         try:
             statefile.write(self.state_path, self.snapshot())
         except OSError as exc:
-            self.publish("daemon", Event(topic="daemon", time=time.time(), alias="",
-                                         reason=f"cannot write state file: {exc}"))
+            self.publish(
+                "daemon",
+                Event(
+                    topic="daemon",
+                    time=time.time(),
+                    alias="",
+                    reason=f"cannot write state file: {exc}",
+                ),
+            )
 
     async def _state_saver(self) -> None:
         """Coalesces bursts of state changes into one atomic write."""
@@ -255,12 +268,18 @@ class Pool:
                 except OSError:
                     pidfd = None
                 engine.adopt = Running(
-                    pid=rec.pid, start=rec.start, engine_id=rec.engine_id, port=rec.port,
-                    argv=rec.argv, pidfd=pidfd,
+                    pid=rec.pid,
+                    start=rec.start,
+                    engine_id=rec.engine_id,
+                    port=rec.port,
+                    argv=rec.argv,
+                    pidfd=pidfd,
                 )
                 engine.plan = FixedPlacement(  # type: ignore[assignment]
-                    numa_nodes=tuple(rec.numa_nodes), cpus=tuple(rec.cpus),
-                    gpus=tuple(rec.gpus), env=dict(rec.env),
+                    numa_nodes=tuple(rec.numa_nodes),
+                    cpus=tuple(rec.cpus),
+                    gpus=tuple(rec.gpus),
+                    env=dict(rec.env),
                 )
                 keep.add(rec.engine_id)
                 adopted.append(rec.alias)
@@ -313,7 +332,9 @@ class Pool:
         if self.shutting_down:
             raise OpError(ErrorCode.SHUTTING_DOWN, "ktd is shutting down")
 
-    async def load(self, alias: str, *, wait: bool = True, timeout: float | None = None) -> EngineInfo:
+    async def load(
+        self, alias: str, *, wait: bool = True, timeout: float | None = None
+    ) -> EngineInfo:
         engine = self.engine(alias)
         self._check_open()
         if engine.state in (S.DRAINING, S.STOPPING):
@@ -397,6 +418,9 @@ class Pool:
                     {"reason": engine.reason, "log_tail": engine.log.last(20)},
                 )
             await self.load(model, wait=True, timeout=timeout)
+            # Seen again now: during a long load the sweeper may have dropped the client,
+            # and a lease of a client it no longer tracks would never expire.
+            self.heartbeat(client)
         lease = Lease(id=secrets.token_hex(8), client=client)
         engine.add_lease(lease)
         self.leases[lease.id] = engine
@@ -505,8 +529,11 @@ class Pool:
         parts = [
             f"{name}: {', '.join(items)}"
             for name, items in (
-                ("added", added), ("removed", removed), ("restarting", restarted),
-                ("stale until idle", stale), ("updated in place", updated),
+                ("added", added),
+                ("removed", removed),
+                ("restarting", restarted),
+                ("stale until idle", stale),
+                ("updated in place", updated),
             )
             if items
         ]
@@ -553,8 +580,13 @@ class FixedPlacement:
         return []
 
     def to_dict(self) -> dict[str, Any]:
-        return {"numa_nodes": list(self.numa_nodes), "cpus": list(self.cpus),
-                "gpus": list(self.gpus), "env": self.env, "adopted": True}
+        return {
+            "numa_nodes": list(self.numa_nodes),
+            "cpus": list(self.cpus),
+            "gpus": list(self.gpus),
+            "env": self.env,
+            "adopted": True,
+        }
 
 
 def kill_strays(prefix: str, keep: set[str]) -> list[int]:
@@ -577,7 +609,17 @@ def kill_strays(prefix: str, keep: set[str]) -> list[int]:
 def launch_key(spec: ModelSpec) -> tuple[Any, ...]:
     """The fields that shape the engine's argv, env and placement; the rest apply live."""
     return (
-        spec.path, spec.kt_weight_path, spec.host, spec.port, spec.ctx, spec.extra_args,
-        spec.extra_env, spec.python, spec.tp_size, spec.nnodes, spec.dist_init_addr,
-        spec.numa, spec.gpus,
+        spec.path,
+        spec.kt_weight_path,
+        spec.host,
+        spec.port,
+        spec.ctx,
+        spec.extra_args,
+        spec.extra_env,
+        spec.python,
+        spec.tp_size,
+        spec.nnodes,
+        spec.dist_init_addr,
+        spec.numa,
+        spec.gpus,
     )

@@ -101,9 +101,7 @@ def ktd_env(tmp_path: Path, runtime_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["KTD_RUNTIME_DIR"] = str(runtime_dir / "run")
     env["KTD_STATE_DIR"] = str(tmp_path / "state")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), env.get("PYTHONPATH", "")) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.pop("KTD_SOCKET", None)
     return env
 
@@ -233,7 +231,9 @@ class DaemonProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise AssertionError(f"ktd ignored {sig} for {timeout}s:\n{self.output()}") from None
+                raise AssertionError(
+                    f"ktd ignored {sig} for {timeout}s:\n{self.output()}"
+                ) from None
         return self.proc.returncode
 
 

@@ -63,9 +63,16 @@ def test_empty_section_gets_the_seed_defaults(tmp_path: Path) -> None:
 def test_models_inherit_section_defaults_and_override(tmp_path: Path) -> None:
     models = [
         {"path": "/m/a", "backend": "kt", "alias": "a-kt"},
-        {"path": "/m/b", "backend": "kt", "alias": "b-kt",
-         "kt": {"ctx": 8192, "extra_args": "--kt-cpuinfer 12 --kt-method 'AMXINT4'",
-                "extra_env": "FOO=1 BAR='two words'"}},
+        {
+            "path": "/m/b",
+            "backend": "kt",
+            "alias": "b-kt",
+            "kt": {
+                "ctx": 8192,
+                "extra_args": "--kt-cpuinfer 12 --kt-method 'AMXINT4'",
+                "extra_env": "FOO=1 BAR='two words'",
+            },
+        },
         {"path": "/m/c", "backend": "ds4", "alias": "c"},
     ]
     cfg = load_config(write(tmp_path, SEED, models))
@@ -80,8 +87,13 @@ def test_models_inherit_section_defaults_and_override(tmp_path: Path) -> None:
 
 
 def test_routing_is_exact(tmp_path: Path) -> None:
-    cfg = load_config(write(tmp_path, {"ktransformers": {}},
-                            [{"path": "/m", "backend": "kt", "alias": "deepseek-v4-kt"}]))
+    cfg = load_config(
+        write(
+            tmp_path,
+            {"ktransformers": {}},
+            [{"path": "/m", "backend": "kt", "alias": "deepseek-v4-kt"}],
+        )
+    )
     assert cfg.route("deepseek-v4-kt") is not None
     for near in ("deepseek-v4", "deepseek-v4-kt ", "DeepSeek-V4-kt", "deepseek", "v4-kt", ""):
         assert cfg.route(near) is None
@@ -108,13 +120,17 @@ def test_model_id_routes_the_section_engine(tmp_path: Path) -> None:
         ({}, [{"path": "/m", "backend": "kt", "alias": "qwen:lora"}], "$[0].alias"),
         ({}, [{"path": "/m", "backend": "kt", "alias": "a", "kt": {"nope": 1}}], "$[0].kt"),
         ({}, [{"path": "/m", "backend": "kt", "alias": "a", "numa": "some"}], "$[0].numa"),
-        ({}, [{"path": "/m", "backend": "kt", "alias": "a"},
-              {"path": "/n", "backend": "kt", "alias": "a"}], "$[1].alias"),
+        (
+            {},
+            [
+                {"path": "/m", "backend": "kt", "alias": "a"},
+                {"path": "/n", "backend": "kt", "alias": "a"},
+            ],
+            "$[1].alias",
+        ),
     ],
 )
-def test_errors_name_file_and_field(
-    tmp_path: Path, cfg: Any, models: Any, where: str
-) -> None:
+def test_errors_name_file_and_field(tmp_path: Path, cfg: Any, models: Any, where: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, cfg, models))
     err = info.value
@@ -138,8 +154,13 @@ def test_missing_files(tmp_path: Path) -> None:
 
 
 def test_enabled_false_lists_but_serves_nothing(tmp_path: Path) -> None:
-    cfg = load_config(write(tmp_path, {"ktransformers": {"enabled": False, "model_path": "/m"}},
-                            [{"path": "/m", "backend": "kt", "alias": "a"}]))
+    cfg = load_config(
+        write(
+            tmp_path,
+            {"ktransformers": {"enabled": False, "model_path": "/m"}},
+            [{"path": "/m", "backend": "kt", "alias": "a"}],
+        )
+    )
     assert cfg.served() == [] and set(cfg.models) == {"ktransformers", "a"}
 
 

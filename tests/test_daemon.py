@@ -33,7 +33,6 @@ def engine_procs() -> list[tuple[int, list[str]]]:
     return [(pid, cmd) for pid, cmd in marked_processes() if proctree.environ_has(pid, ENGINE_MARK)]
 
 
-
 def port_in_use(port: int) -> bool:
     return not proctree.port_free("127.0.0.1", port)
 
@@ -43,9 +42,16 @@ def test_load_status_evict_end_to_end(
 ) -> None:
     record = tmp_path / "argv.json"
     cfg = write_config(
-        [sim_model("deepseek-v4-kt",
-                   kt={"ctx": 8192, "extra_args": ["--kt-method", "AMXINT4"],
-                       "extra_env": f"KT_EXTRA=1 KTD_SIM_LOAD_TIME=0.2 KTD_SIM_RECORD='{record}'"})],
+        [
+            sim_model(
+                "deepseek-v4-kt",
+                kt={
+                    "ctx": 8192,
+                    "extra_args": ["--kt-method", "AMXINT4"],
+                    "extra_env": f"KT_EXTRA=1 KTD_SIM_LOAD_TIME=0.2 KTD_SIM_RECORD='{record}'",
+                },
+            )
+        ],
         ktransformers={"extra_env": {"PYTHONPATH": f"{SHIM}{os.pathsep}{REPO}"}},
     )
     d = daemon_factory(cfg)
@@ -55,8 +61,18 @@ def test_load_status_evict_end_to_end(
     assert r.returncode == 0, r.stderr
     engines = json.loads(r.stdout)["engines"]
     [e] = engines
-    for key in ("alias", "state", "pid", "port", "argv", "numa_nodes", "gpus", "since",
-                "reason", "leases"):
+    for key in (
+        "alias",
+        "state",
+        "pid",
+        "port",
+        "argv",
+        "numa_nodes",
+        "gpus",
+        "since",
+        "reason",
+        "leases",
+    ):
         assert key in e
     assert e["state"] == "ready" and e["leases"] == 0
     pid, port = e["pid"], e["port"]
@@ -66,9 +82,18 @@ def test_load_status_evict_end_to_end(
     assert e["argv"][:3] == [sys.executable, "-m", "sglang.launch_server"]
     assert args == e["argv"][3:]
     assert args[:12] == [
-        "--host", "127.0.0.1", "--port", str(port), "--model", "/models/deepseek-v4-kt",
-        "--kt-weight-path", "/models/deepseek-v4-kt-kt", "--served-model-name",
-        "deepseek-v4-kt", "--context-length", "8192",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        "/models/deepseek-v4-kt",
+        "--kt-weight-path",
+        "/models/deepseek-v4-kt-kt",
+        "--served-model-name",
+        "deepseek-v4-kt",
+        "--context-length",
+        "8192",
     ]
     assert args[-2:] == ["--kt-method", "AMXINT4"]
     assert rec["env"].get("KT_EXTRA") == "1"
@@ -86,9 +111,7 @@ def test_load_status_evict_end_to_end(
 
 
 def test_exit_codes(write_config: ConfigWriter, daemon_factory: Any, runtime_dir: Path) -> None:
-    cfg = write_config(
-        [sim_model("a-kt"), {"path": "/m", "backend": "ds4", "alias": "other"}]
-    )
+    cfg = write_config([sim_model("a-kt"), {"path": "/m", "backend": "ds4", "alias": "other"}])
     d = daemon_factory(cfg)
     assert d.ktctl("ping").returncode == 0
     r = d.ktctl("load", "deepseek-v4")
@@ -149,8 +172,15 @@ def test_exit_before_ready_reported_within_a_second(
         c.load("bad-kt", wait=False)
         info = wait_for(lambda: c.status("bad-kt")[0].pid and c.status("bad-kt")[0], what="spawn")
         pid = info.pid
-        wait_for(lambda: not proctree.alive((pid, proctree.read_stat(pid).start))
-                 if proctree.read_stat(pid) else True, timeout=20, what="crash")
+        wait_for(
+            lambda: (
+                not proctree.alive((pid, proctree.read_stat(pid).start))
+                if proctree.read_stat(pid)
+                else True
+            ),
+            timeout=20,
+            what="crash",
+        )
         died = time.monotonic()
         wait_for(lambda: c.status("bad-kt")[0].state == "failed", timeout=5, what="failed")
         assert time.monotonic() - died < 1.0
@@ -188,9 +218,14 @@ def test_garbage_on_control_socket(write_config: ConfigWriter, daemon_factory: A
     import msgspec
 
     frames = [
-        b"", b"\x00", os.urandom(64), b"\xc1" * 10, msgspec.msgpack.encode({"op": "nope", "id": 7}),
+        b"",
+        b"\x00",
+        os.urandom(64),
+        b"\xc1" * 10,
+        msgspec.msgpack.encode({"op": "nope", "id": 7}),
         msgspec.msgpack.encode({"op": "load", "id": 8, "alias": 3}),
-        msgspec.msgpack.encode([1, 2, 3]), msgspec.msgpack.encode({"op": "ping", "id": "x"}),
+        msgspec.msgpack.encode([1, 2, 3]),
+        msgspec.msgpack.encode({"op": "ping", "id": "x"}),
         b"x" * (2 << 20),
     ]
     for f in frames:
@@ -266,10 +301,12 @@ def test_missing_sglang_and_kt_kernel(
     (only_kt / "kt_kernel" / "__init__.py").write_text("__version__ = '0'\n")
     empty = tmp_path / "empty"
     empty.mkdir()
-    cfg = write_config([
-        sim_model("nosgl-kt", kt={"extra_env": {"PYTHONPATH": str(only_kt)}}),
-        sim_model("nokt-kt", kt={"extra_env": {"PYTHONPATH": str(empty)}}),
-    ])
+    cfg = write_config(
+        [
+            sim_model("nosgl-kt", kt={"extra_env": {"PYTHONPATH": str(only_kt)}}),
+            sim_model("nokt-kt", kt={"extra_env": {"PYTHONPATH": str(empty)}}),
+        ]
+    )
     d = daemon_factory(cfg)
     with d.client(timeout=60) as c:
         from ktctl import KtdError
@@ -298,15 +335,24 @@ def test_auto_build_runs_pip_in_the_engine_python(
     fake.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then\n'
-        f'  echo "Collecting sglang"; cp -r {shim} {only_kt}/sglang; echo "Successfully installed sglang"; exit 0\n'
+        f'  echo "Collecting sglang"; cp -r {shim} {only_kt}/sglang\n'
+        '  echo "Successfully installed sglang"; exit 0\n'
         "fi\n"
         f'exec {sys.executable} "$@"\n'
     )
     fake.chmod(0o755)
     cfg = write_config(
-        [sim_model("ab-kt", kt={"python": str(fake),
-                                 "extra_env": {"PYTHONPATH": f"{only_kt}{os.pathsep}"
-                                               f"{Path(__file__).parent.parent}"}})],
+        [
+            sim_model(
+                "ab-kt",
+                kt={
+                    "python": str(fake),
+                    "extra_env": {
+                        "PYTHONPATH": f"{only_kt}{os.pathsep}{Path(__file__).parent.parent}"
+                    },
+                },
+            )
+        ],
         ktransformers={"auto_build": True},
     )
     d = daemon_factory(cfg)

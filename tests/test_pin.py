@@ -24,20 +24,35 @@ def test_exec_with_affinity_and_children_inherit() -> None:
         ".stdout.strip())"
     )
     r = subprocess.run(
-        [sys.executable, "-m", "ktd.pin", "--cpus", str(cpu), "--mems", "0", "--",
-         sys.executable, "-c", code],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "ktd.pin",
+            "--cpus",
+            str(cpu),
+            "--mems",
+            "0",
+            "--",
+            sys.executable,
+            "-c",
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     lines = r.stdout.strip().splitlines()
     assert lines[-2:] == [f"[{cpu}]", f"[{cpu}]"]
 
 
 def test_bad_usage() -> None:
-    r = subprocess.run([sys.executable, "-m", "ktd.pin", "--cpus", "0"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "ktd.pin", "--cpus", "0"], capture_output=True, text=True
+    )
     assert r.returncode == 2
-    r = subprocess.run([sys.executable, "-m", "ktd.pin", "--", "/nonexistent/bin"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "ktd.pin", "--", "/nonexistent/bin"], capture_output=True, text=True
+    )
     assert r.returncode == 127 and "cannot run" in r.stderr
 
 

@@ -31,10 +31,16 @@ def test_engine_pinned_to_its_node_with_derived_flags(
     record = tmp_path / "rec.json"
     topo = read_topology()
     node0 = topo.node_cpus([0])
-    cfg = write_config([
-        sim_model("pin-kt", record=record, numa=[0],
-                  kt={"extra_args": ["--kt-cpuinfer", "1", "--kt-num-gpu-experts", "0"]}),
-    ])
+    cfg = write_config(
+        [
+            sim_model(
+                "pin-kt",
+                record=record,
+                numa=[0],
+                kt={"extra_args": ["--kt-cpuinfer", "1", "--kt-num-gpu-experts", "0"]},
+            ),
+        ]
+    )
     d = daemon_factory(cfg)
     r = d.ktctl("load", "pin-kt")
     assert r.returncode == 0, r.stderr + d.output()
@@ -78,8 +84,9 @@ def test_dry_run_shows_plan_without_launching(
     r = d.ktctl("load", "b-kt")
     assert r.returncode == 1 and "busy" in r.stderr and "a-kt" in r.stderr
     # a-kt is untouched by the failed load.
-    [a] = [e for e in json.loads(d.ktctl("status", "--json").stdout)["engines"]
-           if e["alias"] == "a-kt"]
+    [a] = [
+        e for e in json.loads(d.ktctl("status", "--json").stdout)["engines"] if e["alias"] == "a-kt"
+    ]
     assert a["state"] == "ready"
     d.ktctl("evict", "--all")
 
@@ -99,9 +106,15 @@ def test_doctor_json_matches_cpuinfo_and_flags_missing_weights(
     assert report["where"] == "daemon"
     checks = {c["name"]: c for c in report["checks"]}
     isa = report["topology"]["isa"]
-    expected = ("amx" if {"amx_tile", "amx_int8", "amx_bf16"} <= flags
-                else "avx512" if {"avx512f", "avx512bw"} <= flags
-                else "avx2" if "avx2" in flags else "none")
+    expected = (
+        "amx"
+        if {"amx_tile", "amx_int8", "amx_bf16"} <= flags
+        else "avx512"
+        if {"avx512f", "avx512bw"} <= flags
+        else "avx2"
+        if "avx2" in flags
+        else "none"
+    )
     assert isa == expected
     weight = checks["w-kt.kt_weight_path"]
     assert weight["status"] in ("warn", "fail") and "kt_weight_path" in weight["detail"]

@@ -45,11 +45,13 @@ def test_evict_to_fit_takes_lru_idle_not_busy_or_pinned(
     write_config: ConfigWriter, daemon_factory: Any
 ) -> None:
     # Three models on this machine's single NUMA node: only one fits at a time.
-    cfg = write_config([
-        sim_model("old-kt", numa=[0]),
-        sim_model("pinned-kt", numa=[0], pinned=True),
-        sim_model("new-kt", numa=[0]),
-    ])
+    cfg = write_config(
+        [
+            sim_model("old-kt", numa=[0]),
+            sim_model("pinned-kt", numa=[0], pinned=True),
+            sim_model("new-kt", numa=[0]),
+        ]
+    )
     d = daemon_factory(cfg)
     with d.client(timeout=60) as c:
         c.load("old-kt")
@@ -91,16 +93,23 @@ def test_reload_restarts_only_the_changed_engine(
         (cfg.parent / "models.json").write_text(json.dumps(models))
         reply = c.reload()
         assert "restarting: change-kt" in reply.message and "added: added-kt" in reply.message
-        wait_for(lambda: c.status("change-kt")[0].state == "ready"
-                 and c.status("change-kt")[0].pid != change.pid, timeout=20, what="restart")
+        wait_for(
+            lambda: (
+                c.status("change-kt")[0].state == "ready"
+                and c.status("change-kt")[0].pid != change.pid
+            ),
+            timeout=20,
+            what="restart",
+        )
         new = c.status("change-kt")[0]
         assert new.argv[new.argv.index("--context-length") + 1] == "8192"
         assert c.status("keep-kt")[0].pid == keep.pid  # untouched
         assert c.status("added-kt")[0].state == "stopped"
 
         # A broken config keeps everything and names the field.
-        (cfg.parent / "models.json").write_text(json.dumps(
-            [*models[:1], {**models[1], "ttl": "soon"}]))
+        (cfg.parent / "models.json").write_text(
+            json.dumps([*models[:1], {**models[1], "ttl": "soon"}])
+        )
         r = d.ktctl("reload")
         assert r.returncode == 1 and "config_error" in r.stderr and "$[1].ttl" in r.stderr
         assert c.status("keep-kt")[0].pid == keep.pid
@@ -129,8 +138,13 @@ def test_reload_with_a_request_in_flight_marks_stale_then_restarts(
         e = c.status("s-kt")[0]
         assert e.stale and e.pid == pid and e.state == "ready"
         c.release(lease.lease)
-        wait_for(lambda: c.status("s-kt")[0].pid not in (None, pid)
-                 and c.status("s-kt")[0].state == "ready", timeout=20, what="restart")
+        wait_for(
+            lambda: (
+                c.status("s-kt")[0].pid not in (None, pid) and c.status("s-kt")[0].state == "ready"
+            ),
+            timeout=20,
+            what="restart",
+        )
         assert not c.status("s-kt")[0].stale
         c.evict(all=True)
 
@@ -139,11 +153,15 @@ def test_events_and_logs_follow(write_config: ConfigWriter, daemon_factory: Any)
     d = daemon_factory(write_config([sim_model("e-kt")]))
     ev = subprocess.Popen(
         [sys.executable, "-m", "ktctl", "--socket", str(d.socket), "events", "--json"],
-        stdout=subprocess.PIPE, text=True, env=d.env,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=d.env,
     )
     logs = subprocess.Popen(
         [sys.executable, "-m", "ktctl", "--socket", str(d.socket), "logs", "e-kt", "-f"],
-        stdout=subprocess.PIPE, text=True, env=d.env,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=d.env,
     )
     try:
         time.sleep(1.5)  # both subscribed
@@ -195,8 +213,12 @@ def test_systemd_notify_ready_after_socket(
 def test_unit_files_verify() -> None:
     root = Path(__file__).resolve().parent.parent / "systemd"
     units = [str(root / "ktd.service"), str(root / "ktd-frontend.service")]
-    r = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True,
-                       env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
+    r = subprocess.run(
+        ["systemd-analyze", "verify", *units],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"},
+    )
     assert r.returncode == 0, r.stderr
     # Only complaints about this sandbox (no ktd user, no binary) would be tolerable.
     assert "ktd.service" not in r.stderr or "Unknown" not in r.stderr, r.stderr

@@ -6,14 +6,16 @@ import os
 import sys
 from pathlib import Path
 
-from ktd.probe import ProbeResult, Prober, missing_message, parse_probe_output
+from ktd.probe import Prober, ProbeResult, missing_message, parse_probe_output
 
 SHIM = Path(__file__).resolve().parent.parent / "ktd" / "sim" / "shim"
 
 
 def test_parse() -> None:
-    out = 'noise\nKTD_PROBE {"version": "3.11", "sglang": "0.5", "kt_kernel": null, ' \
-          '"kt_kernel_error": "ModuleNotFoundError: x"}\n'
+    out = (
+        'noise\nKTD_PROBE {"version": "3.11", "sglang": "0.5", "kt_kernel": null, '
+        '"kt_kernel_error": "ModuleNotFoundError: x"}\n'
+    )
     r = parse_probe_output("/py", 0, out)
     assert r.sglang == "0.5" and r.kt_kernel is None and not r.complete
     bad = parse_probe_output("/py", 1, "Segmentation fault\n")
@@ -24,13 +26,18 @@ def test_messages() -> None:
     both = ProbeResult(python="/py", sglang=None, kt_kernel=None)
     msg = missing_message(both, auto_build=True)
     assert msg and "kt_kernel" in msg and "sglang" in msg  # no pip when kt-kernel is missing
-    assert missing_message(ProbeResult(python="/py", sglang=None, kt_kernel="1"),
-                           auto_build=True) is None
-    only_sgl = missing_message(ProbeResult(python="/py", sglang=None, kt_kernel="1"),
-                               auto_build=False)
+    assert (
+        missing_message(ProbeResult(python="/py", sglang=None, kt_kernel="1"), auto_build=True)
+        is None
+    )
+    only_sgl = missing_message(
+        ProbeResult(python="/py", sglang=None, kt_kernel="1"), auto_build=False
+    )
     assert only_sgl and "auto_build" in only_sgl and "pip install sglang" in only_sgl
-    assert missing_message(ProbeResult(python="/py", sglang="1", kt_kernel="1"),
-                           auto_build=False) is None
+    assert (
+        missing_message(ProbeResult(python="/py", sglang="1", kt_kernel="1"), auto_build=False)
+        is None
+    )
 
 
 async def test_probe_caches_success_only(tmp_path: Path) -> None:

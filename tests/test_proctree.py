@@ -11,14 +11,18 @@ from ktd import proctree
 
 
 def test_descendants_and_identity() -> None:
-    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', " \
-           "'import time; time.sleep(30)']); time.sleep(30)"
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(30)']); time.sleep(30)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
+
         def kids() -> list[proctree.ProcInfo]:
             return proctree.descendants(proc.pid)
 
         import time
+
         deadline = time.monotonic() + 5
         while not kids() and time.monotonic() < deadline:
             time.sleep(0.02)

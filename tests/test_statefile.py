@@ -14,8 +14,9 @@ from ktd import proctree, statefile
 
 def test_roundtrip_and_garbage(tmp_path: Path) -> None:
     path = tmp_path / "engines.json"
-    rec = statefile.EngineRecord(alias="a", pid=1, start=2, engine_id="k/a@1", port=3,
-                                 argv=["x"], numa_nodes=[0])
+    rec = statefile.EngineRecord(
+        alias="a", pid=1, start=2, engine_id="k/a@1", port=3, argv=["x"], numa_nodes=[0]
+    )
     statefile.write(path, statefile.StateFile(daemon_pid=9, engines=[rec]))
     assert statefile.read(path).engines == [rec]
     assert not list(tmp_path.glob(".*.tmp"))
@@ -30,8 +31,9 @@ def test_same_process_checks_all_three() -> None:
         info = proctree.read_stat(proc.pid)
         assert info is not None
         argv = proctree.cmdline(proc.pid)
-        good = statefile.EngineRecord(alias="a", pid=proc.pid, start=info.start,
-                                      engine_id="x", port=1, argv=argv)
+        good = statefile.EngineRecord(
+            alias="a", pid=proc.pid, start=info.start, engine_id="x", port=1, argv=argv
+        )
         assert statefile.same_process(good)
         assert not statefile.same_process(msgspec.structs.replace(good, start=info.start + 1))
         assert not statefile.same_process(msgspec.structs.replace(good, argv=["other"]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from ktd import states as S
@@ -9,14 +11,21 @@ from ktd import states as S
 
 def test_lifecycle_path_is_legal() -> None:
     path = [S.STOPPED, S.STARTING, S.READY, S.DRAINING, S.STOPPING, S.STOPPED]
-    for a, b in zip(path, path[1:], strict=False):
+    for a, b in itertools.pairwise(path):
         S.check(a, b)
 
 
-@pytest.mark.parametrize(("a", "b"), [
-    (S.STOPPED, S.READY), (S.STOPPED, S.DRAINING), (S.DRAINING, S.READY),
-    (S.FAILED, S.READY), (S.STOPPING, S.READY), (S.DRAINING, S.STARTING),
-])
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (S.STOPPED, S.READY),
+        (S.STOPPED, S.DRAINING),
+        (S.DRAINING, S.READY),
+        (S.FAILED, S.READY),
+        (S.STOPPING, S.READY),
+        (S.DRAINING, S.STARTING),
+    ],
+)
 def test_illegal_moves_raise(a: str, b: str) -> None:
     with pytest.raises(S.IllegalTransition):
         S.check(a, b)
