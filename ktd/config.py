@@ -7,6 +7,7 @@ config at 3 a.m. should not have to guess which of thirty entries is wrong.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 import sys
@@ -156,6 +157,28 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def env(self) -> dict[str, str]:
         return dict(self.extra_env)
+
+    def launch_key(self) -> tuple[Any, ...]:
+        """The fields that shape the engine's argv, env and placement; the rest apply live."""
+        return (
+            self.path,
+            self.kt_weight_path,
+            self.host,
+            self.port,
+            self.ctx,
+            self.extra_args,
+            self.extra_env,
+            self.python,
+            self.tp_size,
+            self.nnodes,
+            self.dist_init_addr,
+            self.numa,
+            self.gpus,
+        )
+
+    def launch_digest(self) -> str:
+        """A stable fingerprint of ``launch_key``, kept in the state file across restarts."""
+        return hashlib.sha1(msgspec.json.encode(self.launch_key())).hexdigest()
 
 
 class Config(msgspec.Struct, kw_only=True):

@@ -104,6 +104,8 @@ class Running:
     returncode: int | None = None
     exited: trio.Event = field(default_factory=trio.Event)
     started_at: float = field(default_factory=time.time)
+    digest: str = ""  # the spec's launch digest when it was started
+    adopted_state: str | None = None  # state recorded by the daemon that started it
 
     async def wait(self) -> None:
         if self.proc is not None:
@@ -152,6 +154,7 @@ class Engine:
         self.stale = False
         self.pending_spec: ModelSpec | None = None
         self.retired = False  # removed from config: stop and forget
+        self.finished = False  # the owner task has returned (a retired engine is gone)
         self.generation = 0
         self.downs = 0  # request_down() calls: lets a deferred restart see an evict since
         self.adopt: Running | None = None
@@ -234,10 +237,10 @@ class Engine:
             return False
         self.last_used = time.time()
         self._wake()
-        self._notify()  # waiters on "no leases" (drain, restart-when-idle)
+        self.notify_changed()  # waiters on "no leases" (drain, restart-when-idle)
         return True
 
-    def _notify(self) -> None:
+    def notify_changed(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
 
@@ -274,12 +277,12 @@ class Engine:
         self.phase = phase
         if state != S.FAILED:
             self.error_code = None
-        self._notify()
+        self.notify_changed()
         self.host.state_changed(self)
 
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
-        self._notify()
+        self.notify_changed()
         self.host.state_changed(self)
 
     async def _sleep_until_poked(self, timeout: float = math.inf) -> None:
@@ -289,14 +292,18 @@ class Engine:
 
     async def run_forever(self) -> None:
         """The owner loop. Cancelled at daemon shutdown, after ``shutdown()`` stopped the engine."""
-        if self.adopt is not None:
-            run, self.adopt = self.adopt, None
-            await self._cycle(adopted=run)
-        while not self.retired:
-            if self.want_up and self.state in (S.STOPPED, S.FAILED):
-                await self._cycle()
-            else:
-                await self._sleep_until_poked()
+        try:
+            if self.adopt is not None:
+                run, self.adopt = self.adopt, None
+                await self._cycle(adopted=run)
+            while not self.retired:
+                if self.want_up and self.state in (S.STOPPED, S.FAILED):
+                    await self._cycle()
+                else:
+                    await self._sleep_until_poked()
+        finally:
+            self.finished = True
+            self.notify_changed()
 
     async def _cycle(self, adopted: Running | None = None) -> None:
         """Start, supervise and restart (per policy) until stopped or failed."""
@@ -428,7 +435,7 @@ class Engine:
         self.want_up = True
         self.log.start_following(from_end=True)
         self._set(S.STARTING, phase="adopting")
-        return await self._supervise(run, adopted=True)
+        return await self._supervise(run)
 
     async def _spawn(self, argv: list[str], env: dict[str, str], port: int, eid: str) -> Running:
         cmd = list(argv)
@@ -463,6 +470,7 @@ class Engine:
                 os.close(fd)
         info = proctree.read_stat(proc.pid)
         run = Running(
+            digest=self.spec.launch_digest(),
             pid=proc.pid,
             start=info.start if info else 0,
             engine_id=eid,
@@ -506,11 +514,21 @@ class Engine:
 
     # ------------------------------------------------------------ supervision
 
-    async def _supervise(self, run: Running, *, adopted: bool = False) -> Outcome:
+    def _deadline(self, run: Running) -> float:
+        """When a starting engine must be healthy. An adopted engine that was ready gets
+        ``hang_timeout`` (it hung while no ktd watched, or it answers at once); one that
+        was loading keeps what is left of its ``health_timeout``."""
+        now = trio.current_time()
+        if run.adopted_state == S.READY:
+            return now + self.host.settings.hang_timeout
+        elapsed = max(0.0, time.time() - run.started_at)
+        return now + max(0.0, self.spec.health_timeout - elapsed)
+
+    async def _supervise(self, run: Running) -> Outcome:
         self._healthy = False
         self._hung = False
         self._ready_line = trio.Event()
-        deadline = trio.current_time() + self.spec.health_timeout
+        deadline = self._deadline(run)
         try:
             async with trio.open_nursery() as n:
                 n.start_soon(self._watch_exit, run)
@@ -632,6 +650,14 @@ class Engine:
                 self._set(S.READY)
                 self.last_used = self.last_used or time.time()
             if self.state == S.STARTING and trio.current_time() >= deadline:
+                if run.adopted_state == S.READY:
+                    reason = (
+                        "hung: the adopted engine did not answer /health within "
+                        f"{self.host.settings.hang_timeout:g}s"
+                    )
+                    self.log.note(f"{reason}; killing the engine")
+                    await self._kill_everything(run, grace=0.0)
+                    return Outcome("crashed", reason)
                 reason = (
                     f"not healthy within {self.spec.health_timeout:g}s (health_timeout); killed"
                 )
@@ -659,7 +685,7 @@ class Engine:
             )
         )
         self.log.poll()
-        if self.state == S.READY:
+        if self.state == S.READY or run.adopted_state == S.READY:
             if code == 0:  # a clean exit nobody asked for (an outside SIGTERM): not a crash
                 self.want_up = False
                 return Outcome("exited", f"engine {how} on its own while ready")

@@ -68,6 +68,7 @@ class Pool:
         self._nursery: trio.Nursery | None = None
         self._topology: Any = None
         self._ttl_wake = trio.Event()
+        self._restart_after_adoption: list[Engine] = []
         for spec in config.served():
             self.engines[spec.alias] = Engine(spec, self)
 
@@ -81,6 +82,8 @@ class Pool:
             nursery.start_soon(self._lease_sweeper)
             nursery.start_soon(self._ttl_sweeper)
             nursery.start_soon(self._state_saver)
+            for engine in self._restart_after_adoption:
+                nursery.start_soon(self._restart_when_idle, engine)
             task_status.started()
             await trio.sleep_forever()
 
@@ -223,6 +226,8 @@ class Pool:
                     env=dict(plan.env) if plan else {},
                     since=e.since,
                     state=e.state,
+                    started_at=run.started_at,
+                    digest=run.digest,
                 )
             )
         return statefile.StateFile(daemon_pid=os.getpid(), engines=records)
@@ -268,6 +273,9 @@ class Pool:
                 except OSError:
                     pidfd = None
                 engine.adopt = Running(
+                    digest=rec.digest,
+                    adopted_state=rec.state,
+                    started_at=rec.started_at or rec.since,
                     pid=rec.pid,
                     start=rec.start,
                     engine_id=rec.engine_id,
@@ -283,6 +291,12 @@ class Pool:
                 )
                 keep.add(rec.engine_id)
                 adopted.append(rec.alias)
+                if rec.digest != engine.spec.launch_digest():
+                    # The config changed while no ktd watched: restart it when idle,
+                    # as a reload would have.
+                    engine.pending_spec = engine.spec
+                    engine.stale = True
+                    self._restart_after_adoption.append(engine)
         killed = kill_strays(f"{self.instance}/", keep)
         return adopted, killed
 
@@ -497,6 +511,18 @@ class Pool:
                     self._nursery.start_soon(self._forget_when_stopped, engine)
         for alias, spec in new_served.items():
             existing = self.engines.get(alias)
+            if existing is not None and existing.retired:
+                if not existing.finished:
+                    # Removed by an earlier reload, back before its engine stopped:
+                    # the same owner task serves it again, with the new spec next start.
+                    existing.retired = False
+                    existing.spec = spec
+                    existing.pending_spec = None
+                    existing.notify_changed()
+                    added.append(alias)
+                    continue
+                del self.engines[alias]
+                existing = None
             if existing is None:
                 fresh = Engine(spec, self)
                 self.engines[alias] = fresh
@@ -509,7 +535,10 @@ class Pool:
                 engine.pending_spec = None  # back to what runs: no restart pending any more
                 engine.stale = False
                 continue
-            if launch_key(spec) == launch_key(engine.spec) or engine.state not in S.HOLDS_RESOURCES:
+            if (
+                spec.launch_key() == engine.spec.launch_key()
+                or engine.state not in S.HOLDS_RESOURCES
+            ):
                 engine.spec = spec
                 engine.pending_spec = None
                 engine.stale = False
@@ -541,7 +570,8 @@ class Pool:
 
     async def _forget_when_stopped(self, engine: Engine) -> None:
         await engine.wait_stopped()
-        if self.engines.get(engine.alias) is engine:
+        await engine.wait_until(lambda: engine.finished or not engine.retired)
+        if engine.retired and self.engines.get(engine.alias) is engine:
             del self.engines[engine.alias]
 
     async def _restart_when_idle(self, engine: Engine) -> None:
@@ -604,22 +634,3 @@ def kill_strays(prefix: str, keep: set[str]) -> list[int]:
             except ProcessLookupError:
                 pass
     return killed
-
-
-def launch_key(spec: ModelSpec) -> tuple[Any, ...]:
-    """The fields that shape the engine's argv, env and placement; the rest apply live."""
-    return (
-        spec.path,
-        spec.kt_weight_path,
-        spec.host,
-        spec.port,
-        spec.ctx,
-        spec.extra_args,
-        spec.extra_env,
-        spec.python,
-        spec.tp_size,
-        spec.nnodes,
-        spec.dist_init_addr,
-        spec.numa,
-        spec.gpus,
-    )

@@ -31,6 +31,8 @@ class EngineRecord(msgspec.Struct, kw_only=True):
     env: dict[str, str] = {}
     since: float = 0.0
     state: str = "ready"
+    started_at: float = 0.0
+    digest: str = ""  # ModelSpec.launch_digest() of the spec it was started with
 
 
 class StateFile(msgspec.Struct, kw_only=True):

@@ -88,6 +88,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     @app.before_serving
     async def _start() -> None:
         await app.nursery.start(state.broker.run)
+        app.nursery.start_soon(state.upstream.watchdog)
 
     @app.after_serving
     async def _stop() -> None:

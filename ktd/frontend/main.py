@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import logging
 import os
 import signal
@@ -49,6 +50,9 @@ def hypercorn_config(bind: str, *, graceful_timeout: float, access_log: bool) ->
     # not in the non-streaming case): never let the server read timeout cut them.
     hc.read_timeout = None
     hc.keep_alive_timeout = 75.0
+    # Hypercorn's default accept backlog (100) drops SYNs when a thousand clients
+    # connect at once (the kernel caps this at net.core.somaxconn).
+    hc.backlog = 2048
     return hc
 
 
@@ -69,6 +73,7 @@ async def _serve(options: FrontendOptions, hc: HyperConfig) -> None:
         binds: list[str] = await nursery.start(
             functools.partial(serve, app, hc, shutdown_trigger=stop.wait)
         )
+        _freeze_startup_objects()
         print(
             f"ktd frontend: serving on {', '.join(binds)} (daemon: {options.control_endpoint})",
             file=sys.stderr,
@@ -78,6 +83,20 @@ async def _serve(options: FrontendOptions, hc: HyperConfig) -> None:
         await stop.wait()
         _notify("STOPPING=1")
     # serve() returns after its graceful shutdown; the signal task returned too.
+
+
+def _freeze_startup_objects() -> None:
+    """Keep everything that exists at start-up out of the garbage collector's scans.
+
+    Quart, Hypercorn, trio, prometheus_client and friends leave ~5x10^4 tracked
+    objects that live forever, and every full collection walked them all: a
+    pause of the whole event loop that every open stream's next chunk waits out
+    (bench/slow_streams.py, 1,000 streams). Objects made later (requests,
+    connections) are still collected as usual; their own full collections
+    remain the main source of the slow-stream p99 (bench/RESULTS.md).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _notify(message: str) -> None:
@@ -109,9 +128,6 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    # httpx logs every upstream request at INFO: noise, and work on the hot path.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     if args.access_log:
         logging.getLogger("hypercorn.access").setLevel(logging.INFO)
     config_path = Path(args.config) if args.config else paths.default_config_path()

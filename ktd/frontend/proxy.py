@@ -36,9 +36,10 @@ log = logging.getLogger("ktd.frontend")
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 # Request headers never forwarded to the engine: hop-by-hop (RFC 9110 7.6.1),
-# ones httpx sets itself, and the client's credentials (the engine does not
-# need the frontend's key, and must not see it). accept-encoding is dropped
-# and pinned to identity so bytes pass through without content-coding surprises.
+# ones the upstream client sets itself (upstream.py), and the client's
+# credentials (the engine does not need the frontend's key, and must not see
+# it). accept-encoding is dropped and pinned to identity so bytes pass through
+# without content-coding surprises.
 _DROP_REQUEST = frozenset(
     {
         b"connection",

@@ -5,7 +5,7 @@ uvicorn, or the sim) on 127.0.0.1, sends one POST and reads one response; the
 general client cost more per chunk (anyio, httpcore's state machine, its pool
 scan per request) than the whole rest of the proxy. This client parses only the
 status line, the headers and the chunked framing, and reads with
-``receive_some(65536)``: chunks that arrived together are handed on together
+``recv(65536)``: chunks that arrived together are handed on together
 (coalescing costs no latency: it never waits for more data).
 
 Connections are kept alive and reused (LIFO, so a few hot ones stay warm); an
@@ -14,6 +14,12 @@ keep-alive) or when a peek shows the server closed it. A request that fails on a
 *reused* connection before a single response byte arrived is retried once on a
 fresh one: that is the keep-alive race (the server closed just as we sent), not
 an engine failure.
+
+Sockets are plain non-blocking stdlib sockets driven with trio's
+``wait_readable``/``wait_writable``: a read that finds data already there
+costs one ``recv`` and no trip through the scheduler (trio's SocketStream
+yields after every successful call); the read timeout's cancel scope exists
+only while we actually wait.
 
 Closing is synchronous (``Response.close``): a response read to its end returns
 its connection to the pool, anything else closes the socket, which is how
@@ -25,11 +31,14 @@ synchronous it cannot be interrupted by a cancellation (httpx #3782, httpcore
 from __future__ import annotations
 
 import errno
+import ipaddress
+import os
 import socket
 import time
 from urllib.parse import urlsplit
 
 import trio
+from trio.lowlevel import notify_closing, wait_readable, wait_writable
 
 RECV_SIZE = 65536
 MAX_HEAD = 64 * 1024  # status line + headers
@@ -67,30 +76,79 @@ _TRAILER = 3
 
 
 class _Conn:
-    __slots__ = ("buf", "idle_since", "key", "reused", "stream")
+    __slots__ = ("buf", "idle_since", "key", "reused", "sock", "timed_out", "wait_until", "watched")
 
-    def __init__(self, key: tuple[str, int], stream: trio.SocketStream) -> None:
+    def __init__(self, key: tuple[str, int], sock: socket.socket) -> None:
         self.key = key
-        self.stream = stream
+        self.sock = sock
         self.buf = bytearray()
         self.idle_since = 0.0
         self.reused = False
+        # Read timeouts: with the pool's watchdog running (``watched``), a wait only
+        # writes its deadline here and the watchdog closes the socket if it passes;
+        # otherwise each wait gets its own cancel scope.
+        self.watched = False
+        self.wait_until = 0.0
+        self.timed_out = False
 
     def close(self) -> None:
-        # trio's socket close notifies any waiter first (notify_closing): safe, sync.
-        self.stream.socket.close()
+        """Sync and idempotent; wakes any task waiting on the socket (ClosedResourceError)."""
+        if self.sock.fileno() >= 0:
+            notify_closing(self.sock)
+            self.sock.close()
 
     def looks_alive(self) -> bool:
         """An idle connection must have nothing to read: data or EOF means it is done."""
-        sock = self.stream.socket
         try:
-            data = sock._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # type: ignore[attr-defined]
+            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return True
-        except (OSError, AttributeError):
+        except OSError:
             return False
-        del data  # EOF (b"") or bytes nobody asked for: either way, not reusable
-        return False
+        return False  # EOF (b"") or bytes nobody asked for: either way, not reusable
+
+    async def recv(self, timeout: float | None) -> bytes:
+        """Bytes from the socket (b"" = EOF), waiting at most ``timeout`` between reads."""
+        sock = self.sock
+        while True:
+            try:
+                return sock.recv(RECV_SIZE)
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise self._broken(exc, timeout) from None
+            try:
+                if timeout is None:
+                    await wait_readable(sock)
+                elif self.watched:
+                    self.wait_until = time.monotonic() + timeout
+                    try:
+                        await wait_readable(sock)
+                    finally:
+                        self.wait_until = 0.0
+                else:
+                    with trio.move_on_after(timeout) as scope:
+                        await wait_readable(sock)
+                    if scope.cancelled_caught:
+                        raise UpstreamTimeout(f"no data from the engine for {timeout:g}s")
+            except (trio.ClosedResourceError, OSError) as exc:
+                raise self._broken(exc, timeout) from None
+
+    def _broken(self, exc: BaseException, timeout: float | None) -> UpstreamError:
+        if self.timed_out:
+            return UpstreamTimeout(f"no data from the engine for {timeout or 0:g}s")
+        return UpstreamError(f"connection to the engine broke: {exc!r}")
+
+    async def send_all(self, data: bytes) -> None:
+        sock = self.sock
+        view = memoryview(data)
+        while view:
+            try:
+                sent = sock.send(view)
+            except BlockingIOError:
+                await wait_writable(sock)
+                continue
+            view = view[sent:]
 
 
 class Response:
@@ -145,16 +203,7 @@ class Response:
 
     async def _fill(self, conn: _Conn) -> bool:
         """Read more bytes into the buffer; False on EOF."""
-        try:
-            if self._timeout is None:
-                data = await conn.stream.receive_some(RECV_SIZE)
-            else:
-                with trio.move_on_after(self._timeout) as scope:
-                    data = await conn.stream.receive_some(RECV_SIZE)
-                if scope.cancelled_caught:
-                    raise UpstreamTimeout(f"no data from the engine for {self._timeout:g}s")
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise UpstreamError(f"connection to the engine broke: {exc}") from None
+        data = await conn.recv(self._timeout)
         if not data:
             return False
         conn.buf += data
@@ -299,6 +348,8 @@ class Pool:
         self.idle_expiry = idle_expiry
         self.max_idle_per_host = max_idle_per_host
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._busy: set[_Conn] = set()
+        self._watchdog = False
         self._hosts: dict[str, tuple[tuple[str, int], bytes]] = {}
         self.active = 0
         self.closed = False
@@ -337,6 +388,7 @@ class Pool:
 
     def _release(self, conn: _Conn, *, reuse: bool) -> None:
         self.active -= 1
+        self._busy.discard(conn)
         if reuse and not self.closed and not conn.buf:
             idle = self._idle.setdefault(conn.key, [])
             if len(idle) < self.max_idle_per_host:
@@ -345,15 +397,70 @@ class Pool:
                 return
         conn.close()
 
+    def _busy_add(self, conn: _Conn) -> None:
+        self.active += 1
+        conn.watched = self._watchdog
+        self._busy.add(conn)
+
+    async def watchdog(self) -> None:
+        """Enforce read timeouts for every busy connection; run it in a task for the pool's life.
+
+        Cheaper than a cancel scope per read: a read that has to wait just writes
+        its deadline, and this task closes the socket of one that passed it (the
+        reader then raises ``UpstreamTimeout``). Late by at most one tick.
+        """
+        if self.read_timeout is None:
+            return
+        tick = min(1.0, self.read_timeout / 4)
+        self._watchdog = True
+        try:
+            while True:
+                await trio.sleep(tick)
+                now = time.monotonic()
+                for conn in [c for c in self._busy if c.wait_until and c.wait_until <= now]:
+                    conn.timed_out = True
+                    conn.close()
+        finally:
+            self._watchdog = False
+            for conn in self._busy:
+                conn.watched = False
+
     async def _connect(self, key: tuple[str, int]) -> _Conn:
+        host, port = key
         try:
             with trio.fail_after(self.connect_timeout):
-                stream = await trio.open_tcp_stream(*key)
+                family, addr = await self._resolve(host, port)
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                try:
+                    sock.setblocking(False)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    err = sock.connect_ex(addr)
+                    if err in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
+                        await wait_writable(sock)
+                        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if err:
+                        raise OSError(err, os.strerror(err))
+                except BaseException:
+                    notify_closing(sock)
+                    sock.close()
+                    raise
         except trio.TooSlowError:
-            raise ConnectFailed(f"connect to {key[0]}:{key[1]} timed out") from None
+            raise ConnectFailed(f"connect to {host}:{port} timed out") from None
         except OSError as exc:
-            raise ConnectFailed(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
-        return _Conn(key, stream)
+            raise ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from None
+        return _Conn(key, sock)
+
+    async def _resolve(self, host: str, port: int) -> tuple[int, tuple[str, int]]:
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            if not infos:
+                raise OSError(f"cannot resolve {host!r}") from None
+            family, _, _, _, sockaddr = infos[0]
+            return int(family), (str(sockaddr[0]), int(sockaddr[1]))
+        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        return int(family), (host, port)
 
     async def request(
         self,
@@ -383,13 +490,13 @@ class Pool:
         payload = head + body if len(body) < 65536 else None
         conn = self._checkout(key)
         if conn is not None:
-            self.active += 1
+            self._busy_add(conn)
             try:
                 return await self._exchange(conn, head, body, payload)
             except _Retry:
                 pass
         conn = await self._connect(key)
-        self.active += 1
+        self._busy_add(conn)
         try:
             return await self._exchange(conn, head, body, payload)
         except _Retry:
@@ -403,13 +510,13 @@ class Pool:
             try:
                 with trio.fail_after(self.write_timeout):
                     if payload is not None:
-                        await conn.stream.send_all(payload)
+                        await conn.send_all(payload)
                     else:
-                        await conn.stream.send_all(head)
-                        await conn.stream.send_all(body)
+                        await conn.send_all(head)
+                        await conn.send_all(body)
             except trio.TooSlowError:
                 raise UpstreamTimeout("sending the request to the engine timed out") from None
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            except (trio.ClosedResourceError, OSError) as exc:
                 if conn.reused:
                     raise _Retry from None
                 raise UpstreamError(f"sending to the engine failed: {exc}") from None
@@ -435,17 +542,13 @@ class Pool:
             if len(buf) > MAX_HEAD:
                 raise UpstreamError("response head from the engine is too large")
             try:
-                if timeout is None:
-                    data = await conn.stream.receive_some(RECV_SIZE)
-                else:
-                    with trio.move_on_after(timeout) as scope:
-                        data = await conn.stream.receive_some(RECV_SIZE)
-                    if scope.cancelled_caught:
-                        raise UpstreamTimeout(f"no answer from the engine for {timeout:g}s")
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                if conn.reused and not buf and _is_reset(exc):
+                data = await conn.recv(timeout)
+            except UpstreamTimeout:
+                raise UpstreamTimeout(f"no answer from the engine for {timeout:g}s") from None
+            except UpstreamError:
+                if conn.reused and not buf:
                     raise _Retry from None
-                raise UpstreamError(f"connection to the engine broke: {exc}") from None
+                raise
             if not data:
                 if conn.reused and not buf:
                     raise _Retry
@@ -482,11 +585,6 @@ class Pool:
     async def aclose(self) -> None:
         self.aclose_sync()
         await trio.lowlevel.checkpoint()
-
-
-def _is_reset(exc: BaseException) -> bool:
-    cause = exc.__cause__ or exc.__context__ or exc
-    return isinstance(cause, OSError) and cause.errno in (errno.ECONNRESET, errno.EPIPE)
 
 
 def _parse_head(head: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:

@@ -548,8 +548,6 @@ def test_log_disk_full_keeps_engine_and_daemon_up(
 # Each is strict: when the bug is fixed the test XPASSes, fails, and the marker goes.
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: an adopted engine that hung while ktd was "
-                   "down waits for the model's health_timeout (default 30 min), not hang_timeout")
 def test_engine_that_hung_while_ktd_was_down_is_restarted_after_adoption(
     write_config: ConfigWriter, daemon_factory: Any
 ) -> None:
@@ -573,8 +571,6 @@ def test_engine_that_hung_while_ktd_was_down_is_restarted_after_adoption(
         assert_clean(first.port)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: a model removed by one reload and re-added by "
-                   "the next while its engine still drains disappears until ktd restarts")
 def test_model_readded_while_its_engine_drains_is_served(
     write_config: ConfigWriter, daemon_factory: Any
 ) -> None:
@@ -603,8 +599,6 @@ def test_model_readded_while_its_engine_drains_is_served(
     assert_clean()
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: an engine adopted after a config change keeps "
-                   "its old command line; nothing marks it stale or restarts it")
 def test_adopted_engine_follows_a_config_changed_while_ktd_was_down(
     write_config: ConfigWriter, daemon_factory: Any
 ) -> None:
