@@ -8,6 +8,7 @@ a stale snapshot of an engine.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +32,8 @@ from ktd.enginelog import EngineLog
 from ktd.inotify import FileWatch
 from ktd.probe import Prober, missing_message
 from ktd.protocol import EngineInfo
+
+log = logging.getLogger("ktd.engine")
 
 READY_LINE = "The server is fired up and ready to roll"
 KTD_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -295,15 +298,28 @@ class Engine:
         try:
             if self.adopt is not None:
                 run, self.adopt = self.adopt, None
-                await self._cycle(adopted=run)
+                await self._contained(self._cycle(adopted=run))
             while not self.retired:
                 if self.want_up and self.state in (S.STOPPED, S.FAILED):
-                    await self._cycle()
+                    await self._contained(self._cycle())
                 else:
                     await self._sleep_until_poked()
         finally:
             self.finished = True
             self.notify_changed()
+
+    async def _contained(self, cycle: Coroutine[Any, Any, None]) -> None:
+        """A bug in one engine's supervision fails that engine, never the daemon and
+        every other engine with it. (``_supervise`` has already killed its processes.)"""
+        try:
+            await cycle
+        except Exception as exc:
+            log.exception("supervisor of %s failed", self.alias)
+            self.want_up = False
+            self.run = None
+            self.plan = None
+            self.state = S.STOPPED  # any state may end here: bypass the transition check
+            self._fail(f"ktd internal error while supervising: {exc!r}")
 
     async def _cycle(self, adopted: Running | None = None) -> None:
         """Start, supervise and restart (per policy) until stopped or failed."""
@@ -430,9 +446,10 @@ class Engine:
         return await self._supervise(run)
 
     async def _adopted(self, run: Running) -> Outcome:
-        """Supervise an engine a previous daemon started (it is already ready)."""
+        """Supervise an engine a previous daemon started. One that daemon was stopping
+        is stopped: a ``kill -9`` of ktd must not undo an evict."""
         self.run = run
-        self.want_up = True
+        self.want_up = run.adopted_state not in (S.DRAINING, S.STOPPING)
         self.log.start_following(from_end=True)
         self._set(S.STARTING, phase="adopting")
         return await self._supervise(run)

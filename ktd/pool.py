@@ -55,7 +55,6 @@ class Pool:
         self.publish = publish
         self.state_path = state_path
         self.instance = statefile.instance_key(state_path.parent) if state_path else "ktd"
-        self._dirty = trio.Event()
         self.prober = Prober()
         self.http: httpx.AsyncClient = httpx.AsyncClient(trust_env=False)
         self.base_env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
@@ -81,7 +80,6 @@ class Pool:
                 nursery.start_soon(engine.run_forever)
             nursery.start_soon(self._lease_sweeper)
             nursery.start_soon(self._ttl_sweeper)
-            nursery.start_soon(self._state_saver)
             for engine in self._restart_after_adoption:
                 nursery.start_soon(self._restart_when_idle, engine)
             task_status.started()
@@ -189,7 +187,8 @@ class Pool:
             ),
         )
         self._ttl_wake.set()
-        self._dirty.set()
+        # Written at once, not batched: a kill -9 right after this change must find it.
+        self.save_state()
 
     def log_lines(self, engine: Engine, lines: list[str]) -> None:
         topic = f"log.{engine.alias}"
@@ -247,14 +246,6 @@ class Pool:
                     reason=f"cannot write state file: {exc}",
                 ),
             )
-
-    async def _state_saver(self) -> None:
-        """Coalesces bursts of state changes into one atomic write."""
-        while True:
-            await self._dirty.wait()
-            self._dirty = trio.Event()
-            self.save_state()
-            await trio.sleep(0.05)
 
     def adopt(self) -> tuple[list[str], list[int]]:
         """Take over the engines a previous daemon left running; kill what cannot be adopted.

@@ -3,8 +3,8 @@
 A 600 GB model must survive ``kill -9 ktd``. The record names each engine's
 process by (pid, start time, cmdline): all three must match before a new
 daemon trusts that the process it finds is the engine it was told about.
-Writes are atomic (temp file, fsync, rename): a crash mid-write leaves the old
-record, never half of one.
+Writes are atomic (temp file, rename): a crash mid-write leaves the old record,
+never half of one.
 """
 
 from __future__ import annotations
@@ -57,10 +57,11 @@ def write(path: Path, state: StateFile) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = msgspec.json.encode(state)
+    # No fsync: the record only matters while engines live, and a power loss takes them
+    # too; rename alone is atomic against a killed daemon, and costs no disk flush.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, data)
-        os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)

@@ -624,3 +624,32 @@ def test_adopted_engine_follows_a_config_changed_while_ktd_was_down(
         with d2.client(timeout=60) as c:
             c.evict(all=True, force=True)
         assert_clean(first.port)
+
+
+def test_daemon_killed_during_an_evict_finishes_the_evict_after_restart(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """User should see: ``ktctl evict`` interrupted by a ``kill -9`` of ktd (the engine was
+    draining a request) is not undone: the next ktd adopts the engine and stops it."""
+    import threading
+
+    cfg = write_config([sim_model("ev-kt")], daemon={**FAST_DAEMON, "drain_timeout": 60})
+    d1 = daemon_factory(cfg)
+    with d1.client(timeout=60) as c:
+        first = c.load("ev-kt")
+        c.acquire("ev-kt", "holder")
+
+    def evict() -> None:
+        with contextlib.suppress(Exception), d1.client(timeout=60) as c2:
+            c2.evict("ev-kt")
+
+    t = threading.Thread(target=evict)
+    t.start()
+    with d1.client() as c:
+        wait_for(state_is(c, "ev-kt", "draining"), what="drain")
+    d1.stop(signal.SIGKILL)
+    t.join()
+    d2 = daemon_factory(cfg)
+    with d2.client(timeout=60) as c:
+        wait_for(state_is(c, "ev-kt", "stopped"), timeout=15, what="the evict to finish")
+    assert_clean(first.port)
