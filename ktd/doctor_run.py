@@ -42,9 +42,10 @@ def dry_run_plan(pool: Pool, alias: str) -> dict[str, Any]:
 def probe_python(spec: ModelSpec, *, timeout: float = 120.0) -> dict[str, Any]:
     """Imports and versions in the engine's interpreter, plus whether SGLang knows --kt-*."""
     env = build_env(spec, os.environ)
-    try:
-        r = subprocess.run(
-            [spec.python, "-c", PROBE_CODE],
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [spec.python, *args],
             env=env,
             capture_output=True,
             text=True,
@@ -52,6 +53,9 @@ def probe_python(spec: ModelSpec, *, timeout: float = 120.0) -> dict[str, Any]:
             stdin=subprocess.DEVNULL,
             check=False,
         )
+
+    try:
+        r = run("-c", PROBE_CODE)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"python": spec.python, "error": str(exc)}
     res = parse_probe_output(spec.python, r.returncode, r.stdout + r.stderr)
@@ -64,16 +68,9 @@ def probe_python(spec: ModelSpec, *, timeout: float = 120.0) -> dict[str, Any]:
     }
     if res.sglang:
         try:
-            h = subprocess.run(
-                [spec.python, "-m", "sglang.launch_server", "--help"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-                check=False,
+            out["kt_flags"] = (
+                "--kt-weight-path" in run("-m", "sglang.launch_server", "--help").stdout
             )
-            out["kt_flags"] = "--kt-weight-path" in h.stdout
         except (OSError, subprocess.TimeoutExpired):
             out["kt_flags"] = None
     return out
