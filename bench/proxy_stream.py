@@ -1,17 +1,35 @@
-"""Streaming through the frontend vs straight to the engine, in one run.
+"""Streaming proxy cost: direct vs nginx vs the ktd frontend vs LiteLLM, in one run.
 
-Starts ``ktd serve`` and ``ktd frontend`` on a throw-away config whose one
-model is the simulated engine at full speed (``KTD_SIM_TOKEN_RATE=0``), loads
-it, then runs the same streaming load twice: straight at the engine's port, and
-through the frontend. Prints requests/s, chunks/s and time-to-first-byte for
-both, the ratios, and the frontend's CPU time per 1000 chunks (the number a
-later issue compares against nginx).
+Starts ``ktd serve`` + ``ktd frontend`` on a throw-away config whose one model
+is the simulated engine at full speed (``KTD_SIM_TOKEN_RATE=0``), loads it,
+then puts the same SSE load on four targets, alternating them each round:
 
-The load generator is trio + h11 on raw sockets with keep-alive (one
-connection per worker), in this process; the frontend and the engine are other
-processes. It is not part of the test suite.
+* ``direct``  - the sim's own port;
+* ``nginx``   - nginx in front of the sim (config generated here: one upstream
+  with HTTP/1.1 keep-alive, ``proxy_buffering off``), when nginx is installed;
+* ``ktd``     - the ktd frontend (which asks the daemon for a lease per request);
+* ``litellm`` - LiteLLM's proxy with the sim as an OpenAI-compatible endpoint,
+  when ``--litellm`` names a working ``litellm`` executable (a separate venv:
+  ``python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install
+  'litellm[proxy]'``); skipped with the reason printed otherwise.
 
-    python bench/proxy_stream.py [--concurrency 32] [--tokens 64] [--requests 1024]
+Two measurements per target:
+
+* throughput: ``wrk`` (C, one thread, so the load generator costs little of
+  the 2-core budget), ``--concurrency`` connections each streaming
+  ``--tokens``-token completions back to back for ``--seconds``; a Lua hook
+  counts the SSE events of every response. CPU of the proxy processes is read
+  from /proc/<pid>/stat (utime+stime) before and after: nginx = master and
+  workers, ktd = frontend + daemon, litellm = its process tree.
+* time to first byte: sequential requests (concurrency 1) from this process
+  (trio, raw sockets, keep-alive); TTFB = request sent -> first body bytes.
+  "added" = the target's percentile minus direct's.
+
+Targets (issue #6): ktd CPU/chunk within 3x nginx and >= 10x better than
+LiteLLM; ktd throughput >= 0.8 of direct; added TTFB p50 < 1 ms.
+
+    python bench/proxy_stream.py [--concurrency 64] [--tokens 64] [--seconds 8]
+                                 [--rounds 2] [--ttfb-requests 300] [--litellm PATH]
 """
 
 from __future__ import annotations
@@ -21,284 +39,397 @@ import json
 import os
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import h11
 import trio
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ktctl import Client  # noqa: E402
+from _common import (
+    Stack,
+    chat_body,
+    cpu_seconds,
+    descendants,
+    free_port,
+    pct,
+    sim_model,
+    time_limit,
+    wait_for,
+)
+
+from ktd.frontend.upstream import Pool
 
 ALIAS = "bench"
+DEFAULT_LITELLM = "/tmp/litellm-venv/bin/litellm"
+
+WRK_LUA = """
+wrk.method = "POST"
+wrk.body = %(body)s
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Accept"] = "text/event-stream"
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) events = 0; bad = 0; short = 0 end
+function response(status, headers, body)
+  if status ~= 200 then bad = bad + 1 end
+  local _, n = string.gsub(body, "data: ", "")
+  events = events + n
+  if not string.find(body, "data: [DONE]", 1, true) then short = short + 1 end
+end
+function done(summary, latency, requests)
+  local ev, b, s = 0, 0, 0
+  for _, t in ipairs(threads) do
+    ev = ev + t:get("events"); b = b + t:get("bad"); s = s + t:get("short")
+  end
+  local e = summary.errors
+  io.write(string.format(
+    'WRK {"requests": %%d, "duration_us": %%d, "events": %%d, "bad_status": %%d, ' ..
+    '"no_done": %%d, "errors": %%d, "lat_p50_us": %%d, "lat_p99_us": %%d}\\n',
+    summary.requests, summary.duration, ev, b, s,
+    e.connect + e.read + e.write + e.status + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
 
 
 @dataclass
-class Result:
+class Target:
     name: str
-    seconds: float = 0.0
+    url: str
+    pids: list[int]  # whose CPU is this target's cost (empty for direct)
+    tree: bool = False  # and their descendants (not for ktd: the engines are the daemon's)
     requests: int = 0
-    chunks: int = 0
+    events: int = 0
+    seconds: float = 0.0
+    cpu: float = 0.0
     errors: int = 0
     ttfb: list[float] = field(default_factory=list)
-    cpu: float | None = None
+    ttfb_errors: int = 0
 
-    def pct(self, q: float) -> float:
-        if not self.ttfb:
-            return float("nan")
-        data = sorted(self.ttfb)
-        return data[min(len(data) - 1, int(q * len(data)))]
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
 
+    @property
+    def cps(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` and its threads, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    @property
+    def cpu_per_k(self) -> float:
+        return self.cpu / self.events * 1000 if self.events else float("nan")
 
 
-async def one_stream(
-    stream: trio.SocketStream, conn: h11.Connection, host: str, path: str, body: bytes
-) -> tuple[int, float]:
-    """One request on a keep-alive connection; returns (events, ttfb)."""
-    t0 = trio.current_time()
-    req = h11.Request(
-        method="POST",
-        target=path,
-        headers=[
-            ("host", host),
-            ("content-type", "application/json"),
-            ("accept", "text/event-stream"),
-            ("content-length", str(len(body))),
-        ],
+# ---------------------------------------------------------------- proxies
+
+
+def start_nginx(root: Path, upstream_port: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    conf = root / "nginx.conf"
+    for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (root / d).mkdir(exist_ok=True)
+    conf.write_text(
+        f"""
+daemon off;
+worker_processes auto;
+pid {root}/nginx.pid;
+error_log {root}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {root}/body;
+    proxy_temp_path {root}/proxy;
+    fastcgi_temp_path {root}/fastcgi;
+    uwsgi_temp_path {root}/uwsgi;
+    scgi_temp_path {root}/scgi;
+    upstream engine {{
+        server 127.0.0.1:{upstream_port};
+        keepalive 256;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
     )
-    await stream.send_all(
-        conn.send(req) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
+    log = open(root / "nginx.out", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(["nginx", "-p", str(root), "-c", str(conf)], stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _tcp_open(port), 10, "nginx")
+    return proc, url
+
+
+def start_litellm(
+    root: Path, exe: str, engine_url: str
+) -> tuple[subprocess.Popen[bytes] | None, str, str]:
+    """(process, url, reason-if-skipped)."""
+    if not Path(exe).exists():
+        return None, "", f"{exe} not found (see the module docstring to install it)"
+    port = free_port()
+    cfg = root / "litellm.yaml"
+    cfg.write_text(
+        "model_list:\n"
+        f"  - model_name: {ALIAS}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{ALIAS}\n"
+        f"      api_base: {engine_url}/v1\n"
+        "      api_key: none\n"
+        "litellm_settings:\n"
+        "  telemetry: false\n"
     )
-    ttfb = 0.0
-    events = 0
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
-            continue
-        if isinstance(event, h11.Response):
-            if event.status_code != 200:
-                raise RuntimeError(f"HTTP {event.status_code}")
-        elif isinstance(event, h11.Data):
-            if not ttfb and b"data: {" in event.data:
-                ttfb = trio.current_time() - t0
-            events += event.data.count(b"data: ")
-        elif isinstance(event, h11.EndOfMessage):
-            conn.start_next_cycle()
-            return events, ttfb
-        elif isinstance(event, h11.ConnectionClosed):
-            raise RuntimeError("connection closed")
-
-
-async def run_load(name: str, base: str, *, concurrency: int, requests: int, tokens: int) -> Result:
-    url = urlsplit(base)
-    host = url.netloc
-    body = json.dumps(
-        {
-            "model": ALIAS,
-            "stream": True,
-            "max_tokens": tokens,
-            "messages": [{"role": "user", "content": "benchmark"}],
-        }
-    ).encode()
-    result = Result(name)
-    todo = iter(range(requests))
-
-    async def worker() -> None:
-        stream: trio.SocketStream | None = None
-        conn = h11.Connection(h11.CLIENT)
-        for _ in todo:
-            try:
-                if stream is None:
-                    stream = await trio.open_tcp_stream(url.hostname or "127.0.0.1", url.port or 80)
-                    conn = h11.Connection(h11.CLIENT)
-                events, ttfb = await one_stream(stream, conn, host, "/v1/chat/completions", body)
-            except (OSError, RuntimeError, h11.ProtocolError, trio.BrokenResourceError):
-                result.errors += 1
-                if stream is not None:
-                    await stream.aclose()
-                stream = None
-                continue
-            result.requests += 1
-            result.chunks += events
-            result.ttfb.append(ttfb)
-        if stream is not None:
-            await stream.aclose()
-
-    t0 = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(worker)
-    result.seconds = trio.current_time() - t0
-    return result
-
-
-def wait_for(pred: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.update(
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        LITELLM_LOG="ERROR",
+        LITELLM_TELEMETRY="False",
+        DISABLE_SCHEMA_UPDATE="True",
+        # No master key: a local benchmark, nothing to protect (LiteLLM refuses otherwise).
+        LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY="true",
+    )
+    log = open(root / "litellm.out", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        try:
-            if pred():  # type: ignore[operator]
-                return
-        except Exception:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"bench: timed out waiting for {what}")
+        if proc.poll() is not None:
+            tail = (root / "litellm.out").read_text(errors="replace")[-800:]
+            return None, "", f"litellm exited {proc.returncode}: {tail}"
+        if _tcp_open(port):
+            return proc, url, ""
+        time.sleep(0.3)
+    stop(proc)
+    return None, "", "litellm did not start listening within 90 s"
+
+
+def _tcp_open(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM (its whole group when it leads one), then SIGKILL after 15 s."""
+    if proc is None or proc.poll() is not None or _signal(proc, signal.SIGTERM):
+        return
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        _signal(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def _signal(proc: subprocess.Popen[bytes], sig: int) -> bool:
+    """True when the process is already gone."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# ---------------------------------------------------------------- load
+
+
+def run_wrk(t: Target, root: Path, args: argparse.Namespace) -> None:
+    script = root / "stream.lua"
+    body = chat_body(ALIAS, args.tokens).decode()
+    script.write_text(WRK_LUA % {"body": json.dumps(body)})
+    pids = [q for p in t.pids for q in descendants(p)] if t.tree else list(t.pids)
+    c0 = cpu_seconds(pids)
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{args.concurrency}",
+            f"-d{args.seconds}s",
+            "--timeout",
+            "10s",
+            "-s",
+            str(script),
+            t.url + "/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=args.seconds + 60,
+    )
+    t.cpu += cpu_seconds(pids) - c0
+    line = next((x for x in out.stdout.splitlines() if x.startswith("WRK ")), None)
+    if line is None:
+        raise SystemExit(f"bench: wrk failed on {t.name}:\n{out.stdout}\n{out.stderr}")
+    res = json.loads(line[4:])
+    t.requests += res["requests"]
+    t.events += res["events"]
+    t.seconds += res["duration_us"] / 1e6
+    t.errors += res["errors"] + res["bad_status"] + res["no_done"]
+
+
+async def ttfb_run(t: Target, n: int, tokens: int) -> None:
+    """``n`` sequential streams on one keep-alive connection; TTFB of each."""
+    pool = Pool(read_timeout=30)
+    body = chat_body(ALIAS, tokens)
+    headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            try:
+                resp = await pool.request(t.url, b"/v1/chat/completions", headers, body)
+                try:
+                    first = 0.0
+                    tail = b""
+                    while not resp.done:
+                        data = await resp.receive()
+                        if data and not first:
+                            first = time.perf_counter() - t0
+                        tail = (tail + data)[-32:]
+                    ok = resp.status == 200 and b"[DONE]" in tail
+                finally:
+                    resp.close()
+            except Exception:
+                ok = False
+            if ok:
+                t.ttfb.append(first)
+            else:
+                t.ttfb_errors += 1
+    finally:
+        await pool.aclose()
+
+
+# ---------------------------------------------------------------- main
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64, help="max_tokens = chunks per stream")
-    ap.add_argument("--requests", type=int, default=1024, help="streams per run")
-    ap.add_argument("--rounds", type=int, default=2, help="alternate direct/frontend this often")
+    ap.add_argument("--seconds", type=int, default=8, help="wrk duration per target per round")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ttfb-requests", type=int, default=300, help="per target per round")
+    ap.add_argument("--litellm", default=DEFAULT_LITELLM, help="litellm executable ('' = skip)")
+    ap.add_argument("--no-nginx", action="store_true")
+    ap.add_argument("--limit", type=float, default=900, help="hard limit on the whole run (s)")
     args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("bench: wrk is needed (apt-get install -y wrk)")
 
-    root = Path(tempfile.mkdtemp(prefix="ktd-bench-", dir="/tmp"))
-    env = dict(os.environ)
-    env["KTD_RUNTIME_DIR"] = str(root / "run")
-    env["KTD_STATE_DIR"] = str(root / "state")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.pop("KTD_SOCKET", None)
-    port = free_port()
-    models = [
-        {
-            "path": "/models/bench",
-            "backend": "kt",
-            "alias": ALIAS,
-            "kt": {
-                "kt_weight_path": "/models/bench-kt",
-                "extra_env": {
-                    "PYTHONPATH": str(REPO / "ktd" / "sim" / "shim"),
-                    "KTD_SIM_LOAD_TIME": "0.1",
-                    "KTD_SIM_TOKEN_RATE": "0",
-                },
-            },
-        }
-    ]
-    (root / "models.json").write_text(json.dumps(models))
-    (root / "config.json").write_text(
-        json.dumps(
-            {
-                "models_file": "models.json",
-                "daemon": {"stop_grace": 5, "drain_timeout": 5},
-                "frontend": {"bind": f"127.0.0.1:{port}"},
-            }
-        )
-    )
-    cfg = ["--config", str(root / "config.json")]
-    logs = open(root / "procs.log", "wb")  # noqa: SIM115
-    procs = []
+    root = Path(tempfile.mkdtemp(prefix="ktdb-proxy-", dir="/tmp"))
+    stack: Stack | None = None
+    nginx: subprocess.Popen[bytes] | None = None
+    litellm: subprocess.Popen[bytes] | None = None
+    skipped: dict[str, str] = {}
     try:
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "ktd", "serve", *cfg], env=env, stdout=logs, stderr=logs
-        )
-        procs.append(daemon)
-        sock = root / "run" / "control.sock"
-        wait_for(lambda: Client(sock, timeout=0.5).ping(), 30, "the daemon")
-        frontend = subprocess.Popen(
-            [sys.executable, "-m", "ktd", "frontend", *cfg], env=env, stdout=logs, stderr=logs
-        )
-        procs.append(frontend)
-        fe_url = f"http://127.0.0.1:{port}"
-        import httpx
-
-        wait_for(lambda: httpx.get(fe_url + "/health").status_code == 200, 30, "the frontend")
-        # Load the engine through the frontend, then find its port.
-        r = httpx.post(
-            fe_url + "/v1/chat/completions",
-            json={"model": ALIAS, "messages": [], "max_tokens": 2},
-            timeout=120,
-        )
-        r.raise_for_status()
-        engine = next(e for e in Client(sock).status() if e.alias == ALIAS)
-        assert engine.url is not None
-        print(
-            f"bench: {args.requests} streams x {args.tokens} tokens, "
-            f"concurrency {args.concurrency}, {args.rounds} round(s)\n"
-            f"  engine (sim) {engine.url}  frontend {fe_url}\n"
-        )
-
-        async def all_runs() -> list[Result]:
-            out = []
-            kw = {"concurrency": args.concurrency, "requests": args.requests, "tokens": args.tokens}
-            # warm-up (connections, caches) on both paths
-            await run_load("warmup", engine.url or "", concurrency=4, requests=16, tokens=8)
-            await run_load("warmup", fe_url, concurrency=4, requests=16, tokens=8)
+        with time_limit(args.limit):
+            stack = Stack([sim_model(ALIAS, KTD_SIM_TOKEN_RATE=0)])
+            engine = stack.load(ALIAS)
+            targets = [Target("direct", engine, [])]
+            if args.no_nginx:
+                skipped["nginx"] = "--no-nginx"
+            elif shutil.which("nginx") is None:
+                skipped["nginx"] = "nginx not installed (apt-get install -y nginx-light)"
+            else:
+                nginx, url = start_nginx(root, int(engine.rsplit(":", 1)[1]))
+                targets.append(Target("nginx", url, [nginx.pid], tree=True))
+            targets.append(Target("ktd", stack.url, stack.proxy_pids()))
+            if args.litellm:
+                litellm, url, why = start_litellm(root, args.litellm, engine)
+                if litellm is None:
+                    skipped["litellm"] = why
+                else:
+                    targets.append(Target("litellm", url, [litellm.pid], tree=True))
+            else:
+                skipped["litellm"] = "--litellm ''"
+            print(
+                f"bench: {args.concurrency} concurrent streams x {args.tokens} tokens, "
+                f"{args.seconds}s per target, {args.rounds} round(s); "
+                f"TTFB over {args.ttfb_requests} sequential streams per round\n"
+                f"  direct {engine}  " + "  ".join(f"{t.name} {t.url}" for t in targets[1:]),
+                flush=True,
+            )
+            for name, why in skipped.items():
+                print(f"  {name}: skipped: {why}", flush=True)
+            # warm-up: connections, caches, LiteLLM's first-request imports
+            for t in targets:
+                trio.run(ttfb_run, Target(t.name, t.url, []), 20, 8)
             for _ in range(args.rounds):
-                c0 = cpu_seconds(frontend.pid)
-                d = await run_load("direct", engine.url or "", **kw)
-                d.cpu = cpu_seconds(frontend.pid) - c0
-                c0 = cpu_seconds(frontend.pid)
-                f = await run_load("frontend", fe_url, **kw)
-                f.cpu = cpu_seconds(frontend.pid) - c0
-                out += [d, f]
-            return out
-
-        results = trio.run(all_runs)
+                for t in targets:
+                    run_wrk(t, root, args)
+                    trio.run(ttfb_run, t, args.ttfb_requests, args.tokens)
+                    print(f"  {t.name}: {t.rps:.0f} req/s so far", flush=True)
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        logs.close()
+        stop(litellm)
+        stop(nginx)
+        if stack is not None:
+            stack.close()
         shutil.rmtree(root, ignore_errors=True)
 
-    print(f"{'run':<10}{'req/s':>10}{'chunks/s':>12}{'ttfb p50':>11}{'ttfb p99':>11}{'errors':>8}")
-    for res in results:
-        print(
-            f"{res.name:<10}{res.requests / res.seconds:>10.1f}{res.chunks / res.seconds:>12.0f}"
-            f"{res.pct(0.5) * 1e3:>9.2f}ms{res.pct(0.99) * 1e3:>9.2f}ms{res.errors:>8}"
-        )
-    direct = [r for r in results if r.name == "direct"]
-    front = [r for r in results if r.name == "frontend"]
-    best_d = max(direct, key=lambda r: r.requests / r.seconds)
-    best_f = max(front, key=lambda r: r.requests / r.seconds)
-    d_ttfb = [t for r in direct for t in r.ttfb]
-    f_ttfb = [t for r in front for t in r.ttfb]
-    q = statistics.quantiles
-    d50, d99 = q(d_ttfb, n=100)[49], q(d_ttfb, n=100)[98]
-    f50, f99 = q(f_ttfb, n=100)[49], q(f_ttfb, n=100)[98]
-    fe_chunks = sum(r.chunks for r in front)
-    fe_cpu = sum(r.cpu or 0.0 for r in front)
-    print()
-    req_ratio = (best_f.requests / best_f.seconds) / (best_d.requests / best_d.seconds)
-    chunk_ratio = (best_f.chunks / best_f.seconds) / (best_d.chunks / best_d.seconds)
-    print(f"frontend/direct requests/s: {req_ratio:.2f}")
-    print(f"frontend/direct chunks/s:   {chunk_ratio:.2f}")
-    for label, d, f in (("p50", d50, f50), ("p99", d99, f99)):
-        print(
-            f"time to first byte {label}: {d * 1e3:.2f} -> {f * 1e3:.2f} ms "
-            f"(x{f / d:.2f}, +{(f - d) * 1e3:.2f} ms)"
-        )
-    per_chunk = fe_cpu / max(fe_chunks, 1) * 1e6
-    print(f"frontend CPU: {fe_cpu:.2f} s for {fe_chunks} chunks = {per_chunk:.1f} us/chunk")
-    print("(frontend CPU includes per-request work; vary --tokens to separate the two)")
+    report(targets, skipped)
     return 0
+
+
+def report(targets: list[Target], skipped: dict[str, str]) -> None:
+    direct = targets[0]
+    d50, d99 = pct(direct.ttfb, 0.5), pct(direct.ttfb, 0.99)
+    print()
+    print(
+        f"{'target':<9}{'req/s':>9}{'chunks/s':>10}{'x direct':>9}"
+        f"{'ttfb p50':>10}{'added':>9}{'ttfb p99':>10}{'added':>9}"
+        f"{'CPU s/1k chunks':>17}{'errors':>8}"
+    )
+    for t in targets:
+        t50, t99 = pct(t.ttfb, 0.5), pct(t.ttfb, 0.99)
+        cpu = "-" if not t.pids else f"{t.cpu_per_k:.4f}"
+        print(
+            f"{t.name:<9}{t.rps:>9.1f}{t.cps:>10.0f}{t.cps / direct.cps:>9.2f}"
+            f"{t50 * 1e3:>8.2f}ms{(t50 - d50) * 1e3:>+7.2f}ms"
+            f"{t99 * 1e3:>8.2f}ms{(t99 - d99) * 1e3:>+7.2f}ms"
+            f"{cpu:>17}{t.errors + t.ttfb_errors:>8}"
+        )
+    by = {t.name: t for t in targets}
+    ktd = by["ktd"]
+    print()
+    checks: list[tuple[str, bool | None, str]] = []
+    if "nginx" in by:
+        r = ktd.cpu_per_k / by["nginx"].cpu_per_k
+        checks.append(("ktd CPU/chunk within 3x nginx", r <= 3, f"{r:.2f}x nginx"))
+    else:
+        checks.append(("ktd CPU/chunk within 3x nginx", None, "nginx skipped"))
+    if "litellm" in by:
+        r = by["litellm"].cpu_per_k / ktd.cpu_per_k
+        checks.append(("ktd CPU/chunk >= 10x better than LiteLLM", r >= 10, f"{r:.1f}x better"))
+    else:
+        checks.append(("ktd CPU/chunk >= 10x better than LiteLLM", None, "litellm skipped"))
+    ratio = ktd.cps / direct.cps
+    checks.append(("ktd throughput >= 0.8 of direct", ratio >= 0.8, f"{ratio:.2f}"))
+    added = (pct(ktd.ttfb, 0.5) - d50) * 1e3
+    checks.append(("ktd added TTFB p50 < 1 ms", added < 1, f"+{added:.2f} ms"))
+    for what, ok, figure in checks:
+        verdict = "skipped" if ok is None else ("MET" if ok else "MISSED")
+        print(f"  {verdict:<8} {what}: {figure}")
 
 
 if __name__ == "__main__":

@@ -350,6 +350,7 @@ class Pool:
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._busy: set[_Conn] = set()
         self._watchdog = False
+        self._wake: trio.Event | None = None  # set by the watchdog while it sleeps idle
         self._hosts: dict[str, tuple[tuple[str, int], bytes]] = {}
         self.active = 0
         self.closed = False
@@ -401,13 +402,17 @@ class Pool:
         self.active += 1
         conn.watched = self._watchdog
         self._busy.add(conn)
+        if self._wake is not None:
+            self._wake.set()
+            self._wake = None
 
     async def watchdog(self) -> None:
         """Enforce read timeouts for every busy connection; run it in a task for the pool's life.
 
         Cheaper than a cancel scope per read: a read that has to wait just writes
         its deadline, and this task closes the socket of one that passed it (the
-        reader then raises ``UpstreamTimeout``). Late by at most one tick.
+        reader then raises ``UpstreamTimeout``). Late by at most one tick; with no
+        busy connection it sleeps until there is one (an idle frontend stays idle).
         """
         if self.read_timeout is None:
             return
@@ -415,6 +420,9 @@ class Pool:
         self._watchdog = True
         try:
             while True:
+                if not self._busy:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
                 await trio.sleep(tick)
                 now = time.monotonic()
                 for conn in [c for c in self._busy if c.wait_until and c.wait_until <= now]:
@@ -422,6 +430,7 @@ class Pool:
                     conn.close()
         finally:
             self._watchdog = False
+            self._wake = None
             for conn in self._busy:
                 conn.watched = False
 
