@@ -423,16 +423,24 @@ class Pool:
                     {"reason": engine.reason, "log_tail": engine.log.last(20)},
                 )
             await self.load(model, wait=True, timeout=timeout)
-            # Seen again now: during a long load the sweeper may have dropped the client,
-            # and a lease of a client it no longer tracks would never expire.
-            self.heartbeat(client)
+        return self.grant(engine, client), engine
+
+    def ready_engine(self, model: str) -> Engine | None:
+        """The engine for ``model`` if a lease can be granted at once (the hot path)."""
+        engine = self.engines.get(model)
+        if engine is None or engine.state != S.READY or self.shutting_down:
+            return None
+        return engine
+
+    def grant(self, engine: Engine, client: str) -> str:
+        # Seen now: during a long load the sweeper may have dropped the client, and a
+        # lease of a client it no longer tracks would never expire.
+        self.heartbeat(client)
         lease = Lease(id=secrets.token_hex(8), client=client)
         engine.add_lease(lease)
         self.leases[lease.id] = engine
         self._lease_event(engine)
-        url = engine.url
-        assert url is not None
-        return lease.id, engine
+        return lease.id
 
     def release(self, lease_id: str) -> bool:
         engine = self.leases.pop(lease_id, None)

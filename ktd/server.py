@@ -24,6 +24,14 @@ from ktd.zmqtrio import Frames, TrioSocket
 log = logging.getLogger("ktd.server")
 
 
+def error_reply(req: p.Request, exc: Exception) -> p.Error:
+    """OpErrors carry their stable code; anything else is a bug, logged, never fatal."""
+    if isinstance(exc, OpError):
+        return p.Error(code=exc.code, message=exc.message, detail=exc.detail)
+    log.error("request %r failed", req, exc_info=exc)
+    return p.Error(code=p.ErrorCode.INTERNAL, message=f"internal error: {exc!r}")
+
+
 class ControlServer:
     def __init__(
         self,
@@ -90,21 +98,29 @@ class ControlServer:
                 ),
             )
             return
+        try:
+            reply = self._answer_now(req)
+        except Exception as exc:  # the daemon never dies of a request
+            reply = error_reply(req, exc)
+        if reply is not None:
+            reply.id = req.id
+            self._reply(envelope, reply)
+            return
         assert self._nursery is not None
         self._nursery.start_soon(self._handle, envelope, req)
 
     async def _handle(self, envelope: Frames, req: p.Request) -> None:
         try:
             reply = await self._dispatch(req)
-        except OpError as exc:
-            reply = p.Error(code=exc.code, message=exc.message, detail=exc.detail)
         except Exception as exc:  # the daemon never dies of a request
-            log.exception("request %r failed", req)
-            reply = p.Error(code=p.ErrorCode.INTERNAL, message=f"internal error: {exc!r}")
+            reply = error_reply(req, exc)
         reply.id = req.id
         self._reply(envelope, reply)
 
-    async def _dispatch(self, req: p.Request) -> p.Reply:
+    def _answer_now(self, req: p.Request) -> p.Reply | None:
+        """Requests that need no waiting are answered inside the pump, in the same pass
+        that read them: no task, no extra scheduler round (the frontend's acquire and
+        release sit on every request's path). None = needs a task."""
         pool = self.pool
         match req:
             case p.Ping():
@@ -116,13 +132,34 @@ class ControlServer:
             case p.Load(alias=alias, dry_run=True):
                 pool.engine(alias)
                 return p.PlanReply(plan=self._dry_run(alias))
+            case p.Logs(alias=alias, lines=lines):
+                return p.LogsReply(alias=alias, lines=pool.logs(alias, lines))
+            case p.Acquire(model=model, client=client):
+                engine = pool.ready_engine(model)
+                if engine is None:
+                    return None
+                return p.AcquireReply(
+                    lease=pool.grant(engine, client), alias=engine.alias, url=engine.url or ""
+                )
+            case p.Release(lease=lease):
+                found = pool.release(lease)
+                return p.Ok(message="released" if found else "unknown lease (already expired)")
+            case p.Heartbeat(client=client):
+                pool.heartbeat(client)
+                return p.Ok()
+            case p.Shutdown():
+                self._shutdown()
+                return p.Ok(message="shutting down")
+        return None
+
+    async def _dispatch(self, req: p.Request) -> p.Reply:
+        pool = self.pool
+        match req:
             case p.Load(alias=alias, wait=wait, timeout=timeout):
                 return p.LoadReply(engine=await pool.load(alias, wait=wait, timeout=timeout))
             case p.Evict(alias=alias, all=all_, force=force, timeout=timeout):
                 evicted = await pool.evict(alias, all=all_, force=force, timeout=timeout)
                 return p.EvictReply(evicted=evicted)
-            case p.Logs(alias=alias, lines=lines):
-                return p.LogsReply(alias=alias, lines=pool.logs(alias, lines))
             case p.Reload():
                 return p.Ok(message=await self._reload())
             case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):
@@ -130,15 +167,6 @@ class ControlServer:
                     model, client, autoload=autoload, timeout=timeout
                 )
                 return p.AcquireReply(lease=lease, alias=engine.alias, url=engine.url or "")
-            case p.Release(lease=lease):
-                found = pool.release(lease)
-                return p.Ok(message="released" if found else "unknown lease (already expired)")
-            case p.Heartbeat(client=client):
-                pool.heartbeat(client)
-                return p.Ok()
             case p.Doctor():
                 return p.DoctorReply(report=await self._doctor())
-            case p.Shutdown():
-                self._shutdown()
-                return p.Ok(message="shutting down")
         raise OpError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")
