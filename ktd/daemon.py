@@ -24,6 +24,7 @@ from ktd import paths, proctree, sdnotify
 from ktd.config import Config, ConfigError, load_config
 from ktd.pool import OpError, Pool
 from ktd.protocol import HARD_MAX_FRAME, ErrorCode
+from ktd.runtime import add_common_options, load_or_report, setup_logging
 from ktd.server import ControlServer
 
 log = logging.getLogger("ktd")
@@ -227,31 +228,13 @@ class Daemon:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ktd serve", description="Run the ktd daemon.")
-    ap.add_argument("--config", help="config.json (default: $KTD_CONFIG or the per-user path)")
-    ap.add_argument("--socket", help="control socket path (default: $KTD_SOCKET or runtime dir)")
-    ap.add_argument("--log-level", default=os.environ.get("KTD_LOG_LEVEL", "INFO"))
+    add_common_options(ap)
     args = ap.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # Health checks every few seconds are not news; httpx logs each at INFO.
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    config_path = Path(args.config) if args.config else paths.default_config_path()
-    try:
-        config = load_config(config_path)
-    except ConfigError as exc:
-        print(f"ktd: config error: {exc}", file=sys.stderr)
+    setup_logging(args.log_level)
+    config = load_or_report(args.config, "ktd")
+    if config is None:
         return 2
     setup = Setup(config, args.socket)
-    if config.daemon.cpus:
-        try:
-            os.sched_setaffinity(0, config.daemon.cpus)
-        except OSError as exc:
-            print(f"ktd: config error: {config.path}: $.daemon.cpus: {exc}", file=sys.stderr)
-            return 2
     try:
         prepare_runtime_dir(setup.control.parent, setup.group)
         control, events = bind_sockets(setup)

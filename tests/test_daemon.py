@@ -392,3 +392,12 @@ def test_runtime_dir_and_socket_modes(write_config: ConfigWriter, daemon_factory
 
 def test_mark_is_inherited() -> None:
     assert os.environ[MARK] == RUN_ID
+
+
+def test_daemon_cpus_applied_and_checked(write_config: ConfigWriter, daemon_factory: Any) -> None:
+    cpu = max(os.sched_getaffinity(0))
+    d = daemon_factory(write_config([sim_model("a-kt")], daemon={"cpus": [cpu]}))
+    assert os.sched_getaffinity(d.proc.pid) == {cpu}
+    bad = daemon_factory(write_config([sim_model("a-kt")], daemon={"cpus": [4096]}), start=False)
+    bad.start(wait=False)
+    assert bad.proc.wait(10) == 2 and "$.daemon.cpus" in bad.output()

@@ -14,15 +14,15 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
 from ktd import paths
-from ktd.config import Config, ConfigError, load_config
+from ktd.config import Config
 from ktd.frontend.app import FrontendOptions, create_app
+from ktd.runtime import add_common_options, load_or_report, setup_logging
 
 log = logging.getLogger("ktd.frontend")
 
@@ -111,8 +111,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="ktd frontend", description="Run the OpenAI-compatible HTTP frontend."
     )
-    ap.add_argument("--config", help="config.json (default: $KTD_CONFIG or the per-user path)")
-    ap.add_argument("--socket", help="daemon control socket (default: $KTD_SOCKET or runtime dir)")
+    add_common_options(ap)
     ap.add_argument("--bind", help="HOST:PORT or unix:PATH (default: frontend.bind)")
     ap.add_argument(
         "--graceful-timeout",
@@ -121,20 +120,12 @@ def main(argv: list[str]) -> int:
         help="seconds in-flight requests get on SIGTERM (default 5)",
     )
     ap.add_argument("--access-log", action="store_true", help="log each request to stdout")
-    ap.add_argument("--log-level", default=os.environ.get("KTD_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.log_level)
     if args.access_log:
         logging.getLogger("hypercorn.access").setLevel(logging.INFO)
-    config_path = Path(args.config) if args.config else paths.default_config_path()
-    try:
-        config = load_config(config_path)
-    except ConfigError as exc:
-        print(f"ktd frontend: config error: {exc}", file=sys.stderr)
+    config = load_or_report(args.config, "ktd frontend")
+    if config is None:
         return 2
     options = FrontendOptions(
         frontend=config.frontend,

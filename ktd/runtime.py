@@ -1,0 +1,47 @@
+"""What ``ktd serve`` and ``ktd frontend`` share at start-up: options, logging, config, CPUs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ktd import paths
+from ktd.config import Config, ConfigError, load_config
+
+
+def add_common_options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--config", help="config.json (default: $KTD_CONFIG or the per-user path)")
+    ap.add_argument("--socket", help="control socket path (default: $KTD_SOCKET or runtime dir)")
+    ap.add_argument("--log-level", default=os.environ.get("KTD_LOG_LEVEL", "INFO"))
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # A request or health check every few seconds is not news; httpx logs each at INFO.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def load_or_report(config_arg: str | None, prog: str) -> Config | None:
+    """The config, or None after one clear line on stderr (the caller exits 2)."""
+    path = Path(config_arg) if config_arg else paths.default_config_path()
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"{prog}: config error: {exc}", file=sys.stderr)
+        return None
+    if config.daemon.cpus:
+        # daemon.cpus keeps ktd's own processes off the cores engines are pinned to.
+        try:
+            os.sched_setaffinity(0, config.daemon.cpus)
+        except OSError as exc:
+            print(f"{prog}: config error: {config.path}: $.daemon.cpus: {exc}", file=sys.stderr)
+            return None
+    return config
