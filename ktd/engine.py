@@ -271,15 +271,22 @@ class Engine:
     def _wake(self) -> None:
         self._poke.set()
 
-    def _set(self, state: str, *, reason: str | None = None, phase: str | None = None) -> None:
+    def _set(
+        self,
+        state: str,
+        *,
+        reason: str | None = None,
+        phase: str | None = None,
+        error_code: str | None = None,
+    ) -> None:
+        """The only way the state moves; ``error_code`` tells load waiters why it ended."""
         if state != self.state:
             S.check(self.state, state)
             self.since = time.time()
         self.state = state
         self.reason = reason
         self.phase = phase
-        if state != S.FAILED:
-            self.error_code = None
+        self.error_code = error_code
         self.notify_changed()
         self.host.state_changed(self)
 
@@ -364,33 +371,22 @@ class Engine:
                     self._set(S.STOPPED, reason="stopped during restart backoff")
                     return
                 continue
-            if outcome.kind == "crashed":
-                self.want_up = False
-                self._fail(outcome.reason or "engine exited")
-                return
-            if outcome.kind in ("failed", "port_taken"):
-                self.want_up = False
-                self._fail(outcome.reason or "failed")
-                return
-            if outcome.kind == "exited":
+            # "stopped" was asked for: leave want_up alone (a load may have come since).
+            if outcome.kind in ("crashed", "failed", "port_taken"):
+                self._fail(outcome.reason or outcome.kind)
+            elif outcome.kind == "exited":
                 self.want_up = False
                 self.log.note(outcome.reason or "exited")
                 self._set(S.STOPPED, reason=outcome.reason)
-                return
-            if outcome.kind == "busy":
+            elif outcome.kind == "busy":
                 self.want_up = False
-                self.error_code = "busy"
-                self._set(S.STOPPED, reason=outcome.reason)
-                self.error_code = "busy"
-                return
-            # stopped as asked
+                self._set(S.STOPPED, reason=outcome.reason, error_code="busy")
             return
 
     def _fail(self, reason: str) -> None:
         self.want_up = False
         self.log.note(f"failed: {reason}")
-        self._set(S.FAILED, reason=reason)
-        self.error_code = "load_failed"
+        self._set(S.FAILED, reason=reason, error_code="load_failed")
 
     # ------------------------------------------------------------ one run
 

@@ -574,6 +574,8 @@ class Pool:
             del self.engines[engine.alias]
 
     async def _restart_when_idle(self, engine: Engine) -> None:
+        # An engine being adopted: let its owner take it over first (it then wants up).
+        await engine.wait_until(lambda: engine.adopt is None)
         await engine.wait_until(lambda: not engine.leases)
         if engine.pending_spec is None:
             return  # a later reload went back to the running launch
