@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -25,15 +23,8 @@ from ktd.frontend.app import FrontendOptions, create_app
 
 
 @pytest.fixture
-def short_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="ktdf-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-async def fake_daemon(short_dir: Path, nursery: trio.Nursery) -> FakeDaemon:
-    daemon = FakeDaemon(f"ipc://{short_dir}/control.sock")
+async def fake_daemon(runtime_dir: Path, nursery: trio.Nursery) -> FakeDaemon:
+    daemon = FakeDaemon(f"ipc://{runtime_dir}/control.sock")
     await nursery.start(daemon.run)
     return daemon
 
@@ -46,7 +37,7 @@ async def fake_engine(nursery: trio.Nursery) -> FakeEngine:
 
 
 @pytest.fixture
-async def start_frontend(short_dir: Path, nursery: trio.Nursery) -> AsyncIterator[StartFrontend]:
+async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncIterator[StartFrontend]:
     started: list[Frontend] = []
 
     async def start(
@@ -56,7 +47,7 @@ async def start_frontend(short_dir: Path, nursery: trio.Nursery) -> AsyncIterato
 
         options = FrontendOptions(
             frontend=FrontendSection(bind="127.0.0.1:0", **section),
-            control_endpoint=endpoint or f"ipc://{short_dir}/control.sock",
+            control_endpoint=endpoint or f"ipc://{runtime_dir}/control.sock",
             heartbeat_interval=0.5,
             loading_interval=0.5,
             stream_grace=stream_grace,
