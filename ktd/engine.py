@@ -753,11 +753,14 @@ class Engine:
                 proctree.signal_group(run.pid, signal.SIGTERM)
                 for ident in members:
                     proctree.signal_ident(ident, signal.SIGTERM)
+                # The main process's exit is an event; the known rest is polled cheaply
+                # (a full /proc scan with environ reads costs ms on a busy box).
                 with trio.move_on_after(grace):
-                    while not run.exited.is_set() or any(map(proctree.alive, members)):
-                        await trio.sleep(0.05)
-                        members |= self._members(run) if not run.exited.is_set() else set()
-            leftover = {m for m in members | self._members(run) if proctree.alive(m)}
+                    await run.exited.wait()
+                    while any(map(proctree.alive, members)):
+                        await trio.sleep(0.01)
+            members |= self._members(run)
+            leftover = {m for m in members if proctree.alive(m)}
             if leftover or not run.exited.is_set():
                 if grace > 0:
                     self.log.note(f"SIGKILL to {len(leftover)} process(es) left after {grace:g}s")
@@ -767,12 +770,21 @@ class Engine:
             with trio.move_on_after(10):
                 while True:
                     proctree.reap(pid for pid, _ in members if pid != run.pid)
-                    left = [m for m in members | self._members(run) if proctree.alive(m)]
-                    if not left and (run.exited.is_set() or run.proc is None):
-                        break
+                    left = [m for m in members if proctree.alive(m)]
+                    # Not the exited event alone: from _supervise's finally the task
+                    # that sets it is gone (a zombie main process counts as gone).
+                    main_gone = run.exited.is_set() or not proctree.alive((run.pid, run.start))
+                    if not left and main_gone:
+                        # Confirm with a full scan: a process forked meanwhile is not
+                        # in ``members`` yet.
+                        late = {m for m in self._members(run) if proctree.alive(m)} - members
+                        if not late:
+                            break
+                        members |= late
+                        left = list(late)
                     for ident in left:
                         proctree.signal_ident(ident, signal.SIGKILL)
-                    await trio.sleep(0.02)
+                    await trio.sleep(0.01)
         if run.proc is not None and run.returncode is None:
             with trio.move_on_after(5):
                 run.returncode = await run.proc.wait()
@@ -780,7 +792,7 @@ class Engine:
         run.close()
         with trio.move_on_after(10):
             while not proctree.port_free(self.spec.host, run.port):
-                await trio.sleep(0.05)
+                await trio.sleep(0.01)
         self.log.note(
             f"stopped (pid {run.pid}"
             + (f", exit {run.returncode}" if run.returncode is not None else "")
