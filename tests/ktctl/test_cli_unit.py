@@ -12,8 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -23,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+from ktctl_fakes import FakeDaemon
 
 from ktctl import DaemonUnreachable, KtdError, ProtocolError, render
 from ktctl.cli import build_parser, exit_code, main
@@ -35,58 +34,14 @@ Answer = list[p.Reply] | None
 Handler = Callable[[p.Request], Answer]
 
 
-class FakeDaemon:
-    """ROUTER on control.sock (+ a bound PUB on events.sock) answering with ``handler``."""
-
-    def __init__(self, directory: Path, handler: Handler) -> None:
-        self.path = directory / "control.sock"
-        self.handler = handler
-        self.requests: list[p.Request] = []
-        self._stop = threading.Event()
-        self.ctx: zmq.Context[Any] = zmq.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind(f"ipc://{self.path}")
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind(f"ipc://{directory / 'events.sock'}")
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self.router.poll(20):
-                continue
-            ident, data = self.router.recv_multipart()
-            req = p.decode_request(data)
-            self.requests.append(req)
-            for reply in self.handler(req) or []:
-                reply.id = req.id
-                self.router.send_multipart([ident, p.encode(reply)])
-
-    def close(self) -> None:
-        self._stop.set()
-        self.thread.join(5)
-        self.ctx.destroy(linger=0)
-
-
 @pytest.fixture
-def rundir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="ktctl-", dir="/tmp") as d:
-        yield Path(d)
-
-
-@pytest.fixture
-def daemon(rundir: Path) -> Iterator[Callable[[Handler], FakeDaemon]]:
-    started: list[FakeDaemon] = []
+def daemon(daemon: Callable[..., FakeDaemon]) -> Callable[[Handler], FakeDaemon]:
+    """The shared fake, with one-argument handlers whose replies get the request's id."""
 
     def start(handler: Handler) -> FakeDaemon:
-        started.append(FakeDaemon(rundir, handler))
-        return started[-1]
+        return daemon(lambda req, _d: handler(req), echo_ids=True)
 
-    yield start
-    for d in started:
-        d.close()
+    return start
 
 
 @pytest.fixture(autouse=True)
