@@ -126,6 +126,13 @@ class OpenAIServing:
             )
         return None
 
+    def _fields(self, req: Request) -> Fields | Reply:
+        """Every generation endpoint starts alike: a JSON object, and not while draining."""
+        body = parse_body(req)
+        if isinstance(body, Reply):
+            return body
+        return self._refuse() or Fields(body)
+
     def _lora_error(self, model: str) -> str | None:
         if ":" not in model:
             return None
@@ -168,13 +175,9 @@ class OpenAIServing:
         return await self._run(req, lambda rid: self._chat(req, rid))
 
     async def _chat(self, req: Request, rid: str) -> Reply:
-        body = parse_body(req)
-        if isinstance(body, Reply):
-            return body
-        refused = self._refuse()
-        if refused:
-            return refused
-        f = Fields(body)
+        f = self._fields(req)
+        if isinstance(f, Reply):
+            return f
         messages = f.required("messages")
         if messages is not None and not (
             isinstance(messages, list)
@@ -268,13 +271,9 @@ class OpenAIServing:
         return await self._run(req, lambda rid: self._completions(req, rid))
 
     async def _completions(self, req: Request, rid: str) -> Reply:
-        body = parse_body(req)
-        if isinstance(body, Reply):
-            return body
-        refused = self._refuse()
-        if refused:
-            return refused
-        f = Fields(body)
+        f = self._fields(req)
+        if isinstance(f, Reply):
+            return f
         raw_prompt = f.required("prompt")
         prompts = items_of(raw_prompt) if raw_prompt is not None else []
         if prompts is None:
@@ -374,13 +373,9 @@ class OpenAIServing:
         return await self._run(req, lambda rid: self._embeddings(req, rid))
 
     async def _embeddings(self, req: Request, rid: str) -> Reply:
-        body = parse_body(req)
-        if isinstance(body, Reply):
-            return body
-        refused = self._refuse()
-        if refused:
-            return refused
-        f = Fields(body)
+        f = self._fields(req)
+        if isinstance(f, Reply):
+            return f
         raw = f.required("input")
         items = items_of(raw) if raw is not None else []
         if items is None:
