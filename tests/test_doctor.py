@@ -22,29 +22,16 @@ from ktd.doctor import (
     report,
 )
 from ktd.topology import Topology, read_topology
-
-try:
-    from tests.fixtures.topology import (
-        TWO_H100,
-        FakeRun,
-        build,
-        build_epyc,
-        build_laptop,
-        build_xeon,
-        smi_csv,
-        xeon_machine,
-    )
-except ImportError:  # pytest run with tests/ (not the repo root) on sys.path
-    from fixtures.topology import (  # type: ignore[no-redef,import-not-found,unused-ignore]
-        TWO_H100,
-        FakeRun,
-        build,
-        build_epyc,
-        build_laptop,
-        build_xeon,
-        smi_csv,
-        xeon_machine,
-    )
+from tests.fixtures.topology import (
+    TWO_H100,
+    FakeRun,
+    build,
+    build_epyc,
+    build_laptop,
+    build_xeon,
+    smi_csv,
+    xeon_machine,
+)
 
 
 def by_name(checks: list[Check]) -> dict[str, Check]:

@@ -11,29 +11,16 @@ from hypothesis import strategies as st
 
 from ktd.placement import Flag, Holding, Plan, plan, user_flags
 from ktd.topology import Gpu, NumaNode, Topology, read_topology
-
-try:
-    from tests.fixtures.topology import (
-        FOUR_L40S,
-        TWO_H100,
-        FakeRun,
-        build,
-        build_epyc,
-        build_laptop,
-        smi_csv,
-        xeon_machine,
-    )
-except ImportError:  # pytest run with tests/ (not the repo root) on sys.path
-    from fixtures.topology import (  # type: ignore[no-redef,import-not-found,unused-ignore]
-        FOUR_L40S,
-        TWO_H100,
-        FakeRun,
-        build,
-        build_epyc,
-        build_laptop,
-        smi_csv,
-        xeon_machine,
-    )
+from tests.fixtures.topology import (
+    FOUR_L40S,
+    TWO_H100,
+    FakeRun,
+    build,
+    build_epyc,
+    build_laptop,
+    smi_csv,
+    xeon_machine,
+)
 
 
 @pytest.fixture

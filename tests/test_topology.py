@@ -19,33 +19,18 @@ from ktd.topology import (
     parse_nvidia_smi,
     read_topology,
 )
-
-try:
-    from tests.fixtures.topology import (
-        FOUR_L40S,
-        TWO_H100,
-        FakeRun,
-        build,
-        build_epyc,
-        build_laptop,
-        build_xeon,
-        laptop_machine,
-        smi_csv,
-        xeon_machine,
-    )
-except ImportError:  # pytest run with tests/ (not the repo root) on sys.path
-    from fixtures.topology import (  # type: ignore[no-redef,import-not-found,unused-ignore]
-        FOUR_L40S,
-        TWO_H100,
-        FakeRun,
-        build,
-        build_epyc,
-        build_laptop,
-        build_xeon,
-        laptop_machine,
-        smi_csv,
-        xeon_machine,
-    )
+from tests.fixtures.topology import (
+    FOUR_L40S,
+    TWO_H100,
+    FakeRun,
+    build,
+    build_epyc,
+    build_laptop,
+    build_xeon,
+    laptop_machine,
+    smi_csv,
+    xeon_machine,
+)
 
 GIB_KB = 1024 * 1024
 
