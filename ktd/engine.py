@@ -182,14 +182,7 @@ class Engine:
 
     @property
     def url(self) -> str | None:
-        if self.run is None:
-            return None
-        host = self.spec.host
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.run.port}"
+        return None if self.run is None else self.url_for(self.run)
 
     def info(self, *, tail: int = 0) -> EngineInfo:
         run = self.run
@@ -631,9 +624,12 @@ class Engine:
         return r.status_code == 200
 
     def url_for(self, run: Running) -> str:
+        """Where to reach the engine: a wildcard bind is reached on loopback."""
         host = self.spec.host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
         return f"http://{host}:{run.port}"
 
     async def _check_ready(self, run: Running) -> bool:
