@@ -19,11 +19,12 @@ import trio
 
 from ktd import proctree, statefile
 from ktd import states as S
-from ktd.command import ENGINE_MARK
+from ktd.command import ENGINE_MARK, planner_args
 from ktd.config import Config, ModelSpec
 from ktd.engine import Busy, Engine, Lease, PlacementLike, Running
 from ktd.probe import Prober
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
+from ktd.sglang_options import Catalog
 
 
 class OpError(Exception):
@@ -127,15 +128,21 @@ class Pool:
             )
         return out
 
-    def make_plan(self, spec: ModelSpec, *, exclude: Engine | None = None) -> Any:
-        """The placement of ``spec`` given every other engine's holdings (pure given those)."""
+    def make_plan(
+        self, spec: ModelSpec, *, exclude: Engine | None = None, catalog: Catalog | None = None
+    ) -> Any:
+        """The placement of ``spec`` given every other engine's holdings (pure given those).
+
+        With ``catalog`` the user's flags are read as SGLang reads them (prefixes
+        included); raises :class:`~ktd.command.LaunchError` for ones it would refuse.
+        """
         from ktd.placement import plan
 
         return plan(
             spec.alias,
             spec.numa,
             spec.gpus,
-            spec.extra_args,
+            planner_args(spec.extra_args, catalog),
             self.topology,
             self.holdings(exclude),
             tp_size=spec.tp_size,
@@ -148,7 +155,7 @@ class Pool:
     async def place(self, engine: Engine) -> PlacementLike | None:
         async with self._place_lock:
             for _ in range(len(self.engines) + 1):
-                plan = self.make_plan(engine.spec, exclude=engine)
+                plan = self.make_plan(engine.spec, exclude=engine, catalog=engine.catalog)
                 if not plan.ok:
                     leaving = [
                         self.engines[a]
@@ -495,6 +502,7 @@ class Pool:
         are flagged ``stale`` until their last lease ends; removed ones drain
         and stop; new ones appear stopped.
         """
+        self.prober.forget()  # a venv may have been upgraded: the next launch probes again
         added: list[str] = []
         removed: list[str] = []
         restarted: list[str] = []
