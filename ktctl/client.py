@@ -399,6 +399,9 @@ class Client:
                         raise KtdError.from_reply(reply)
                     return reply
             if monitor in ready and self._drain_monitor(monitor):
+                # A daemon that exited (not restarted) is "not running", however late
+                # zmq noticed the disconnect: say that, precisely, if it is so.
+                probe(self.socket_path)
                 raise ConnectionLost(
                     f"lost the connection to ktd at {self.socket_path} while waiting "
                     f"{time.monotonic() - started:.1f}s for the reply (did ktd exit or restart?)"

@@ -16,37 +16,38 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ktd.config import ModelSpec
-from ktd.sglang_options import Catalog, OptionError, UserFlag, parse_user_args
+from ktd.sglang_options import Catalog, Option, OptionError, UserFlag, parse_user_args
 
 # Set on every engine so the daemon can recognise its own processes (and a
 # re-started daemon its predecessor's) from /proc/<pid>/environ.
 ENGINE_MARK = "KTD_ENGINE"
 
 
-# The flags ktd derives, by argparse ``dest``, in ktd's spelling (the seed's).
-SPELLING: dict[str, str] = {
-    "host": "--host",
-    "port": "--port",
-    "model_path": "--model",
-    "kt_weight_path": "--kt-weight-path",
-    "served_model_name": "--served-model-name",
-    "context_length": "--context-length",
-    "tp_size": "--tp-size",
-    "nnodes": "--nnodes",
-    "kt_numa_nodes": "--kt-numa-nodes",
-    "kt_threadpool_count": "--kt-threadpool-count",
-    "kt_cpuinfer": "--kt-cpuinfer",
-}
-DEST_OF: dict[str, str] = {flag: dest for dest, flag in SPELLING.items()}
+# The flags ktd derives, in ktd's spelling (the seed's). SGLang's argparse ``dest``
+# differs between packages (``tp_size`` upstream, ``tensor_parallel_size`` in the
+# fork), so flags are matched through the catalogue by option, never by dest name.
+KTD_FLAGS = (
+    "--host",
+    "--port",
+    "--model",
+    "--kt-weight-path",
+    "--served-model-name",
+    "--context-length",
+    "--tp-size",
+    "--nnodes",
+    "--kt-numa-nodes",
+    "--kt-threadpool-count",
+    "--kt-cpuinfer",
+)
 # ktd must know these to reach the engine, so they come from the config alone.
-OWNED: dict[str, str] = {
-    "host": "host",
-    "port": "port",
-    "model_path": "path (or model_path)",
-    "served_model_name": "alias (or model_id)",
+OWNED = {
+    "--host": "host",
+    "--port": "port",
+    "--model": "path (or model_path)",
+    "--served-model-name": "alias (or model_id)",
 }
 # Flags of a multi-host launch: kt-kernel cannot span hosts (ktransformers #874).
-MULTI_HOST = ("nnodes", "node_rank", "dist_init_addr")
+MULTI_HOST = ("--nnodes", "--node-rank", "--dist-init-addr")
 
 
 class LaunchError(ValueError):
@@ -73,17 +74,26 @@ def read_user_args(extra_args: Sequence[str], catalog: Catalog) -> list[UserFlag
     except OptionError as exc:
         raise LaunchError(f"extra_args {exc}") from None
     for f in flags:
-        if f.dest in OWNED:
+        spelled = spelling(f.option)
+        if spelled in OWNED:
             raise LaunchError(
                 f"extra_args {f.written}: ktd sets this flag from the config's "
-                f"`{OWNED[f.dest]}` (it must know it to reach the engine); set it there"
+                f"`{OWNED[spelled]}` (it must know it to reach the engine); set it there"
             )
-        if f.dest in MULTI_HOST and not (f.dest == "nnodes" and f.values == ("1",)):
+        if spelled in MULTI_HOST and not (spelled == "--nnodes" and f.values == ("1",)):
             raise LaunchError(
                 f"extra_args {f.written}: kt engines cannot span hosts; run one ktd per host "
                 "behind sglang-router instead"
             )
     return flags
+
+
+def spelling(option: Option) -> str:
+    """How ktd writes ``option``: its own spelling when SGLang has it, else the first long flag."""
+    for f in option.flags:
+        if f in KTD_FLAGS or f in MULTI_HOST:
+            return f
+    return next((f for f in option.flags if f.startswith("--")), option.flags[0])
 
 
 def planner_args(extra_args: Sequence[str], catalog: Catalog | None) -> tuple[str, ...]:
@@ -93,13 +103,9 @@ def planner_args(extra_args: Sequence[str], catalog: Catalog | None) -> tuple[st
         return tuple(extra_args)
     out: list[str] = []
     for f in read_user_args(extra_args, catalog):
-        out.append(SPELLING.get(f.dest) or _long_flag(f.option.flags))
+        out.append(spelling(f.option))
         out.extend(f.values)
     return tuple(out)
-
-
-def _long_flag(flags: Sequence[str]) -> str:
-    return next((f for f in flags if f.startswith("--")), flags[0])
 
 
 def _pairs(flat: Sequence[str]) -> list[tuple[str, list[str]]]:
@@ -157,16 +163,15 @@ def build_launch(
             f"kt_weight_path is set, but {catalog.label} in {spec.python} has no "
             "--kt-weight-path: install the kt fork there (`pip install sglang-kt`)"
         )
-    user = {f.dest for f in read_user_args(spec.extra_args, catalog)}
+    user_set = {id(f.option) for f in read_user_args(spec.extra_args, catalog)}
     for flag, values in derived:
-        dest = DEST_OF.get(flag, flag.lstrip("-").replace("-", "_"))
-        option = catalog.option(dest)
-        if dest in user:
-            continue
+        option = catalog.exact(flag)
         if option is None:
             notes.append(f"{flag} left out: not an option of {catalog.label}")
             continue
-        argv += [flag if flag in option.flags else _long_flag(option.flags), *values]
+        if id(option) in user_set:
+            continue
+        argv += [flag, *values]
     return Launch([*argv, *spec.extra_args], tuple(notes))
 
 

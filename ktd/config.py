@@ -375,7 +375,7 @@ SINGLE_HOST = (
     "kt engines cannot span hosts: kt-kernel runs the CPU experts on TP rank 0 only and "
     "stages prefill buffers in this host's shared memory (ktransformers #874). Scale out "
     "by replicas instead: one ktd per host, each registering with sglang-router "
-    "(README, \"Beyond one host\")"
+    '(README, "Beyond one host")'
 )
 
 

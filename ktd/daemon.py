@@ -136,11 +136,12 @@ class Daemon:
         assert self.pool is not None
         return await daemon_report(self.config, self.pool)
 
-    def dry_run(self, alias: str) -> dict[str, Any]:
+    async def dry_run(self, alias: str) -> dict[str, Any]:
         from ktd.doctor_run import dry_run_plan
 
         assert self.pool is not None
-        return dry_run_plan(self.pool, alias)
+        probe = await self.pool.probe(self.pool.engine(alias).spec)
+        return dry_run_plan(self.pool, alias, probe)
 
     async def run(self, control: zmq.Socket[bytes], events: zmq.Socket[bytes]) -> None:
         async with trio.open_nursery() as nursery:

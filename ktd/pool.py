@@ -19,10 +19,10 @@ import trio
 
 from ktd import proctree, statefile
 from ktd import states as S
-from ktd.command import ENGINE_MARK, planner_args
+from ktd.command import ENGINE_MARK, build_env, planner_args
 from ktd.config import Config, ModelSpec
 from ktd.engine import Busy, Engine, Lease, PlacementLike, Running
-from ktd.probe import Prober
+from ktd.probe import Prober, ProbeResult
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
 from ktd.sglang_options import Catalog
 
@@ -177,6 +177,10 @@ class Pool:
                 for alias in plan.evict:
                     await self.engines[alias].wait_stopped()
             raise Busy("cannot be placed: evictions did not free enough", ())
+
+    async def probe(self, spec: ModelSpec) -> ProbeResult:
+        """What the engine's interpreter has (cached): for dry-runs, as launches see it."""
+        return await self.prober.probe(spec.python, build_env(spec, self.base_env))
 
     def state_changed(self, engine: Engine) -> None:
         run = engine.run

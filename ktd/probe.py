@@ -1,4 +1,4 @@
-"""What the engine's Python can run: SGLang (which package, its real version, its options) and kt-kernel.
+"""What the engine's Python can run: which SGLang (package, real version, options), kt-kernel.
 
 Why a subprocess of that Python: the engine usually runs in another venv than
 ktd, so only that interpreter can answer. Why read the options from SGLang's
@@ -64,14 +64,17 @@ if out.get("sglang") is not None:
             if not a.option_strings or a.dest == "help":
                 continue
             d = a.default
-            if not isinstance(d, (str, int, float, bool, type(None))):
-                d = [x for x in d if isinstance(x, (str, int, float))] if isinstance(d, (list, tuple)) else None
+            if isinstance(d, (list, tuple)):
+                d = [x for x in d if isinstance(x, (str, int, float))]
+            elif not isinstance(d, (str, int, float, bool, type(None))):
+                d = None
+            t = a.type
             opts.append({
                 "flags": list(a.option_strings),
                 "dest": a.dest,
                 "nargs": a.nargs,
                 "choices": None if a.choices is None else [str(c) for c in a.choices],
-                "type": None if a.type is None else getattr(a.type, "__name__", type(a.type).__name__),
+                "type": None if t is None else getattr(t, "__name__", type(t).__name__),
                 "default": d,
                 "action": type(a).__name__.strip("_").replace("Action", "").lower() or "store",
             })
@@ -148,10 +151,12 @@ def parse_probe_output(python: str, returncode: int, output: str) -> ProbeResult
             options_error = data.get("options_error")
             if sglang is not None and isinstance(data.get("options"), list):
                 try:
-                    options = msgspec.convert(
-                        {"package": package or UPSTREAM, "version": sglang, "options": data["options"]},
-                        CatalogData,
-                    )
+                    raw = {
+                        "package": package or UPSTREAM,
+                        "version": sglang,
+                        "options": data["options"],
+                    }
+                    options = msgspec.convert(raw, CatalogData)
                 except msgspec.ValidationError as exc:
                     options_error = f"unreadable option list: {exc}"
                 else:

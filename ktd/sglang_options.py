@@ -96,17 +96,21 @@ class Catalog:
     @property
     def kt_fork(self) -> bool:
         """The fork is told by its flags, not its name: it reports itself as ``sglang``."""
-        return self.package == "sglang-kt" or "kt_numa_nodes" in self._by_dest
+        return self.package == "sglang-kt" or "--kt-numa-nodes" in self._by_flag
 
     @property
     def has_kt(self) -> bool:
-        return "kt_weight_path" in self._by_dest
+        return "--kt-weight-path" in self._by_flag
 
     def knows(self, dest: str) -> bool:
         return dest in self._by_dest
 
     def option(self, dest: str) -> Option | None:
         return self._by_dest.get(dest)
+
+    def exact(self, flag: str) -> Option | None:
+        """The option declared under exactly ``flag`` (no prefix matching)."""
+        return self._by_flag.get(flag)
 
     def lookup(self, token: str) -> tuple[Option, str, str | None] | None:
         """The option ``token`` selects: ``(option, option_string, explicit_value)``.

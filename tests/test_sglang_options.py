@@ -24,7 +24,7 @@ COMMON = (
     _opt("--port", dest="port", type="int"),
     _opt("--served-model-name", dest="served_model_name"),
     _opt("--context-length", dest="context_length", type="int"),
-    _opt("--tensor-parallel-size", "--tp-size", dest="tp_size", type="int"),
+    _opt("--tensor-parallel-size", "--tp-size", dest="tensor_parallel_size", type="int"),
     _opt("--nnodes", dest="nnodes", type="int"),
     _opt("--node-rank", dest="node_rank", type="int"),
     _opt("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr"),
@@ -64,14 +64,14 @@ def spec(**kw: object) -> ModelSpec:
 
 def test_lookup_follows_argparse() -> None:
     assert FORK.lookup("--tp-size")[1] == "--tp-size"  # type: ignore[index]
-    assert FORK.lookup("--tp")[0].dest == "tp_size"  # type: ignore[index]
+    assert FORK.lookup("--tp")[0].dest == "tensor_parallel_size"  # type: ignore[index]
     assert FORK.lookup("--kt-numa")[0].dest == "kt_numa_nodes"  # type: ignore[index]
     opt, flag, value = FORK.lookup("--kt-cpu=8")  # type: ignore[misc]
     assert (opt.dest, flag, value) == ("kt_cpuinfer", "--kt-cpuinfer", "8")
     assert FORK.lookup("8") is None and FORK.lookup("-1") is None  # values, not options
     with pytest.raises(OptionError, match="ambiguous"):
         FORK.lookup("--kt-n")  # --kt-numa-nodes, --kt-num-gpu-experts
-    with pytest.raises(OptionError, match="not an option of sglang 0.5.23"):
+    with pytest.raises(OptionError, match=r"not an option of sglang 0\.5\.23"):
         UPSTREAM.lookup("--kt-numa-nodes")
 
 
@@ -80,7 +80,7 @@ def test_parse_user_args_reads_values_like_argparse() -> None:
     assert [(f.dest, f.written, f.values) for f in flags] == [
         ("kt_numa_nodes", "--kt-numa-nodes", ("0", "1")),
         ("disable_cuda_graph", "--disable-cuda-graph", ()),
-        ("tp_size", "--tp-size", ("2",)),
+        ("tensor_parallel_size", "--tp-size", ("2",)),
     ]
     with pytest.raises(OptionError, match="expects one value"):
         parse_user_args(["--kt-method"], FORK)
