@@ -148,6 +148,8 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     stale: bool = False
     log_tail: list[str] = []
     phase: str | None = None
+    sglang: str | None = None  # the SGLang it was launched with: "sglang-kt 0.7.2"
+    notes: list[str] = []  # what ktd left out of the argv for that SGLang, and why
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
