@@ -158,7 +158,8 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
             ]
         )
     headers = ["ALIAS", "STATE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "AGE", "REASON"]
-    return table(headers, rows)
+    notes = [f"note: {e.alias}: {n}" for e in engines for n in e.notes]
+    return "\n".join([table(headers, rows), *notes])
 
 
 def models_table(models: Sequence[p.ModelInfo]) -> str:
