@@ -417,10 +417,16 @@ def test_launch_follows_what_the_installed_sglang_declares(
     rec = tmp_path / "up.json"
     cfg = write_config(
         [
-            sim_model("up-kt", record=rec, numa=[0], env=upstream,
-                      kt={"extra_args": ["--kt-cpu", "1", "--kt-num-gpu-experts", "0"]}),
-            sim_model("bad-kt", numa="none", env=upstream,
-                      kt={"extra_args": ["--kt-numa-nodes", "0"]}),
+            sim_model(
+                "up-kt",
+                record=rec,
+                numa=[0],
+                env=upstream,
+                kt={"extra_args": ["--kt-cpu", "1", "--kt-num-gpu-experts", "0"]},
+            ),
+            sim_model(
+                "bad-kt", numa="none", env=upstream, kt={"extra_args": ["--kt-numa-nodes", "0"]}
+            ),
         ]  # fmt: skip
     )
     d = daemon_factory(cfg)
@@ -439,4 +445,28 @@ def test_launch_follows_what_the_installed_sglang_declares(
         assert "--kt-numa-nodes: not an option of sglang 0.5.23+sim" in str(err.value)
         assert c.status("up-kt")[0].state == "ready"  # the failed load touched nothing
         c.evict("up-kt")
+    assert not engine_procs()
+
+
+@pytest.mark.parametrize(("which", "served", "code"), [("kt", False, -15), ("kt", True, -9),
+                                                       ("upstream", True, 0)])  # fmt: skip
+def test_evict_is_sglangs_own_shutdown_not_a_crash(
+    write_config: ConfigWriter, daemon_factory: Any, which: str, served: bool, code: int
+) -> None:
+    """SIGTERM to the engine's main process only: SGLang drains and exits with its own
+    status (-15 before any request, -9 from the fork, 0 upstream); a group SIGTERM would
+    kill the scheduler first, which SGLang (and the sim) report as a crash."""
+    cfg = write_config([sim_model("m-kt", env={"KTD_SIM_SGLANG": which})])
+    d = daemon_factory(cfg)
+    with d.client(timeout=60) as c:
+        e = c.load("m-kt")
+        if served:
+            import httpx
+
+            body = {"model": "m-kt", "messages": [{"role": "user", "content": "x"}]}
+            assert httpx.post(f"{e.url}/v1/chat/completions", json=body).status_code == 200
+        c.evict("m-kt")
+        log = "\n".join(c.logs("m-kt", 200))
+    assert "SIGTERM received" in log and "crashed" not in log and "SIGKILL to" not in log
+    assert f"stopped cleanly by SIGTERM (pid {e.pid}, exit {code})" in log
     assert not engine_procs()

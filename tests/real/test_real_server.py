@@ -207,7 +207,7 @@ def test_evict_is_sglangs_own_clean_shutdown(stack: Stack) -> None:
     assert not [m for m in members if proctree.alive(m)]
     assert proctree.port_free("127.0.0.1", e["port"])
     log = stack.log()[log_before:]
-    assert "SIGTERM received" in log
+    assert "SIGTERM received" in log and "stopped cleanly by SIGTERM" in log
     for bad in ("crashed", "SIGQUIT", "SIGKILL to"):
         assert bad not in log, log[-3000:]
     assert stack.status()["state"] == "stopped"
