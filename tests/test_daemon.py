@@ -427,7 +427,7 @@ def test_launch_follows_what_the_installed_sglang_declares(
             sim_model(
                 "bad-kt", numa="none", env=upstream, kt={"extra_args": ["--kt-numa-nodes", "0"]}
             ),
-        ]  # fmt: skip
+        ]
     )
     d = daemon_factory(cfg)
     with d.client(timeout=60) as c:

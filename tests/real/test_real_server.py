@@ -98,8 +98,16 @@ def stack(venv_python: Any) -> Iterator[Stack]:
     port = free_port()
     fe_log = open(root / "frontend.log", "ab")  # noqa: SIM115
     frontend = subprocess.Popen(
-        [sys.executable, "-m", "ktd", "frontend", "--config", str(etc / "config.json"),
-         "--bind", f"127.0.0.1:{port}"],  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ktd",
+            "frontend",
+            "--config",
+            str(etc / "config.json"),
+            "--bind",
+            f"127.0.0.1:{port}",
+        ],
         env=env,
         stdout=fe_log,
         stderr=subprocess.STDOUT,
