@@ -275,14 +275,20 @@ prepare_server_args(["--model-path", "x", "--device", "cpu"])
 print("smoke ok", torch.__version__, kt_kernel.__version__)
 """
 
+# The fork's argparse only: building its ServerArgs (prepare_server_args)
+# imports sglang.srt.layers.quantization.fp8, which calls
+# torch.cuda.get_device_capability() at import time, so it needs a GPU even
+# with --device cpu.  parse_args is what the tests need.
 SMOKE_KT = """
-import importlib.metadata as m
-assert m.packages_distributions().get("sglang") == ["sglang-kt"], m.packages_distributions().get("sglang")
+import argparse, importlib.metadata as m
+dists = m.packages_distributions().get("sglang")
+assert dists == ["sglang-kt"], dists
+from sglang.srt.server_args import ServerArgs
+p = argparse.ArgumentParser()
+ServerArgs.add_cli_args(p)
+ns = p.parse_args(["--model-path", "x", "--kt-numa-nodes", "0", "1"])
+assert ns.kt_numa_nodes == [0, 1], ns.kt_numa_nodes
 import sglang.srt.server_args as sa
-assert "sglang_kt" in sa.__file__ or "sglang-kt" in sa.__file__ or True
-from sglang.srt.server_args import prepare_server_args
-a = prepare_server_args(["--model-path", "x", "--kt-numa-nodes", "0", "1"])
-assert a.kt_numa_nodes == [0, 1], a.kt_numa_nodes
 print("smoke ok (kt fork)", sa.__file__)
 """
 
