@@ -142,6 +142,7 @@ PURE_DEPS = [
     "setproctitle==1.3.8",
     "setuptools==84.2.1",
     "shellingham==1.5.4",
+    "six==1.17.0",  # for python-dateutil<3 (sglang pins it below 3)
     "sniffio==1.3.1",
     "soundfile==0.14.0",
     "stack-data==0.6.3",
@@ -234,7 +235,10 @@ def locked(d):
 
 
 def run(cmd, logf, env=None):
-    log("$ " + " ".join(cmd))
+    shown = cmd if len(cmd) < 12 else cmd[:8] + [f"... ({len(cmd) - 8} more)"]
+    if "-c" in shown:
+        shown = shown[: shown.index("-c") + 1] + ["<smoke test>"]
+    log("$ " + " ".join(shown))
     logf.write("$ " + " ".join(cmd) + "\n")
     logf.flush()
     r = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
