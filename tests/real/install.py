@@ -236,8 +236,8 @@ def locked(d):
 
 def run(cmd, logf, env=None):
     shown = cmd if len(cmd) < 12 else cmd[:8] + [f"... ({len(cmd) - 8} more)"]
-    if "-c" in shown:
-        shown = shown[: shown.index("-c") + 1] + ["<smoke test>"]
+    if shown[1:2] == ["-c"]:
+        shown = shown[:2] + ["<smoke test>"]
     log("$ " + " ".join(shown))
     logf.write("$ " + " ".join(cmd) + "\n")
     logf.flush()
