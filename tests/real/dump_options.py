@@ -23,6 +23,7 @@ def _jsonable(value):
         return value
     if isinstance(value, (list, tuple, set, frozenset)):
         items = [_jsonable(v) for v in value]
+        # a set's order changes with PYTHONHASHSEED: sort it for a stable dump
         return sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -51,7 +52,8 @@ def describe(action):
         "dest": action.dest,
         "action": type(action).__name__,
         "nargs": _jsonable(action.nargs),
-        "choices": None if action.choices is None else _jsonable(list(action.choices)),
+        "choices": None if action.choices is None else _jsonable(
+            action.choices if isinstance(action.choices, (set, frozenset)) else list(action.choices)),
         "type": _type_name(action.type),
         "default": _jsonable(action.default),
         "required": bool(action.required),
@@ -71,7 +73,8 @@ def main():
         "server_args_file": server_args.__file__.replace(sys.prefix, "<venv>"),
         "python": sys.version.split()[0],
         "count": len(options),
-        "kt_options": [s for o in options for s in o["option_strings"] if s.startswith("--kt")],
+        "kt_options": [s for o in options for s in o["option_strings"]
+                       if "kt" in s.lstrip("-").split("-")],
         "options": options,
     }
     json.dump(out, sys.stdout, indent=1, sort_keys=False)
