@@ -1,38 +1,113 @@
-"""TEMPORARY local stand-in until the installer lands (lead's dev copy)."""
+"""Where the real SGLang lives for tests, and how to launch it.  Stdlib only.
+
+    from tests.real import engine_env as ee
+    py = ee.venv_python()                      # upstream sglang 0.5.23
+    cmd = [py, "-m", "sglang.launch_server", "--model", ee.model_dir(),
+           "--host", "127.0.0.1", "--port", str(port),
+           "--served-model-name", "tiny", *ee.ENGINE_FLAGS]
+    subprocess.Popen(cmd, env=ee.engine_env(), start_new_session=True)
+
+Nothing here installs anything unless asked: ``venv_python()`` and
+``model_dir()`` raise EngineNotInstalled (with the command to run) when the
+cache is missing; pass ``install=True`` (or set KTD_REAL_INSTALL=1) to run
+tests/real/install.py / make_model.py on demand.
+"""
+
+import os
+import subprocess
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_INSTALL = os.path.join(_HERE, "install.py")
+_MAKE_MODEL = os.path.join(_HERE, "make_model.py")
+
+# CPU-only flags that the real server needs on this machine (no GPU, no
+# CUDA graphs, no flashinfer).  --skip-server-warmup: the ready line is still
+# logged, right after uvicorn starts, without SGLang's own warm-up request.
+ENGINE_FLAGS = [
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--sampling-backend", "pytorch",
+    "--disable-cuda-graph",
+    "--skip-server-warmup",
+    "--mem-fraction-static", "0.5",
+    "--max-total-tokens", "4096",
+]
+
+READY_LINE = "The server is fired up and ready to roll!"
 
 
-def venv_python(kt: bool = False) -> str:
-    return "/tmp/mykt/bin/python" if kt else "/tmp/rs/v1/bin/python"
+class EngineNotInstalled(RuntimeError):
+    pass
+
+
+def _install_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_ktd_real_install", _INSTALL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _want_install(install):
+    return install if install is not None else os.environ.get("KTD_REAL_INSTALL") == "1"
+
+
+def venv_dir(kt: bool = False, install=None) -> str:
+    """The cache directory of the venv (upstream, or the kt fork's)."""
+    inst = _install_module()
+    d = inst.kt_dir() if kt else inst.upstream_dir()
+    if inst.is_complete(d):
+        return d
+    if not _want_install(install):
+        raise EngineNotInstalled(
+            f"the real SGLang{' kt fork' if kt else ''} venv is not installed "
+            f"(expected {d}); run: python3 {os.path.relpath(_INSTALL)}{' --kt' if kt else ''}"
+        )
+    cmd = [sys.executable, _INSTALL] + (["--kt"] if kt else [])
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return d
+
+
+def venv_python(kt: bool = False, install=None) -> str:
+    """Path of the venv's python (kt=True: the fork's venv)."""
+    return os.path.join(venv_dir(kt, install), "venv", "bin", "python")
 
 
 def standins_dir() -> str:
-    return "/work/wt-real/tests/real/standins"
+    return os.path.join(_HERE, "standins")
 
 
-def model_dir() -> str:
-    return "/tmp/rs/m1"
+def engine_env(base=None) -> dict:
+    """Environment for the engine process: the given one (default os.environ)
+    plus what the CPU engine needs.  The stand-ins go on PYTHONPATH only here."""
+    env = dict(os.environ if base is None else base)
+    for k in ("PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP"):
+        env.pop(k, None)
+    env.update(
+        SGLANG_USE_CPU_ENGINE="1",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=standins_dir(),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
 
 
-def engine_env() -> dict:
-    return {
-        "SGLANG_USE_CPU_ENGINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": standins_dir(),
-    }
-
-
-ENGINE_FLAGS = [
-    "--device",
-    "cpu",
-    "--attention-backend",
-    "torch_native",
-    "--sampling-backend",
-    "pytorch",
-    "--disable-cuda-graph",
-    "--skip-server-warmup",
-    "--mem-fraction-static",
-    "0.5",
-    "--max-total-tokens",
-    "4096",
-]
+def model_dir(install=None) -> str:
+    """The tiny Qwen2 model, cached next to the upstream venv."""
+    d = os.path.join(venv_dir(False, install), "model-tiny-qwen2")
+    if os.path.exists(os.path.join(d, ".ktd-tiny-model-complete")):
+        return d
+    if not _want_install(install):
+        raise EngineNotInstalled(
+            f"the tiny model is not made (expected {d}); run: "
+            f"{venv_python()} {os.path.relpath(_MAKE_MODEL)} {d}"
+        )
+    subprocess.run([venv_python(), _MAKE_MODEL, d], check=True, env=engine_env(),
+                   stdout=subprocess.DEVNULL)
+    return d

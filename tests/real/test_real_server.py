@@ -79,7 +79,7 @@ def stack(venv_python: Any) -> Iterator[Stack]:
             "path": engine_env.model_dir(),
             "backend": "kt",
             "alias": ALIAS,  # numa unset: "auto", the default config
-            "kt": {"extra_args": engine_env.ENGINE_FLAGS, "extra_env": engine_env.engine_env()},
+            "kt": {"extra_args": engine_env.ENGINE_FLAGS, "extra_env": engine_env.engine_env(base={})},
         }
     ]
     cfg = {
