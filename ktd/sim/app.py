@@ -197,16 +197,17 @@ class Lifecycle:
 
     async def _drain(self) -> None:
         """SGLang's exit statuses after SIGTERM (NOTES, "Shutdown as designed"): its drain
-        handler is installed at the first request, so before any request uvicorn's shutdown
-        re-raises SIGTERM (the process dies of it: -15, a shell's 143); after one, upstream
-        drains and exits 0, and the kt fork SIGKILLs its own tree (-9)."""
+        handler is installed at the first request through the tokenizer manager (a /health
+        is one), so before that uvicorn's shutdown re-raises SIGTERM (the process dies of
+        it: -15, a shell's 143); after it, upstream drains and exits 0, and the kt fork
+        SIGKILLs its own tree (-9)."""
         with trio.move_on_after(self.knobs.drain):
             await self.state.wait_idle()
         if self.sched.got_sigterm():  # the whole group was signalled: a crash to SGLang
             await self._scheduler_crashed(-signal.SIGTERM)
             return
         log(f"Gracefully exiting... Remaining number of requests {self.state.stats.active}.")
-        if self.state.stats.requests == 0:
+        if not self.state.drain_handler:
             self.exit(-signal.SIGTERM)
         elif flags.flavor() == "kt":
             log(f"kill_process_tree called: parent_pid={os.getpid()}, include_parent=True")

@@ -109,6 +109,7 @@ class SimApp:
             return Reply(503, content_type=None)
         if self.knobs.never_healthy or self.state.status != UP:
             return Reply(503, content_type=None)
+        self.state.drain_handler = True
         with trio.move_on_after(self.knobs.health_timeout):
             await self.state.wait_unhung()
             await trio.sleep(self.knobs.token_time())

@@ -42,6 +42,9 @@ class ServerState:
         self.status = STARTING
         self.stats = Stats()
         self.hung = False
+        # SGLang installs its SIGTERM drain handler with the tokenizer manager's loop, at
+        # the first request that goes through it (a generation, or /health's one token).
+        self.drain_handler = False
         self._unhung = trio.Event()
         self._unhung.set()
         self._idle = trio.Event()
@@ -63,6 +66,7 @@ class ServerState:
 
     # -- request accounting
     def begin(self) -> None:
+        self.drain_handler = True
         self.stats.requests += 1
         self.stats.active += 1
         if self.stats.active == 1:

@@ -173,11 +173,16 @@ def test_sigterm_drains_in_flight_then_exits_as_sglang_does(
 
 def test_sigterm_before_any_request_dies_of_it(sim_factory: Factory) -> None:
     """SGLang installs its drain handler at the first request; before that uvicorn's
-    shutdown re-raises SIGTERM (a shell's 143)."""
-    sim = sim_factory()
-    sim.wait_ready()
-    os.kill(sim.pid, signal.SIGTERM)
-    assert sim.wait_exit() == -signal.SIGTERM
+    shutdown re-raises SIGTERM (a shell's 143). /v1/models does not install it; /health,
+    a one-token generation through the tokenizer manager, does."""
+    for probe_health, code in ((False, -signal.SIGTERM), (True, 0)):
+        sim = sim_factory(env={"KTD_SIM_SGLANG": "upstream"})
+        sim.wait_log("The server is fired up and ready to roll!")
+        assert httpx.get(sim.url("/v1/models")).status_code == 200
+        if probe_health:
+            assert httpx.get(sim.url("/health")).status_code == 200
+        os.kill(sim.pid, signal.SIGTERM)
+        assert sim.wait_exit() == code
 
 
 def test_drain_is_bounded_by_ktd_sim_drain(sim_factory: Factory) -> None:
