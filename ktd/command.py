@@ -14,6 +14,9 @@ from ktd.config import ModelSpec
 # Set on every engine so the daemon can recognise its own processes (and a
 # re-started daemon its predecessor's) from /proc/<pid>/environ.
 ENGINE_MARK = "KTD_ENGINE"
+# The spec's launch digest, beside the marker: a ktd that lost the state file can
+# still tell whether a recovered engine runs the configured launch.
+DIGEST_MARK = "KTD_ENGINE_DIGEST"
 
 
 def user_flag_names(extra_args: Sequence[str]) -> set[str]:
@@ -53,6 +56,7 @@ def build_env(
     placement_env: Mapping[str, str] | None = None,
     *,
     engine_id: str = "",
+    digest: str = "",
 ) -> dict[str, str]:
     """ktd's environment, then the plan's (CUDA_VISIBLE_DEVICES), then the user's extra_env.
 
@@ -65,6 +69,8 @@ def build_env(
     env.update(spec.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[ENGINE_MARK] = engine_id or spec.alias
+    if digest:
+        env[DIGEST_MARK] = digest
     return env
 
 
