@@ -328,14 +328,40 @@ class _Skimmer:
             return "array", b & 0x0F
         if 0xA0 <= b <= 0xBF:
             return "str", b & 0x1F
-        fixed = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8,
-                 0xCA: 4, 0xCB: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}
+        fixed = {
+            0xCC: 1,
+            0xCD: 2,
+            0xCE: 4,
+            0xCF: 8,
+            0xD0: 1,
+            0xD1: 2,
+            0xD2: 4,
+            0xD3: 8,
+            0xCA: 4,
+            0xCB: 8,
+            0xD4: 2,
+            0xD5: 3,
+            0xD6: 5,
+            0xD7: 9,
+            0xD8: 17,
+        }
         if b in fixed:
             return "skip", fixed[b]
-        sized = {0xD9: ("str", 1), 0xDA: ("str", 2), 0xDB: ("str", 4),
-                 0xC4: ("skip", 1), 0xC5: ("skip", 2), 0xC6: ("skip", 4),
-                 0xC7: ("ext", 1), 0xC8: ("ext", 2), 0xC9: ("ext", 4),
-                 0xDC: ("array", 2), 0xDD: ("array", 4), 0xDE: ("map", 2), 0xDF: ("map", 4)}
+        sized = {
+            0xD9: ("str", 1),
+            0xDA: ("str", 2),
+            0xDB: ("str", 4),
+            0xC4: ("skip", 1),
+            0xC5: ("skip", 2),
+            0xC6: ("skip", 4),
+            0xC7: ("ext", 1),
+            0xC8: ("ext", 2),
+            0xC9: ("ext", 4),
+            0xDC: ("array", 2),
+            0xDD: ("array", 4),
+            0xDE: ("map", 2),
+            0xDF: ("map", 4),
+        }
         if b in sized:
             kind, width = sized[b]
             n = self._uint(width)

@@ -19,14 +19,22 @@ def found(
 ) -> adoption.Found:
     argv = ("python", "-m", "sglang.launch_server") + (("--port", str(port)) if port else ())
     return adoption.Found(
-        engine_id=f"{INST}/{alias}@{n}", alias=alias, pid=pid, start=start,
-        members=((pid, start),), argv=argv,
+        engine_id=f"{INST}/{alias}@{n}",
+        alias=alias,
+        pid=pid,
+        start=start,
+        members=((pid, start),),
+        argv=argv,
     )
 
 
 def record(f: adoption.Found, **over: object) -> EngineRecord:
     fields: dict[str, object] = dict(
-        alias=f.alias, pid=f.pid, start=f.start, engine_id=f.engine_id, port=8000,
+        alias=f.alias,
+        pid=f.pid,
+        start=f.start,
+        engine_id=f.engine_id,
+        port=8000,
         argv=list(f.argv),
     )
     fields.update(over)
@@ -60,8 +68,9 @@ def test_engine_without_record_is_recovered_not_killed() -> None:
 
 def test_record_of_a_process_without_marker_is_ignored() -> None:
     """Issue 12, attack 4: a forged record names a process no marker vouches for."""
-    forged = EngineRecord(alias="a", pid=4242, start=7, engine_id=f"{INST}/a@9", port=1,
-                          argv=["sleep", "600"])
+    forged = EngineRecord(
+        alias="a", pid=4242, start=7, engine_id=f"{INST}/a@9", port=1, argv=["sleep", "600"]
+    )
     d = adoption.decide([forged], {}, {"a"})
     assert not d.adopt and not d.kill
     assert [r for r, _ in d.ignored] == [forged]
@@ -113,10 +122,12 @@ def test_scan_finds_marked_trees_and_kill_spares_the_unmarked() -> None:
         "time.sleep(60)"
     )
     env = {**os.environ, ENGINE_MARK: eid}
-    root = subprocess.Popen([sys.executable, "-c", code, "--port", "1234"], env=env,
-                            start_new_session=True)
+    root = subprocess.Popen(
+        [sys.executable, "-c", code, "--port", "1234"], env=env, start_new_session=True
+    )
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
+
         def scanned() -> adoption.Found | None:
             f = adoption.scan(INST).get(eid)
             return f if f is not None and len(f.members) == 2 else None

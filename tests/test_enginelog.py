@@ -100,9 +100,15 @@ def test_adopt_output_follows_the_process_stdout_and_backfills(tmp_path: Path) -
     path = tmp_path / "a.log"
     out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nprint('before restart', flush=True)\n"
-         "sys.stdin.readline()\nprint('after restart', flush=True)\ntime.sleep(30)"],
-        stdout=out, stdin=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nprint('before restart', flush=True)\n"
+            "sys.stdin.readline()\nprint('after restart', flush=True)\ntime.sleep(30)",
+        ],
+        stdout=out,
+        stdin=subprocess.PIPE,
+        text=True,
     )
     os.close(out)
     try:

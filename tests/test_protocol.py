@@ -13,8 +13,11 @@ from ktd import protocol as p
 @pytest.mark.parametrize("op", ["load", "evict", "acquire"])
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -1.0, -1e-9, 1e10])
 def test_bad_timeouts_do_not_decode(op: str, bad: float) -> None:
-    fields = {"load": {"alias": "a"}, "evict": {"alias": "a"}, "acquire": {"model": "a",
-                                                                          "client": "c"}}[op]
+    fields = {
+        "load": {"alias": "a"},
+        "evict": {"alias": "a"},
+        "acquire": {"model": "a", "client": "c"},
+    }[op]
     data = msgspec.msgpack.encode({"op": op, "id": 3, "timeout": bad, **fields})
     with pytest.raises(msgspec.ValidationError, match=r"\$\.timeout"):
         p.decode_request(data)
@@ -38,6 +41,12 @@ def test_skim_id_of_an_oversized_frame() -> None:
     )
     assert p.skim_id(data) == 41
     assert p.skim_id(msgspec.msgpack.encode({"op": "ping", "id": -9})) == -9
-    for junk in (b"", b"\xc1" * 100, msgspec.msgpack.encode([1, 2]), b"\x81\xa2id",
-                 msgspec.msgpack.encode({"id": "7"}), msgspec.msgpack.encode({"id": True})):
+    for junk in (
+        b"",
+        b"\xc1" * 100,
+        msgspec.msgpack.encode([1, 2]),
+        b"\x81\xa2id",
+        msgspec.msgpack.encode({"id": "7"}),
+        msgspec.msgpack.encode({"id": True}),
+    ):
         assert p.skim_id(junk) == 0

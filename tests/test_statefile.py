@@ -135,7 +135,11 @@ def test_ownership_needs_the_marker(tmp_path: Path) -> None:
             info = proctree.read_stat(proc.pid)
             assert info is not None
             recs[name] = statefile.EngineRecord(
-                alias="a", pid=proc.pid, start=info.start, engine_id="k/a@1", port=1,
+                alias="a",
+                pid=proc.pid,
+                start=info.start,
+                engine_id="k/a@1",
+                port=1,
                 argv=proctree.cmdline(proc.pid),
             )
         assert statefile.same_process(recs["foreign"])
