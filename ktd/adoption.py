@@ -50,10 +50,26 @@ class Found:
     members: tuple[tuple[int, int], ...]
     argv: tuple[str, ...] = ()
     digest: str = ""
+    gpus_env: str | None = None  # CUDA_VISIBLE_DEVICES as the engine got it
+    cpus: tuple[int, ...] = ()  # its affinity, when ktd pinned it (NUMA nodes known)
 
     @property
     def port(self) -> int | None:
         return port_of(self.argv)
+
+    @property
+    def numa_nodes(self) -> tuple[int, ...]:
+        return numa_nodes_of(self.argv)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The GPU plan, back from the environment (ids only; anything else: unknown)."""
+        if not self.gpus_env:
+            return ()
+        try:
+            return tuple(int(g) for g in self.gpus_env.split(","))
+        except ValueError:
+            return ()
 
 
 @dataclass
@@ -87,6 +103,19 @@ def port_of(argv: Iterable[str]) -> int | None:
                 return None
             return port if 0 < port < 65536 else None
     return None
+
+
+def numa_nodes_of(argv: Iterable[str]) -> tuple[int, ...]:
+    """``--kt-numa-nodes 0 1`` (the placement flag ktd emits) → (0, 1)."""
+    args = list(argv)
+    if "--kt-numa-nodes" not in args:
+        return ()
+    out = []
+    for arg in args[args.index("--kt-numa-nodes") + 1 :]:
+        if not arg.isdigit():
+            break
+        out.append(int(arg))
+    return tuple(out)
 
 
 def group_engines(marked: Iterable[Marked], instance: str) -> dict[str, list[Marked]]:
@@ -169,14 +198,23 @@ def scan(instance: str) -> dict[str, Found]:
         alias = alias_of(engine_id, instance)
         assert alias is not None
         main = main_process(group)
+        argv = tuple(proctree.cmdline(main.pid))
+        cpus: tuple[int, ...] = ()
+        if numa_nodes_of(argv):
+            try:
+                cpus = tuple(sorted(os.sched_getaffinity(main.pid)))
+            except OSError:
+                pass
         out[engine_id] = Found(
             engine_id=engine_id,
             alias=alias,
             pid=main.pid,
             start=main.start,
             members=tuple(sorted((m.pid, m.start) for m in group)),
-            argv=tuple(proctree.cmdline(main.pid)),
+            argv=argv,
             digest=proctree.environ_get(main.pid, DIGEST_MARK) or "",
+            gpus_env=proctree.environ_get(main.pid, "CUDA_VISIBLE_DEVICES"),
+            cpus=cpus,
         )
     return out
 

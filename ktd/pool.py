@@ -318,7 +318,12 @@ class Pool:
             digest = f.digest or engine.spec.launch_digest()
             state, started_at = None, time.time()
             port, argv = f.port or 0, list(f.argv)
-            plan = FixedPlacement(numa_nodes=(), cpus=(), gpus=(), env={})
+            plan = FixedPlacement(
+                numa_nodes=f.numa_nodes,
+                cpus=f.cpus,
+                gpus=f.gpus,
+                env={} if f.gpus_env is None else {"CUDA_VISIBLE_DEVICES": f.gpus_env},
+            )
             log.warning(
                 "recovered engine %s (pid %d, port %d) without a state record",
                 f.alias,

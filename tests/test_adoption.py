@@ -51,6 +51,11 @@ def test_alias_and_port_parsing() -> None:
     assert adoption.port_of(["x", "--port", "nope"]) is None
     assert adoption.port_of(["x", "--port", "70000"]) is None
     assert adoption.port_of(["x"]) is None
+    assert adoption.numa_nodes_of(["x", "--kt-numa-nodes", "0", "1", "--y"]) == (0, 1)
+    assert adoption.numa_nodes_of(["x"]) == ()
+    f = adoption.Found(engine_id="e", alias="a", pid=1, start=1, members=(), gpus_env="2,3")
+    assert f.gpus == (2, 3)
+    assert adoption.Found(**{**f.__dict__, "gpus_env": "GPU-uuid"}).gpus == ()
 
 
 def test_recorded_engine_is_adopted_with_its_record() -> None:
