@@ -277,7 +277,11 @@ class ChaosMachine(base.DaemonMachine):
     # ------------------------------------------------------------ checks
 
     def _ready_pids(self) -> dict[str, int]:
-        return {e.alias: e.pid for e in self.c.status() if e.state == "ready" and e.pid}
+        """Engines a restarted daemon must keep: ready ones, except those a reload left
+        ``stale`` (restarted with the new launch once idle, by design)."""
+        return {
+            e.alias: e.pid for e in self.c.status() if e.state == "ready" and e.pid and not e.stale
+        }
 
     def _no_lost_claim(self, ready: dict[str, int]) -> None:
         for alias, pid in ready.items():
