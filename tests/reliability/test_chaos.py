@@ -277,10 +277,16 @@ class ChaosMachine(base.DaemonMachine):
     # ------------------------------------------------------------ checks
 
     def _ready_pids(self) -> dict[str, int]:
-        """Engines a restarted daemon must keep: ready ones, except those a reload left
-        ``stale`` (restarted with the new launch once idle, by design)."""
+        """Engines a restarted daemon must keep: ready ones, except those due for a restart
+        by design (a reload changed their launch: ``stale``, or a ctx other than the
+        config's, which a restarted daemon also restarts once idle)."""
         return {
-            e.alias: e.pid for e in self.c.status() if e.state == "ready" and e.pid and not e.stale
+            e.alias: e.pid
+            for e in self.c.status()
+            if e.state == "ready"
+            and e.pid
+            and not e.stale
+            and e.argv[e.argv.index("--context-length") + 1] == str(self.ctx[e.alias])
         }
 
     def _no_lost_claim(self, ready: dict[str, int]) -> None:
