@@ -46,8 +46,11 @@ def acquire(state_dir: Path, dir_fd: int | None = None) -> int:
     except BaseException:
         os.close(fd)
         raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # a full disk must not stop the daemon: the pid is for messages only
     return fd
 
 
