@@ -1,8 +1,9 @@
 """Which running processes a starting ktd takes over, and which it kills.
 
 Ownership is proven by the engine marker ktd puts in every engine's environment
-(``KTD_ENGINE=<instance>/<alias>@<ns>``, read from ``/proc/<pid>/environ``),
-never by a pid, start time, cmdline or process group alone: those are in the
+(``KTD_ENGINE=<instance>/<alias>@<ns>``, read from ``/proc/<pid>/environ``) of a
+process running as ktd's own user (anyone can set a variable in their own
+process), never by a pid, start time, cmdline or process group alone: those are in the
 state file, which a full disk can truncate and anyone with write access can
 forge. The state file only says which of the marked processes was which engine
 and how it was placed.
@@ -187,7 +188,7 @@ def scan(instance: str) -> dict[str, Found]:
     me = os.getpid()
     marked = []
     for info in proctree.all_procs().values():
-        if info.pid == me or info.state in ("Z", "X"):
+        if info.pid == me or info.state in ("Z", "X") or not proctree.owned_by_us(info.pid):
             continue
         value = proctree.environ_get(info.pid, ENGINE_MARK)
         if value is None:
@@ -223,7 +224,11 @@ def kill(f: Found) -> list[int]:
     """SIGKILL each member that still is that process AND still carries the marker."""
     killed = []
     for pid, start in f.members:
-        if proctree.alive((pid, start)) and proctree.environ_has(pid, ENGINE_MARK, f.engine_id):
+        if (
+            proctree.alive((pid, start))
+            and proctree.owned_by_us(pid)
+            and proctree.environ_has(pid, ENGINE_MARK, f.engine_id)
+        ):
             proctree.signal_ident((pid, start), signal.SIGKILL)
             killed.append(pid)
     return killed

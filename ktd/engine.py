@@ -734,7 +734,11 @@ class Engine:
             found.update((d.pid, d.start) for d in proctree.descendants(run.pid, procs))
         me = os.getpid()
         for info in procs.values():
-            if info.pid != me and proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id):
+            if (
+                info.pid != me
+                and proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id)
+                and proctree.owned_by_us(info.pid)
+            ):
                 found.add((info.pid, info.start))
         return found
 

@@ -296,7 +296,9 @@ class Pool:
             pidfd: int | None = os.pidfd_open(f.pid)
         except OSError:
             pidfd = None
-        if not proctree.environ_has(f.pid, ENGINE_MARK, f.engine_id):
+        if not (
+            proctree.owned_by_us(f.pid) and proctree.environ_has(f.pid, ENGINE_MARK, f.engine_id)
+        ):
             # Gone (or replaced) since the scan: nothing to adopt, nothing to kill.
             if pidfd is not None:
                 os.close(pidfd)

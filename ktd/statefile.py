@@ -174,8 +174,10 @@ def ownership(rec: EngineRecord) -> bool:
     """The record names a live engine of ours: the same process (pid + start time) AND
     carrying the marker with the recorded engine id. The marker is the proof; pid and
     start time only tie the record to it."""
-    return proctree.alive((rec.pid, rec.start)) and proctree.environ_has(
-        rec.pid, ENGINE_MARK, rec.engine_id
+    return (
+        proctree.alive((rec.pid, rec.start))
+        and proctree.owned_by_us(rec.pid)
+        and proctree.environ_has(rec.pid, ENGINE_MARK, rec.engine_id)
     )
 
 

@@ -23,6 +23,7 @@ import zmq
 
 from ktd import proctree, statefile
 from ktd import protocol as p
+from ktd.command import ENGINE_MARK
 from tests.conftest import ConfigWriter, sim_model
 
 from ._util import FAST_DAEMON, alive, engine_procs, session_of, wait_for
@@ -298,6 +299,63 @@ def test_forged_record_never_gets_a_foreign_process_signalled(
         os.killpg(foreign.pid, signal.SIGKILL)
         foreign.wait()
     assert_clean()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_forged_marker_in_another_users_process_is_never_signalled(
+    write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    """Attack 4, variant: anyone can put ``KTD_ENGINE=<instance>/<alias>@1`` in their own
+    process's environment (the instance key is a hash of the state dir's path). A
+    process of another user carrying it is neither adopted nor killed, whether its alias
+    is configured or not, and with or without a forged record naming it."""
+    state_dir = Path(ktd_env["KTD_STATE_DIR"])
+    instance = statefile.instance_key(state_dir)
+    procs = []
+    for alias in ("mk-kt", "unconfigured-kt"):
+        env = {"PATH": "/usr/bin:/bin", ENGINE_MARK: f"{instance}/{alias}@1"}
+        procs.append(
+            subprocess.Popen(
+                ["sh", "-c", "sleep 600; :", "--port", "1"],
+                env=env,
+                user=65534,
+                group=65534,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                cwd="/",
+            )
+        )
+    try:
+        wait_for(
+            lambda: all(proctree.environ_has(p.pid, ENGINE_MARK) for p in procs),
+            what="the forgers to start",
+        )
+        info = proctree.read_stat(procs[0].pid)
+        assert info is not None
+        forged = statefile.EngineRecord(
+            alias="mk-kt",
+            pid=procs[0].pid,
+            start=info.start,
+            engine_id=f"{instance}/mk-kt@1",
+            port=1,
+            argv=proctree.cmdline(procs[0].pid),
+        )
+        state_dir.mkdir(parents=True, mode=0o700)
+        statefile.write(state_dir / "engines.json", statefile.StateFile(engines=[forged]))
+        d = daemon_factory(write_config([sim_model("mk-kt")], daemon=FAST_DAEMON))
+        with d.client(timeout=60) as c:
+            [e] = c.status("mk-kt")
+            assert (e.state, e.pid) == ("stopped", None)
+            loaded = c.load("mk-kt")
+            c.evict("mk-kt")
+        assert d.stop() == 0
+        assert all(f.poll() is None for f in procs)
+        assert "killed" not in d.output() and "recovered" not in d.output()
+    finally:
+        for f in procs:
+            os.killpg(f.pid, signal.SIGKILL)
+            f.wait()
+    assert_clean(loaded.port)
 
 
 # ---------------------------------------------------------------- attack 7: numbers, frames
