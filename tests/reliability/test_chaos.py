@@ -218,6 +218,8 @@ class ChaosMachine(base.DaemonMachine):
         self.last = f"sigstop_engine {alias} {secs}"
         pid = self._pid(alias)
         if pid:
+            if secs > DAEMON["hang_timeout"]:
+                self.hung.add(pid)  # may be judged hung (rightly) around the SIGCONT
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(secs)
