@@ -181,7 +181,9 @@ class ChaosMachine(base.DaemonMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.hung: set[int] = set()  # engine pids the ``hang`` rule made hang
+        # Engine pids a fault condemned (hung, stopped past hang_timeout, scheduler killed):
+        # their restart is right, so they are no claims a restarted daemon must keep.
+        self.doomed: set[int] = set()
 
     @property
     def ch(self) -> ChaosHarness:
@@ -200,7 +202,7 @@ class ChaosMachine(base.DaemonMachine):
         pid = self._pid(alias)
         super().hang(alias)
         if pid:
-            self.hung.add(pid)
+            self.doomed.add(pid)
 
     @rule(alias=st.sampled_from(base.ALIASES))
     def kill_scheduler_child(self, alias: str) -> None:
@@ -208,6 +210,7 @@ class ChaosMachine(base.DaemonMachine):
         self.last = f"kill_scheduler_child {alias}"
         pid = self._pid(alias)
         if pid:
+            self.doomed.add(pid)  # the server exits once it sees its scheduler gone
             children = [p for p in proctree.descendants(pid) if p.state not in ("Z", "X")]
             if children:
                 with contextlib.suppress(ProcessLookupError):
@@ -219,7 +222,7 @@ class ChaosMachine(base.DaemonMachine):
         pid = self._pid(alias)
         if pid:
             if secs > DAEMON["hang_timeout"]:
-                self.hung.add(pid)  # may be judged hung (rightly) around the SIGCONT
+                self.doomed.add(pid)  # may be judged hung (rightly) around the SIGCONT
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(secs)
@@ -300,7 +303,7 @@ class ChaosMachine(base.DaemonMachine):
             for e in self.c.status()
             if e.state == "ready"
             and e.pid
-            and e.pid not in self.hung
+            and e.pid not in self.doomed
             and not e.stale
             and e.argv[e.argv.index("--context-length") + 1] == str(self.ctx[e.alias])
         }
