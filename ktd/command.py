@@ -21,6 +21,9 @@ from ktd.sglang_options import Catalog, Option, OptionError, UserFlag, parse_use
 # Set on every engine so the daemon can recognise its own processes (and a
 # re-started daemon its predecessor's) from /proc/<pid>/environ.
 ENGINE_MARK = "KTD_ENGINE"
+# The spec's launch digest, beside the marker: a ktd that lost the state file can
+# still tell whether a recovered engine runs the configured launch.
+DIGEST_MARK = "KTD_ENGINE_DIGEST"
 
 
 # The flags ktd derives, in ktd's spelling (the seed's). SGLang's argparse ``dest``
@@ -190,6 +193,7 @@ def build_env(
     placement_env: Mapping[str, str] | None = None,
     *,
     engine_id: str = "",
+    digest: str = "",
 ) -> dict[str, str]:
     """ktd's environment, then the plan's (CUDA_VISIBLE_DEVICES), then the user's extra_env.
 
@@ -202,6 +206,8 @@ def build_env(
     env.update(spec.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[ENGINE_MARK] = engine_id or spec.alias
+    if digest:
+        env[DIGEST_MARK] = digest
     return env
 
 

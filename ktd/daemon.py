@@ -20,7 +20,7 @@ from typing import Any
 import trio
 import zmq
 
-from ktd import paths, proctree, sdnotify
+from ktd import paths, proctree, safedir, sdnotify, statefile, statelock
 from ktd.config import Config, ConfigError, load_config
 from ktd.pool import OpError, Pool
 from ktd.protocol import HARD_MAX_FRAME, ErrorCode
@@ -50,20 +50,42 @@ class Setup:
 
 
 def prepare_runtime_dir(directory: Path, group: str | None) -> None:
-    """0700 (0750 with a group), owned by us: the socket's permission is the directory's."""
+    """0700 (0750 with a group), owned by us: the socket's permission is the directory's.
+    Checked without following symlinks (``ktd.safedir``): a planted link is an error."""
     mode = 0o750 if group else 0o700
-    directory.mkdir(parents=True, exist_ok=True, mode=mode)
-    st = directory.stat()
-    if st.st_uid != os.geteuid():
-        raise SystemExit(f"ktd: {directory} is owned by uid {st.st_uid}, not by us; refusing")
-    os.chmod(directory, mode)
-    if group:
-        import grp
+    try:
+        fd = safedir.ensure_dir(directory, mode, what="runtime dir", fix_mode=True)
+    except safedir.UnsafeDir as exc:
+        raise SystemExit(f"ktd: {exc}") from None
+    try:
+        if group:
+            import grp
 
-        try:
-            os.chown(directory, -1, grp.getgrnam(group).gr_gid)
-        except (KeyError, PermissionError) as exc:
-            raise SystemExit(f"ktd: daemon.group {group!r}: {exc}") from None
+            try:
+                os.fchown(fd, -1, grp.getgrnam(group).gr_gid)
+            except (KeyError, PermissionError) as exc:
+                raise SystemExit(f"ktd: daemon.group {group!r}: {exc}") from None
+    finally:
+        os.close(fd)
+
+
+def prepare_state_dir(directory: Path, group: str | None) -> int:
+    """The state dir, checked like the runtime dir, and this daemon's lock on it.
+    Returns the lock fd (kept open for the daemon's life); SystemExit names the holder."""
+    try:
+        fd = safedir.ensure_dir(
+            directory, 0o750 if group else 0o700, what="state dir", fix_mode=False
+        )
+    except safedir.UnsafeDir as exc:
+        raise SystemExit(f"ktd: {exc}") from None
+    try:
+        return statelock.acquire(directory, dir_fd=fd)
+    except statelock.StateDirBusy as exc:
+        raise SystemExit(str(exc)) from None
+    except OSError as exc:
+        raise SystemExit(f"ktd: cannot lock state dir {directory}: {exc}") from None
+    finally:
+        os.close(fd)
 
 
 def check_not_running(path: Path) -> None:
@@ -238,6 +260,11 @@ def main(argv: list[str]) -> int:
         return 2
     setup = Setup(config, args.socket)
     try:
+        # The lock first: a second daemon on this state dir must not even unlink a
+        # socket. Held (fd open) until this process exits.
+        lock_fd = prepare_state_dir(setup.state_dir, setup.group)
+        for stale in statefile.remove_stale_temps(setup.state_dir / "engines.json"):
+            log.warning("removed %s, left by a daemon killed mid-write", stale)
         prepare_runtime_dir(setup.control.parent, setup.group)
         control, events = bind_sockets(setup)
     except SystemExit as exc:
@@ -253,4 +280,5 @@ def main(argv: list[str]) -> int:
     finally:
         for path in (setup.control, setup.events):
             path.unlink(missing_ok=True)
+        os.close(lock_fd)  # after the sockets are gone: the next daemon may start now
     return 0

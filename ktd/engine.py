@@ -447,6 +447,7 @@ class Engine:
             self.host.base_env,
             self.plan.env if self.plan else None,
             engine_id=engine_id,
+            digest=self.spec.launch_digest(),
         )
         try:
             run = await self._spawn(argv, env, port, engine_id)
@@ -591,7 +592,7 @@ class Engine:
     async def _follow_log(self) -> None:
         """Tail the engine's file: woken by inotify on each write (no polling when idle),
         batching bursts; a slow poll remains as the fallback without inotify."""
-        watch = FileWatch.open(self.log.path)
+        watch = FileWatch.open(self.log.watch_path)
         try:
             while True:
                 lines = self.log.poll()
@@ -749,8 +750,10 @@ class Engine:
         await self._kill_everything(run, grace=0.0 if self.force else self.host.settings.stop_grace)
 
     def _members(self, run: Running) -> set[tuple[int, int]]:
-        """Every process of this engine: its group, its descendants, and any process carrying
-        its marker (a descendant that escaped with setsid and was orphaned)."""
+        """Every process of this engine: its main process and descendants (while the main
+        process is the one we started or verified), and any process carrying its marker
+        (a descendant that escaped with setsid and was orphaned). Never a process by its
+        group or session alone: a recycled pid's group is someone else's."""
         procs = proctree.all_procs()
         found: set[tuple[int, int]] = set()
         root = procs.get(run.pid)
@@ -759,15 +762,19 @@ class Engine:
             found.update((d.pid, d.start) for d in proctree.descendants(run.pid, procs))
         me = os.getpid()
         for info in procs.values():
-            if info.pid == me:
-                continue
             if (
-                info.pgid == run.pid
-                or info.sid == run.pid
-                or proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id)
+                info.pid != me
+                and proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id)
+                and proctree.owned_by_us(info.pid)
             ):
                 found.add((info.pid, info.start))
         return found
+
+    @staticmethod
+    def _signal_group(run: Running, sig: int) -> None:
+        """The engine's process group, only while its verified main process leads it."""
+        if proctree.alive((run.pid, run.start)):
+            proctree.signal_group(run.pid, sig)
 
     async def _kill_everything(self, run: Running, *, grace: float) -> None:
         members = self._members(run)
@@ -796,7 +803,7 @@ class Engine:
                 killed = True
                 if grace > 0:
                     self.log.note(f"SIGKILL to {len(leftover)} process(es) left after {grace:g}s")
-                proctree.signal_group(run.pid, signal.SIGKILL)
+                self._signal_group(run, signal.SIGKILL)
                 for ident in leftover:
                     proctree.signal_ident(ident, signal.SIGKILL)
             with trio.move_on_after(10):

@@ -7,12 +7,18 @@ ktd follows the file for the tail and the ``log.<alias>`` events, and rotates it
 by copy-and-truncate (the engine keeps its fd). When the file cannot be opened
 (unwritable directory), the engine falls back to a pipe that ktd drains: the
 tail keeps working and the reason is noted.
+
+Everything follows the *file descriptor*, not the path: ktd reads, rotates
+(copies to ``.1`` and truncates) and appends its own notes through an fd on
+the very file the engine writes to. A log deleted or renamed by hand is still
+bounded and still in the tail, and a restarted ktd finds an adopted engine's
+file through ``/proc/<pid>/fd/1`` even when no path names it any more.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import stat
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -36,29 +42,87 @@ class EngineLog:
         self.error: str | None = None
         self._partial = b""
         self._rfd: int | None = None
+        self._rfd_writable = False
+        self._source: int | None = None  # the engine's own file, for the next follow
         self._offset = 0
+        self._detached_noted = False
 
     # ------------------------------------------------------------ the engine's side
 
     def open_for_engine(self) -> int | None:
-        """An fd for the child's stdout+stderr, or None when the file cannot be had."""
+        """An fd for the child's stdout+stderr, or None when the file cannot be had.
+        ktd keeps a duplicate of it to follow (the same file whatever the path does)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
         except OSError as exc:
             self._file_error(exc)
             return None
         self.error = None
+        self._set_source(os.dup(fd))
         return fd
+
+    def adopt_output(self, pid: int) -> bool:
+        """Follow the file an adopted engine's stdout is (``/proc/<pid>/fd/1``), deleted or
+        not, and put its last lines in the tail: ``ktctl logs`` right after a daemon restart
+        shows what the engine said before."""
+        try:
+            fd = os.open(f"/proc/{pid}/fd/1", os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return False
+        if not stat.S_ISREG(st.st_mode):  # a pipe (the fallback) or a tty: nothing to follow
+            os.close(fd)
+            return False
+        self._set_source(fd)
+        self._backfill(fd, st.st_size)
+        return True
+
+    def _set_source(self, fd: int) -> None:
+        if self._source is not None:
+            os.close(self._source)
+        self._source = fd
+
+    def _backfill(self, fd: int, size: int, limit: int = 256 << 10) -> None:
+        start = max(0, size - limit)
+        try:
+            data = os.pread(fd, size - start, start)
+        except OSError:
+            return
+        lines = data.split(b"\n")
+        if start > 0:
+            lines = lines[1:]  # cut mid-line
+        if lines and lines[-1] == b"":
+            lines.pop()
+        self.tail.extend(
+            ln.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1] for ln in lines
+        )
 
     def start_following(self, *, from_end: bool) -> None:
         """Begin reading the file; ``from_end`` skips what an earlier engine wrote."""
         self.stop_following()
-        try:
-            self._rfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            self._file_error(exc)
-            return
+        self._detached_noted = False
+        if self._source is not None:
+            self._rfd, self._source = self._source, None
+            self._rfd_writable = True
+        else:
+            try:
+                self._rfd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+                self._rfd_writable = True
+            except PermissionError:
+                try:
+                    self._rfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as exc:
+                    self._file_error(exc)
+                    return
+                self._rfd_writable = False
+            except OSError as exc:
+                self._file_error(exc)
+                return
         self._offset = os.fstat(self._rfd).st_size if from_end else 0
         self._partial = b""
 
@@ -66,6 +130,26 @@ class EngineLog:
         if self._rfd is not None:
             os.close(self._rfd)
             self._rfd = None
+
+    @property
+    def watch_path(self) -> Path:
+        """What to watch for writes: the followed file itself, whatever its path now is."""
+        if self._rfd is not None:
+            return Path(f"/proc/self/fd/{self._rfd}")
+        return self.path
+
+    def detached(self) -> bool:
+        """The path no longer names the file the engine writes (deleted or replaced)."""
+        if self._rfd is None:
+            return False
+        try:
+            ours = os.fstat(self._rfd)
+            there = os.lstat(self.path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino)
 
     def poll(self) -> list[str]:
         """Read what the engine appended since the last call; rotate when the file is too big."""
@@ -89,18 +173,55 @@ class EngineLog:
         return lines
 
     def _rotate(self) -> None:
-        """copytruncate: the engine's O_APPEND fd keeps writing at the new end."""
+        """copytruncate through the fd: the engine's O_APPEND fd keeps writing at the new
+        end, and a file whose path was deleted or replaced is bounded all the same."""
+        rfd = self._rfd
+        if rfd is None:
+            return
+        if self.detached() and not self._detached_noted:
+            self._detached_noted = True
+            self._add(
+                [
+                    f"[ktd] log file {self.path} was removed or replaced; following the "
+                    "engine's own file (rotation continues into the backups)"
+                ]
+            )
         try:
             for i in range(self.backups - 1, 0, -1):
                 src = self.path.with_name(f"{self.path.name}.{i}")
                 if src.exists():
                     src.replace(self.path.with_name(f"{self.path.name}.{i + 1}"))
             if self.backups > 0:
-                shutil.copyfile(self.path, self.path.with_name(f"{self.path.name}.1"))
-            os.truncate(self.path, 0)
+                self._copy_out(rfd, self.path.with_name(f"{self.path.name}.1"))
+        except OSError as exc:
+            self._file_error(exc)  # no backup (disk full?): the size bound matters more
+        try:
+            if self._rfd_writable:
+                os.ftruncate(rfd, 0)
+            else:
+                os.truncate(self.path, 0)
             self._offset = 0
         except OSError as exc:
             self._file_error(exc)
+
+    @staticmethod
+    def _copy_out(rfd: int, dest: Path) -> None:
+        size = os.fstat(rfd).st_size
+        fd = os.open(
+            dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640
+        )
+        try:
+            offset = 0
+            while offset < size:
+                chunk = os.pread(rfd, min(1 << 20, size - offset), offset)
+                if not chunk:
+                    break
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+                offset += len(chunk)
+        finally:
+            os.close(fd)
 
     def _file_error(self, exc: OSError) -> None:
         msg = f"log file {self.path}: {exc.strerror or exc}"
@@ -122,18 +243,23 @@ class EngineLog:
         return self._add(lines)
 
     def note(self, line: str) -> None:
-        """A line of ktd's own about this engine (spawn, signals, exit status), in file and tail."""
+        """A line of ktd's own about this engine (spawn, signals, exit status), in file and tail.
+        Written through the followed fd when there is one: into the engine's own file, in
+        order with its lines, even when the path is gone."""
         text = f"[ktd] {line}"
         if self.error is None:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(
-                    self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640
-                )
-                try:
-                    os.write(fd, text.encode() + b"\n")
-                finally:
-                    os.close(fd)
+                if self._rfd is not None and self._rfd_writable:
+                    os.write(self._rfd, text.encode() + b"\n")
+                else:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    fd = os.open(
+                        self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640
+                    )
+                    try:
+                        os.write(fd, text.encode() + b"\n")
+                    finally:
+                        os.close(fd)
             except OSError as exc:
                 self._file_error(exc)
             else:

@@ -6,6 +6,7 @@ waits for their supervisors. Operations raise ``OpError`` with a stable code.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import trio
 
-from ktd import proctree, statefile
+from ktd import adoption, proctree, statefile
 from ktd import states as S
 from ktd.command import ENGINE_MARK, build_env, planner_args
 from ktd.config import Config, ModelSpec
@@ -25,6 +26,9 @@ from ktd.engine import Busy, Engine, Lease, PlacementLike, Running
 from ktd.probe import Prober, ProbeResult
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
 from ktd.sglang_options import Catalog
+from ktd.statekeeper import StateKeeper
+
+log = logging.getLogger("ktd")
 
 
 class OpError(Exception):
@@ -56,6 +60,11 @@ class Pool:
         self.publish = publish
         self.state_path = state_path
         self.instance = statefile.instance_key(state_path.parent) if state_path else "ktd"
+        self.keeper = (
+            StateKeeper(state_path, self.snapshot, on_error=self._state_error)
+            if state_path is not None
+            else None
+        )
         self.prober = Prober()
         self.http: httpx.AsyncClient = httpx.AsyncClient(trust_env=False)
         self.base_env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
@@ -81,6 +90,8 @@ class Pool:
                 nursery.start_soon(engine.run_forever)
             nursery.start_soon(self._lease_sweeper)
             nursery.start_soon(self._ttl_sweeper)
+            if self.keeper is not None:
+                nursery.start_soon(self.keeper.run)
             for engine in self._restart_after_adoption:
                 nursery.start_soon(self._restart_when_idle, engine)
             task_status.started()
@@ -243,64 +254,115 @@ class Pool:
         return statefile.StateFile(daemon_pid=os.getpid(), engines=records)
 
     def save_state(self) -> None:
-        if self.state_path is None:
-            return
-        try:
-            statefile.write(self.state_path, self.snapshot())
-        except OSError as exc:
-            self.publish(
-                "daemon",
-                Event(
-                    topic="daemon",
-                    time=time.time(),
-                    alias="",
-                    reason=f"cannot write state file: {exc}",
-                ),
-            )
+        if self.keeper is not None:
+            self.keeper.save()
+
+    def _state_error(self, message: str) -> None:
+        self.publish(
+            "daemon",
+            Event(topic="daemon", time=time.time(), alias="", reason=message),
+        )
 
     def adopt(self) -> tuple[list[str], list[int]]:
         """Take over the engines a previous daemon left running; kill what cannot be adopted.
 
-        Call before ``run()``. Returns (adopted aliases, killed pids).
+        Ownership is the engine marker in each process's environment (``ktd.adoption``);
+        the state file only adds how each was placed. Call before ``run()``.
+        Returns (adopted aliases, killed pids).
         """
-        adopted: list[str] = []
-        keep: set[str] = set()
+        records: list[statefile.EngineRecord] = []
         if self.state_path is not None:
-            for rec in statefile.read(self.state_path).engines:
-                engine = self.engines.get(rec.alias)
-                if engine is None or engine.adopt is not None or not statefile.same_process(rec):
-                    continue
-                try:
-                    pidfd: int | None = os.pidfd_open(rec.pid)
-                except OSError:
-                    pidfd = None
-                engine.adopt = Running(
-                    digest=rec.digest,
-                    adopted_state=rec.state,
-                    started_at=rec.started_at or rec.since,
-                    pid=rec.pid,
-                    start=rec.start,
-                    engine_id=rec.engine_id,
-                    port=rec.port,
-                    argv=rec.argv,
-                    pidfd=pidfd,
+            loaded = statefile.load(self.state_path)
+            if loaded.problem:
+                log.error(
+                    "%s; engines are recognised by their marker alone this time", loaded.problem
                 )
-                engine.plan = FixedPlacement(  # type: ignore[assignment]
-                    numa_nodes=tuple(rec.numa_nodes),
-                    cpus=tuple(rec.cpus),
-                    gpus=tuple(rec.gpus),
-                    env=dict(rec.env),
-                )
-                keep.add(rec.engine_id)
-                adopted.append(rec.alias)
-                if rec.digest != engine.spec.launch_digest():
-                    # The config changed while no ktd watched: restart it when idle,
-                    # as a reload would have.
-                    engine.pending_spec = engine.spec
-                    engine.stale = True
-                    self._restart_after_adoption.append(engine)
-        killed = kill_strays(f"{self.instance}/", keep)
+            records = loaded.state.engines
+        found = adoption.scan(self.instance)
+        decision = adoption.decide(records, found, set(self.engines))
+        for ignored, why in decision.ignored:
+            log.warning(
+                "state file names %s (pid %d) but %s: not adopted, not signalled",
+                ignored.alias,
+                ignored.pid,
+                why,
+            )
+        adopted: list[str] = []
+        for f, rec in decision.adopt:
+            engine = self.engines[f.alias]
+            if self._adopt_one(engine, f, rec):
+                adopted.append(f.alias)
+        killed: list[int] = []
+        for f, why in decision.kill:
+            pids = adoption.kill(f)
+            if pids:
+                log.warning("killed engine %s (pids %s): %s", f.engine_id, pids, why)
+            killed += pids
         return adopted, killed
+
+    def _adopt_one(
+        self, engine: Engine, f: adoption.Found, rec: statefile.EngineRecord | None
+    ) -> bool:
+        try:
+            pidfd: int | None = os.pidfd_open(f.pid)
+        except OSError:
+            pidfd = None
+        if not (
+            proctree.owned_by_us(f.pid) and proctree.environ_has(f.pid, ENGINE_MARK, f.engine_id)
+        ):
+            # Gone (or replaced) since the scan: nothing to adopt, nothing to kill.
+            if pidfd is not None:
+                os.close(pidfd)
+            return False
+        if rec is not None:
+            digest, state = rec.digest, rec.state
+            started_at = rec.started_at or rec.since
+            port, argv = rec.port, list(rec.argv)
+            plan = FixedPlacement(
+                numa_nodes=tuple(rec.numa_nodes),
+                cpus=tuple(rec.cpus),
+                gpus=tuple(rec.gpus),
+                env=dict(rec.env),
+            )
+        else:
+            # No record (lost to a failed write, or corrupt): what the process itself says.
+            # Unknown state: it gets a fresh health_timeout to answer (a ready one does at
+            # once), rather than being judged by a deadline computed from a guess.
+            digest = f.digest or engine.spec.launch_digest()
+            state, started_at = None, time.time()
+            port, argv = f.port or 0, list(f.argv)
+            plan = FixedPlacement(
+                numa_nodes=f.numa_nodes,
+                cpus=f.cpus,
+                gpus=f.gpus,
+                env={} if f.gpus_env is None else {"CUDA_VISIBLE_DEVICES": f.gpus_env},
+            )
+            log.warning(
+                "recovered engine %s (pid %d, port %d) without a state record",
+                f.alias,
+                f.pid,
+                port,
+            )
+        engine.log.adopt_output(f.pid)
+        engine.adopt = Running(
+            digest=digest,
+            adopted_state=state,
+            started_at=started_at,
+            pid=f.pid,
+            start=f.start,
+            engine_id=f.engine_id,
+            port=port,
+            argv=argv,
+            pidfd=pidfd,
+        )
+        engine.plan = plan  # type: ignore[assignment]
+        if digest != engine.spec.launch_digest():
+            # The config changed while no ktd watched: restart it when idle,
+            # as a reload would have.
+            engine.pending_spec = engine.spec
+            engine.stale = True
+            self._restart_after_adoption.append(engine)
+        return True
 
     # ------------------------------------------------------------ lookups
 
@@ -630,20 +692,3 @@ class FixedPlacement:
             "env": self.env,
             "adopted": True,
         }
-
-
-def kill_strays(prefix: str, keep: set[str]) -> list[int]:
-    """SIGKILL every process marked as an engine of this daemon instance that is not kept."""
-    killed = []
-    me = os.getpid()
-    for pid in proctree.all_procs():
-        if pid == me:
-            continue
-        value = proctree.environ_get(pid, ENGINE_MARK)
-        if value is not None and value.startswith(prefix) and value not in keep:
-            try:
-                os.kill(pid, 9)
-                killed.append(pid)
-            except ProcessLookupError:
-                pass
-    return killed

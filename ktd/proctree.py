@@ -94,6 +94,15 @@ def environ_get(pid: int, key: str) -> str | None:
     return None
 
 
+def owned_by_us(pid: int) -> bool:
+    """The process runs as our effective uid (``/proc/<pid>`` belongs to its euid).
+    An engine marker in another user's process proves nothing: anyone can set a variable."""
+    try:
+        return os.stat(PROC / str(pid)).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
 def environ_has(pid: int, key: str, value: str | None = None) -> bool:
     got = environ_get(pid, key)
     return got is not None and (value is None or got == value)

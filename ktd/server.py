@@ -81,6 +81,7 @@ class ControlServer:
             self._reply(
                 envelope,
                 p.Error(
+                    id=p.skim_id(payload),
                     code=p.ErrorCode.BAD_REQUEST,
                     message=f"frame of {len(payload)} bytes exceeds {p.MAX_FRAME}",
                 ),

@@ -377,11 +377,12 @@ def test_config_error_refuses_to_start(write_config: ConfigWriter, daemon_factor
 
 
 def test_second_daemon_on_same_socket_refused(
-    write_config: ConfigWriter, daemon_factory: Any
+    write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str], tmp_path: Path
 ) -> None:
     cfg = write_config([sim_model("a-kt")])
     daemon_factory(cfg)
-    d2 = daemon_factory(cfg, start=False)
+    # Another state dir (the same one is refused earlier, by its lock: test_statelock).
+    d2 = daemon_factory(cfg, start=False, env={**ktd_env, "KTD_STATE_DIR": str(tmp_path / "s2")})
     d2.start(wait=False)
     assert d2.proc.wait(10) == 1
     assert "already listening" in d2.output()

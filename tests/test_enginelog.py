@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from ktd.enginelog import EngineLog
@@ -69,3 +70,63 @@ def test_runaway_line_is_cut(tmp_path: Path) -> None:
     log = EngineLog(tmp_path / "a.log")
     assert log.feed(b"y" * 70000) == ["y" * 70000]
     assert log.last(0) == []
+
+
+def test_deleted_log_is_still_followed_and_bounded(tmp_path: Path) -> None:
+    """Issue 12, attack 7: rotation follows the fd; a deleted file does not grow forever."""
+    path = tmp_path / "a.log"
+    log = EngineLog(path, max_bytes=1000, backups=1)
+    fd = log.open_for_engine()
+    assert fd is not None
+    log.start_following(from_end=True)
+    path.unlink()
+    for i in range(50):
+        os.write(fd, f"line {i} ".encode() + b"x" * 100 + b"\n")
+        log.poll()
+        assert os.fstat(fd).st_size < 1200, i
+    assert log.detached()
+    assert any("was removed or replaced" in ln for ln in log.tail)
+    assert log.last(1)[0].startswith("line 49 ")
+    assert (tmp_path / "a.log.1").stat().st_size >= 1000  # rotated into the backup
+    log.note("a note goes to the engine's own file")
+    assert log.last(1) == ["[ktd] a note goes to the engine's own file"]
+    os.close(fd)
+
+
+def test_adopt_output_follows_the_process_stdout_and_backfills(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "a.log"
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nprint('before restart', flush=True)\n"
+            "sys.stdin.readline()\nprint('after restart', flush=True)\ntime.sleep(30)",
+        ],
+        stdout=out,
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+    os.close(out)
+    try:
+        deadline = time.monotonic() + 10
+        while b"before" not in path.read_bytes():
+            assert time.monotonic() < deadline
+        path.unlink()  # nobody can find it by name any more
+        log = EngineLog(path)
+        assert log.adopt_output(proc.pid)
+        log.start_following(from_end=True)
+        assert log.last(5) == ["before restart"]
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        while "after restart" not in log.last(1):
+            log.poll()
+            assert time.monotonic() < deadline
+        log.stop_following()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -72,7 +72,7 @@ class Msg:
         """("bad_request", id) for what ktd cannot decode, ("answer", id) for the rest."""
         data = self.payload
         if len(data) > p.MAX_FRAME:
-            return ("bad_request", 0)
+            return ("bad_request", p.skim_id(data))
         try:
             req = p.decode_request(data)
         except (msgspec.DecodeError, msgspec.ValidationError):

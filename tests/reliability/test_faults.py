@@ -360,10 +360,11 @@ def test_state_file_with_dead_or_recycled_pids_is_not_adopted(
 def test_stray_marked_engine_is_killed_at_startup(
     write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
 ) -> None:
-    """User sees: an engine process of this ktd instance that no record names (its record
-    was lost) is killed when ktd starts (the log says "killed 1 stray engine process(es)"),
-    so it cannot hold a GPU or a port unseen; engines of another ktd instance (another
-    state dir) are not touched."""
+    """User sees: a process carrying this ktd instance's engine marker that no record
+    names and that cannot be supervised (no ``--port``: not an engine command line) is
+    killed when ktd starts (the log says "killed 1 stray engine process(es)"), so it
+    cannot hold a GPU unseen; engines of another ktd instance (another state dir) are not
+    touched. (An unrecorded marked *engine* is re-adopted instead: test_hardening.)"""
     instance = statefile.instance_key(Path(ktd_env["KTD_STATE_DIR"]))
     env_ours = {**os.environ, ENGINE_MARK: f"{instance}/ghost-kt@123"}
     env_theirs = {**os.environ, ENGINE_MARK: "0123456789ab/ghost-kt@123"}
