@@ -31,8 +31,10 @@ from ktd.frontend.errors import ApiError
 from ktd.frontend.fastpath import ProxyRoutes
 from ktd.frontend.leases import LeaseBroker
 from ktd.frontend.metrics import Metrics
+from ktd.frontend.promtext import merge
 from ktd.frontend.proxy import control_error
 from ktd.frontend.routes import EXACT
+from ktd.frontend.scrape import scrape_engines
 from ktd.frontend.upstream import Pool
 
 _JSON = "application/json"
@@ -137,7 +139,18 @@ def create_app(options: FrontendOptions) -> QuartTrio:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        """ktd's own metrics, then every ready engine's SGLang metrics labelled by alias.
+
+        Engines are scraped concurrently (``--enable-metrics`` in their
+        extra_args; without it SGLang has no /metrics and is skipped), each with
+        a short timeout so one stuck engine cannot stall the scrape.
+        """
+        engines = await catalog.all_engines(state.broker)
+        state.metrics.update_engines(engines)
+        scraped = await scrape_engines(state.upstream, engines)
         data, ctype = state.metrics.render()
+        if scraped:
+            data += merge(scraped).encode()
         return Response(data, status=200, content_type=ctype)
 
     @app.get("/v1/models")

@@ -65,15 +65,18 @@ async def engine_adapters(pool: Pool, url: str, alias: str) -> list[str] | None:
     return [c["id"] for c in cards if c.get("parent") == alias and c["id"] != alias]
 
 
-async def ready_engines(broker: LeaseBroker) -> list[p.EngineInfo]:
-    """Engines the daemon reports ready (empty when it cannot be asked)."""
+async def all_engines(broker: LeaseBroker) -> list[p.EngineInfo]:
+    """Every engine the daemon reports (empty when it cannot be asked)."""
     try:
         reply = await broker.request(p.Status(), timeout=2.0)
     except (Unreachable, ControlError):
         return []
-    if not isinstance(reply, p.StatusReply):
-        return []
-    return [e for e in reply.engines if e.state == "ready" and e.url]
+    return list(reply.engines) if isinstance(reply, p.StatusReply) else []
+
+
+async def ready_engines(broker: LeaseBroker) -> list[p.EngineInfo]:
+    """Engines the daemon reports ready (empty when it cannot be asked)."""
+    return [e for e in await all_engines(broker) if e.state == "ready" and e.url]
 
 
 async def engine_status(broker: LeaseBroker, alias: str) -> p.EngineInfo | None:
