@@ -292,6 +292,7 @@ class ProxyRoutes:
             started=started,
         )
         ex.adapter = adapter
+        ex.method = scope["method"].encode("ascii")
         if route.remember:
             ex.remember = self._remember
         ex.progress = self._progress_for(base)

@@ -155,6 +155,7 @@ class Exchange:
         "headers",
         "label",
         "lease",
+        "method",
         "metrics",
         "model",
         "pool",
@@ -194,6 +195,7 @@ class Exchange:
         self.label = UNKNOWN_MODEL
         self.status = 499  # nginx's "client closed request" until we know better
         self.closed = False
+        self.method = b"POST"
         self.adapter: str | None = None  # LoRA: checked against the engine before sending
         self.remember: Callable[[str, bytes], None] | None = None  # (alias, first bytes)
         self.progress: Callable[[float], Awaitable[bytes]] | None = None  # waiting comments
@@ -222,7 +224,7 @@ class Exchange:
             await self._check_adapter(self.lease, self.adapter)
         try:
             self.response = await self.pool.request(
-                self.lease.url, self.target, self.headers, self.body
+                self.lease.url, self.target, self.headers, self.body, method=self.method
             )
         except UpstreamError as exc:
             raise self.upstream_error(exc) from None
