@@ -1,4 +1,4 @@
-"""Placements that can never succeed are config errors naming file and field, at serve and reload."""
+"""Never-placeable requests are config errors naming file and field, at serve and reload."""
 
 from __future__ import annotations
 
