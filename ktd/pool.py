@@ -516,6 +516,12 @@ class Pool:
         started = False  # this request asked for a launch
         while True:
             self._check_open()
+            if engine.retired:
+                raise OpError(
+                    ErrorCode.UNKNOWN_MODEL,
+                    f"{engine.alias} was removed from the config while the request waited",
+                    {"models": sorted(a for a, e in self.engines.items() if not e.retired)},
+                )
             state = engine.state
             if state == S.READY:
                 if (
@@ -526,8 +532,10 @@ class Pool:
                 ):
                     return self.grant(engine, client), engine
             elif state in (S.STOPPED, S.FAILED) and not engine.want_up:
-                if started and engine.error_code is not None:
-                    self._settled(engine)  # raises load_failed / busy for this attempt
+                if started:
+                    # The attempt this request started ended without ready (failed,
+                    # busy, or stopped by an evict): say so rather than start another.
+                    self._settled(engine)
                 if not autoload:
                     raise OpError(
                         ErrorCode.NOT_LOADED,
