@@ -199,3 +199,18 @@ def test_metrics_include_engine_metrics_by_alias_and_ktd_gauges(stack: Any) -> N
     assert 'ktd_engine_restarts_total{alias="m1"} 0.0' in text
     assert 'ktd_engine_load_seconds_count{alias="m1"} 1.0' in text
     assert text.count("# TYPE sglang:num_running_reqs gauge") == 1
+
+
+def test_openai_sdk_one_http_client_across_a_401_and_a_success(stack: Any) -> None:
+    _daemon, fe = stack([sim("m1")], api_keys=["sk-good"])
+    http = httpx.Client(timeout=30)  # one connection pool for both clients
+    bad = openai.OpenAI(base_url=fe.url + "/v1", api_key="sk-bad", max_retries=0, http_client=http)
+    good = bad.with_options(api_key="sk-good")
+    try:
+        for _ in range(3):
+            with pytest.raises(openai.AuthenticationError):
+                bad.responses.create(model="m1", input="hi")
+            reply = good.chat.completions.create(model="m1", messages=CHAT, max_tokens=1)
+            assert reply.choices[0].message.content == "tok0"
+    finally:
+        http.close()
