@@ -6,9 +6,9 @@ routes (routes.py: chat, completions, embeddings, Responses, Anthropic
 Messages, SGLang's native and scoring routes, audio) are answered by a raw ASGI
 layer in front of Quart (fastpath.py), which also reads any request body before
 Quart sees it, so no per-request or per-chunk Quart work sits on the hot path;
-the upstream hop is a small pooled HTTP/1.1 client on trio (upstream.py). The app is still one QuartTrio object served by
-``hypercorn.trio.serve``: the layer wraps ``app.asgi_app``, as any ASGI
-middleware would.
+the upstream hop is a small pooled HTTP/1.1 client on trio (upstream.py). The
+app is still one QuartTrio object served by ``hypercorn.trio.serve``: the layer
+wraps ``app.asgi_app``, as any ASGI middleware would.
 """
 
 from __future__ import annotations
