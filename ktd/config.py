@@ -83,6 +83,10 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pinned: bool = False
     swap: bool = True
     health_timeout: float | None = None
+    # Admission: requests served at once (None = no limit), and how many more may
+    # wait for a slot, a load or a swap (None = no limit; 0 = never wait).
+    max_concurrent: int | None = None
+    max_queue: int | None = None
 
 
 class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -114,6 +118,9 @@ class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     load_timeout: float = 1800.0
     read_timeout: float = 600.0
     autoload: bool = True
+    # Seconds a client connection may sit idle (before its first request, or
+    # between keep-alive requests) before the frontend closes it.
+    idle_timeout: float = 15.0
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -152,6 +159,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     pinned: bool = False
     swap: bool = True
     health_timeout: float = 1800.0
+    max_concurrent: int | None = None
+    max_queue: int | None = None
     not_served_reason: str | None = None
 
     @property
@@ -362,6 +371,8 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
     f = file.frontend
     _check_nonneg(f.max_body_bytes, name, "$.frontend.max_body_bytes")
     _check_nonneg(f.load_timeout, name, "$.frontend.load_timeout")
+    if f.idle_timeout <= 0:
+        raise ConfigError(name, "$.frontend.idle_timeout", "must be > 0")
     if not f.bind.startswith("unix:") and ":" not in f.bind:
         raise ConfigError(
             name, "$.frontend.bind", f"expected HOST:PORT or unix:PATH, got {f.bind!r}"
@@ -440,6 +451,9 @@ def resolve_models(
             raise ConfigError(models_name, f"{at}.numa", "lists a node twice")
         if isinstance(entry.gpus, int) and entry.gpus < 0:
             raise ConfigError(models_name, f"{at}.gpus", "must be >= 0")
+        if entry.max_concurrent is not None and entry.max_concurrent < 1:
+            raise ConfigError(models_name, f"{at}.max_concurrent", "must be >= 1")
+        _check_nonneg(entry.max_queue, models_name, f"{at}.max_queue")
         is_kt = entry.backend == BACKEND_KT
         ov = entry.kt or KtOverrides()
         if is_kt:
@@ -487,5 +501,7 @@ def resolve_models(
                 if entry.health_timeout is not None
                 else file.daemon.health_timeout
             ),
+            max_concurrent=entry.max_concurrent,
+            max_queue=entry.max_queue,
         )
     return models

@@ -22,10 +22,12 @@ import zmq
 
 from ktd import paths, proctree, safedir, sdnotify, statefile, statelock
 from ktd.config import Config, ConfigError, load_config
+from ktd.placecheck import check_placements
 from ktd.pool import OpError, Pool
 from ktd.protocol import HARD_MAX_FRAME, ErrorCode
 from ktd.runtime import add_common_options, load_or_report, setup_logging
 from ktd.server import ControlServer
+from ktd.topology import read_topology
 
 log = logging.getLogger("ktd")
 
@@ -140,6 +142,7 @@ class Daemon:
         assert self.pool is not None
         try:
             new = load_config(self.config.path)
+            check_placements(new, self.pool.topology)
         except ConfigError as exc:
             log.error("reload refused: %s", exc)
             raise OpError(
@@ -257,6 +260,11 @@ def main(argv: list[str]) -> int:
     setup_logging(args.log_level)
     config = load_or_report(args.config, "ktd")
     if config is None:
+        return 2
+    try:
+        check_placements(config, read_topology())
+    except ConfigError as exc:
+        print(f"ktd: config error: {exc}", file=sys.stderr)
         return 2
     setup = Setup(config, args.socket)
     try:

@@ -56,6 +56,13 @@ class Busy(Exception):
         self.holders = holders
 
 
+class Unplaceable(Exception):
+    """No state of the other engines would let this engine be placed (a config error)."""
+
+
+RETRY_CAP = 300.0  # longest wait before a failed engine may be retried by a request
+
+
 class PlacementLike(Protocol):
     @property
     def numa_nodes(self) -> tuple[int, ...]: ...
@@ -171,6 +178,17 @@ class Engine:
         self.adopt: Running | None = None
         self.catalog: Catalog | None = None  # the installed SGLang's options (from the probe)
         self.launch_notes: tuple[str, ...] = ()  # flags ktd left out, and why
+        # Admission (pool.py): tickets of waiting acquires, in arrival order, and the
+        # ticket from which new requests wait because another engine waits for this
+        # one to go idle (None: not yielding).
+        self.queue: list[int] = []
+        self.yield_before: int | None = None
+        self.failures = 0  # consecutive failed loads
+        self.failed_at = 0.0  # trio clock of the last failure
+        self.evictions = 0
+        self.loads = 0
+        self.load_seconds: float | None = None
+        self.load_seconds_total = 0.0
         self._changed = trio.Event()
         self._poke = trio.Event()
         self._healthy = False
@@ -218,7 +236,37 @@ class Engine:
             phase=self.phase,
             sglang=self.catalog.label if self.catalog else None,
             notes=list(self.launch_notes) if run else [],
+            queued=len(self.queue),
+            max_concurrent=self.spec.max_concurrent,
+            max_queue=self.spec.max_queue,
+            evictions=self.evictions,
+            loads=self.loads,
+            load_seconds=self.load_seconds,
+            load_seconds_total=self.load_seconds_total,
+            failures=self.failures,
+            retry_in=self.retry_in() if self.state == S.FAILED else None,
         )
+
+    def has_slot(self) -> bool:
+        """Below ``max_concurrent`` (always, without one)."""
+        limit = self.spec.max_concurrent
+        return limit is None or len(self.leases) < limit
+
+    def retry_delay(self) -> float:
+        """How long after its n-th consecutive failure a request may retry the engine:
+        ``restart_backoff * 2**(n-1)`` seconds, at most RETRY_CAP."""
+        if self.failures <= 0:
+            return 0.0
+        base = max(0.0, self.host.settings.restart_backoff)
+        return float(min(RETRY_CAP, base * 2.0 ** min(self.failures - 1, 20)))
+
+    def retry_in(self) -> float:
+        """Seconds until a request may retry this failed engine (0 = now)."""
+        return max(0.0, self.failed_at + self.retry_delay() - trio.current_time())
+
+    def set_phase(self, phase: str) -> None:
+        """For the pool: what a starting engine is waiting for (shown in status)."""
+        self._set_phase(phase)
 
     # ------------------------------------------------------------ requests (any task)
 
@@ -390,6 +438,8 @@ class Engine:
 
     def _fail(self, reason: str) -> None:
         self.want_up = False
+        self.failures += 1
+        self.failed_at = trio.current_time()
         self.log.note(f"failed: {reason}")
         self._set(S.FAILED, reason=reason, error_code="load_failed")
 
@@ -428,6 +478,9 @@ class Engine:
         except Busy as exc:
             self.plan = None
             return Outcome("busy", str(exc))
+        except Unplaceable as exc:
+            self.plan = None
+            return Outcome("failed", f"cannot be placed on this machine: {exc}")
         if not self.want_up:
             self.plan = None
             self._set(S.STOPPED, reason="stopped before launch")
@@ -685,6 +738,10 @@ class Engine:
             if self.state == S.STARTING and self._healthy:
                 took = time.time() - run.started_at
                 self.log.note(f"ready on {self.url_for(run)} (pid {run.pid}) after {took:.1f}s")
+                self.loads += 1
+                self.load_seconds = took
+                self.load_seconds_total += took
+                self.failures = 0
                 self._set(S.READY)
                 self.last_used = self.last_used or time.time()
             if self.state == S.STARTING and trio.current_time() >= deadline:

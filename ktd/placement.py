@@ -104,6 +104,9 @@ class Plan:
     blocked_by: tuple[str, ...] = ()
     reason: str | None = None
     notes: tuple[str, ...] = ()
+    # ok=False only: no state of the other engines would help (unknown node, more
+    # GPUs than the machine has). A config error, never something to wait for.
+    impossible: bool = False
 
     def argv_flags(self) -> list[str]:
         """The derived flags for the command line; user-set ones already sit in extra_args."""
@@ -138,6 +141,7 @@ class Plan:
             "blocked_by": list(self.blocked_by),
             "reason": self.reason,
             "notes": list(self.notes),
+            "impossible": self.impossible,
         }
 
 
@@ -275,6 +279,7 @@ def plan(
             blocked_by=exc.blocked_by,
             reason=exc.reason,
             notes=tuple(notes),
+            impossible=not isinstance(exc, _Blocked),
         )
 
 

@@ -6,6 +6,7 @@ waits for their supervisors. Operations raise ``OpError`` with a stable code.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -22,7 +23,7 @@ from ktd import adoption, proctree, statefile
 from ktd import states as S
 from ktd.command import ENGINE_MARK, build_env, planner_args
 from ktd.config import Config, ModelSpec
-from ktd.engine import Busy, Engine, Lease, PlacementLike, Running
+from ktd.engine import Busy, Engine, Lease, PlacementLike, Running, Unplaceable
 from ktd.probe import Prober, ProbeResult
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
 from ktd.sglang_options import Catalog
@@ -78,6 +79,8 @@ class Pool:
         self._topology: Any = None
         self._ttl_wake = trio.Event()
         self._restart_after_adoption: list[Engine] = []
+        self._tickets = itertools.count()  # arrival order of acquires, across engines
+        self._changed = trio.Event()  # any engine's state or leases changed
         for spec in config.served():
             self.engines[spec.alias] = Engine(spec, self)
 
@@ -164,30 +167,85 @@ class Pool:
         )
 
     async def place(self, engine: Engine) -> PlacementLike | None:
-        async with self._place_lock:
-            for _ in range(len(self.engines) + 1):
-                plan = self.make_plan(engine.spec, exclude=engine, catalog=engine.catalog)
-                if not plan.ok:
-                    leaving = [
-                        self.engines[a]
-                        for a in plan.blocked_by
-                        if a in self.engines and not self.engines[a].want_up
-                    ]
+        """Plan, evict idle engines in the way, or wait for busy ones to become idle.
+
+        Queue, don't refuse: when the engines holding what ``engine`` needs are
+        busy (leases, or still loading) but could be evicted once idle, the
+        launch waits. Meanwhile those holders *yield*: requests that arrived
+        before the wait began are still served there, later ones queue behind
+        the swap. So the swap happens as soon as the holders are idle, and
+        neither side starves: the holders' later requests bring them back the
+        same way once ``engine`` is idle in turn. Pinned holders, or
+        ``swap: false`` on ``engine``, make it a plain ``Busy``. Returns None when
+        ``engine`` stopped being wanted while it waited.
+        """
+        yielded: list[tuple[Engine, int]] = []
+        try:
+            while True:
+                async with self._place_lock:
+                    plan = self.make_plan(engine.spec, exclude=engine, catalog=engine.catalog)
+                    if plan.ok and not plan.evict:
+                        result: PlacementLike = plan
+                        return result
+                    if plan.ok:
+                        for alias in plan.evict:
+                            victim = self.engines[alias]
+                            victim.log.note(f"evicted to make room for {engine.alias}")
+                            victim.evictions += 1
+                            victim.request_down()
+                        for alias in plan.evict:
+                            await self.engines[alias].wait_stopped()
+                        continue
+                    if plan.impossible:
+                        raise Unplaceable(plan.reason or "cannot be placed")
+                    holders = [self.engines[a] for a in plan.blocked_by if a in self.engines]
+                    leaving = [h for h in holders if not h.want_up]
                     if leaving:  # already being evicted: wait for them rather than fail
                         for victim in leaving:
                             await victim.wait_stopped()
                         continue
-                    raise Busy(plan.reason or "cannot be placed", tuple(plan.blocked_by))
-                if not plan.evict:
-                    result: PlacementLike = plan
-                    return result
-                for alias in plan.evict:
-                    victim = self.engines[alias]
-                    victim.log.note(f"evicted to make room for {engine.alias}")
-                    victim.request_down()
-                for alias in plan.evict:
-                    await self.engines[alias].wait_stopped()
-            raise Busy("cannot be placed: evictions did not free enough", ())
+                    if not holders or not all(self._waitable(h, engine) for h in holders):
+                        raise Busy(plan.reason or "cannot be placed", tuple(plan.blocked_by))
+                    cutoff = next(self._tickets)
+                    for h in holders:
+                        if h.yield_before is None:
+                            h.yield_before = cutoff
+                            yielded.append((h, cutoff))
+                names = ", ".join(h.alias for h in holders)
+                engine.set_phase(f"waiting for {names}")
+                engine.log.note(f"waiting for {names} to become idle")
+                while engine.want_up and not all(self._idle_for(h, cutoff) for h in holders):
+                    changed = self._changed
+                    with trio.move_on_after(1.0):  # belt and braces: re-check now and then
+                        await changed.wait()
+                if not engine.want_up:
+                    return None
+        finally:
+            for h, cut in yielded:
+                if h.yield_before == cut:
+                    h.yield_before = None
+                    h.notify_changed()
+
+    def _waitable(self, holder: Engine, engine: Engine) -> bool:
+        """Will ``holder`` become evictable for ``engine`` just by finishing its work?"""
+        return (
+            engine.spec.swap
+            and holder.want_up
+            and not holder.spec.pinned
+            and holder.state in (S.READY, S.STARTING)
+        )
+
+    def _idle_for(self, holder: Engine, cutoff: int) -> bool:
+        """Done with everything that arrived before ``cutoff`` (or gone)."""
+        if holder.state in (S.STOPPED, S.FAILED) or not holder.want_up:
+            return True
+        if holder.state != S.READY or holder.leases:
+            return False
+        return not any(t < cutoff for t in holder.queue)
+
+    def _poke_all(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     async def probe(self, spec: ModelSpec) -> ProbeResult:
         """What the engine's interpreter has (cached): for dry-runs, as launches see it."""
@@ -209,6 +267,7 @@ class Pool:
             ),
         )
         self._ttl_wake.set()
+        self._poke_all()
         # Written at once, not batched: a kill -9 right after this change must find it.
         self.save_state()
 
@@ -223,6 +282,7 @@ class Pool:
             Event(topic=topic, time=time.time(), alias=engine.alias, leases=len(engine.leases)),
         )
         self._ttl_wake.set()
+        self._poke_all()
 
     # ------------------------------------------------------------ state file and adoption
 
@@ -438,7 +498,13 @@ class Pool:
         if engine.state == S.READY:
             return engine.info()
         info = engine.info(tail=40)
-        detail = {"reason": engine.reason, "log_tail": info.log_tail, "state": engine.state}
+        detail: dict[str, Any] = {
+            "reason": engine.reason,
+            "log_tail": info.log_tail,
+            "state": engine.state,
+        }
+        if engine.state == S.FAILED:
+            detail["retry_after"] = engine.retry_in()
         if engine.error_code == ErrorCode.BUSY:
             raise OpError(ErrorCode.BUSY, f"{engine.alias}: {engine.reason}", detail)
         raise OpError(ErrorCode.LOAD_FAILED, f"{engine.alias}: {engine.reason}", detail)
@@ -479,29 +545,100 @@ class Pool:
     async def acquire(
         self, model: str, client: str, *, autoload: bool = True, timeout: float | None = None
     ) -> tuple[str, Engine]:
+        """A lease on ``model``'s engine: at once, or after a load, a swap or a free slot.
+
+        Requests wait in arrival order (one ticket each) for the engine to be ready,
+        not yielding to another engine's swap, and below ``max_concurrent``; at most
+        ``max_queue`` wait (``queue_full`` beyond, HTTP 429). A failed engine is
+        retried by the first request after its backoff (``Engine.retry_delay``);
+        before that, requests get ``load_failed`` with ``retry_after``.
+        """
         engine = self.engine(model)
         self._check_open()
         self.heartbeat(client)
-        if engine.state != S.READY:
-            if not autoload:
+        if self.ready_engine(model) is engine:
+            return self.grant(engine, client), engine
+        limit_q = engine.spec.max_queue
+        if limit_q is not None and len(engine.queue) >= limit_q:
+            raise OpError(
+                ErrorCode.QUEUE_FULL,
+                f"{len(engine.queue)} request(s) already waiting (max_queue {limit_q})",
+                {"queued": len(engine.queue), "retry_after": 1.0},
+            )
+        ticket = next(self._tickets)
+        engine.queue.append(ticket)
+        engine.notify_changed()
+        limit = math.inf if timeout is None or timeout <= 0 else timeout
+        try:
+            with trio.move_on_after(limit):
+                return await self._wait_turn(engine, ticket, client, autoload)
+            raise OpError(
+                ErrorCode.TIMEOUT,
+                f"{model} not ready after {limit:g}s (still {engine.state}; the load goes on)",
+                {"state": engine.state},
+            )
+        finally:
+            if ticket in engine.queue:
+                engine.queue.remove(ticket)
+            engine.notify_changed()
+            self._poke_all()
+
+    async def _wait_turn(
+        self, engine: Engine, ticket: int, client: str, autoload: bool
+    ) -> tuple[str, Engine]:
+        started = False  # this request asked for a launch
+        while True:
+            self._check_open()
+            if engine.retired:
                 raise OpError(
-                    ErrorCode.NOT_LOADED,
-                    f"{model} is not loaded (state {engine.state}); run: ktctl load {model}",
-                    {"state": engine.state},
+                    ErrorCode.UNKNOWN_MODEL,
+                    f"{engine.alias} was removed from the config while the request waited",
+                    {"models": sorted(a for a, e in self.engines.items() if not e.retired)},
                 )
-            if engine.state == S.FAILED and not engine.want_up:
-                raise OpError(
-                    ErrorCode.LOAD_FAILED,
-                    f"{model} failed: {engine.reason}; run `ktctl load {model}` to retry",
-                    {"reason": engine.reason, "log_tail": engine.log.last(20)},
-                )
-            await self.load(model, wait=True, timeout=timeout)
-        return self.grant(engine, client), engine
+            state = engine.state
+            if state == S.READY:
+                if (
+                    engine.queue
+                    and engine.queue[0] == ticket
+                    and engine.has_slot()
+                    and (engine.yield_before is None or ticket < engine.yield_before)
+                ):
+                    return self.grant(engine, client), engine
+            elif state in (S.STOPPED, S.FAILED) and not engine.want_up:
+                if started:
+                    # The attempt this request started ended without ready (failed,
+                    # busy, or stopped by an evict): say so rather than start another.
+                    self._settled(engine)
+                if not autoload:
+                    raise OpError(
+                        ErrorCode.NOT_LOADED,
+                        f"{engine.alias} is not loaded (state {state}); "
+                        f"run: ktctl load {engine.alias}",
+                        {"state": state},
+                    )
+                if state == S.FAILED and engine.retry_in() > 0:
+                    wait = engine.retry_in()
+                    raise OpError(
+                        ErrorCode.LOAD_FAILED,
+                        f"{engine.alias} failed: {engine.reason}; the next request after "
+                        f"{wait:.0f}s retries it (or run `ktctl load {engine.alias}`)",
+                        {
+                            "reason": engine.reason,
+                            "log_tail": engine.log.last(20),
+                            "retry_after": wait,
+                        },
+                    )
+                engine.request_up()
+                started = True
+            await engine.wait_changed()
 
     def ready_engine(self, model: str) -> Engine | None:
-        """The engine for ``model`` if a lease can be granted at once (the hot path)."""
+        """The engine for ``model`` if a lease can be granted at once (the hot path):
+        ready, nobody queued before us, not yielding to a swap, below max_concurrent."""
         engine = self.engines.get(model)
         if engine is None or engine.state != S.READY or self.shutting_down:
+            return None
+        if engine.queue or engine.yield_before is not None or not engine.has_slot():
             return None
         return engine
 

@@ -40,6 +40,7 @@ class ErrorCode:
     BAD_REQUEST = "bad_request"
     NOT_LOADED = "not_loaded"
     CONFIG_ERROR = "config_error"
+    QUEUE_FULL = "queue_full"  # admission: max_queue requests already wait (HTTP 429)
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"
 
@@ -156,6 +157,15 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     phase: str | None = None
     sglang: str | None = None  # the SGLang it was launched with: "sglang-kt 0.7.2"
     notes: list[str] = []  # what ktd left out of the argv for that SGLang, and why
+    queued: int = 0  # acquires waiting (admission, load or swap)
+    max_concurrent: int | None = None
+    max_queue: int | None = None
+    evictions: int = 0  # times it was stopped to make room for another engine
+    loads: int = 0  # launches that reached ready
+    load_seconds: float | None = None  # how long the last one took
+    load_seconds_total: float = 0.0
+    failures: int = 0  # consecutive failed loads (0 after a success)
+    retry_in: float | None = None  # failed: seconds until a request may retry it
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):

@@ -60,15 +60,22 @@ def test_evict_to_fit_takes_lru_idle_not_busy_or_pinned(
         assert json.loads(r.stdout)["plan"]["evict"] == ["old-kt"]
         c.load("new-kt")
         assert state(c, "old-kt") == "stopped" and state(c, "new-kt") == "ready"
-        # A busy engine is never evicted: the load fails busy and names it.
+        # A busy engine is never evicted: the load waits for it to become idle
+        # (queue, don't refuse), saying whom it waits for...
         lease = c.acquire("new-kt", "t")
         from ktctl import KtdError
 
         with pytest.raises(KtdError) as err:
-            c.load("old-kt")
-        assert err.value.code == "busy" and "new-kt" in err.value.message
+            c.load("old-kt", timeout=0.5)
+        assert err.value.code == "timeout"
         assert state(c, "new-kt") == "ready"
+        assert c.status("old-kt")[0].phase == "waiting for new-kt"
+        # ...and swaps as soon as the holder is idle (the load went on after the timeout).
         c.release(lease.lease)
+        wait_for(lambda: state(c, "old-kt") == "ready", timeout=30, what="swap")
+        assert state(c, "new-kt") == "stopped"
+        assert c.status("new-kt")[0].evictions == 1
+        c.evict("old-kt")
         # A pinned engine is never evicted either.
         c.evict("new-kt")
         c.load("pinned-kt")

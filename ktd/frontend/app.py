@@ -1,20 +1,23 @@
 """The Quart-Trio app: OpenAI routes in front of ktd's engines.
 
-Quart serves ``/v1/models``, ``/health``, ``/metrics`` and renders errors for
-unknown routes and methods. The proxied routes (``POST /v1/chat/completions``,
-``/v1/completions``, ``/v1/embeddings``) are answered by a raw ASGI layer in
-front of Quart (fastpath.py), so no per-request or per-chunk Quart work sits on
-the hot path; the upstream hop is a small pooled HTTP/1.1 client on trio
-(upstream.py). The app is still one QuartTrio object served by
-``hypercorn.trio.serve``: the layer wraps ``app.asgi_app``, as any ASGI
-middleware would.
+Quart serves ``/v1/models`` (and ``/v1/models/{id}``), ``/health``,
+``/metrics`` and renders errors for unknown routes and methods. The proxied
+routes (routes.py: chat, completions, embeddings, Responses, Anthropic
+Messages, SGLang's native and scoring routes, audio) are answered by a raw ASGI
+layer in front of Quart (fastpath.py), which also reads any request body before
+Quart sees it, so no per-request or per-chunk Quart work sits on the hot path;
+the upstream hop is a small pooled HTTP/1.1 client on trio (upstream.py). The
+app is still one QuartTrio object served by ``hypercorn.trio.serve``: the layer
+wraps ``app.asgi_app``, as any ASGI middleware would.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -22,13 +25,17 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.aclient import ControlError, Unreachable
 from ktd.config import FrontendSection
-from ktd.frontend import errors
+from ktd.frontend import catalog, errors
 from ktd.frontend.auth import ApiKeys
+from ktd.frontend.catalog import ResponseBook
 from ktd.frontend.errors import ApiError
-from ktd.frontend.fastpath import PROXIED, ProxyRoutes
+from ktd.frontend.fastpath import ProxyRoutes
 from ktd.frontend.leases import LeaseBroker
 from ktd.frontend.metrics import Metrics
+from ktd.frontend.promtext import merge
 from ktd.frontend.proxy import control_error
+from ktd.frontend.routes import EXACT
+from ktd.frontend.scrape import scrape_engines
 from ktd.frontend.upstream import Pool
 
 _JSON = "application/json"
@@ -61,6 +68,7 @@ class State:
         )
         self.upstream = Pool(read_timeout=options.frontend.read_timeout)
         self.created = int(time.time())
+        self.responses = ResponseBook()
 
 
 def _json_response(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
@@ -132,44 +140,108 @@ def create_app(options: FrontendOptions) -> QuartTrio:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        """ktd's own metrics, then every ready engine's SGLang metrics labelled by alias.
+
+        Engines are scraped concurrently (``--enable-metrics`` in their
+        extra_args; without it SGLang has no /metrics and is skipped), each with
+        a short timeout so one stuck engine cannot stall the scrape.
+        """
+        engines = await catalog.all_engines(state.broker)
+        state.metrics.update_engines(engines)
+        scraped = await scrape_engines(state.upstream, engines)
         data, ctype = state.metrics.render()
+        if scraped:
+            data += merge(scraped).encode()
         return Response(data, status=200, content_type=ctype)
 
     @app.get("/v1/models")
     async def models() -> Response:
         state.keys.check(_raw_header(b"authorization"))
-        try:
-            reply = await state.broker.request(p.Models())
-        except (Unreachable, ControlError) as exc:
-            raise control_error("", exc) from None
-        if not isinstance(reply, p.ModelsReply):
-            raise errors.daemon_unreachable(f"unexpected reply {type(reply).__name__}")
-        data = [
-            {
-                "id": m.alias,
-                "object": "model",
-                "created": state.created,
-                "owned_by": "ktd",
-                "state": m.state,
-            }
-            for m in reply.models
-            if m.served
-        ]
+        data = await _model_cards(state)
         return _json_response(200, errors._encoder.encode({"object": "list", "data": data}))
+
+    @app.get("/v1/models/<path:model_id>")
+    async def retrieve_model(model_id: str) -> Response:
+        """The SDK's ``models.retrieve``: one card, or OpenAI's 404 naming what exists."""
+        state.keys.check(_raw_header(b"authorization"))
+        cards = await _model_cards(state)
+        for card in cards:
+            if card["id"] == model_id:
+                return _json_response(200, errors._encoder.encode(card))
+        raise errors.unknown_model(model_id, [str(c["id"]) for c in cards])
 
     # ------------------------------------------------------------ proxied routes
 
-    async def proxied() -> Response:
-        # POSTs never get here (ProxyRoutes answers them); the rule exists so that
-        # other methods get Quart's 405 rather than a 404.
+    async def proxied(**_: str) -> Response:
+        # Their methods never get here (ProxyRoutes answers them); the rules exist so
+        # that other methods get Quart's 405 rather than a 404.
         raise ApiError(
             500, "proxied route reached Quart", type=errors.SERVER_ERROR, code="internal"
         )
 
-    for path in PROXIED:
-        app.add_url_rule(path, endpoint=PROXIED[path], view_func=proxied, methods=["POST"])
+    for path, route in EXACT.items():
+        app.add_url_rule(path, endpoint=route.endpoint, view_func=proxied, methods=["POST"])
+    app.add_url_rule(
+        "/v1/responses/<response_id>", endpoint="responses_get", view_func=proxied, methods=["GET"]
+    )
+    app.add_url_rule(
+        "/v1/responses/<response_id>/cancel",
+        endpoint="responses_cancel",
+        view_func=proxied,
+        methods=["POST"],
+    )
 
     return app
+
+
+async def _model_cards(state: State) -> list[dict[str, Any]]:
+    """Served aliases from the daemon, plus ``alias:adapter`` for each ready engine's LoRA.
+
+    The adapters come from the engine's own ``/v1/models`` (SGLang lists them
+    with ``parent`` = its served name), asked concurrently and cached briefly.
+    """
+    try:
+        reply = await state.broker.request(p.Models())
+    except (Unreachable, ControlError) as exc:
+        raise control_error("", exc) from None
+    if not isinstance(reply, p.ModelsReply):
+        raise errors.daemon_unreachable(f"unexpected reply {type(reply).__name__}")
+    cards: list[dict[str, Any]] = [
+        {
+            "id": m.alias,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "ktd",
+            "state": m.state,
+        }
+        for m in reply.models
+        if m.served
+    ]
+    ready = {e.alias: e for e in await catalog.ready_engines(state.broker)}
+    adapters: dict[str, list[str]] = {}
+
+    async def ask(alias: str, url: str) -> None:
+        names = await catalog.engine_adapters(state.upstream, url, alias)
+        if names:
+            adapters[alias] = names
+
+    async with trio.open_nursery() as nursery:
+        for alias, info in ready.items():
+            if info.url:
+                nursery.start_soon(ask, alias, info.url)
+    for base in [c for c in cards if c["id"] in adapters]:
+        for name in adapters[base["id"]]:
+            cards.append(
+                {
+                    "id": f"{base['id']}:{name}",
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "ktd",
+                    "state": base["state"],
+                    "parent": base["id"],
+                }
+            )
+    return cards
 
 
 def _raw_header(name: bytes) -> bytes | None:

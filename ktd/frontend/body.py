@@ -25,15 +25,19 @@ class RequestHead(msgspec.Struct):
 
 
 class Head(msgspec.Struct, frozen=True):
-    model: str
+    model: str | None  # None only when the route allows it (``require_model=False``)
     stream: bool
 
 
 _decoder = msgspec.json.Decoder(RequestHead)
 
 
-def parse_head(body: bytes) -> Head:
-    """Validate the routing fields; raise ``ApiError`` 400 in OpenAI's words otherwise."""
+def parse_head(body: bytes, *, require_model: bool = True) -> Head:
+    """Validate the routing fields; raise ``ApiError`` 400 in OpenAI's words otherwise.
+
+    JSON nested deeper than the decoder's recursion limit (~1,000 levels) is a
+    400 too: it is the client's input, never the frontend's 500.
+    """
     if not body.strip():
         raise errors.bad_request(
             "We could not parse the JSON body of your request: the body is empty.",
@@ -50,7 +54,13 @@ def parse_head(body: bytes) -> Head:
         raise errors.bad_request(
             f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
         ) from None
+    except RecursionError:
+        raise errors.bad_request(
+            "The JSON body of your request is nested too deeply.", code="invalid_json"
+        ) from None
     if head.model is msgspec.UNSET or head.model is None:
+        if not require_model:
+            return Head(model=None, stream=_stream(head.stream))
         raise errors.bad_request("you must provide a model parameter", param="model")
     if not isinstance(head.model, str):
         raise errors.bad_request(
@@ -60,17 +70,19 @@ def parse_head(body: bytes) -> Head:
         )
     if not head.model:
         raise errors.bad_request("'model' must not be empty", param="model")
-    if head.stream is None:
-        stream = False
-    elif isinstance(head.stream, bool):
-        stream = head.stream
-    else:
-        raise errors.bad_request(
-            f"Invalid type for 'stream': expected a boolean, got {_json_type(head.stream)}.",
-            param="stream",
-            code="invalid_type",
-        )
-    return Head(model=head.model, stream=stream)
+    return Head(model=head.model, stream=_stream(head.stream))
+
+
+def _stream(value: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    raise errors.bad_request(
+        f"Invalid type for 'stream': expected a boolean, got {_json_type(value)}.",
+        param="stream",
+        code="invalid_type",
+    )
 
 
 def _json_type(value: object) -> str:

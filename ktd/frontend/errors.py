@@ -9,6 +9,7 @@ made here: they pass through unchanged. Pure: no I/O, testable without a server.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ NOT_FOUND = "not_found_error"
 SERVER_ERROR = "server_error"
 UNAVAILABLE = "service_unavailable_error"
 TIMEOUT = "timeout_error"
+RATE_LIMIT = "rate_limit_error"
 
 
 class ApiError(Exception):
@@ -120,6 +122,29 @@ def unknown_model(model: str, available: Iterable[str]) -> ApiError:
     )
 
 
+def unknown_adapter(model: str, adapter: str, listed: Iterable[str]) -> ApiError:
+    names = ", ".join(sorted(listed)) or "(none)"
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist: its engine has no LoRA adapter `{adapter}` "
+        f"(adapters: {names})",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def no_model_for_route(path: str, ready: Iterable[str]) -> ApiError:
+    names = sorted(ready)
+    why = f"several engines are ready ({', '.join(names)})" if names else "no engine is ready"
+    return ApiError(
+        400,
+        f"{path} names no model and {why}: send the header `X-Ktd-Model: <alias>` "
+        "(or a `model` field) to choose one.",
+        param="model",
+        code="model_required",
+    )
+
+
 def not_served(model: str, message: str) -> ApiError:
     return ApiError(
         404,
@@ -150,12 +175,31 @@ def daemon_unreachable(detail: str) -> ApiError:
     )
 
 
-def load_failed(model: str, reason: str) -> ApiError:
+def _retry_after(seconds: object) -> dict[str, str]:
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
+        return {"Retry-After": str(max(1, math.ceil(seconds)))}
+    return {}
+
+
+def load_failed(model: str, reason: str, retry_after: object = None) -> ApiError:
+    """503; with ``Retry-After`` when the daemon says when the next attempt may run."""
     return ApiError(
         503,
         f"The engine for `{model}` failed: {reason}",
         type=UNAVAILABLE,
         code="engine_failed",
+        headers=_retry_after(retry_after),
+    )
+
+
+def queue_full(model: str, message: str, retry_after: object = None) -> ApiError:
+    """429: the model's admission queue (``max_queue``) is full; come back later."""
+    return ApiError(
+        429,
+        f"Too many requests for `{model}`: {message}",
+        type=RATE_LIMIT,
+        code="queue_full",
+        headers=_retry_after(retry_after) or {"Retry-After": "1"},
     )
 
 
@@ -216,7 +260,10 @@ def from_control(model: str, code: str, message: str, detail: Mapping[str, Any])
         return not_served(model, message)
     if code == "load_failed":
         reason = detail.get("reason")
-        return load_failed(model, reason if isinstance(reason, str) and reason else message)
+        text = reason if isinstance(reason, str) and reason else message
+        return load_failed(model, text, detail.get("retry_after"))
+    if code == "queue_full":
+        return queue_full(model, message, detail.get("retry_after"))
     if code == "not_loaded":
         return not_loaded(model)
     if code == "timeout":

@@ -1,25 +1,34 @@
 """The proxied routes as a raw ASGI layer in front of Quart.
 
-``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` are
-answered here, straight on ASGI messages; everything else (``/v1/models``,
-``/health``, ``/metrics``, unknown routes, wrong methods) goes on to the Quart
-app. Why: Quart's per-request machinery (request and app contexts, the
-response object, its body iterator with a timeout per chunk, signals) cost
-more than the proxying itself, and a streamed answer paid for Quart on every
-chunk. The route logic did not change; see app.py for the request flow.
+Every route of routes.py (chat, completions, embeddings, Responses, Anthropic
+Messages, SGLang's native and scoring routes, audio) is answered here, straight
+on ASGI messages; everything else (``/v1/models``, ``/health``, ``/metrics``,
+unknown routes, wrong methods) goes on to the Quart app. Why: Quart's
+per-request machinery (request and app contexts, the response object, its
+body iterator with a timeout per chunk, signals) cost more than the proxying
+itself, and a streamed answer paid for Quart on every chunk.
+
+HTTP/1.1 discipline: the request body is always read to its end before the
+answer, on every path, including the ones that fail early (401, 404, 405):
+a keep-alive client that sends its body after the headers would otherwise
+wait forever for the answer to its next request. When the body cannot be read
+to its end (too large, too slow), the answer says ``Connection: close``.
 
 Request flow:
 
-1. API key, then the body (size-limited), then ``model``/``stream`` only.
-2. ``Acquire`` through the lease broker (the daemon loads on demand).
-3. Non-streaming: wait for the lease, send the original bytes upstream, answer
+1. The path is normalised (``//v1/x`` is ``/v1/x``); the query string is never
+   forwarded (``?api_key=`` must not reach the engine).
+2. API key, then the body (size-limited), then the routing fields only
+   (``model``/``stream`` of JSON, the ``model`` form field of multipart audio;
+   routes.py says what routes a request without one).
+3. ``Acquire`` through the lease broker (the daemon loads on demand, queues
+   behind busy engines, and applies per-model admission).
+4. Non-streaming: wait for the lease, send the original bytes upstream, answer
    with the engine's status and body.
    Streaming: wait for the lease for at most ``stream_grace`` seconds. Decided in
-   time (the usual case: the engine is up, or the name is unknown) -> the
-   client gets the real status: 404 for an unknown model, the engine's own
-   error status, or the engine's 200 stream. Not decided (a load is running) ->
-   answer 200 at once and keep the client company with ``: loading`` comments;
-   from then on failures are in-band error events.
+   time -> the client gets the real status. Not decided (a load, or a queue) ->
+   answer 200 at once and keep the client company with ``: loading`` /
+   ``: waiting for`` comments; from then on failures are in-band error events.
 
 Client disconnects: once the body is read, one task per request waits on
 ``receive()``; ``http.disconnect`` cancels the request (as quart-trio does),
@@ -35,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ktd import multipart
 from ktd.aclient import ControlError, Unreachable
-from ktd.frontend import errors
+from ktd.frontend import catalog, errors
 from ktd.frontend.body import check_declared_length, parse_head, read_limited
 from ktd.frontend.errors import ApiError
 from ktd.frontend.metrics import NO_MODEL
@@ -47,9 +57,12 @@ from ktd.frontend.proxy import (
     backward_headers,
     control_error,
     forward_headers,
+    loading_comment,
     relay,
     stream_headers,
+    waiting_comment,
 )
+from ktd.frontend.routes import MODEL_HEADER, Match, match, normalise, response_id_in, split_lora
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -57,11 +70,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ktd.frontend")
 
-PROXIED = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
+# How much of an unread body the frontend swallows before an early error (401,
+# 404...) so the connection stays usable; past it the answer closes the connection.
+DRAIN_BYTES = 1 << 20
+DRAIN_SECONDS = 2.0
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
@@ -75,11 +87,18 @@ class _Disconnected(Exception):
     """The client went away while we read its body."""
 
 
-async def send_error(send: Send, err: ApiError) -> None:
-    """An OpenAI-shaped error response, as app.error_response renders it in Quart."""
+async def send_error(send: Send, err: ApiError, *, close: bool = False) -> None:
+    """An OpenAI-shaped error response, as app.error_response renders it in Quart.
+
+    ``close``: the request body was not read to its end, so the connection
+    cannot carry another request: say so (``Connection: close``).
+    """
     body = err.body()
     headers = [_JSON, (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
+    extra = dict(err.headers)
+    if close:
+        extra["Connection"] = "close"
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -103,6 +122,33 @@ async def _body_chunks(first: bytes, receive: Receive) -> Any:
             yield chunk
         if not message.get("more_body", False):
             return
+
+
+async def drain(receive: Receive, max_bytes: int, seconds: float) -> bool:
+    """Read and drop the rest of a request body; True when it ended within the bounds."""
+    size = 0
+    with trio.move_on_after(seconds):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return False
+            size += len(message.get("body", b""))
+            if size > max_bytes:
+                return False
+            if not message.get("more_body", False):
+                return True
+    return False
+
+
+def may_have_body(scope: Scope) -> bool:
+    """A request with a Content-Length > 0 or chunked framing carries a body."""
+    for key, value in scope["headers"]:
+        name = key.lower()
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            return value.strip() not in (b"0", b"")
+    return False
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
@@ -144,26 +190,70 @@ class _Watch:
 
 
 class ProxyRoutes:
-    """ASGI middleware: the proxied routes here, the rest to ``app``."""
+    """ASGI middleware: the proxied routes here, the rest to ``app`` (body read first)."""
 
     def __init__(self, app: ASGIApp, state: State) -> None:
         self.app = app
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = PROXIED.get(scope["path"])
-            if endpoint is not None:
-                await self.proxy(endpoint, scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = normalise(scope["path"])
+        if path != scope["path"]:
+            scope = dict(scope)
+            scope["path"] = path
+            scope["raw_path"] = path.encode("utf-8", "surrogateescape")
+        found = match(scope["method"], path)
+        if found is not None:
+            await self.proxy(found, scope, receive, send)
+            return
+        await self.to_app(scope, receive, send)
 
-    async def proxy(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def to_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Quart's routes: read any body first, so even a 404 leaves a usable connection."""
+        if not may_have_body(scope):
+            await self.app(scope, receive, send)
+            return
+        options = self.state.options
+        limit = options.frontend.max_body_bytes
+        try:
+            with trio.move_on_after(options.body_timeout) as timer:
+                body = await _read_body(receive, limit)
+            if timer.cancelled_caught:
+                raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
+        except ApiError as err:
+            await send_error(send, err, close=True)
+            return
+        except _Disconnected:
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def proxy(self, found: Match, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
         options = state.options
+        route = found.route
+        endpoint = route.endpoint
         started = trio.current_time()
+        body_read = False
         try:
-            state.keys.check(_header(scope, b"authorization"))
+            try:
+                state.keys.check(_header(scope, b"authorization"))
+            except ApiError as err:
+                # Swallow a small body so the client's next request on this
+                # connection is answered; a big one is not worth reading for a 401.
+                body_read = await drain(receive, DRAIN_BYTES, DRAIN_SECONDS)
+                raise err from None
             limit = options.frontend.max_body_bytes
             declared = _header(scope, b"content-length")
             if declared is not None:
@@ -175,40 +265,49 @@ class ProxyRoutes:
                 body = await _read_body(receive, limit)
             if timer.cancelled_caught:
                 raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
-            head = parse_head(body)
+            body_read = True
+            model, stream, ctype = self._routing_fields(found, scope, body)
+            if model is None:
+                model = await self._fallback_model(found, scope)
         except ApiError as err:
             state.metrics.requests.labels(endpoint, NO_MODEL, str(err.status)).inc()
-            await send_error(send, err)
+            await send_error(send, err, close=not body_read)
             return
         except _Disconnected:
             state.metrics.requests.labels(endpoint, NO_MODEL, "499").inc()
             return
 
-        query: bytes = scope.get("query_string") or b""
-        target: bytes = scope.get("raw_path") or scope["path"].encode()
+        base, adapter = split_lora(model)
         ex = Exchange(
             broker=state.broker,
             pool=state.upstream,
             metrics=state.metrics,
             endpoint=endpoint,
-            model=head.model,
-            target=target + b"?" + query if query else target,
+            model=model,
+            # The query string stays here: no SGLang route reads one, and a
+            # client's ``?api_key=`` must never reach the engine or its logs.
+            target=scope["path"].encode("utf-8", "surrogateescape"),
             body=body,
-            headers=forward_headers(scope["headers"]),
+            headers=forward_headers(scope["headers"], ctype),
             started=started,
         )
+        ex.adapter = adapter
+        ex.method = scope["method"].encode("ascii")
+        if route.remember:
+            ex.remember = self._remember
+        ex.progress = self._progress_for(base)
         try:
             watch = _Watch(send)
             send = watch.tracked_send
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch.run, receive, nursery.cancel_scope)
                 try:
-                    await self._exchange(ex, head.stream, send)
+                    await self._exchange(ex, base, stream, send)
                 except ApiError as err:
                     ex.failed(err)
                     await send_error(send, err)
                 except Exception:
-                    log.exception("unexpected error on POST %s", scope["path"])
+                    log.exception("unexpected error on %s %s", scope["method"], scope["path"])
                     internal = ApiError(
                         500, "internal frontend error", type=errors.SERVER_ERROR, code="internal"
                     )
@@ -218,12 +317,71 @@ class ProxyRoutes:
         finally:
             ex.close()
 
-    async def _exchange(self, ex: Exchange, stream: bool, send: Send) -> None:
+    # ------------------------------------------------------------ routing
+
+    def _routing_fields(
+        self, found: Match, scope: Scope, body: bytes
+    ) -> tuple[str | None, bool, bytes | None]:
+        """(model or None, stream, content-type to forward) from the body."""
+        route = found.route
+        if route.body == "json":
+            head = parse_head(body, require_model=route.model == "required")
+            return head.model, head.stream, b"application/json"
+        ctype = _header(scope, b"content-type")
+        if route.body == "multipart":
+            text = (ctype or b"").decode("latin-1")
+            try:
+                model = multipart.text_field(body, text, "model")
+                stream = multipart.text_field(body, text, "stream")
+            except multipart.MultipartError as exc:
+                raise errors.bad_request(
+                    f"Expected a multipart/form-data body: {exc}", code="invalid_body"
+                ) from None
+            if not model:
+                raise errors.bad_request("you must provide a model parameter", param="model")
+            return model, (stream or "").strip().lower() == "true", ctype
+        return None, False, ctype
+
+    async def _fallback_model(self, found: Match, scope: Scope) -> str:
+        """No model in the body: remembered response id, ``X-Ktd-Model``, the only ready engine."""
+        if found.response_id is not None:
+            alias = self.state.responses.get(found.response_id)
+            if alias is not None:
+                return alias
+        header = _header(scope, MODEL_HEADER)
+        if header is not None and header.strip():
+            return header.strip().decode("utf-8", "replace")
+        ready = await catalog.ready_engines(self.state.broker)
+        if len(ready) == 1:
+            return ready[0].alias
+        raise errors.no_model_for_route(scope["path"], [e.alias for e in ready])
+
+    def _remember(self, alias: str, data: bytes) -> None:
+        response_id = response_id_in(data)
+        if response_id is not None:
+            self.state.responses.add(response_id, alias)
+
+    def _progress_for(self, alias: str) -> Callable[[float], Awaitable[bytes]]:
+        broker = self.state.broker
+
+        async def progress(elapsed: float) -> bytes:
+            info = await catalog.engine_status(broker, alias)
+            if info is not None:
+                phase = info.phase or ""
+                if info.state == "starting" and phase.startswith("waiting for "):
+                    return waiting_comment(phase[len("waiting for ") :], elapsed)
+                if info.state == "ready":
+                    return waiting_comment(alias, elapsed)  # queued for a slot
+            return loading_comment(alias, elapsed)
+
+        return progress
+
+    async def _exchange(self, ex: Exchange, base: str, stream: bool, send: Send) -> None:
         state = self.state
         options = state.options
         try:
             ex.handle = await state.broker.start_acquire(
-                ex.model,
+                base,
                 autoload=options.frontend.autoload,
                 load_timeout=options.frontend.load_timeout,
             )
@@ -231,7 +389,7 @@ class ProxyRoutes:
         except (ControlError, Unreachable) as exc:
             raise ex.failed(control_error(ex.model, exc)) from None
         if lease is None:
-            # Still loading: answer 200 now, and wait inside the body.
+            # Still loading or queued: answer 200 now, and wait inside the body.
             headers = [SSE_CONTENT_TYPE, *STREAM_HEADERS]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await relay(ex, send, interval=options.loading_interval)
@@ -249,6 +407,8 @@ class ProxyRoutes:
             raise ex.upstream_error(exc) from None
         ex.status = upstream.status
         ex.first_byte()
+        if ex.remember is not None and upstream.status == 200:
+            ex.remember(lease.alias, data)
         headers = backward_headers(upstream.headers)
         headers.append((b"content-length", str(len(data)).encode()))
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})

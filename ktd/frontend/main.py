@@ -12,6 +12,7 @@ import functools
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 
@@ -37,7 +38,25 @@ def control_endpoint(config: Config, socket_override: str | None) -> str:
     return paths.endpoint(paths.control_path(env))
 
 
-def hypercorn_config(bind: str, *, graceful_timeout: float, access_log: bool) -> HyperConfig:
+def raise_nofile_limit() -> tuple[int, int]:
+    """Soft RLIMIT_NOFILE up to the hard limit: every client and engine hop is a descriptor.
+
+    The usual soft limit (1,024) would turn the 1,025th open connection into
+    EMFILE for everybody. Returns the (soft, hard) pair now in force.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise RLIMIT_NOFILE from %s to %s: %s", soft, hard, exc)
+    return soft, hard
+
+
+def hypercorn_config(
+    bind: str, *, graceful_timeout: float, access_log: bool, idle_timeout: float = 15.0
+) -> HyperConfig:
     hc = HyperConfig()
     hc.bind = [bind]
     hc.graceful_timeout = graceful_timeout
@@ -49,7 +68,10 @@ def hypercorn_config(bind: str, *, graceful_timeout: float, access_log: bool) ->
     # Streams can be quiet for minutes during a load (we send comments, but
     # not in the non-streaming case): never let the server read timeout cut them.
     hc.read_timeout = None
-    hc.keep_alive_timeout = 75.0
+    # A connection that sends nothing (before its first request or between
+    # keep-alive requests) is closed after this: idle sockets cost descriptors,
+    # and a crowd of silent clients must not starve the ones that talk.
+    hc.keep_alive_timeout = idle_timeout
     # Hypercorn's default accept backlog (100) drops SYNs when a thousand clients
     # connect at once (the kernel caps this at net.core.somaxconn).
     hc.backlog = 2048
@@ -133,7 +155,13 @@ def main(argv: list[str]) -> int:
         heartbeat_interval=max(0.2, config.daemon.lease_ttl / 3),
     )
     bind = args.bind or config.frontend.bind
-    hc = hypercorn_config(bind, graceful_timeout=args.graceful_timeout, access_log=args.access_log)
+    hc = hypercorn_config(
+        bind,
+        graceful_timeout=args.graceful_timeout,
+        access_log=args.access_log,
+        idle_timeout=config.frontend.idle_timeout,
+    )
+    raise_nofile_limit()
     try:
         trio.run(_serve, options, hc)
     except KeyboardInterrupt:  # Ctrl-C before the handlers were up, or a second one

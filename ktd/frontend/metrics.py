@@ -8,7 +8,8 @@ made up, so a scanner cannot blow up the series count.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -86,6 +87,17 @@ class Metrics:
             "Control requests to the daemon that got no reply in time.",
             registry=r,
         )
+        self.engines = EngineCollector()
+        r.register(self.engines)
+        self.load_seconds = Histogram(
+            "ktd_engine_load_seconds",
+            "Launch-to-ready time of engine loads (observed at scrape time from the "
+            "daemon's counters; two loads between scrapes count the last one twice).",
+            ["alias"],
+            buckets=_LOAD_BUCKETS,
+            registry=r,
+        )
+        self._loads_seen: dict[str, int] = {}
 
     def add_pool_gauge(self, count: Callable[[], tuple[int, int]]) -> None:
         """Export upstream connection-pool occupancy, read at scrape time only."""
@@ -98,5 +110,79 @@ class Metrics:
         active.labels("active").set_function(lambda: count()[0])
         active.labels("idle").set_function(lambda: count()[1])
 
+    def update_engines(self, engines: Sequence[Any]) -> None:
+        """Feed the daemon's EngineInfo snapshot (taken just before a scrape)."""
+        self.engines.snapshot = list(engines)
+        for e in engines:
+            seen = self._loads_seen.get(e.alias, 0)
+            if e.loads > seen and e.load_seconds is not None:
+                for _ in range(e.loads - seen):
+                    self.load_seconds.labels(e.alias).observe(e.load_seconds)
+            self._loads_seen[e.alias] = e.loads
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+ENGINE_STATES = ("stopped", "starting", "ready", "draining", "stopping", "failed")
+
+
+class EngineCollector:
+    """ktd's per-engine gauges and counters, from the daemon's last status snapshot.
+
+    A collector rather than Gauges: the values live in the daemon, and an engine
+    removed by a reload must disappear from the exposition, not linger at its
+    last value.
+    """
+
+    def __init__(self) -> None:
+        self.snapshot: list[Any] = []
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        state = GaugeMetricFamily(
+            "ktd_engine_state", "1 for the engine's current state.", labels=["alias", "state"]
+        )
+        leases = GaugeMetricFamily(
+            "ktd_engine_leases", "Requests holding a lease on the engine.", labels=["alias"]
+        )
+        queued = GaugeMetricFamily(
+            "ktd_engine_queue_depth",
+            "Requests waiting for the engine (a slot, a load or a swap).",
+            labels=["alias"],
+        )
+        last = GaugeMetricFamily(
+            "ktd_engine_last_load_seconds",
+            "Duration of the engine's last load.",
+            labels=["alias"],
+        )
+        restarts = CounterMetricFamily(
+            "ktd_engine_restarts", "Automatic restarts after a crash.", labels=["alias"]
+        )
+        evictions = CounterMetricFamily(
+            "ktd_engine_evictions", "Stops to make room for another engine.", labels=["alias"]
+        )
+        loads = CounterMetricFamily(
+            "ktd_engine_loads", "Loads that reached ready.", labels=["alias"]
+        )
+        load_total = CounterMetricFamily(
+            "ktd_engine_load_seconds_spent",
+            "Seconds spent in loads that reached ready.",
+            labels=["alias"],
+        )
+        for e in self.snapshot:
+            for name in ENGINE_STATES:
+                state.add_metric([e.alias, name], 1.0 if e.state == name else 0.0)
+            leases.add_metric([e.alias], e.leases)
+            queued.add_metric([e.alias], e.queued)
+            if e.load_seconds is not None:
+                last.add_metric([e.alias], e.load_seconds)
+            restarts.add_metric([e.alias], e.restarts)
+            evictions.add_metric([e.alias], e.evictions)
+            loads.add_metric([e.alias], e.loads)
+            load_total.add_metric([e.alias], e.load_seconds_total)
+        yield from (state, leases, queued, last, restarts, evictions, loads, load_total)

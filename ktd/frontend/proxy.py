@@ -104,15 +104,20 @@ def stream_headers(upstream: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes,
     return kept + STREAM_HEADERS
 
 
-def forward_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+def forward_headers(
+    raw: Iterable[tuple[bytes, bytes]], content_type: bytes | None = b"application/json"
+) -> list[tuple[bytes, bytes]]:
     """The client's headers minus hop-by-hop, host, length and credentials.
 
-    Content-Type is always ``application/json``: the body was just checked to
-    be a JSON object, and SGLang refuses anything else with a 400 that
-    ``curl -d`` users (form-urlencoded by default) would not expect.
+    Content-Type is ``application/json`` for JSON routes: the body was just
+    checked to be a JSON object, and SGLang refuses anything else with a 400
+    that ``curl -d`` users (form-urlencoded by default) would not expect. Other
+    bodies (multipart audio) keep the client's own ``content_type``.
     """
     connection_named: set[bytes] = set()
-    kept: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
+    kept: list[tuple[bytes, bytes]] = []
+    if content_type:
+        kept.append((b"content-type", content_type))
     for name, value in raw:
         lname = name.lower()
         if lname == b"connection":
@@ -141,6 +146,7 @@ class Exchange:
     """One proxied request: its lease, its upstream response, its metrics."""
 
     __slots__ = (
+        "adapter",
         "body",
         "broker",
         "closed",
@@ -149,9 +155,12 @@ class Exchange:
         "headers",
         "label",
         "lease",
+        "method",
         "metrics",
         "model",
         "pool",
+        "progress",
+        "remember",
         "response",
         "started",
         "status",
@@ -186,6 +195,10 @@ class Exchange:
         self.label = UNKNOWN_MODEL
         self.status = 499  # nginx's "client closed request" until we know better
         self.closed = False
+        self.method = b"POST"
+        self.adapter: str | None = None  # LoRA: checked against the engine before sending
+        self.remember: Callable[[str, bytes], None] | None = None  # (alias, first bytes)
+        self.progress: Callable[[float], Awaitable[bytes]] | None = None  # waiting comments
         metrics.in_flight.inc()
 
     # ------------------------------------------------------------ steps
@@ -207,13 +220,23 @@ class Exchange:
     async def open_upstream(self) -> Response:
         """Send the original body to the engine; return once its headers are in."""
         assert self.lease is not None
+        if self.adapter is not None:
+            await self._check_adapter(self.lease, self.adapter)
         try:
             self.response = await self.pool.request(
-                self.lease.url, self.target, self.headers, self.body
+                self.lease.url, self.target, self.headers, self.body, method=self.method
             )
         except UpstreamError as exc:
             raise self.upstream_error(exc) from None
         return self.response
+
+    async def _check_adapter(self, lease: Lease, adapter: str) -> None:
+        """``alias:adapter`` reaches the engine only if it lists the adapter (its /v1/models)."""
+        from ktd.frontend.catalog import engine_adapters
+
+        listed = await engine_adapters(self.pool, lease.url, lease.alias)
+        if listed is not None and adapter not in listed:
+            raise self.failed(errors.unknown_adapter(self.model, adapter, listed))
 
     def upstream_error(self, exc: UpstreamError) -> ApiError:
         detail = str(exc) or type(exc).__name__
@@ -272,7 +295,7 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
     try:
         if ex.response is None:
             assert ex.handle is not None
-            await _body(send, loading_comment(ex.model, trio.current_time() - ex.started))
+            await _body(send, await _comment(ex))
             while True:
                 try:
                     lease = await ex.handle.wait(interval)
@@ -280,7 +303,7 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
                     raise ex.failed(control_error(ex.model, exc)) from None
                 if lease is not None:
                     break
-                await _body(send, loading_comment(ex.model, trio.current_time() - ex.started))
+                await _body(send, await _comment(ex))
             ex.got_lease(lease, trio.current_time() - ex.started)
             opened = await ex.open_upstream()
             if opened.status != 200:
@@ -291,6 +314,8 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
         ex.status = response.status
         # The first chunk outside the hot loop: TTFB without per-chunk cost.
         data = await response.receive()
+        if data and ex.remember is not None and ex.lease is not None:
+            ex.remember(ex.lease.alias, data)
         if data:
             ex.first_byte()
             last = data
@@ -316,6 +341,19 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
         ex.failed(err)
         tail = err.sse() + SSE_DONE
     await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+async def _comment(ex: Exchange) -> bytes:
+    elapsed = trio.current_time() - ex.started
+    if ex.progress is not None:
+        return await ex.progress(elapsed)
+    return loading_comment(ex.model, elapsed)
+
+
+def waiting_comment(what: str, elapsed: float) -> bytes:
+    """``: waiting for <alias> Ns``: the engine waits for another to go idle (or a slot)."""
+    safe = "".join(ch for ch in what if ch.isprintable())
+    return f": waiting for {safe} {int(elapsed)}s\n\n".encode()
 
 
 async def _body(send: Send, data: bytes) -> None:

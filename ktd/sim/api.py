@@ -69,6 +69,8 @@ class OpenAIServing:
         self.args = args
         self.knobs = knobs
         self.state = state
+        self.adapters: dict[str, str] = {}  # LoRA adapters (routes.py fills them from argv)
+        self.lora_on = False
 
     # -- common
     async def _run(self, req: Request, body: Callable[[str], Awaitable[Reply]]) -> Reply:
@@ -130,6 +132,13 @@ class OpenAIServing:
         adapter = model.split(":", 1)[1].strip()
         if not adapter:
             return None
+        if self.lora_on:
+            if adapter in self.adapters:
+                return None
+            return (
+                f"The following requested lora adapters are not loaded: {{'{adapter}'}}. "
+                f"Loaded adapters: {sorted(self.adapters)}."
+            )
         return (
             f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch "
             "the server with --enable-lora flag and preload adapters using --lora-paths or "

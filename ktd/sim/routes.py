@@ -22,11 +22,14 @@ from typing import Any
 
 import trio
 
+from ktd.sim import lora, metrics
+from ktd.sim.agents import AgentServing
 from ktd.sim.api import OpenAIServing
 from ktd.sim.cli import SimArgs
 from ktd.sim.httpd import Reply, Request
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import log
+from ktd.sim.native import NativeServing
 from ktd.sim.shapes import WEIGHT_VERSION, json_reply, model_card
 from ktd.sim.state import DRAINING, UP, ServerState
 
@@ -51,6 +54,11 @@ class SimApp:
         self.state = state
         self.scheduler_info: dict[str, Any] = {}
         self.openai = OpenAIServing(args, knobs, state)
+        self.agents = AgentServing(self.openai)
+        self.native = NativeServing(self.openai)
+        self.adapters = lora.adapters(args.server_args)
+        self.openai.adapters = self.adapters
+        self.openai.lora_on = lora.lora_enabled(args.server_args)
         hf = _hf_config(args.model_path)
         self._model_info = {
             "model_path": args.model_path,
@@ -74,6 +82,17 @@ class SimApp:
             "/v1/chat/completions": {"POST": self.openai.chat},
             "/v1/completions": {"POST": self.openai.completions},
             "/v1/embeddings": {"POST": self.openai.embeddings},
+            "/v1/responses": {"POST": self.agents.responses},
+            "/v1/messages": {"POST": self.agents.messages},
+            "/v1/messages/count_tokens": {"POST": self.agents.count_tokens},
+            "/generate": {"POST": self.native.generate},
+            "/v1/tokenize": {"POST": self.native.tokenize},
+            "/v1/detokenize": {"POST": self.native.detokenize},
+            "/v1/rerank": {"POST": self.native.rerank},
+            "/v1/score": {"POST": self.native.score},
+            "/v1/classify": {"POST": self.native.classify},
+            "/v1/audio/transcriptions": {"POST": self.native.transcriptions},
+            "/metrics": {"GET": self.metrics},
             "/sim/stats": {"GET": self.stats},
         }
 
@@ -92,6 +111,12 @@ class SimApp:
         if methods is None:
             if req.path.startswith("/v1/models/") and req.method == "GET":
                 return self.retrieve_model(req.path[len("/v1/models/") :])
+            if req.path.startswith("/v1/responses/"):
+                rest = req.path[len("/v1/responses/") :]
+                if req.method == "GET" and rest and "/" not in rest:
+                    return await self.agents.retrieve(req, rest)
+                if req.method == "POST" and rest.endswith("/cancel") and rest.count("/") == 1:
+                    return await self.agents.cancel(req, rest.split("/", 1)[0])
             return json_reply({"detail": "Not Found"}, 404)
         route = methods.get(req.method)
         if route is None:
@@ -122,10 +147,30 @@ class SimApp:
         a = self.args
         return model_card(a.served_model_name, a.model_path, int(time.time()), a.context_length)
 
+    def _adapter_cards(self) -> list[dict[str, Any]]:
+        """SGLang lists each loaded LoRA adapter under its own name, parented to the base."""
+        created = int(time.time())
+        cards = []
+        for name, path in self.adapters.items():
+            card = model_card(name, path, created, 0)
+            card["parent"] = self.args.served_model_name
+            card["max_model_len"] = None
+            cards.append(card)
+        return cards
+
     async def models(self, req: Request) -> Reply:
-        return json_reply({"object": "list", "data": [self._card()]})
+        return json_reply({"object": "list", "data": [self._card(), *self._adapter_cards()]})
+
+    async def metrics(self, req: Request) -> Reply:
+        if not self.args.server_args.get("enable_metrics"):
+            return json_reply({"detail": "Not Found"}, 404)
+        body = metrics.render(self.args.served_model_name, self.state)
+        return Reply(200, body, metrics.CONTENT_TYPE)
 
     def retrieve_model(self, model: str) -> Reply:
+        for card in self._adapter_cards():
+            if card["id"] == model:
+                return json_reply(card)
         if model != self.args.served_model_name:
             err = {
                 "message": f"The model '{model}' does not exist",

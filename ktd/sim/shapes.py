@@ -205,3 +205,106 @@ def embedding_response(
         "object": "list",
         "usage": usage(prompt_tokens, 0),
     }
+
+
+# -- /v1/responses (OpenAI Responses API, as SGLang's serving_responses builds it)
+def response_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+def response_message(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content: list[dict[str, Any]] = [
+        {"type": "output_text", "text": text, "annotations": [], "logprobs": None}
+    ]
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": content if text or status == "completed" else [],
+    }
+
+
+def response_obj(
+    rid: str,
+    created: int,
+    model: str,
+    status: str,
+    output: list[dict[str, Any]],
+    usage_obj: dict[str, Any] | None,
+    *,
+    max_output_tokens: int | None,
+    instructions: str | None,
+    previous_response_id: str | None,
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": instructions,
+        "max_output_tokens": max_output_tokens,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": previous_response_id,
+        "reasoning": None,
+        "store": True,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": usage_obj,
+        "user": None,
+        "metadata": {},
+    }
+
+
+def named_event(event: str, obj: object) -> bytes:
+    """``event: <type>`` + ``data:``: the framing of Responses and Anthropic streams."""
+    return b"event: " + event.encode() + b"\ndata: " + _encode(obj) + b"\n\n"
+
+
+# -- /v1/messages (Anthropic Messages API, SGLang's anthropic/serving.py)
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def anthropic_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def anthropic_message(
+    mid: str, model: str, text: str | None, stop_reason: str | None, usage_obj: dict[str, Any]
+) -> dict[str, Any]:
+    """Serialised with ``exclude_none``, as SGLang does: no null fields at all."""
+    obj: dict[str, Any] = {
+        "id": mid,
+        "type": "message",
+        "role": "assistant",
+        "content": [] if text is None else [{"type": "text", "text": text}],
+        "model": model,
+        "usage": usage_obj,
+    }
+    if stop_reason is not None:
+        obj["stop_reason"] = stop_reason
+    return obj
+
+
+def anthropic_error(
+    message: str, err_type: str = "invalid_request_error", code: int = 400
+) -> Reply:
+    return json_reply({"type": "error", "error": {"type": err_type, "message": message}}, code)

@@ -1,0 +1,44 @@
+"""Fetch each ready engine's own ``/metrics`` (SGLang's Prometheus text), concurrently.
+
+Why its own module: the frontend's ``/metrics`` is one scrape target for the
+whole machine; this is the I/O half (promtext.py is the pure merge). Each
+engine gets ``timeout`` seconds; one that fails, times out or has metrics off
+(404) is left out of this scrape rather than failing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import trio
+
+from ktd import protocol as p
+from ktd.frontend.upstream import Pool, UpstreamError
+
+MAX_BYTES = 8 << 20
+
+
+async def scrape_engines(
+    pool: Pool, engines: Sequence[p.EngineInfo], timeout: float = 2.0
+) -> list[tuple[str, str]]:
+    """``[(alias, exposition text), ...]`` for ready engines that answered 200."""
+    results: dict[str, str] = {}
+
+    async def one(alias: str, url: str) -> None:
+        with trio.move_on_after(timeout):
+            try:
+                resp = await pool.request(url, b"/metrics", [], b"", method=b"GET")
+                try:
+                    data = await resp.read() if resp.status == 200 else b""
+                finally:
+                    resp.close()
+            except UpstreamError:
+                return
+            if data and len(data) <= MAX_BYTES:
+                results[alias] = data.decode("utf-8", "replace")
+
+    async with trio.open_nursery() as nursery:
+        for e in engines:
+            if e.state == "ready" and e.url:
+                nursery.start_soon(one, e.alias, e.url)
+    return [(e.alias, results[e.alias]) for e in engines if e.alias in results]

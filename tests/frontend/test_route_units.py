@@ -1,0 +1,138 @@
+"""Pure parts of the wider proxy: route table, path normalising, multipart, LoRA, metrics merge."""
+
+from __future__ import annotations
+
+import pytest
+
+from ktd import multipart
+from ktd.frontend import errors
+from ktd.frontend.body import parse_head
+from ktd.frontend.errors import ApiError
+from ktd.frontend.promtext import label_sample, merge
+from ktd.frontend.routes import (
+    EXACT,
+    allowed_methods,
+    match,
+    normalise,
+    response_id_in,
+    split_lora,
+)
+from ktd.sim.cli import parse
+from ktd.sim.lora import adapters, lora_enabled
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("//v1/chat/completions", "/v1/chat/completions"),
+        ("/v1//models/", "/v1/models"),
+        ("/", "/"),
+        ("//", "/"),
+        ("/generate/", "/generate"),
+    ],
+)
+def test_normalise(raw: str, clean: str) -> None:
+    assert normalise(raw) == clean
+
+
+def test_route_table_covers_sglang_surface() -> None:
+    for path in (
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/rerank",
+        "/v1/score",
+        "/v1/classify",
+        "/v1/tokenize",
+        "/v1/detokenize",
+        "/generate",
+        "/v1/audio/transcriptions",
+    ):
+        found = match("POST", path)
+        assert found is not None and found.route is EXACT[path]
+        assert match("GET", path) is None and allowed_methods(path) == ["POST"]
+    got = match("GET", "/v1/responses/resp_abc")
+    assert got is not None and got.response_id == "resp_abc"
+    cancel = match("POST", "/v1/responses/resp_abc/cancel")
+    assert cancel is not None and cancel.route.endpoint == "responses_cancel"
+    assert match("GET", "/v1/responses/a/b") is None
+    assert EXACT["/v1/audio/transcriptions"].body == "multipart"
+    assert EXACT["/generate"].model == "optional"
+
+
+def test_lora_split_and_response_ids() -> None:
+    assert split_lora("m1:sql") == ("m1", "sql")
+    assert split_lora("m1") == ("m1", None)
+    assert split_lora("m1:") == ("m1:", None)
+    assert response_id_in(b'{"id":"resp_x1","object":"response"}') == "resp_x1"
+    assert response_id_in(b'event: x\ndata: {"response": {"id": "resp_9"}}') == "resp_9"
+    assert response_id_in(b'{"id":"chatcmpl-1"}') is None
+
+
+def test_parse_head_optional_model_and_depth() -> None:
+    assert parse_head(b'{"text": "x"}', require_model=False).model is None
+    with pytest.raises(ApiError) as err:
+        parse_head(b'{"text": "x"}')
+    assert err.value.status == 400
+    with pytest.raises(ApiError) as err:
+        parse_head(b'{"model": "m", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+    assert err.value.status == 400 and "nested too deeply" in err.value.message
+
+
+def test_multipart_fields_without_touching_files() -> None:
+    body = (
+        b'--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nm1\r\n'
+        b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        b"Content-Type: audio/wav\r\n\r\n\x00\x01--\r\n\r\n"
+        b"--XyZ--\r\n"
+    )
+    ctype = 'multipart/form-data; boundary="XyZ"'
+    assert multipart.text_field(body, ctype, "model") == "m1"
+    assert multipart.text_field(body, ctype, "file") is None  # a file, not a text field
+    parts = {p.name: p for p in multipart.parts(body, ctype)}
+    assert parts["file"].data == b"\x00\x01--\r\n" and parts["file"].content_type == "audio/wav"
+    for bad in ("application/json", "multipart/form-data"):
+        with pytest.raises(multipart.MultipartError):
+            multipart.text_field(body, bad, "model")
+    with pytest.raises(multipart.MultipartError):
+        multipart.text_field(b"--XyZ\r\n", ctype, "model")
+
+
+def test_sim_lora_flags() -> None:
+    argv = ["--model", "/m", "--enable-lora", "--lora-paths", "a=/l/a", "/l/b",
+            '{"lora_name": "c", "lora_path": "/l/c"}']  # fmt: skip
+    parsed = parse(argv, "kt").server_args
+    assert adapters(parsed) == {"a": "/l/a", "/l/b": "/l/b", "c": "/l/c"}
+    assert adapters(parse(["--model", "/m", "--lora-paths=x=/y"]).server_args) == {"x": "/y"}
+    assert lora_enabled(parse(["--model", "/m", "--enable-lora"]).server_args)
+    assert not lora_enabled(parse(["--model", "/m"]).server_args)
+
+
+def test_metrics_merge_labels_by_alias_and_keeps_one_header_per_family() -> None:
+    text = (
+        "# HELP sglang:num_running_reqs Running.\n# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{model_name="x"} 2.0\n'
+        "# TYPE sglang:lat histogram\n"
+        'sglang:lat_bucket{le="1"} 1\nsglang:lat_count 1\n'
+    )
+    out = merge([("a", text), ("b", text)])
+    assert out.count("# TYPE sglang:num_running_reqs gauge") == 1
+    assert 'sglang:num_running_reqs{alias="a",model_name="x"} 2.0' in out
+    assert 'sglang:num_running_reqs{alias="b",model_name="x"} 2.0' in out
+    assert 'sglang:lat_count{alias="b"} 1' in out
+    lines = out.splitlines()
+    assert lines.index('sglang:lat_count{alias="a"} 1') > lines.index("# TYPE sglang:lat histogram")
+    assert label_sample('x{alias="own"} 1', "a") == 'x{alias="own"} 1'
+    assert label_sample("x{} 1", 'q"') == 'x{alias="q\\""} 1'
+    assert merge([]) == ""
+
+
+def test_new_error_shapes() -> None:
+    full = errors.from_control("m", "queue_full", "2 waiting", {"retry_after": 0.2})
+    assert full.status == 429 and full.headers["Retry-After"] == "1"
+    assert full.payload()["error"]["code"] == "queue_full"
+    failed = errors.from_control("m", "load_failed", "x", {"reason": "boom", "retry_after": 12.5})
+    assert failed.status == 503 and failed.headers["Retry-After"] == "13"
+    plain = errors.from_control("m", "load_failed", "x", {"reason": "boom"})
+    assert "Retry-After" not in plain.headers
+    assert errors.no_model_for_route("/generate", ["b", "a"]).status == 400

@@ -1,0 +1,85 @@
+"""The sim's wider SGLang surface, spoken to directly: shapes, errors, metrics, LoRA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+from simharness import SimProc
+
+SERVED = "sim-model"
+
+
+def test_agent_native_routes_errors_metrics_and_lora(sim_factory: Callable[..., SimProc]) -> None:
+    proc = sim_factory(
+        env={"KTD_SIM_LOAD_TIME": "0.05"},
+        served=SERVED,
+        ctx=64,
+        args=["--enable-metrics", "--enable-lora", "--lora-paths", "sql=/loras/sql"],
+    )
+    proc.wait_ready()
+    with httpx.Client(base_url=proc.base, timeout=10) as c:
+        # Responses: stored, retrievable, not cancellable once done; unknown id 404.
+        made = c.post(
+            "/v1/responses", json={"model": SERVED, "input": "a b", "max_output_tokens": 2}
+        )
+        obj = made.json()
+        assert made.status_code == 200 and obj["object"] == "response"
+        assert obj["output"][0]["content"][0]["text"] == "tok0 tok1"
+        assert obj["usage"]["input_tokens"] == 2 and obj["usage"]["output_tokens"] == 2
+        assert c.get(f"/v1/responses/{obj['id']}").json() == obj
+        assert c.post(f"/v1/responses/{obj['id']}/cancel").status_code == 400
+        missing = c.get("/v1/responses/resp_nope")
+        assert missing.status_code == 404 and missing.json()["object"] == "error"
+        # A Responses stream: named events, no [DONE].
+        with c.stream(
+            "POST",
+            "/v1/responses",
+            json={"model": SERVED, "input": "x", "max_output_tokens": 1, "stream": True},
+        ) as s:
+            raw = b"".join(s.iter_raw())
+        assert raw.startswith(b"event: response.created\ndata: ")
+        assert b"[DONE]" not in raw and b"event: response.completed" in raw
+        # Anthropic: its own error shape; context overflow is a 400.
+        bad = c.post(
+            "/v1/messages",
+            json={
+                "model": SERVED,
+                "max_tokens": 100,
+                "messages": [{"role": "user", "content": "x " * 80}],
+            },
+        )
+        assert bad.status_code == 400
+        assert bad.json()["type"] == "error" and bad.json()["error"]["type"]
+        # Native: /generate without a model; tokenize/detokenize shapes.
+        gen = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+        assert gen.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
+        tok = c.post("/v1/tokenize", json={"model": SERVED, "prompt": "a b c"}).json()
+        assert tok["count"] == 3 and tok["max_model_len"] == 64
+        # Audio without multipart: SGLang-style 400, not a crash.
+        assert c.post("/v1/audio/transcriptions", json={"model": SERVED}).status_code == 400
+        # LoRA: listed with its parent; base:adapter served; unknown adapter refused.
+        cards = c.get("/v1/models").json()["data"]
+        assert [(m["id"], m["parent"]) for m in cards] == [(SERVED, None), ("sql", SERVED)]
+        ok = c.post(
+            "/v1/chat/completions", json={"model": f"{SERVED}:sql", "messages": [], "max_tokens": 1}
+        )
+        assert ok.status_code == 200
+        nope = c.post(
+            "/v1/chat/completions",
+            json={"model": f"{SERVED}:nope", "messages": [], "max_tokens": 1},
+        )
+        assert nope.status_code == 400 and "not loaded" in nope.json()["message"]
+        # /metrics in SGLang's naming, counting what was served.
+        text = c.get("/metrics").text
+        assert f'sglang:num_running_reqs{{model_name="{SERVED}"}} 0.0' in text
+        done = [ln for ln in text.splitlines() if ln.startswith("sglang:num_requests_total")]
+        assert done and float(done[0].split()[-1]) >= 5
+        stats = c.get("/sim/stats").json()
+        assert stats["requests"] == stats["completed"] + stats["aborted"] + stats["active"]
+
+
+def test_metrics_need_enable_metrics(sim_factory: Callable[..., SimProc]) -> None:
+    proc = sim_factory(env={"KTD_SIM_LOAD_TIME": "0.05"}, served=SERVED)
+    proc.wait_ready()
+    assert httpx.get(proc.base + "/metrics", timeout=10).status_code == 404
