@@ -25,13 +25,18 @@ _MAKE_MODEL = os.path.join(_HERE, "make_model.py")
 # CUDA graphs, no flashinfer).  --skip-server-warmup: the ready line is still
 # logged, right after uvicorn starts, without SGLang's own warm-up request.
 ENGINE_FLAGS = [
-    "--device", "cpu",
-    "--attention-backend", "torch_native",
-    "--sampling-backend", "pytorch",
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--sampling-backend",
+    "pytorch",
     "--disable-cuda-graph",
     "--skip-server-warmup",
-    "--mem-fraction-static", "0.5",
-    "--max-total-tokens", "4096",
+    "--mem-fraction-static",
+    "0.5",
+    "--max-total-tokens",
+    "4096",
 ]
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -108,6 +113,7 @@ def model_dir(install=None) -> str:
             f"the tiny model is not made (expected {d}); run: "
             f"{venv_python()} {os.path.relpath(_MAKE_MODEL)} {d}"
         )
-    subprocess.run([venv_python(), _MAKE_MODEL, d], check=True, env=engine_env(),
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [venv_python(), _MAKE_MODEL, d], check=True, env=engine_env(), stdout=subprocess.DEVNULL
+    )
     return d

@@ -243,8 +243,9 @@ def run(cmd, logf, env=None):
     logf.flush()
     r = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
     if r.returncode != 0:
-        raise SystemExit(f"install step failed (exit {r.returncode}): {' '.join(cmd)}\n"
-                         f"see {logf.name}")
+        raise SystemExit(
+            f"install step failed (exit {r.returncode}): {' '.join(cmd)}\nsee {logf.name}"
+        )
 
 
 def pip_env():
@@ -260,8 +261,12 @@ def standins_dir():
 
 def smoke_env():
     env = dict(os.environ)
-    env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=standins_dir())
+    env.update(
+        SGLANG_USE_CPU_ENGINE="1",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=standins_dir(),
+    )
     return env
 
 
@@ -330,8 +335,12 @@ def install_upstream():
 
 def site_packages(d):
     py = venv_python(d)
-    out = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         check=True, capture_output=True, text=True).stdout.strip()
+    out = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return out
 
 
@@ -377,16 +386,22 @@ def install_kt():
 def write_marker(d, steps, seconds):
     tmp = os.path.join(d, MARKER + ".tmp")
     with open(tmp, "w") as f:
-        json.dump({"steps": steps, "seconds": round(seconds, 1),
-                   "python": sys.version.split()[0]}, f, indent=1)
+        json.dump(
+            {"steps": steps, "seconds": round(seconds, 1), "python": sys.version.split()[0]},
+            f,
+            indent=1,
+        )
     os.replace(tmp, os.path.join(d, MARKER))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kt", action="store_true", help="also install the kt fork (sglang-kt)")
-    p.add_argument("--print-dir", action="store_true",
-                   help="print the cache directory instead of the python path")
+    p.add_argument(
+        "--print-dir",
+        action="store_true",
+        help="print the cache directory instead of the python path",
+    )
     a = p.parse_args(argv)
     d = install_kt() if a.kt else install_upstream()
     print(d if a.print_dir else venv_python(d))

@@ -79,7 +79,10 @@ def stack(venv_python: Any) -> Iterator[Stack]:
             "path": engine_env.model_dir(),
             "backend": "kt",
             "alias": ALIAS,  # numa unset: "auto", the default config
-            "kt": {"extra_args": engine_env.ENGINE_FLAGS, "extra_env": engine_env.engine_env(base={})},
+            "kt": {
+                "extra_args": engine_env.ENGINE_FLAGS,
+                "extra_env": engine_env.engine_env(base={}),
+            },
         }
     ]
     cfg = {
@@ -169,6 +172,55 @@ def test_openai_stream_through_the_frontend_with_usage(stack: Stack) -> None:
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens >= 1
     assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+
+ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("POST", "/v1/completions", {"model": ALIAS, "prompt": "hi", "max_tokens": 4}),
+    ("POST", "/v1/responses", {"model": ALIAS, "input": "hi", "max_output_tokens": 4}),
+    ("POST", "/v1/messages", {"model": ALIAS, "max_tokens": 4, "messages": CHAT}),
+    ("POST", "/v1/messages/count_tokens", {"model": ALIAS, "messages": CHAT}),
+    ("GET", f"/v1/models/{ALIAS}", None),
+    ("POST", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4}}),
+    ("POST", "/v1/tokenize", {"model": ALIAS, "prompt": "hi"}),
+    ("POST", "/v1/detokenize", {"model": ALIAS, "tokens": [1, 2, 3]}),
+    ("POST", "/v1/embeddings", {"model": ALIAS, "input": "hi"}),
+    ("POST", "/v1/rerank", {"model": ALIAS, "query": "a", "documents": ["b"]}),
+    ("POST", "/v1/score", {"model": ALIAS, "query": "a", "items": ["b"]}),
+    ("POST", "/v1/classify", {"model": ALIAS, "input": "hi"}),
+]
+
+
+def test_every_sglang_route_through_the_frontend_answers_as_the_engine(stack: Stack) -> None:
+    """Each route of SGLang's surface, direct and through the frontend: the same status
+    (and for the generation routes, 200). The statuses are printed for the closing note."""
+    engine = stack.status()["url"]
+    rows = []
+    for method, path, body in ROUTES:
+        direct = httpx.request(method, engine + path, json=body, timeout=120)
+        proxied = httpx.request(method, stack.frontend_url + path, json=body, timeout=120)
+        rows.append(f"{method} {path}: engine {direct.status_code}, frontend {proxied.status_code}")
+        assert proxied.status_code == direct.status_code, (path, direct.text, proxied.text)
+    print("\nreal SGLang routes:\n  " + "\n  ".join(rows))
+    ok = {r.split(":")[0] for r in rows if r.endswith("frontend 200")}
+    for must in ("POST /v1/responses", "POST /v1/messages", "POST /generate",
+                 f"GET /v1/models/{ALIAS}", "POST /v1/completions"):  # fmt: skip
+        assert must in ok, rows
+
+
+def test_sdks_through_the_frontend(stack: Stack) -> None:
+    """The official openai (responses, models.retrieve) and anthropic SDKs, streaming too."""
+    import anthropic
+
+    client = stack.client()
+    assert client.models.retrieve(ALIAS).id == ALIAS
+    resp = client.responses.create(model=ALIAS, input="hi", max_output_tokens=4)
+    assert resp.status in ("completed", "incomplete")
+    claude = anthropic.Anthropic(base_url=stack.frontend_url, api_key="none", timeout=300)
+    msg = claude.messages.create(model=ALIAS, max_tokens=4, messages=CHAT)  # type: ignore[arg-type]
+    assert msg.content and msg.model == ALIAS
+    with claude.messages.stream(model=ALIAS, max_tokens=4, messages=CHAT) as stream:  # type: ignore[arg-type]
+        text = "".join(stream.text_stream)
+    assert isinstance(text, str) and stream.get_final_message().usage.output_tokens >= 1
 
 
 def test_overlong_prompt_400_reaches_the_client_as_sglang_sent_it(stack: Stack) -> None:
