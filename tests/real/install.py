@@ -235,9 +235,9 @@ def locked(d):
 
 
 def run(cmd, logf, env=None):
-    shown = cmd if len(cmd) < 12 else cmd[:8] + [f"... ({len(cmd) - 8} more)"]
+    shown = cmd if len(cmd) < 12 else [*cmd[:8], f"... ({len(cmd) - 8} more)"]
     if shown[1:2] == ["-c"]:
-        shown = shown[:2] + ["<smoke test>"]
+        shown = [*shown[:2], "<smoke test>"]
     log("$ " + " ".join(shown))
     logf.write("$ " + " ".join(cmd) + "\n")
     logf.flush()

@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The torchvision schema hook (see standins/sitecustomize.py): transformers
 # imports torchvision, whose CUDA-linked _C does not load with CPU torch.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins"))
-import sitecustomize  # noqa: E402,F401  (ours, or already run at startup)
+import sitecustomize  # noqa: F401  (ours, or already run at startup)
 
 MARKER = ".ktd-tiny-model-complete"
 SEED = 1234

@@ -9,7 +9,6 @@ raises NotImplementedError naming what was called.
 import importlib.abc
 import importlib.machinery
 import sys
-import types
 
 
 class _Stub:
