@@ -22,7 +22,7 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.aclient import ControlError, Unreachable
 from ktd.config import FrontendSection
-from ktd.frontend import errors
+from ktd.frontend import errors, worker_info
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.errors import ApiError
 from ktd.frontend.fastpath import PROXIED, ProxyRoutes
@@ -156,6 +156,8 @@ def create_app(options: FrontendOptions) -> QuartTrio:
             if m.served
         ]
         return _json_response(200, errors._encoder.encode({"object": "list", "data": data}))
+
+    worker_info.install(app, state)  # what sglang-router reads of a worker
 
     # ------------------------------------------------------------ proxied routes
 
