@@ -108,11 +108,57 @@ def router(tmp_path: Path) -> Iterator[RouterProc]:
 
 
 @dataclass
+class FrontendProc:
+    """``ktd frontend`` of one host, on the port its config names (the daemon advertises it)."""
+
+    url: str
+    config: Path
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> FrontendProc:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ktd", "frontend", "--config", str(self.config)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"frontend exited:\n{self.output()}"
+            try:
+                httpx.get(self.url + "/metrics", timeout=1)
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise AssertionError(f"frontend did not come up:\n{self.output()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+
+@dataclass
 class Host:
     name: str
     daemon: DaemonProc
     writer: ConfigWriter
     env: dict[str, str]
+    frontend: FrontendProc | None = None
 
     def status(self) -> dict[str, Any]:
         res = self.daemon.ktctl("status", "--json")
@@ -141,6 +187,7 @@ def hosts(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
         gateway: dict[str, Any],
         frontend: dict[str, Any] | None = None,
         daemon: dict[str, Any] | None = None,
+        with_frontend: bool = False,
     ) -> Host:
         run = Path(tempfile.mkdtemp(prefix=f"ktd-{name}-", dir="/tmp"))
         dirs.append(run)
@@ -148,6 +195,9 @@ def hosts(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
         env["KTD_RUNTIME_DIR"] = str(run / "run")
         env["KTD_STATE_DIR"] = str(tmp_path / f"state-{name}")
         writer = ConfigWriter(tmp_path / f"etc-{name}")
+        frontend = dict(frontend or {})
+        if with_frontend:
+            frontend.setdefault("bind", f"127.0.0.1:{free_port()}")
         cfg = writer(models, daemon=daemon, frontend=frontend)
         doc = json.loads(cfg.read_text())
         doc["gateway"] = gateway
@@ -156,9 +206,20 @@ def hosts(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
         d.start()
         host = Host(name=name, daemon=d, writer=writer, env=env)
         made.append(host)
+        if with_frontend:
+            fe = FrontendProc(
+                url=f"http://{frontend['bind']}",
+                config=cfg,
+                env=env,
+                log_path=tmp_path / f"frontend-{name}.log",
+            )
+            host.frontend = fe.start()
         return host
 
     yield make
+    for h in made:
+        if h.frontend is not None:
+            h.frontend.stop()
     for h in made:
         if h.daemon.proc is not None and h.daemon.proc.poll() is None:
             h.daemon.stop()
