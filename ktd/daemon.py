@@ -139,7 +139,7 @@ class Daemon:
         from ktd.doctor_run import daemon_report
 
         assert self.pool is not None
-        return await daemon_report(self.config, self.pool)
+        return await daemon_report(self.config, self.pool, self.gateway)
 
     def dry_run(self, alias: str) -> dict[str, Any]:
         from ktd.doctor_run import dry_run_plan

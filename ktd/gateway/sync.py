@@ -15,12 +15,14 @@ import socket
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import httpx
 import trio
 
 from ktd import states as S
 from ktd.config import FrontendSection, GatewaySection
+from ktd.doctor import Check
 from ktd.gateway import plan
 from ktd.gateway.client import RouterClient, RouterError
 from ktd.placement import user_flags
@@ -318,6 +320,25 @@ class GatewaySync:
             mode=self.config.mode,
             routers=[r.info(self.instance) for r in self._live()],
             frontend_url=self.frontend_url() if self.config.mode == "frontend" else None,
+        )
+
+    async def doctor_checks(self) -> list[Check]:
+        """Fresh probes of every router, judged against what this ktd wants there now."""
+        from ktd.gateway import doctor
+
+        if not self.enabled or self._http is None:
+            return []
+        probes = await doctor.probe_async(self.config, self._http)
+        desired = self.desired()
+        hosts = [urlsplit(w.url).hostname or "" for w in desired.workers]
+        if self.config.mode == "frontend":
+            hosts.append(urlsplit(self.frontend_url()).hostname or "")
+        return doctor.checks(
+            self.config,
+            probes,
+            instance=self.instance,
+            wanted=[w.url for w in desired.workers],
+            advertised_hosts=hosts,
         )
 
     def _live(self) -> list[RouterState]:

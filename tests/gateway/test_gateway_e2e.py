@@ -86,6 +86,17 @@ def test_two_hosts_register_and_requests_reach_both(
     assert st["gateway"]["routers"][0]["ours"] == 1
     reg = st["engines"][0]["gateway"][0]
     assert reg["router"] == router.url and reg["url"] == ua and reg["worker_id"] == wa["id"]
+    check = gateway_check(a, router)
+    assert check["status"] == "ok", check
+    assert "2 worker(s), 1 registered by this ktd" in check["detail"] and ua in check["detail"]
+    text = a.daemon.ktctl("status").stdout
+    assert "GATEWAY" in text and "registered" in text and f"{router.url}: up" in text
+
+
+def gateway_check(host: Host, router: RouterProc) -> dict[str, Any]:
+    res = host.daemon.ktctl("doctor", "--json", timeout=120)
+    report = json.loads(res.stdout)
+    return next(c for c in report["checks"] if c["name"] == f"gateway.{router.url}")
 
 
 def test_ready_to_first_routed_request(router: RouterProc, hosts: Any, tmp_path: Path) -> None:
@@ -167,6 +178,7 @@ def test_router_restart_reregisters_everything(
     ub = b.engine_url(ALIAS)
     st = a.status()["gateway"]["routers"][0]
     assert st["error"] and st["failures"] >= 1
+    assert gateway_check(a, router)["status"] == "fail"
     router.start()
     t1 = time.monotonic()
     wait_for(
