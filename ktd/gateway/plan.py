@@ -167,7 +167,7 @@ def desired_engines(
         w = engine_worker(e, advertise=advertise, labels=labels, fqdn=fqdn)
         if e.state == S.READY and not e.leaving and not shutting_down:
             workers.append(w)
-        elif e.state == S.STARTING and e.adopting and not e.leaving:
+        elif e.adopting and not e.leaving and e.state in (S.STOPPED, S.STARTING):
             keep.add(w.url)
     return Desired(tuple(workers), frozenset(keep))
 

@@ -99,8 +99,10 @@ class GatewaySync:
         *,
         instance: str,
         host_name: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.pool = pool
+        self._transport = transport  # tests: a router in-process
         self.instance = instance
         self.host_name = host_name or socket.gethostname()
         self.config = config
@@ -347,7 +349,7 @@ class GatewaySync:
     # ------------------------------------------------------------ the task
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with httpx.AsyncClient(trust_env=False) as http:
+        async with httpx.AsyncClient(trust_env=False, transport=self._transport) as http:
             self._http = http
             self._build_routers()
             task_status.started()
@@ -378,12 +380,15 @@ class GatewaySync:
         if self.config.mode == "frontend" and self.enabled:
             self.frontend_up = await self._probe_frontend()
         desired = self.desired()
+        # Retired at the start of this pass: synced with nothing wanted (our workers taken
+        # off), then forgotten; one retired by a reload meanwhile waits for the next pass.
+        jobs = [(r, r.retired) for r in self.routers.values()]
         async with trio.open_nursery() as n:
-            for r in list(self.routers.values()):
-                n.start_soon(self._sync_router, r, plan.Desired() if r.retired else desired)
-        for url, r in list(self.routers.items()):
-            if r.retired and (r.up is not None or r.failures > 3):
-                del self.routers[url]
+            for r, retired in jobs:
+                n.start_soon(self._sync_router, r, plan.Desired() if retired else desired)
+        for r, retired in jobs:
+            if retired and r.retired and (r.up is True or r.failures > 3):
+                self.routers.pop(r.url, None)
         self._synced.set()
         self._synced = trio.Event()
 
