@@ -22,7 +22,7 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.aclient import ControlError, Unreachable
 from ktd.config import FrontendSection
-from ktd.frontend import errors, worker_info
+from ktd.frontend import errors, gateway_metrics, worker_info
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.errors import ApiError
 from ktd.frontend.fastpath import PROXIED, ProxyRoutes
@@ -158,6 +158,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         return _json_response(200, errors._encoder.encode({"object": "list", "data": data}))
 
     worker_info.install(app, state)  # what sglang-router reads of a worker
+    gateway_metrics.install(app, state, interval=options.heartbeat_interval)
 
     # ------------------------------------------------------------ proxied routes
 
