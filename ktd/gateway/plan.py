@@ -98,7 +98,8 @@ def advertised_host(bind_host: str, advertise: str | None, fqdn: str | None = No
     if advertise:
         return advertise.rsplit(":", 1)[0] if _has_port(advertise) else advertise
     if bind_host in WILDCARD_HOSTS:
-        return fqdn or socket.getfqdn()
+        # gethostname, not getfqdn: no DNS lookup (this runs in the daemon's event loop).
+        return fqdn or socket.gethostname()
     return bind_host
 
 
