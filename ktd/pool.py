@@ -46,6 +46,7 @@ class PoolObserver(Protocol):
 
     def annotate(self, info: EngineInfo) -> None: ...
 
+
 # Environment ktd must not hand to engines.
 _PRIVATE_ENV = ("KTD_SOCKET", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS")
 

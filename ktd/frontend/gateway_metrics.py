@@ -74,6 +74,7 @@ class GatewayCollector(Collector):
 def install(app: QuartTrio, state: State, *, interval: float = 5.0) -> None:
     collector = GatewayCollector()
     state.metrics.registry.register(collector)
+    interval = max(interval, 5.0)  # a few seconds of lag is fine for these series
 
     async def refresh() -> None:
         while True:

@@ -88,6 +88,12 @@ class RouterClient:
         wid = doc.get("worker_id") if isinstance(doc, dict) else None
         return wid if isinstance(wid, str) else None
 
+    async def update_labels(self, worker_id: str, labels: dict[str, str]) -> None:
+        """``PUT /workers/{id}``: new labels in place, the worker keeps serving."""
+        r = await self._call("PUT", f"/workers/{worker_id}", {"labels": labels})
+        if r.status_code not in (200, 202, 204):
+            raise self._fail(r, "PUT /workers")
+
     async def remove(self, worker_id: str) -> None:
         """Queue the removal; a worker the router no longer has is not an error."""
         r = await self._call("DELETE", f"/workers/{worker_id}")

@@ -49,7 +49,7 @@ class Seen:
 
 @dataclass(frozen=True)
 class Action:
-    kind: Literal["add", "remove"]
+    kind: Literal["add", "remove", "update"]
     url: str
     reason: str
     worker: Worker | None = None  # add
@@ -188,6 +188,8 @@ def reconcile(desired: Desired, seen: Sequence[Seen], instance: str) -> list[Act
     * a desired URL the router lacks → add;
     * a worker this ktd registered (its ``ktd_instance`` label) that is neither
       desired nor kept → remove; so is one of ours registered under a stale model;
+    * one of ours whose labels drifted (a reload changed them) → update in place
+      (``PUT /workers/{id}``: no gap in routing);
     * anything else (other hosts' workers, static ``--worker-urls``) is never touched:
       a desired URL the router already has under another owner counts as present.
 
@@ -200,6 +202,7 @@ def reconcile(desired: Desired, seen: Sequence[Seen], instance: str) -> list[Act
     keep = {normalize_url(u) for u in desired.keep}
     removes: list[Action] = []
     adds: list[Action] = []
+    updates: list[Action] = []
     for url, entries in sorted(by_url.items()):
         for s in entries:
             if s.owner() != instance:
@@ -211,11 +214,14 @@ def reconcile(desired: Desired, seen: Sequence[Seen], instance: str) -> list[Act
                 removes.append(
                     Action("remove", url, f"registered as {s.model_id!r}", worker_id=s.id)
                 )
+            elif w is not None and any(s.labels.get(k) != v for k, v in w.labels):
+                # The router adds labels of its own (model_path...): only ours are compared.
+                updates.append(Action("update", url, "labels changed", worker=w, worker_id=s.id))
     removed = {a.url for a in removes}
     for url, w in sorted(want.items()):
         if url not in by_url or (url in removed and len(by_url[url]) == 1):
             adds.append(Action("add", url, "ready, not registered", worker=w))
-    return removes + adds
+    return removes + adds + updates
 
 
 def registration_state(url: str, desired: Desired, seen: Sequence[Seen] | None) -> str:

@@ -255,7 +255,7 @@ class GatewaySync:
             timeout = engine.drain_timeout
             if timeout is None:
                 timeout = self.pool.settings.drain_timeout
-            await self._wait_idle(engine.url_for(engine.run), timeout)
+            await self._wait_idle(engine, engine.url_for(engine.run), timeout)
 
     def _gone_everywhere(self, url: str, marks: dict[str, int]) -> bool:
         u = plan.normalize_url(url)
@@ -268,11 +268,14 @@ class GatewaySync:
                 return False
         return True
 
-    async def _wait_idle(self, engine_url: str, timeout: float) -> None:
-        """Until SGLang's ``/get_load`` counts no request (no endpoint: nothing to wait for)."""
+    async def _wait_idle(self, engine: Engine, engine_url: str, timeout: float) -> None:
+        """Until SGLang's ``/get_load`` counts no request (no endpoint: nothing to wait for).
+
+        A forced evict (or a second SIGTERM to ktd) during the wait ends it at once.
+        """
         assert self._http is not None
         with trio.move_on_after(timeout):
-            while True:
+            while not engine.force:
                 try:
                     r = await self._http.get(f"{engine_url}/get_load", timeout=2.0)
                     if r.status_code != 200:
@@ -434,6 +437,10 @@ class GatewaySync:
                     r.added += 1
                     acted = True
                     log.info("gateway %s: registered %s", r.url, action.url)
+                elif action.kind == "update" and action.worker and action.worker_id:
+                    await r.client.update_labels(action.worker_id, action.worker.label_dict())
+                    acted = True
+                    log.info("gateway %s: updated the labels of %s", r.url, action.url)
             if acted:
                 seen = await r.client.list_workers()
             listed = {plan.normalize_url(s.url) for s in seen}

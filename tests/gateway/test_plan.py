@@ -137,3 +137,15 @@ def test_desired_frontend() -> None:
     assert d.workers[0].url == "http://h:8000" and d.workers[0].alias is None
     assert plan.desired_frontend("u", "m", {}, up=False, shutting_down=False) == Desired()
     assert plan.desired_frontend("u", "m", {}, up=True, shutting_down=True) == Desired()
+
+
+def test_reconcile_label_drift_is_an_update_in_place() -> None:
+    w = Worker(url="http://h:1", model_id="m", labels=((OWNER_LABEL, ME), ("rack", "r2")))
+    s = Seen(id="x", url="http://h:1", model_id="m",
+             labels={OWNER_LABEL: ME, "rack": "r1", "model_path": "/m"})  # fmt: skip
+    acts = plan.reconcile(Desired((w,)), [s], ME)
+    assert [(a.kind, a.worker_id) for a in acts] == [("update", "x")]
+    # The router's own labels (model_path, dp_size...) are not drift.
+    same = Seen(id="x", url="http://h:1", model_id="m",
+                labels={OWNER_LABEL: ME, "rack": "r2", "model_path": "/m"})  # fmt: skip
+    assert plan.reconcile(Desired((w,)), [same], ME) == []

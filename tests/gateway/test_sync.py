@@ -50,6 +50,10 @@ class FakeRouter:
                 "metadata": body.get("labels", {}),
             }
             return httpx.Response(202, json={"status": "accepted", "worker_id": wid})
+        if req.method == "PUT" and req.url.path.startswith("/workers/"):
+            wid = req.url.path.rsplit("/", 1)[1]
+            self.workers[wid]["metadata"] = json.loads(req.content)["labels"]
+            return httpx.Response(202, json={"status": "accepted"})
         if req.method == "DELETE" and req.url.path.startswith("/workers/"):
             self.workers.pop(req.url.path.rsplit("/", 1)[1], None)
             return httpx.Response(202, json={"status": "accepted"})
@@ -240,3 +244,18 @@ async def test_reload_to_no_routers_takes_our_workers_off(
     await until(lambda: not fake_router.urls())
     await until(lambda: not gw.routers)
     assert gw.info() is None
+
+
+async def test_reload_with_new_labels_updates_them_in_place(
+    fake_router: FakeRouter, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    gw, _ = make(fake_router, [FakeEngine("m", run=FakeRun(1))], labels={"rack": "r1"})
+    await nursery.start(gw.run)
+    await until(lambda: fake_router.urls())
+    (wid,) = fake_router.workers
+    gw.apply_config(
+        GatewaySection(routers=[ROUTER], reconcile_interval=1.0, labels={"rack": "r2"}),
+        FrontendSection(),
+    )
+    await until(lambda: fake_router.workers[wid]["metadata"].get("rack") == "r2")
+    assert list(fake_router.workers) == [wid] and len(fake_router.posts) == 1
