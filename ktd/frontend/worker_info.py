@@ -21,7 +21,7 @@ from quart_trio import QuartTrio
 from ktd import __version__
 from ktd import protocol as p
 from ktd.aclient import ControlError, Unreachable
-from ktd.frontend import errors
+from ktd.frontend import errors, h2guard
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ def sum_loads(per_engine: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def install(app: QuartTrio, state: State) -> None:
     """Add the worker-info routes to ``app``."""
+    h2guard.install()  # the router's gRPC probe is an HTTP/2 connection
 
     def check_key() -> None:
         value = None

@@ -258,13 +258,18 @@ class GatewaySync:
             await self._wait_idle(engine, engine.url_for(engine.run), timeout)
 
     def _gone_everywhere(self, url: str, marks: dict[str, int]) -> bool:
+        """Every reachable router re-read since ``marks`` and does not list ``url``.
+
+        An add still running at a router (sent, not listed yet) counts as listed:
+        its job would put the worker back after we looked.
+        """
         u = plan.normalize_url(url)
         for key, r in self.routers.items():
             if r.up is False or r.retired:
                 continue  # down: it cannot route anything to the engine either
             if r.generation <= marks.get(key, -1) or r.seen is None:
                 return False
-            if any(plan.normalize_url(s.url) == u for s in r.seen):
+            if u in r.adds_sent or any(plan.normalize_url(s.url) == u for s in r.seen):
                 return False
         return True
 
@@ -444,9 +449,9 @@ class GatewaySync:
             if acted:
                 seen = await r.client.list_workers()
             listed = {plan.normalize_url(s.url) for s in seen}
-            for url in list(r.adds_sent):
-                if url in listed:
-                    del r.adds_sent[url]
+            for url, sent in list(r.adds_sent.items()):
+                if url in listed or now - sent >= ADD_RETRY_AFTER:
+                    del r.adds_sent[url]  # listed, or its job failed at the router
             if came_back:
                 log.info("gateway %s: reachable again", r.url)
             r.seen, r.up, r.error, r.failures = seen, True, None, 0
