@@ -99,8 +99,14 @@ def cmd_ping(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
-    engines = client.status(args.alias)
-    _emit(args, {"engines": engines}, render.status_table(engines, time.time()))
+    reply = client.status_reply(args.alias)
+    engines = reply.engines
+    doc: dict[str, object] = {"engines": engines}
+    text = render.status_table(engines, time.time())
+    if reply.gateway is not None:
+        doc["gateway"] = reply.gateway
+        text += "\n" + render.gateway_text(reply.gateway, time.time())
+    _emit(args, doc, text)
     return EXIT_OK
 
 

@@ -466,6 +466,10 @@ class Client:
         """Every engine ktd knows (or just ``alias``; unknown aliases raise ``unknown_model``)."""
         return self._expect(self._call(p.Status(alias=alias), self.timeout), p.StatusReply).engines
 
+    def status_reply(self, alias: str | None = None) -> p.StatusReply:
+        """``status`` with the daemon-wide parts too (``gateway``: the routers ktd syncs with)."""
+        return self._expect(self._call(p.Status(alias=alias), self.timeout), p.StatusReply)
+
     def models(self) -> list[p.ModelInfo]:
         """Every models.json entry, including those of other backends (``served`` False)."""
         return self._expect(self._call(p.Models(), self.timeout), p.ModelsReply).models

@@ -158,8 +158,40 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
             ]
         )
     headers = ["ALIAS", "STATE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "AGE", "REASON"]
+    if any(e.gateway for e in engines):  # only when ktd registers with a gateway
+        headers.insert(-1, "GATEWAY")
+        for e, row in zip(engines, rows, strict=True):
+            row.insert(-1, gateway_cell(e.gateway))
     notes = [f"note: {e.alias}: {n}" for e in engines for n in e.notes]
     return "\n".join([table(headers, rows), *notes])
+
+
+def gateway_cell(regs: Sequence[p.Registration]) -> str:
+    """``registered``, or per router when they disagree (``registered,absent``)."""
+    states = [r.state for r in regs]
+    if not states:
+        return "-"
+    return states[0] if len(set(states)) == 1 else ",".join(states)
+
+
+def gateway_text(info: p.GatewayInfo, now: float) -> str:
+    """One line per router: reachable or not, what is registered there, the last error."""
+    lines = [
+        f"gateway ({info.mode} mode)" + (f": {info.frontend_url}" if info.frontend_url else "")
+    ]
+    for r in info.routers:
+        if r.up is None:
+            state = "not tried yet"
+        elif r.up:
+            state = f"up, {r.ours} of {r.workers} worker(s) ours"
+        else:
+            retry = f", retry in {duration(r.next_try - now)}" if r.next_try else ""
+            state = f"DOWN ({r.failures} failure(s){retry})"
+        line = f"  {r.url}: {state}"
+        if r.error:
+            line += f": {one_line(r.error)}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def models_table(models: Sequence[p.ModelInfo]) -> str:

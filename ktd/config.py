@@ -123,11 +123,41 @@ class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     idle_timeout: float = 15.0
 
 
+GatewayMode = Literal["engines", "frontend"]
+
+
+class GatewaySection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Registration with SGLang's gateway (``sglang-router``) for scale-out across hosts.
+
+    ``routers`` empty = off. ``engines`` registers each ready engine's own URL;
+    ``frontend`` registers ktd's frontend instead, so on-demand loading keeps
+    working behind the router. ``advertise`` is the host (``frontend``: host or
+    host:port) the router must reach; by default the bind address. ``api_key``
+    is the router's control-plane key (Bearer on ``/workers``); ``worker_api_key``
+    is what the router sends to the worker (default: the engine's ``--api-key`` or
+    the frontend's first key).
+    """
+
+    routers: list[str] = []
+    mode: GatewayMode = "engines"
+    advertise: str | None = None
+    labels: dict[str, str] = {}
+    api_key: str | None = None
+    worker_api_key: str | None = None
+    model_id: str | None = None  # frontend mode: the model_id to register under
+    reconcile_interval: float = 10.0
+    timeout: float = 5.0
+    deregister_timeout: float = 10.0
+    backoff_max: float = 30.0
+    health_check_interval: int = 10  # what the router is asked to use for this worker
+
+
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ktransformers: KtSection = msgspec.field(default_factory=KtSection)
     models_file: str | None = None
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     frontend: FrontendSection = msgspec.field(default_factory=FrontendSection)
+    gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
 
 
 # ---------------------------------------------------------------- resolved model
@@ -202,6 +232,10 @@ class Config(msgspec.Struct, kw_only=True):
     @property
     def frontend(self) -> FrontendSection:
         return self.file.frontend
+
+    @property
+    def gateway(self) -> GatewaySection:
+        return self.file.gateway
 
     def served(self) -> list[ModelSpec]:
         return [m for m in self.models.values() if m.served]
@@ -380,6 +414,41 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
     for i, key in enumerate(f.api_keys):
         if not key:
             raise ConfigError(name, f"$.frontend.api_keys[{i}]", "must not be empty")
+    _validate_gateway(file, name)
+
+
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
+
+
+def _validate_gateway(file: ConfigFile, name: str) -> None:
+    g = file.gateway
+    for i, url in enumerate(g.routers):
+        if not re.match(r"^https?://[^/\s]+/?$", url):
+            raise ConfigError(
+                name, f"$.gateway.routers[{i}]", f"expected http(s)://HOST:PORT, got {url!r}"
+            )
+    if len(set(u.rstrip("/") for u in g.routers)) != len(g.routers):
+        raise ConfigError(name, "$.gateway.routers", "lists a router twice")
+    for field in ("reconcile_interval", "timeout", "deregister_timeout", "backoff_max"):
+        if getattr(g, field) <= 0:
+            raise ConfigError(name, f"$.gateway.{field}", "must be > 0")
+    if g.health_check_interval < 1:
+        raise ConfigError(name, "$.gateway.health_check_interval", "must be >= 1")
+    for key in g.labels:
+        if not _LABEL_KEY.match(key):
+            raise ConfigError(name, f"$.gateway.labels.{key}", "not a usable label name")
+    if g.advertise is not None and (not g.advertise or "/" in g.advertise or " " in g.advertise):
+        raise ConfigError(
+            name, "$.gateway.advertise", f"expected HOST or HOST:PORT, got {g.advertise!r}"
+        )
+    if g.model_id is not None:
+        check_alias(g.model_id, name, "$.gateway.model_id")
+    if g.mode == "frontend" and g.routers and file.frontend.bind.startswith("unix:"):
+        raise ConfigError(
+            name,
+            "$.gateway.mode",
+            "frontend mode needs a TCP frontend.bind (a router cannot reach a unix socket)",
+        )
 
 
 SINGLE_HOST = (

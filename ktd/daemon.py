@@ -22,6 +22,8 @@ import zmq
 
 from ktd import paths, proctree, safedir, sdnotify, statefile, statelock
 from ktd.config import Config, ConfigError, load_config
+from ktd.gateway.sync import GatewaySync
+from ktd.gateway.sync import instance_id as gateway_instance
 from ktd.placecheck import check_placements
 from ktd.pool import OpError, Pool
 from ktd.protocol import HARD_MAX_FRAME, ErrorCode
@@ -132,6 +134,7 @@ class Daemon:
         self.force_stop = False
         self.server: ControlServer | None = None
         self.pool: Pool | None = None
+        self.gateway: GatewaySync | None = None
 
     def request_stop(self) -> None:
         if self.stop_requested.is_set():
@@ -151,6 +154,8 @@ class Daemon:
                 {"file": exc.file, "path": exc.path},
             ) from None
         summary = self.pool.apply_config(new)
+        if self.gateway is not None:
+            self.gateway.apply_config(new.gateway, new.frontend)
         self.config = new
         log.info("reloaded %s: %s", new.path, summary)
         return summary
@@ -160,7 +165,7 @@ class Daemon:
 
         assert self.pool is not None
         self.pool.prober.forget()  # doctor looks afresh; the next launch probes again too
-        return await daemon_report(self.config, self.pool)
+        return await daemon_report(self.config, self.pool, self.gateway)
 
     async def dry_run(self, alias: str) -> dict[str, Any]:
         from ktd.doctor_run import dry_run_plan
@@ -183,6 +188,14 @@ class Daemon:
                 log.info("re-adopted running engine(s): %s", ", ".join(adopted))
             if killed:
                 log.warning("killed %d stray engine process(es): %s", len(killed), killed)
+            gateway = GatewaySync(
+                self.config.gateway,
+                self.config.frontend,
+                pool,
+                instance=gateway_instance(pool.instance),
+            )
+            self.gateway = gateway
+            pool.observers.append(gateway)
             server = ControlServer(
                 pool,
                 control,
@@ -191,12 +204,14 @@ class Daemon:
                 doctor=self.doctor,
                 dry_run=self.dry_run,
                 shutdown=self.request_stop,
+                gateway=gateway.info,
             )
             self.server = server
             # Signal handlers first: a SIGHUP before them would kill the daemon.
             await nursery.start(self._signals)
             await nursery.start(server.run)
             await nursery.start(pool.run)
+            await nursery.start(gateway.run)
             nursery.start_soon(self._watchdog)
             sdnotify.notify("READY=1\nSTATUS=serving")
             log.info("ktd ready: control %s, %d kt model(s)", self.setup.control, len(pool.engines))
@@ -204,6 +219,7 @@ class Daemon:
             sdnotify.notify("STOPPING=1")
             log.info("shutting down: stopping %d engine(s)", len(pool.engines))
             with trio.CancelScope(shield=True):
+                await gateway.shutdown()
                 if self.config.daemon.keep_engines_on_exit:
                     pool.keeping_engines = True
                     pool.save_state()

@@ -17,6 +17,7 @@ from ktd.probe import PROBE_CODE, ProbeResult, parse_probe_output
 from ktd.topology import Topology, read_topology
 
 if TYPE_CHECKING:
+    from ktd.gateway.sync import GatewaySync
     from ktd.pool import Pool
 
 
@@ -78,7 +79,12 @@ def probe_python(spec: ModelSpec, *, timeout: float = 120.0) -> ProbeResult:
 
 
 def build_report(
-    config: Config, topo: Topology, *, running: dict[str, int] | None = None, where: str
+    config: Config,
+    topo: Topology,
+    *,
+    running: dict[str, int] | None = None,
+    where: str,
+    extra_checks: list[doctor.Check] | None = None,
 ) -> dict[str, Any]:
     served = config.served()
     probe = probe_python(served[0]) if served else None
@@ -96,20 +102,24 @@ def build_report(
         running=running.keys(),
         catalog=probe.catalog if probe else None,
     )
+    checks += extra_checks or []
     return doctor.report(
         checks,
         {"where": where, "config": config.path, "topology": topo.to_dict(), "probe": summary or {}},
     )
 
 
-async def daemon_report(config: Config, pool: Pool) -> dict[str, Any]:
+async def daemon_report(
+    config: Config, pool: Pool, gateway: GatewaySync | None = None
+) -> dict[str, Any]:
     import trio
 
+    extra = await gateway.doctor_checks() if gateway is not None else []
     topo = await trio.to_thread.run_sync(read_topology)
     pool.refresh_topology(topo)
     running = {e.alias: e.run.port for e in pool.engines.values() if e.run is not None}
     return await trio.to_thread.run_sync(
-        lambda: build_report(config, topo, running=running, where="daemon")
+        lambda: build_report(config, topo, running=running, where="daemon", extra_checks=extra)
     )
 
 
@@ -119,4 +129,13 @@ def local_report(config_path: str | None = None) -> dict[str, Any]:
 
     path = config_path or str(paths.default_config_path())
     config = load_config(path)
-    return build_report(config, read_topology(), where="local (ktd is not running)")
+    extra: list[doctor.Check] = []
+    if config.gateway.routers:
+        from ktd.gateway import doctor as gw_doctor
+
+        extra = gw_doctor.checks(
+            config.gateway, gw_doctor.probe_sync(config.gateway), instance=None
+        )
+    return build_report(
+        config, read_topology(), where="local (ktd is not running)", extra_checks=extra
+    )

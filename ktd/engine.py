@@ -98,6 +98,8 @@ class EngineHost(Protocol):
 
     def state_changed(self, engine: Engine) -> None: ...
 
+    async def before_drain(self, engine: Engine) -> None: ...
+
     def log_lines(self, engine: Engine, lines: list[str]) -> None: ...
 
 
@@ -793,6 +795,9 @@ class Engine:
 
     async def _stop(self, run: Running) -> None:
         """Drain (bounded) → SIGTERM the group → grace → SIGKILL everything that is left."""
+        if self.state == S.READY:
+            # Off the gateway first (sglang-router): nothing new arrives while it drains.
+            await self.host.before_drain(self)
         if self.state == S.READY and self.leases and not self.force:
             timeout = self.drain_timeout
             if timeout is None:

@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import trio
@@ -41,6 +41,17 @@ class OpError(Exception):
 
 
 Publisher = Callable[[str, Event], None]
+
+
+class PoolObserver(Protocol):
+    """Who follows engine changes from outside the pool (the gateway sync)."""
+
+    def engine_changed(self, engine: Engine) -> None: ...
+
+    async def before_drain(self, engine: Engine) -> None: ...
+
+    def annotate(self, info: EngineInfo) -> None: ...
+
 
 # Environment ktd must not hand to engines.
 _PRIVATE_ENV = ("KTD_SOCKET", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS")
@@ -81,6 +92,7 @@ class Pool:
         self._restart_after_adoption: list[Engine] = []
         self._tickets = itertools.count()  # arrival order of acquires, across engines
         self._changed = trio.Event()  # any engine's state or leases changed
+        self.observers: list[PoolObserver] = []
         for spec in config.served():
             self.engines[spec.alias] = Engine(spec, self)
 
@@ -270,6 +282,12 @@ class Pool:
         self._poke_all()
         # Written at once, not batched: a kill -9 right after this change must find it.
         self.save_state()
+        for observer in self.observers:
+            observer.engine_changed(engine)
+
+    async def before_drain(self, engine: Engine) -> None:
+        for observer in self.observers:
+            await observer.before_drain(engine)
 
     def log_lines(self, engine: Engine, lines: list[str]) -> None:
         topic = f"log.{engine.alias}"
@@ -445,8 +463,13 @@ class Pool:
 
     def status(self, alias: str | None = None) -> list[EngineInfo]:
         if alias is not None:
-            return [self.engine(alias).info(tail=20)]
-        return [e.info(tail=20 if e.state == S.FAILED else 0) for e in self.engines.values()]
+            infos = [self.engine(alias).info(tail=20)]
+        else:
+            infos = [e.info(tail=20 if e.state == S.FAILED else 0) for e in self.engines.values()]
+        for observer in self.observers:
+            for info in infos:
+                observer.annotate(info)
+        return infos
 
     def models(self) -> list[ModelInfo]:
         out = []

@@ -134,6 +134,42 @@ AnyRequest = (
 # ---------------------------------------------------------------- replies
 
 
+class Registration(msgspec.Struct, kw_only=True):
+    """An engine's registration on one sglang-router (``ktctl status``'s ``gateway``).
+
+    ``state``: ``registered``, ``unhealthy`` (listed, failing the router's health
+    check), ``registering``, ``deregistering``, ``absent``, or ``unknown`` (router
+    not reached yet).
+    """
+
+    router: str
+    state: str
+    url: str | None = None
+    worker_id: str | None = None
+
+
+class RouterInfo(msgspec.Struct, kw_only=True):
+    """One router as ktd sees it: reachable or not, and what ktd did there."""
+
+    url: str
+    up: bool | None = None  # None: not tried yet
+    error: str | None = None
+    last_sync: float | None = None
+    next_try: float | None = None  # while down: when ktd retries (backoff)
+    failures: int = 0  # consecutive failed syncs
+    workers: int = 0  # workers the router lists
+    ours: int = 0  # of them, registered by this ktd
+    added: int = 0  # registrations ktd sent (counters since ktd started)
+    removed: int = 0
+    errors: int = 0
+
+
+class GatewayInfo(msgspec.Struct, kw_only=True):
+    mode: str
+    routers: list[RouterInfo] = []
+    frontend_url: str | None = None
+
+
 class EngineInfo(msgspec.Struct, kw_only=True):
     """One engine as ``ktctl status --json`` shows it. Fields are only ever added."""
 
@@ -166,6 +202,7 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     load_seconds_total: float = 0.0
     failures: int = 0  # consecutive failed loads (0 after a success)
     retry_in: float | None = None  # failed: seconds until a request may retry it
+    gateway: list[Registration] = []
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
@@ -188,6 +225,7 @@ class Pong(Reply, tag="pong"):
 
 class StatusReply(Reply, tag="status"):
     engines: list[EngineInfo]
+    gateway: GatewayInfo | None = None
 
 
 class ModelsReply(Reply, tag="models"):

@@ -43,6 +43,7 @@ class ControlServer:
         doctor: Callable[[], Awaitable[dict[str, Any]]],
         dry_run: Callable[[str], Awaitable[dict[str, Any]]],
         shutdown: Callable[[], None],
+        gateway: Callable[[], p.GatewayInfo | None] = lambda: None,
     ) -> None:
         self.pool = pool
         self.control = TrioSocket(control, self._on_message)
@@ -51,6 +52,7 @@ class ControlServer:
         self._doctor = doctor
         self._dry_run = dry_run
         self._shutdown = shutdown
+        self._gateway = gateway
         self._nursery: trio.Nursery | None = None
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -127,7 +129,7 @@ class ControlServer:
             case p.Ping():
                 return p.Pong(version=__version__, pid=os.getpid())
             case p.Status(alias=alias):
-                return p.StatusReply(engines=pool.status(alias))
+                return p.StatusReply(engines=pool.status(alias), gateway=self._gateway())
             case p.Models():
                 return p.ModelsReply(models=pool.models())
             case p.Logs(alias=alias, lines=lines):

@@ -25,7 +25,7 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.aclient import ControlError, Unreachable
 from ktd.config import FrontendSection
-from ktd.frontend import catalog, errors
+from ktd.frontend import catalog, errors, gateway_metrics, worker_info
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.catalog import ResponseBook
 from ktd.frontend.errors import ApiError
@@ -169,6 +169,9 @@ def create_app(options: FrontendOptions) -> QuartTrio:
             if card["id"] == model_id:
                 return _json_response(200, errors._encoder.encode(card))
         raise errors.unknown_model(model_id, [str(c["id"]) for c in cards])
+
+    worker_info.install(app, state)  # what sglang-router reads of a worker
+    gateway_metrics.install(app, state, interval=options.heartbeat_interval)
 
     # ------------------------------------------------------------ proxied routes
 

@@ -93,6 +93,7 @@ class SimApp:
             "/v1/classify": {"POST": self.native.classify},
             "/v1/audio/transcriptions": {"POST": self.native.transcriptions},
             "/metrics": {"GET": self.metrics},
+            "/get_load": {"GET": self.get_load},
             "/sim/stats": {"GET": self.stats},
         }
 
@@ -190,6 +191,12 @@ class SimApp:
         info["internal_states"] = [{"last_gen_throughput": 0.0, "status": self.state.status}]
         info["version"] = SIM_VERSION
         return json_reply(info)
+
+    async def get_load(self, req: Request) -> Reply:
+        """SGLang's per-DP-rank load (what sglang-router samples; ktd waits for 0 to drain)."""
+        active = self.state.stats.active
+        load = {"dp_rank": 0, "num_reqs": active, "num_waiting_reqs": 0, "num_tokens": 0}
+        return json_reply([load])
 
     async def stats(self, req: Request) -> Reply:
         return json_reply(self.state.stats.as_dict())

@@ -1,0 +1,150 @@
+"""What sglang-router reads from a worker, answered by the frontend (gateway ``frontend`` mode).
+
+Registered as a worker, the frontend is polled like an SGLang server: the
+router's add job reads ``/server_info`` and ``/model_info`` (older routers:
+``/get_server_info``, ``/get_model_info``), health-checks ``/health`` (app.py's
+route: 200 while the daemon answers) and samples ``/get_load``. Answers use
+SGLang's own shapes for the engines the frontend fronts: a ready engine's own
+answer passed through when there is one (nothing to imitate), else one built
+from the config, so a model that is not loaded yet still registers and loads on
+demand when the first request arrives.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from ktd import __version__
+from ktd import protocol as p
+from ktd.aclient import ControlError, Unreachable
+from ktd.frontend import errors, h2guard
+from ktd.frontend.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from ktd.frontend.app import State
+
+_JSON = "application/json"
+_IDLE_LOAD = {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
+
+
+def model_info_shape(path: str) -> dict[str, Any]:
+    """SGLang's ``/model_info`` for a model that is not loaded (pure)."""
+    return {
+        "model_path": path,
+        "tokenizer_path": path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": None,
+        "architectures": None,
+    }
+
+
+def server_info_shape(alias: str, path: str, *, status: str) -> dict[str, Any]:
+    """SGLang's ``/server_info`` (server args + scheduler state + version), from config."""
+    return {
+        "model_path": path,
+        "tokenizer_path": path,
+        "served_model_name": alias,
+        "dp_size": 1,
+        "tp_size": 1,
+        "is_embedding": False,
+        "internal_states": [{"last_gen_throughput": 0.0, "status": status}],
+        "version": f"ktd-{__version__}",
+    }
+
+
+def sum_loads(per_engine: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Add the engines' ``/get_load`` entries rank by rank (pure)."""
+    by_rank: dict[int, dict[str, Any]] = {}
+    for loads in per_engine:
+        for entry in loads:
+            rank = int(entry.get("dp_rank", 0) or 0)
+            acc = by_rank.setdefault(rank, {**_IDLE_LOAD, "dp_rank": rank})
+            for key in ("num_reqs", "num_waiting_reqs", "num_tokens"):
+                acc[key] += int(entry.get(key, 0) or 0)
+    return [by_rank[r] for r in sorted(by_rank)] or [dict(_IDLE_LOAD)]
+
+
+def install(app: QuartTrio, state: State) -> None:
+    """Add the worker-info routes to ``app``."""
+    h2guard.install()  # the router's gRPC probe is an HTTP/2 connection
+
+    def check_key() -> None:
+        value = None
+        for key, val in request.scope["headers"]:
+            if key.lower() == b"authorization":
+                value = bytes(val)
+        state.keys.check(value)
+
+    async def fronted() -> tuple[list[p.EngineInfo], list[p.ModelInfo]]:
+        try:
+            status = await state.broker.request(p.Status())
+            models = await state.broker.request(p.Models())
+        except (Unreachable, ControlError) as exc:
+            raise errors.daemon_unreachable(str(exc)) from None
+        if not isinstance(status, p.StatusReply) or not isinstance(models, p.ModelsReply):
+            raise errors.daemon_unreachable("unexpected reply from the daemon")
+        ready = [e for e in status.engines if e.state == "ready" and e.url]
+        return ready, [m for m in models.models if m.served]
+
+    async def engine_json(url: str, path: str) -> Any:
+        resp = await state.upstream.request(url, path.encode(), [], b"", method=b"GET")
+        try:
+            body = await resp.read()
+        finally:
+            resp.close()
+        if resp.status != 200:
+            raise UpstreamError(f"{path}: HTTP {resp.status}")
+        return json.loads(body)
+
+    def reply(obj: Any) -> Response:
+        return Response(errors._encoder.encode(obj), status=200, content_type=_JSON)
+
+    async def from_engine_or_config(path: str, build: Any) -> Response:
+        check_key()
+        ready, models = await fronted()
+        if ready:
+            try:
+                return reply(await engine_json(ready[0].url or "", path))
+            except (UpstreamError, ValueError, OSError):
+                pass  # going away as we asked: describe it from the config
+        if not models:
+            return reply(build("ktd", "", "no model"))
+        m = next((m for m in models if any(e.alias == m.alias for e in ready)), models[0])
+        return reply(build(m.alias, m.path, m.state))
+
+    async def server_info() -> Response:
+        return await from_engine_or_config(
+            "/server_info", lambda a, path, st: server_info_shape(a, path, status=st)
+        )
+
+    async def model_info() -> Response:
+        return await from_engine_or_config(
+            "/model_info", lambda a, path, st: model_info_shape(path)
+        )
+
+    async def get_load() -> Response:
+        check_key()
+        ready, _ = await fronted()
+        loads: list[list[dict[str, Any]]] = []
+        for e in ready:
+            try:
+                got = await engine_json(e.url or "", "/get_load")
+            except (UpstreamError, ValueError, OSError):
+                continue
+            if isinstance(got, list):
+                loads.append([x for x in got if isinstance(x, dict)])
+        return reply(sum_loads(loads))
+
+    for path in ("/server_info", "/get_server_info"):
+        app.add_url_rule(path, endpoint=f"wi{path}", view_func=server_info, methods=["GET"])
+    for path in ("/model_info", "/get_model_info"):
+        app.add_url_rule(path, endpoint=f"wi{path}", view_func=model_info, methods=["GET"])
+    app.add_url_rule("/get_load", endpoint="wi/get_load", view_func=get_load, methods=["GET"])
