@@ -24,11 +24,12 @@ from typing import Any, Protocol
 import httpx
 import trio
 
-from ktd import proctree
+from ktd import preflight, proctree
 from ktd import states as S
 from ktd.command import ENGINE_MARK, build_argv, build_env
 from ktd.config import DaemonSection, ModelSpec
 from ktd.enginelog import EngineLog
+from ktd.failure import reason_line
 from ktd.inotify import FileWatch
 from ktd.probe import Prober, missing_message
 from ktd.protocol import EngineInfo
@@ -405,12 +406,21 @@ class Engine:
             self._set(S.STOPPED, reason="stopped before launch")
             return Outcome("stopped")
 
+        # Before placing: placing may evict ready engines, and a load that cannot
+        # start must never cost a running model.
+        self._set_phase("preflight")
+        refusal = await preflight.run(self.spec, probe)
+        if refusal:
+            return Outcome("failed", refusal)
         self._set_phase("placing")
         try:
             self.plan = await self.host.place(self)
         except Busy as exc:
             self.plan = None
             return Outcome("busy", str(exc))
+        except preflight.Refused as exc:
+            self.plan = None
+            return Outcome("failed", str(exc))
         if not self.want_up:
             self.plan = None
             self._set(S.STOPPED, reason="stopped before launch")
@@ -702,8 +712,7 @@ class Engine:
         tail = "\n".join(self.log.last(40)).lower()
         if not self.spec.port and any(m in tail for m in PORT_TAKEN_MARKERS):
             return Outcome("port_taken", f"port {run.port} was taken before the engine bound it")
-        last = next((ln for ln in reversed(self.log.last(40)) if ln.strip()), "")
-        return Outcome("failed", f"engine {how} before it was ready: {last[:300]}")
+        return Outcome("failed", reason_line(how, self.log.last(80), str(self.log.path)))
 
     async def _stop(self, run: Running) -> None:
         """Drain (bounded) → SIGTERM the group → grace → SIGKILL everything that is left."""

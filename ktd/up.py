@@ -42,14 +42,17 @@ def shim_dir() -> Path:
 
 def demo_config(root: Path, bind: str) -> Path:
     """Write config.json + models.json for the demo under ``root``; return config.json."""
+    from ktd.sim.model import make_model
+
     root.mkdir(parents=True, exist_ok=True)
+    model_path, weights = make_model(root / "models", DEMO_ALIAS)
     models = [
         {
-            "path": "/models/ktd-sim",
+            "path": model_path,
             "backend": "kt",
             "alias": DEMO_ALIAS,
             "kt": {
-                "kt_weight_path": "/models/ktd-sim-kt",
+                "kt_weight_path": weights,
                 "extra_env": {
                     "PYTHONPATH": str(shim_dir()),
                     # Slow enough to see: a short load (with ": loading" comments
