@@ -148,6 +148,12 @@ class _ProgressLine:
 
 def cmd_load(client: Client, args: argparse.Namespace) -> int:
     alias: str = args.alias
+    if args.estimate:
+        plan = client.load(alias, timeout=args.timeout, dry_run=True)
+        doc = {"alias": alias, "estimate": plan.get("estimate"), "fit": plan.get("fit")}
+        human = "\n".join([f"{alias}:", *render.estimate_lines(plan)])
+        _emit(args, doc, human)
+        return EXIT_OK
     if args.dry_run:
         plan = client.load(alias, timeout=args.timeout, dry_run=True)
         _emit(args, {"plan": plan}, render.plan_text(alias, plan))
@@ -343,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true",
         help="print the plan (command, env, NUMA nodes, CPUs, GPUs, evictions); start nothing",
     )  # fmt: skip
+    sp.add_argument(
+        "--estimate", action="store_true",
+        help="print the memory estimate and whether it fits (host RAM, GPU); start nothing",
+    )  # fmt: skip
 
     sp = add("evict", "stop an engine (drain in-flight requests, then terminate)")
     sp.add_argument("alias", nargs="?", metavar="ALIAS")
@@ -394,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if streaming:
             return EXIT_OK
-        if args.command == "load" and not args.dry_run:
+        if args.command == "load" and not (args.dry_run or args.estimate):
             _err(
                 f"ktctl: interrupted: stopped waiting; ktd goes on loading {args.alias} "
                 f"(`ktctl evict {args.alias}` stops it)"

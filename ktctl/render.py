@@ -224,6 +224,7 @@ _PLAN_KEYS = frozenset(
     {
         "alias", "ok", "argv", "argv_flags", "python", "env", "numa_nodes", "cpus", "cpulist",
         "gpus", "flags", "evict", "blocked_by", "reason", "notes", "state", "running_pid",
+        "estimate", "fit",
     }
 )  # fmt: skip
 
@@ -279,10 +280,48 @@ def plan_text(alias: str, plan: Mapping[str, Any]) -> str:
     elif reason:
         out.append(f"  note: {reason}")
     out += [f"  note: {n}" for n in _names(plan.get("notes"))]
+    out += estimate_lines(plan)
     for key, value in plan.items():
         if key not in _PLAN_KEYS:
             out.append(f"  {key}: {json.dumps(value, default=str)}")
     return "\n".join(out)
+
+
+def gib(n: Any) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if isinstance(n, (int, float)) else "unknown"
+
+
+def estimate_lines(plan: Mapping[str, Any]) -> list[str]:
+    """The memory estimate and the fit verdict of a dry-run plan (``load --estimate``)."""
+    est = plan.get("estimate")
+    if not isinstance(est, Mapping):
+        return []
+    out = ["  memory estimate:"]
+    out.append(f"    host RAM (experts):   {gib(est.get('host_bytes'))}")
+    gpu = est.get("gpu_bytes")
+    line = f"    GPU (weights + KV):   {gib(gpu)}"
+    if gpu is not None:
+        line += (
+            f" = {gib(est.get('gpu_weights_bytes') or 0)} + "
+            f"{gib(est.get('kv_cache_bytes') or 0)} KV for ctx {est.get('ctx')}"
+        )
+    out.append(line)
+    out += [f"    note: {n}" for n in _names(est.get("notes"))]
+    verdict = plan.get("fit")
+    if isinstance(verdict, Mapping):
+        for row in verdict.get("rows") or []:
+            if isinstance(row, Mapping):
+                out.append(
+                    f"    {str(row.get('what')):<20}  needs {gib(row.get('need'))}, "
+                    f"free {gib(row.get('free'))}"
+                )
+        out += [f"    note: {n}" for n in _names(verdict.get("notes"))]
+        if verdict.get("ok"):
+            out.append("    fits")
+        else:
+            ignored = " (fit: ignore, would load anyway)" if verdict.get("policy") == "ignore" else ""
+            out.append(f"    DOES NOT FIT{ignored}: {verdict.get('reason')}")
+    return out
 
 
 def doctor_failed(report: Mapping[str, Any]) -> bool:

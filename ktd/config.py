@@ -69,6 +69,8 @@ class KtOverrides(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 NumaSpec = Literal["auto", "all", "none"] | list[int]
 GpuSpec = Literal["auto"] | list[int] | int
 RestartPolicy = Literal["on-failure", "no"]
+# "check": refuse a load whose memory estimate does not fit; "ignore": load anyway.
+FitPolicy = Literal["check", "ignore"]
 
 
 class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -83,6 +85,7 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pinned: bool = False
     swap: bool = True
     health_timeout: float | None = None
+    fit: FitPolicy = "check"
 
 
 class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -153,6 +156,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     swap: bool = True
     health_timeout: float = 1800.0
     not_served_reason: str | None = None
+    fit: FitPolicy = "check"
 
     @property
     def env(self) -> dict[str, str]:
@@ -465,5 +469,6 @@ def resolve_models(
                 if entry.health_timeout is not None
                 else file.daemon.health_timeout
             ),
+            fit=entry.fit,
         )
     return models

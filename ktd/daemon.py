@@ -136,11 +136,19 @@ class Daemon:
         assert self.pool is not None
         return await daemon_report(self.config, self.pool)
 
-    def dry_run(self, alias: str) -> dict[str, Any]:
+    async def dry_run(self, alias: str) -> dict[str, Any]:
         from ktd.doctor_run import dry_run_plan
 
         assert self.pool is not None
-        return dry_run_plan(self.pool, alias)
+        out = dry_run_plan(self.pool, alias)
+        spec = self.pool.engine(alias).spec
+        # The memory estimate reads file sizes and runs nvidia-smi: off the event loop.
+        est, verdict = await self.pool.fit(
+            spec, self.pool.make_plan(spec, exclude=self.pool.engine(alias))
+        )
+        out["estimate"] = est.to_dict()
+        out["fit"] = {**verdict.to_dict(), "policy": spec.fit}
+        return out
 
     async def run(self, control: zmq.Socket[bytes], events: zmq.Socket[bytes]) -> None:
         async with trio.open_nursery() as nursery:

@@ -39,6 +39,7 @@ log = logging.getLogger("ktd.engine")
 READY_LINE = "The server is fired up and ready to roll"
 KTD_ROOT = str(Path(__file__).resolve().parent.parent)
 PORT_TAKEN_MARKERS = ("address already in use", "errno 98")
+_GOING_DOWN = frozenset({S.DRAINING, S.STOPPING, S.STOPPED})
 
 
 class Busy(Exception):
@@ -147,6 +148,7 @@ class Engine:
         self.error_code: str | None = None
         self.phase: str | None = None
         self.want_up = False
+        self.down_reason: str | None = None
         self.force = False
         self.drain_timeout: float | None = None
         self.leases: dict[str, Lease] = {}
@@ -216,10 +218,20 @@ class Engine:
             return
         self.want_up = True
         self.force = False
+        self.down_reason = None
         self._wake()
 
-    def request_down(self, *, force: bool = False, drain_timeout: float | None = None) -> None:
+    def request_down(
+        self,
+        *,
+        force: bool = False,
+        drain_timeout: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """``reason`` (e.g. "evicted to make room for X") stays on the engine's way down
+        and in its stopped status, so the operator sees why it went."""
         self.want_up = False
+        self.down_reason = reason or self.down_reason
         self.downs += 1
         self.force = self.force or force
         self.drain_timeout = drain_timeout
@@ -277,12 +289,18 @@ class Engine:
         if state != self.state:
             S.check(self.state, state)
             self.since = time.time()
+        if reason is None and not self.want_up and state in _GOING_DOWN:
+            reason = self.down_reason
         self.state = state
         self.reason = reason
         self.phase = phase
         self.error_code = error_code
         self.notify_changed()
         self.host.state_changed(self)
+
+    def set_phase(self, phase: str) -> None:
+        """A step of the load others take for it (the pool stopping engines to make room)."""
+        self._set_phase(phase)
 
     def _set_phase(self, phase: str) -> None:
         self.phase = phase

@@ -17,11 +17,12 @@ from typing import Any
 import httpx
 import trio
 
-from ktd import proctree, statefile
+from ktd import fit, proctree, statefile, weights
 from ktd import states as S
 from ktd.command import ENGINE_MARK
 from ktd.config import Config, ModelSpec
 from ktd.engine import Busy, Engine, Lease, PlacementLike, Running
+from ktd.preflight import Refused
 from ktd.probe import Prober
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
 
@@ -101,7 +102,9 @@ class Pool:
         if self._topology is None:
             from ktd.topology import read_topology
 
-            self._topology = read_topology()
+            self._topology = read_topology(
+                weights.machine_root(), nvidia_smi=weights.nvidia_smi_cmd()
+            )
         return self._topology
 
     def refresh_topology(self, topo: Any) -> None:
@@ -145,10 +148,32 @@ class Pool:
             allow_evict=spec.swap,
         )
 
+    async def fit(self, spec: ModelSpec, plan: Any) -> tuple[fit.Estimate, fit.Fit]:
+        """The memory estimate of ``spec`` on ``plan``, counting what its evictions free."""
+        victims = [
+            (v.spec, tuple(v.plan.numa_nodes), tuple(v.plan.gpus))
+            for v in (self.engines.get(a) for a in plan.evict)
+            if v is not None and v.plan is not None
+        ]
+        return await trio.to_thread.run_sync(
+            weights.verdict,
+            spec,
+            tuple(plan.numa_nodes),
+            tuple(plan.gpus),
+            victims,
+            tuple(plan.evict),
+        )
+
     async def place(self, engine: Engine) -> PlacementLike | None:
         async with self._place_lock:
-            for _ in range(len(self.engines) + 1):
+            for attempt in range(len(self.engines) + 1):
                 plan = self.make_plan(engine.spec, exclude=engine)
+                if plan.ok and attempt == 0 and engine.spec.fit != "ignore":
+                    # Once, before anything is evicted: after an eviction the victim's
+                    # memory may take a while to show up as free.
+                    _, verdict = await self.fit(engine.spec, plan)
+                    if not verdict.ok:
+                        raise Refused(f"{verdict.reason}; no engine was stopped")
                 if not plan.ok:
                     leaving = [
                         self.engines[a]
@@ -163,10 +188,12 @@ class Pool:
                 if not plan.evict:
                     result: PlacementLike = plan
                     return result
+                engine.set_phase(f"stopping {', '.join(plan.evict)} to make room")
                 for alias in plan.evict:
                     victim = self.engines[alias]
-                    victim.log.note(f"evicted to make room for {engine.alias}")
-                    victim.request_down()
+                    why = f"evicted to make room for {engine.alias}"
+                    victim.log.note(why)
+                    victim.request_down(reason=why)
                 for alias in plan.evict:
                     await self.engines[alias].wait_stopped()
             raise Busy("cannot be placed: evictions did not free enough", ())
@@ -478,7 +505,7 @@ class Pool:
                 due = (e.last_used or e.since) + ttl
                 if due <= now:
                     e.log.note(f"idle for {ttl:g}s (ttl): evicting")
-                    e.request_down()
+                    e.request_down(reason=f"idle for {ttl:g}s (ttl)")
                 else:
                     next_due = min(next_due, due)
             self._ttl_wake = trio.Event()

@@ -41,7 +41,7 @@ class ControlServer:
         *,
         reload: Callable[[], Awaitable[str]],
         doctor: Callable[[], Awaitable[dict[str, Any]]],
-        dry_run: Callable[[str], dict[str, Any]],
+        dry_run: Callable[[str], Awaitable[dict[str, Any]]],
         shutdown: Callable[[], None],
     ) -> None:
         self.pool = pool
@@ -129,9 +129,6 @@ class ControlServer:
                 return p.StatusReply(engines=pool.status(alias))
             case p.Models():
                 return p.ModelsReply(models=pool.models())
-            case p.Load(alias=alias, dry_run=True):
-                pool.engine(alias)
-                return p.PlanReply(plan=self._dry_run(alias))
             case p.Logs(alias=alias, lines=lines):
                 return p.LogsReply(alias=alias, lines=pool.logs(alias, lines))
             case p.Acquire(model=model, client=client):
@@ -155,6 +152,9 @@ class ControlServer:
     async def _dispatch(self, req: p.Request) -> p.Reply:
         pool = self.pool
         match req:
+            case p.Load(alias=alias, dry_run=True):
+                pool.engine(alias)
+                return p.PlanReply(plan=await self._dry_run(alias))
             case p.Load(alias=alias, wait=wait, timeout=timeout):
                 return p.LoadReply(engine=await pool.load(alias, wait=wait, timeout=timeout))
             case p.Evict(alias=alias, all=all_, force=force, timeout=timeout):
