@@ -312,14 +312,15 @@ def estimate_lines(plan: Mapping[str, Any]) -> list[str]:
         for row in verdict.get("rows") or []:
             if isinstance(row, Mapping):
                 out.append(
-                    f"    {str(row.get('what')):<20}  needs {gib(row.get('need'))}, "
+                    f"    {row.get('what')!s:<20}  needs {gib(row.get('need'))}, "
                     f"free {gib(row.get('free'))}"
                 )
         out += [f"    note: {n}" for n in _names(verdict.get("notes"))]
         if verdict.get("ok"):
             out.append("    fits")
         else:
-            ignored = " (fit: ignore, would load anyway)" if verdict.get("policy") == "ignore" else ""
+            ignore = verdict.get("policy") == "ignore"
+            ignored = " (fit: ignore, would load anyway)" if ignore else ""
             out.append(f"    DOES NOT FIT{ignored}: {verdict.get('reason')}")
     return out
 

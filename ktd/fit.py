@@ -238,11 +238,7 @@ def check(
                 if share > have:
                     short.append(f"NUMA node {n} needs {gib(share)} RAM, has {gib(have)} free")
         else:
-            have = (
-                sum(node_free.values())
-                + sum(freed.host_by_node.values())
-                + freed.host_anywhere
-            )
+            have = sum(node_free.values()) + sum(freed.host_by_node.values()) + freed.host_anywhere
             rows.append({"what": "host RAM", "need": est.host_bytes, "free": have})
             if est.host_bytes > have:
                 short.append(f"host needs {gib(est.host_bytes)} RAM, has {gib(have)} free")
@@ -259,7 +255,10 @@ def check(
                     short.append(f"GPU {i} needs {gib(share)}, has {gib(have)} free")
     if short:
         reason = (
-            "does not fit" + after + ": " + "; ".join(short)
+            "does not fit"
+            + after
+            + ": "
+            + "; ".join(short)
             + ' (set "fit": "ignore" on the model to load anyway)'
         )
         return Fit(False, reason, tuple(rows), tuple(notes))

@@ -125,9 +125,7 @@ def free_memory() -> tuple[dict[int, int], dict[int, int] | None]:
     nodes = {n.id: n.available_kb * 1024 for n in topo.nodes}
     if not topo.gpus:
         return nodes, None
-    gpus = {
-        g.index: max(0, g.memory_total_mib - g.memory_used_mib) * fit.MIB for g in topo.gpus
-    }
+    gpus = {g.index: max(0, g.memory_total_mib - g.memory_used_mib) * fit.MIB for g in topo.gpus}
     return nodes, gpus
 
 

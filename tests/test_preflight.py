@@ -45,7 +45,8 @@ def safetensors(path: Path, tensors: dict[str, int]) -> Path:
     header: dict[str, Any] = {}
     offset = 0
     for name, size in tensors.items():
-        header[name] = {"dtype": "BF16", "shape": [size // 2], "data_offsets": [offset, offset + size]}
+        span = [offset, offset + size]
+        header[name] = {"dtype": "BF16", "shape": [size // 2], "data_offsets": span}
         offset += size
     raw = json.dumps(header).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +75,10 @@ def serves(d: Any, alias: str) -> bool:
 
 
 def setup(
-    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str],
+    tmp_path: Path,
+    write_config: ConfigWriter,
+    daemon_factory: Any,
+    ktd_env: dict[str, str],
     bad: dict[str, Any],
 ) -> tuple[Any, int]:
     cfg = write_config([gpu_model("good-kt"), bad, gpu_model("other-kt")])
@@ -184,7 +188,7 @@ def test_fitting_load_evicts_and_names_the_victim(
     weights = tmp_path / "big-kt"
     sparse(weights / "experts.bin", 400 * GIB)  # fits in 440 GiB
     ok = gpu_model("big-kt", kt={"kt_weight_path": str(weights)})
-    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, ok)
+    d, _ = setup(tmp_path, write_config, daemon_factory, ktd_env, ok)
     with d.client() as c, c.subscribe(["engine."]) as sub:
         r = d.ktctl("load", "big-kt")
         assert r.returncode == 0, r.stderr + d.output()
