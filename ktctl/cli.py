@@ -191,12 +191,12 @@ def cmd_evict(client: Client, args: argparse.Namespace) -> int:
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     alias: str = args.alias
     if not args.follow:
-        lines = client.logs(alias, args.lines)
+        lines = client.logs(alias, args.lines, probes=args.probes)
         _emit(
             args, {"alias": alias, "lines": lines}, "\n".join(line.rstrip("\n") for line in lines)
         )
         return EXIT_OK
-    for line in client.follow_logs(alias, args.lines):
+    for line in client.follow_logs(alias, args.lines, probes=args.probes):
         if _json(args):
             _out(render.dumps({"alias": alias, "line": line}, stream=True), flush=True)
         else:
@@ -365,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-n", "--lines", type=_count, default=100, metavar="N",
                     help="last N lines (default 100)")  # fmt: skip
     sp.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    sp.add_argument(
+        "--probes", action="store_true",
+        help="also show the access lines of ktd's own health checks (GET /health, /v1/models)",
+    )  # fmt: skip
 
     sp = add("events", "print ktd's events as they happen (state changes, logs, leases)")
     sp.add_argument("topics", nargs="*", metavar="TOPIC",

@@ -136,28 +136,64 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 # ---------------------------------------------------------------- commands
 
 
+def eta_text(elapsed: float, eta: float | None) -> str:
+    """``12.3s/~5m10s``: elapsed and, when ktd has seen this model load before, expected."""
+    return duration(elapsed) + (f"/~{duration(eta)}" if eta else "")
+
+
+def phase_cell(e: p.EngineInfo, now: float) -> str:
+    """What the engine is doing, never a raw log line: phase (+ elapsed/expected load)."""
+    if e.state == "starting":
+        text = e.phase or "starting"
+        if e.load_started:
+            text += " " + eta_text(now - e.load_started, e.load_eta)
+        return truncate(one_line(text), PHASE_WIDTH)
+    if e.state in ("draining", "stopping") and e.phase:
+        return truncate(one_line(e.phase), PHASE_WIDTH)
+    return "-"
+
+
+def until_cell(e: p.EngineInfo, now: float) -> str:
+    """When the idle TTL evicts it (``ollama ps``'s UNTIL)."""
+    if e.state != "ready" or not e.ttl:
+        return "-"
+    if e.leases:
+        return "busy"
+    if e.expires_at is None:
+        return "-"
+    return f"in {duration(e.expires_at - now)}"
+
+
 def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
     if not engines:
         return "no engines"
     rows = []
     for e in engines:
-        state = state_text(e.state, e.phase)
+        state = e.state or "?"
         if e.stale:
             state += " [stale]"
+        running = e.state in ("starting", "ready", "draining", "stopping")
+        uptime = duration(now - e.started_at) if running and e.started_at else "-"
         rows.append(
             [
                 e.alias,
                 state,
+                phase_cell(e, now),
                 str(e.pid) if e.pid else "-",
                 str(e.port) if e.port else "-",
                 ranges(e.numa_nodes),
                 ranges(e.gpus),
                 str(e.leases),
-                duration(now - e.since) if e.since else "-",
+                uptime,
+                f"{duration(now - e.last_used)} ago" if e.last_used else "-",
+                until_cell(e, now),
                 one_line(e.reason) if e.reason else "",
             ]
         )
-    headers = ["ALIAS", "STATE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "AGE", "REASON"]
+    headers = [
+        "ALIAS", "STATE", "PHASE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "UPTIME", "USED",
+        "UNTIL", "REASON",
+    ]  # fmt: skip
     return table(headers, rows)
 
 
@@ -423,6 +459,7 @@ class LoadProgress:
         self.state = "loading"
         self.phase: str | None = None
         self.last_line = ""
+        self.eta: float | None = None
 
     def update(self, ev: p.Event) -> None:
         if ev.topic.startswith("engine."):
@@ -432,6 +469,8 @@ class LoadProgress:
                 self.state = ev.state
             if ev.phase:
                 self.phase = ev.phase
+            if ev.load_eta:
+                self.eta = ev.load_eta
         elif ev.topic.startswith("log."):
             for raw in reversed(ev.lines):
                 line = one_line(raw)
@@ -440,7 +479,8 @@ class LoadProgress:
                     break
 
     def line(self, now: float, width: int) -> str:
-        text = f"{self.alias} {state_text(self.state, self.phase)} {duration(now - self.started)}"
+        elapsed = eta_text(now - self.started, self.eta if self.state != "ready" else None)
+        text = f"{self.alias} {state_text(self.state, self.phase)} {elapsed}"
         if self.last_line and one_line(self.phase or "") != self.last_line:
             text += f" | {self.last_line}"
         # One column short of the width: writing the last column makes some

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import httpx
 import trio
 
-from ktd import preflight, proctree
+from ktd import loglines, preflight, proctree
 from ktd import states as S
 from ktd.command import ENGINE_MARK, build_argv, build_env
 from ktd.config import DaemonSection, ModelSpec
@@ -86,6 +86,10 @@ class EngineHost(Protocol):
     def state_changed(self, engine: Engine) -> None: ...
 
     def log_lines(self, engine: Engine, lines: list[str]) -> None: ...
+
+    def loaded(self, engine: Engine, seconds: float) -> None: ...  # a launch became ready
+
+    def expected_load(self, alias: str) -> float | None: ...  # the load ETA, if known
 
 
 @dataclass
@@ -149,6 +153,8 @@ class Engine:
         self.phase: str | None = None
         self.want_up = False
         self.down_reason: str | None = None
+        self.load_started: float | None = None  # wall clock: when this load began
+        self.last_log: str | None = None
         self.force = False
         self.drain_timeout: float | None = None
         self.leases: dict[str, Lease] = {}
@@ -187,10 +193,24 @@ class Engine:
     def url(self) -> str | None:
         return None if self.run is None else self.url_for(self.run)
 
+    def expires_at(self) -> float | None:
+        """When the idle TTL would evict this engine; None without TTL or while busy."""
+        ttl = self.spec.ttl
+        if ttl <= 0 or self.state != S.READY or self.leases or not self.want_up:
+            return None
+        return (self.last_used or self.since) + ttl
+
     def info(self, *, tail: int = 0) -> EngineInfo:
         run = self.run
         plan = self.plan
+        loading = self.state == S.STARTING
         return EngineInfo(
+            started_at=run.started_at if run else None,
+            ttl=self.spec.ttl,
+            expires_at=self.expires_at(),
+            load_started=self.load_started if loading else None,
+            load_eta=self.host.expected_load(self.alias),
+            last_log=self.last_log,
             alias=self.alias,
             state=self.state,
             pid=run.pid if run else None,
@@ -403,6 +423,7 @@ class Engine:
     # ------------------------------------------------------------ one run
 
     async def _run_once(self, *, restart: bool) -> Outcome:
+        self.load_started = time.time()
         self._set(
             S.STARTING, reason=self.reason if restart else None, phase="probing engine Python"
         )
@@ -468,6 +489,7 @@ class Engine:
         self.run = run
         self.want_up = run.adopted_state not in (S.DRAINING, S.STOPPING)
         self.log.start_following(from_end=True)
+        self.load_started = run.started_at
         self._set(S.STARTING, phase="adopting")
         return await self._supervise(run)
 
@@ -598,9 +620,7 @@ class Engine:
                 if lines and self.state == S.STARTING:
                     if any(READY_LINE in line for line in lines):
                         self._ready_line.set()
-                    last = lines[-1].strip()
-                    if last:
-                        self.phase = last[:200]
+                    self._note_progress(lines)
                 if watch is None:
                     await trio.sleep(0.05 if self.state == S.STARTING else 1.0)
                     continue
@@ -610,6 +630,17 @@ class Engine:
         finally:
             if watch is not None:
                 watch.close()
+
+    def _note_progress(self, lines: list[str]) -> None:
+        """The last log line and the load phase its milestones announce (kept apart:
+        status shows a phase, never a raw log line)."""
+        shown = [ln.strip() for ln in lines if ln.strip() and not loglines.is_probe_access(ln)]
+        if shown:
+            self.last_log = shown[-1][:300]
+        for line in shown:
+            phase = loglines.phase_of(line)
+            if phase and phase != self.phase:
+                self._set_phase(phase)
 
     async def _pump_pipe(self, stream: trio.abc.ReceiveStream) -> None:
         """The fallback when the log file cannot be opened: ktd drains the engine's pipe."""
@@ -684,6 +715,10 @@ class Engine:
             if self.state == S.STARTING and self._healthy:
                 took = time.time() - run.started_at
                 self.log.note(f"ready on {self.url_for(run)} (pid {run.pid}) after {took:.1f}s")
+                if run.adopted_state is None and self.load_started is not None:
+                    # From the load request (probe, preflight, placement included), as the
+                    # operator waits for it; adopted engines' loads are not measured.
+                    self.host.loaded(self, time.time() - self.load_started)
                 self._set(S.READY)
                 self.last_used = self.last_used or time.time()
             if self.state == S.STARTING and trio.current_time() >= deadline:

@@ -17,11 +17,12 @@ from typing import Any
 import httpx
 import trio
 
-from ktd import fit, proctree, statefile, weights
+from ktd import fit, loglines, proctree, statefile, weights
 from ktd import states as S
 from ktd.command import ENGINE_MARK
 from ktd.config import Config, ModelSpec
 from ktd.engine import Busy, Engine, Lease, PlacementLike, Running
+from ktd.loadhistory import LoadHistory
 from ktd.preflight import Refused
 from ktd.probe import Prober
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
@@ -69,6 +70,9 @@ class Pool:
         self._topology: Any = None
         self._ttl_wake = trio.Event()
         self._restart_after_adoption: list[Engine] = []
+        self.load_history = LoadHistory(
+            state_path.parent / "load_history.json" if state_path else None
+        )
         for spec in config.served():
             self.engines[spec.alias] = Engine(spec, self)
 
@@ -211,15 +215,27 @@ class Pool:
                 pid=run.pid if run else None,
                 port=run.port if run else None,
                 phase=engine.phase,
+                load_started=engine.load_started if engine.state == S.STARTING else None,
+                load_eta=self.expected_load(engine.alias) if engine.state == S.STARTING else None,
             ),
         )
         self._ttl_wake.set()
         # Written at once, not batched: a kill -9 right after this change must find it.
         self.save_state()
 
+    def loaded(self, engine: Engine, seconds: float) -> None:
+        self.load_history.record(engine.alias, seconds)
+
+    def expected_load(self, alias: str) -> float | None:
+        return self.load_history.expected(alias)
+
     def log_lines(self, engine: Engine, lines: list[str]) -> None:
-        topic = f"log.{engine.alias}"
-        self.publish(topic, Event(topic=topic, time=time.time(), alias=engine.alias, lines=lines))
+        keep, probes = loglines.split_probe_access(lines)
+        now = time.time()
+        for kind, batch in (("log", keep), ("probe", probes)):
+            if batch:
+                topic = f"{kind}.{engine.alias}"
+                self.publish(topic, Event(topic=topic, time=now, alias=engine.alias, lines=batch))
 
     def _lease_event(self, engine: Engine) -> None:
         topic = f"lease.{engine.alias}"
@@ -420,10 +436,15 @@ class Pool:
             await engine.wait_stopped()
         return evicted
 
-    def logs(self, alias: str, lines: int) -> list[str]:
+    def logs(self, alias: str, lines: int, *, probes: bool = False) -> list[str]:
+        """The last ``lines`` lines; ktd's own health-check access lines only if ``probes``."""
         engine = self.engine(alias)
         engine.log.poll()
-        return engine.log.last(max(0, min(lines, 100_000)))
+        n = max(0, min(lines, 100_000))
+        if probes:
+            return engine.log.last(n)
+        keep = [ln for ln in engine.log.tail if not loglines.is_probe_access(ln)]
+        return keep[-n:] if n else []
 
     # ------------------------------------------------------------ leases
 

@@ -19,11 +19,13 @@ them halfway.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import trio
 
+from ktd import protocol as p
 from ktd.aclient import ControlError, Unreachable
 from ktd.frontend import errors
 from ktd.frontend.errors import SSE_DONE, ApiError
@@ -248,14 +250,30 @@ class Exchange:
         self.metrics.requests.labels(self.endpoint, self.label, str(self.status)).inc()
 
 
-def loading_comment(alias: str, elapsed: float) -> bytes:
+def loading_comment(alias: str, elapsed: float, expected: float | None = None) -> bytes:
     """An SSE comment: OpenAI clients skip it, proxies see traffic, humans see progress.
 
     The name comes from the client: control characters are dropped so that it
-    cannot end the comment line and forge an event.
+    cannot end the comment line and forge an event. ``expected``: the load ETA.
     """
     safe = "".join(ch for ch in alias if ch.isprintable())
-    return f": loading {safe} {int(elapsed)}s\n\n".encode()
+    eta = f" of ~{int(expected)}s expected" if expected else ""
+    return f": loading {safe} {int(elapsed)}s{eta}\n\n".encode()
+
+
+async def _load_eta(ex: Exchange) -> tuple[float | None, float]:
+    """(expected load seconds, how long the load ran before this request): one status
+    request when a stream starts waiting; unknown on any failure."""
+    try:
+        reply = await ex.broker.request(p.Status(alias=ex.model), timeout=1.0)
+    except Exception:
+        return None, 0.0
+    engines = getattr(reply, "engines", None) or []
+    if not engines:
+        return None, 0.0
+    info = engines[0]
+    ran = time.time() - info.load_started if info.load_started else 0.0
+    return info.load_eta, max(0.0, ran - (trio.current_time() - ex.started))
 
 
 async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
@@ -273,6 +291,7 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
         if ex.response is None:
             assert ex.handle is not None
             await _body(send, loading_comment(ex.model, trio.current_time() - ex.started))
+            eta, before = await _load_eta(ex)
             while True:
                 try:
                     lease = await ex.handle.wait(interval)
@@ -280,7 +299,9 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
                     raise ex.failed(control_error(ex.model, exc)) from None
                 if lease is not None:
                     break
-                await _body(send, loading_comment(ex.model, trio.current_time() - ex.started))
+                await _body(
+                    send, loading_comment(ex.model, before + trio.current_time() - ex.started, eta)
+                )
             ex.got_lease(lease, trio.current_time() - ex.started)
             opened = await ex.open_upstream()
             if opened.status != 200:

@@ -18,6 +18,7 @@ import trio
 from frontend_helpers import sim_entry
 
 from ktd import proctree
+from tests.conftest import MARK, RUN_ID
 
 CHAT: Any = [{"role": "user", "content": "hello"}]
 
@@ -147,6 +148,8 @@ def test_concurrent_requests_for_unloaded_model_cause_one_load(stack: Any) -> No
         for pid in proctree.all_procs()
         if "sglang.launch_server" in " ".join(proctree.cmdline(pid))
         and "m1" in proctree.cmdline(pid)
+        # This test run's processes only: other runs on the machine may serve an m1 too.
+        and proctree.environ_has(pid, MARK, RUN_ID)
     ]
     assert len(launches) == 1, launches
     wait_until(lambda: engine(daemon, "m1")["leases"] == 0, what="leases back to 0")
