@@ -290,8 +290,10 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
     try:
         if ex.response is None:
             assert ex.handle is not None
-            await _body(send, loading_comment(ex.model, trio.current_time() - ex.started))
             eta, before = await _load_eta(ex)
+            await _body(
+                send, loading_comment(ex.model, before + trio.current_time() - ex.started, eta)
+            )
             while True:
                 try:
                     lease = await ex.handle.wait(interval)
