@@ -399,10 +399,17 @@ class Client:
                         raise KtdError.from_reply(reply)
                     return reply
             if monitor in ready and self._drain_monitor(monitor):
-                raise ConnectionLost(
+                # A daemon that exited (not restarted) is "not running", however late
+                # zmq noticed the disconnect: say that, precisely, if it is so.
+                lost = (
                     f"lost the connection to ktd at {self.socket_path} while waiting "
-                    f"{time.monotonic() - started:.1f}s for the reply (did ktd exit or restart?)"
+                    f"{time.monotonic() - started:.1f}s for the reply"
                 )
+                try:
+                    probe(self.socket_path)
+                except DaemonUnreachable as gone:
+                    raise ConnectionLost(f"{lost}: {gone}") from None
+                raise ConnectionLost(f"{lost} (did ktd exit or restart?)")
             tick()
 
     def _read_reply(self, sock: zmq.Socket[bytes], rid: int) -> p.Reply | None:

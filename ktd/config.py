@@ -375,6 +375,26 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
             raise ConfigError(name, f"$.frontend.api_keys[{i}]", "must not be empty")
 
 
+SINGLE_HOST = (
+    "kt engines cannot span hosts: kt-kernel runs the CPU experts on TP rank 0 only and "
+    "stages prefill buffers in this host's shared memory (ktransformers #874). Scale out "
+    "by replicas instead: one ktd per host, each registering with sglang-router "
+    '(README, "Beyond one host")'
+)
+
+
+def _check_single_host(ov: KtOverrides, file: str, at: str) -> None:
+    """Multi-node fields either work end to end or are refused; for kt they cannot work."""
+    if ov.nnodes is not None and ov.nnodes != 1:
+        raise ConfigError(file, f"{at}.nnodes", f"{ov.nnodes} nodes: {SINGLE_HOST}")
+    if ov.dist_init_addr is not None:
+        raise ConfigError(file, f"{at}.dist_init_addr", f"multi-node only: {SINGLE_HOST}")
+    if ov.nodes is not None:
+        raise ConfigError(file, f"{at}.nodes", f"multi-node only: {SINGLE_HOST}")
+    if ov.tp_size is not None and ov.tp_size < 1:
+        raise ConfigError(file, f"{at}.tp_size", "must be >= 1")
+
+
 def resolve_models(
     file: ConfigFile, entries: list[ModelEntry], cfg_name: str, models_name: str
 ) -> dict[str, ModelSpec]:
@@ -426,6 +446,8 @@ def resolve_models(
             raise ConfigError(models_name, f"{at}.gpus", "must be >= 0")
         is_kt = entry.backend == BACKEND_KT
         ov = entry.kt or KtOverrides()
+        if is_kt:
+            _check_single_host(ov, models_name, f"{at}.kt")
         if ov.ctx is not None:
             _check_nonneg(ov.ctx, models_name, f"{at}.kt.ctx")
         if ov.port is not None:

@@ -21,6 +21,7 @@ import trio
 import zmq
 
 from ktd import paths, proctree, sdnotify
+from ktd.command import LaunchError
 from ktd.config import Config, ConfigError, load_config
 from ktd.pool import OpError, Pool
 from ktd.protocol import HARD_MAX_FRAME, ErrorCode
@@ -140,12 +141,16 @@ class Daemon:
         from ktd.doctor_run import dry_run_plan
 
         assert self.pool is not None
-        out = dry_run_plan(self.pool, alias)
-        spec = self.pool.engine(alias).spec
+        engine = self.pool.engine(alias)
+        probe = await self.pool.probe(engine.spec)
+        out = dry_run_plan(self.pool, alias, probe)
+        spec = engine.spec
+        try:
+            plan = self.pool.make_plan(spec, exclude=engine, catalog=probe.catalog)
+        except LaunchError:  # already reported in ``out``; estimate on the plain plan
+            plan = self.pool.make_plan(spec, exclude=engine)
         # The memory estimate reads file sizes and runs nvidia-smi: off the event loop.
-        est, verdict = await self.pool.fit(
-            spec, self.pool.make_plan(spec, exclude=self.pool.engine(alias))
-        )
+        est, verdict = await self.pool.fit(spec, plan)
         out["estimate"] = est.to_dict()
         out["fit"] = {**verdict.to_dict(), "policy": spec.fit}
         return out

@@ -19,8 +19,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from .command import LaunchError, build_launch, planner_args
 from .config import ModelSpec
 from .placement import plan, user_flags
+from .sglang_options import Catalog
 from .topology import Topology, format_cpulist
 
 __all__ = [
@@ -412,16 +414,43 @@ def _placement_check(spec: ModelSpec, topo: Topology) -> list[Check]:
     return [Check(name, "ok", detail)]
 
 
+def argv_check(spec: ModelSpec, topo: Topology, catalog: Catalog | None) -> list[Check]:
+    """Which flags ktd will emit for this SGLang, and which it leaves out (and why)."""
+    name = f"{spec.alias}.argv"
+    try:
+        p = plan(
+            spec.alias,
+            spec.numa,
+            spec.gpus,
+            planner_args(spec.extra_args, catalog),
+            topo,
+            (),
+            tp_size=spec.tp_size,
+        )
+        launch = build_launch(spec, spec.port or 1, p.argv_flags() if p.ok else (), catalog)
+    except LaunchError as exc:
+        return [Check(name, "fail", str(exc), "fix extra_args (or the SGLang install)")]
+    derived = launch.argv[3 : len(launch.argv) - len(spec.extra_args)]
+    flags = " ".join(a for a in derived if a.startswith("--"))
+    against = f"checked against {catalog.label}" if catalog else "SGLang's options unknown"
+    detail = f"ktd emits {flags} ({against})"
+    if launch.notes:
+        detail += "; " + "; ".join(launch.notes)
+    return [Check(name, "ok", detail)]
+
+
 # ---------------------------------------------------------------- python / packages
 
 
 def python_checks(probe: Mapping[str, Any]) -> list[Check]:
-    """Verdicts on the engine interpreter probe.
+    """Verdicts on the engine interpreter probe (:meth:`ktd.probe.ProbeResult.summary`).
 
-    ``probe`` = ``{"python", "sglang", "kt_kernel", "kt_flags", "error"}``
-    (versions or None; ``kt_flags`` = whether ``launch_server`` knows
-    ``--kt-weight-path``). An optional ``kt_variant`` (``kt_kernel.__cpu_variant__``)
-    is reported when present; unknown keys are ignored.
+    ``probe`` = ``{"python", "sglang", "sglang_package", "kt_fork", "kt_flags",
+    "kt_kernel", "kt_variant", "options_error", "error"}``: ``sglang`` is the real
+    version (package metadata: the fork's ``__version__`` says ``0.0.0.dev0``),
+    ``sglang_package`` tells upstream ``sglang`` from the kt fork ``sglang-kt``,
+    ``kt_flags`` lists the ``--kt-*`` flags its argparse declares (None when the
+    option list could not be read). Unknown keys are ignored.
     """
     py = str(probe.get("python") or "python")
     error = probe.get("error")
@@ -436,18 +465,31 @@ def python_checks(probe: Mapping[str, Any]) -> list[Check]:
         ]
     checks = [Check("python", "ok", py)]
     sglang = probe.get("sglang")
-    if sglang:
-        checks.append(Check("python.sglang", "ok", f"sglang {sglang}"))
-    else:
+    package = probe.get("sglang_package") or "sglang"
+    fork = probe.get("kt_fork")
+    if not sglang:
         checks.append(
             Check(
                 "python.sglang",
                 "fail",
                 f"sglang is not importable by {py}",
-                "install kvcache-ai's SGLang fork in that venv (or set auto_build), "
-                "or point ktransformers.python at the venv that has it",
+                f"install the kt fork in that venv ({py} -m pip install sglang-kt; or set "
+                "auto_build), or point ktransformers.python at the venv that has it",
             )
         )
+    elif fork is False:
+        checks.append(
+            Check(
+                "python.sglang",
+                "warn",
+                f"{package} {sglang}: upstream SGLang, not the kt fork (no --kt-numa-nodes; its "
+                "kt wrapper does not match kt-kernel 0.7's API)",
+                f"{py} -m pip uninstall -y sglang && {py} -m pip install sglang-kt",
+            )
+        )
+    else:
+        what = "the kt fork" if fork else "kt fork or upstream unknown"
+        checks.append(Check("python.sglang", "ok", f"{package} {sglang} ({what})"))
     kt = probe.get("kt_kernel")
     if kt:
         variant = probe.get("kt_variant")
@@ -466,15 +508,15 @@ def python_checks(probe: Mapping[str, Any]) -> list[Check]:
             )
         )
     kt_flags = probe.get("kt_flags")
-    if kt_flags is True:
-        checks.append(Check("python.kt_flags", "ok", "sglang.launch_server accepts --kt-* flags"))
-    elif kt_flags is False:
+    if isinstance(kt_flags, list) and kt_flags:
+        checks.append(Check("python.kt_flags", "ok", "declares " + " ".join(kt_flags)))
+    elif isinstance(kt_flags, list):
         checks.append(
             Check(
                 "python.kt_flags",
                 "fail",
-                "this SGLang has no --kt-* flags (upstream SGLang, not the kt fork)",
-                "install the SGLang that ships with ktransformers (kvcache-ai/sglang)",
+                f"{package} {sglang} declares no --kt-* flags: kt-kernel cannot be used",
+                f"{py} -m pip install sglang-kt",
             )
         )
     elif sglang:
@@ -482,8 +524,10 @@ def python_checks(probe: Mapping[str, Any]) -> list[Check]:
             Check(
                 "python.kt_flags",
                 "warn",
-                "could not tell whether this SGLang accepts --kt-* flags",
-                f"run '{py} -m sglang.launch_server --help | grep kt-' to check",
+                "could not read SGLang's option list: "
+                + str(probe.get("options_error") or "unknown error"),
+                "ktd builds the argv without checking it against SGLang; run "
+                f"'{py} -m sglang.launch_server --help' to see what fails",
             )
         )
     return checks
@@ -500,6 +544,7 @@ def collect(
     port_free: Callable[[str, int], bool],
     exists: Callable[[str], bool] = os.path.exists,
     running: Iterable[str] = (),
+    catalog: Catalog | None = None,
 ) -> list[Check]:
     """Every check in display order; the caller supplies the probe and the I/O callables."""
     up = set(running)
@@ -514,6 +559,8 @@ def collect(
                 spec, port_free=port_free, exists=exists, topo=topo, running=spec.alias in up
             )
         )
+        if probe is not None and not probe.get("error"):
+            checks.extend(argv_check(spec, topo, catalog))
     return checks
 
 

@@ -11,41 +11,60 @@ import subprocess
 from typing import TYPE_CHECKING, Any
 
 from ktd import doctor, proctree
-from ktd.command import build_argv, build_env, env_additions
+from ktd.command import LaunchError, build_env, build_launch, env_additions
 from ktd.config import Config, ModelSpec, load_config
-from ktd.probe import PROBE_CODE, parse_probe_output
+from ktd.probe import PROBE_CODE, ProbeResult, parse_probe_output
 from ktd.topology import Topology, read_topology
 
 if TYPE_CHECKING:
     from ktd.pool import Pool
 
 
-def dry_run_plan(pool: Pool, alias: str) -> dict[str, Any]:
-    """What ``ktctl load --dry-run`` shows: nothing is launched, nothing is changed."""
+def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> dict[str, Any]:
+    """What ``ktctl load --dry-run`` shows: nothing is launched, nothing is changed.
+
+    With ``probe`` the plan is the one a launch would make: user flags read as
+    the installed SGLang reads them, derived flags it does not declare left out
+    (listed in ``notes``), and a flag it would refuse reported as ``error``.
+    """
     engine = pool.engine(alias)
     spec = engine.spec
-    plan = pool.make_plan(spec, exclude=engine)
-    argv = build_argv(spec, spec.port, plan.argv_flags())
+    catalog = probe.catalog if probe else None
+    sglang = probe.sglang_label if probe and probe.sglang else None
+    try:
+        plan = pool.make_plan(spec, exclude=engine, catalog=catalog)
+        launch = build_launch(spec, spec.port, plan.argv_flags(), catalog)
+    except LaunchError as exc:
+        return {"alias": alias, "ok": False, "reason": str(exc), "error": str(exc),
+                "sglang": sglang, "state": engine.state}  # fmt: skip
+    argv = launch.argv
     if not spec.port:
         argv[argv.index("--port") + 1] = "<auto>"
     out: dict[str, Any] = plan.to_dict()
+    out["notes"] = [*out["notes"], *launch.notes]
+    if catalog is None:
+        out["notes"].append(
+            "SGLang's options could not be read"
+            + (f" ({probe.options_error or probe.error})" if probe else "")
+            + ": argv not checked against them"
+        )
     out.update(
         argv=argv,
         env=env_additions(spec, plan.env),
         state=engine.state,
         running_pid=engine.run.pid if engine.run else None,
         python=spec.python,
+        sglang=sglang,
     )
     return out
 
 
-def probe_python(spec: ModelSpec, *, timeout: float = 120.0) -> dict[str, Any]:
-    """Imports and versions in the engine's interpreter, plus whether SGLang knows --kt-*."""
+def probe_python(spec: ModelSpec, *, timeout: float = 120.0) -> ProbeResult:
+    """Imports, real versions and SGLang's option list in the engine's interpreter."""
     env = build_env(spec, os.environ)
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [spec.python, *args],
+    try:
+        r = subprocess.run(
+            [spec.python, "-c", PROBE_CODE],
             env=env,
             capture_output=True,
             text=True,
@@ -53,27 +72,9 @@ def probe_python(spec: ModelSpec, *, timeout: float = 120.0) -> dict[str, Any]:
             stdin=subprocess.DEVNULL,
             check=False,
         )
-
-    try:
-        r = run("-c", PROBE_CODE)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"python": spec.python, "error": str(exc)}
-    res = parse_probe_output(spec.python, r.returncode, r.stdout + r.stderr)
-    out: dict[str, Any] = {
-        "python": spec.python,
-        "sglang": res.sglang,
-        "kt_kernel": res.kt_kernel,
-        "kt_variant": res.kt_variant,
-        "error": res.error,
-    }
-    if res.sglang:
-        try:
-            out["kt_flags"] = (
-                "--kt-weight-path" in run("-m", "sglang.launch_server", "--help").stdout
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            out["kt_flags"] = None
-    return out
+        return ProbeResult(python=spec.python, ok_python=False, error=str(exc))
+    return parse_probe_output(spec.python, r.returncode, r.stdout + r.stderr)
 
 
 def build_report(
@@ -81,15 +82,23 @@ def build_report(
 ) -> dict[str, Any]:
     served = config.served()
     probe = probe_python(served[0]) if served else None
+    summary = probe.summary() if probe else None
     running = running or {}
 
     def port_free(host: str, port: int) -> bool:
         return proctree.port_free(host, port)
 
-    checks = doctor.collect(topo, served, probe, port_free=port_free, running=running.keys())
+    checks = doctor.collect(
+        topo,
+        served,
+        summary,
+        port_free=port_free,
+        running=running.keys(),
+        catalog=probe.catalog if probe else None,
+    )
     return doctor.report(
         checks,
-        {"where": where, "config": config.path, "topology": topo.to_dict(), "probe": probe or {}},
+        {"where": where, "config": config.path, "topology": topo.to_dict(), "probe": summary or {}},
     )
 
 

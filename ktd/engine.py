@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,13 +27,14 @@ import trio
 
 from ktd import loglines, preflight, proctree
 from ktd import states as S
-from ktd.command import ENGINE_MARK, build_argv, build_env
+from ktd.command import ENGINE_MARK, LaunchError, build_env, build_launch
 from ktd.config import DaemonSection, ModelSpec
 from ktd.enginelog import EngineLog
 from ktd.failure import reason_line
 from ktd.inotify import FileWatch
-from ktd.probe import Prober, missing_message
+from ktd.probe import KT_FORK, Prober, missing_message
 from ktd.protocol import EngineInfo
+from ktd.sglang_options import Catalog
 
 log = logging.getLogger("ktd.engine")
 
@@ -170,6 +172,8 @@ class Engine:
         self.generation = 0
         self.downs = 0  # request_down() calls: lets a deferred restart see an evict since
         self.adopt: Running | None = None
+        self.catalog: Catalog | None = None  # the installed SGLang's options (from the probe)
+        self.launch_notes: tuple[str, ...] = ()  # flags ktd left out, and why
         self._changed = trio.Event()
         self._poke = trio.Event()
         self._healthy = False
@@ -433,20 +437,22 @@ class Engine:
             problem = missing_message(probe, auto_build=True)
             if problem:
                 return Outcome("failed", problem)
-            built = await self._pip_install_sglang(env)
+            built = await self._pip_install_sglang(env, probe.kt_kernel)
             if not built:
-                return Outcome("failed", "`pip install sglang` failed; see the log")
+                return Outcome("failed", f"`pip install {KT_FORK}` failed; see the log")
             self.host.prober.forget()
             probe = await self.host.prober.probe(self.spec.python, env)
         problem = missing_message(probe, auto_build=False)
         if problem:
             return Outcome("failed", problem)
+        self.catalog = probe.catalog
         if not self.want_up:
             self._set(S.STOPPED, reason="stopped before launch")
             return Outcome("stopped")
 
         # Before placing: placing may evict ready engines, and a load that cannot
-        # start must never cost a running model.
+        # start must never cost a running model. Among the checks: a flag the
+        # installed SGLang would refuse (its catalogue, from the probe).
         self._set_phase("preflight")
         refusal = await preflight.run(self.spec, probe)
         if refusal:
@@ -466,7 +472,13 @@ class Engine:
             return Outcome("stopped")
         port = self.spec.port or proctree.pick_port(self.spec.host)
         flags = self.plan.argv_flags() if self.plan else []
-        argv = build_argv(self.spec, port, flags)
+        try:
+            launch = build_launch(self.spec, port, flags, self.catalog)
+        except LaunchError as exc:
+            self.plan = None
+            return Outcome("failed", str(exc))
+        argv = launch.argv
+        self.launch_notes = launch.notes
         engine_id = f"{self.host.instance}/{self.alias}@{time.time_ns()}"
         env = build_env(
             self.spec,
@@ -537,9 +549,14 @@ class Engine:
         self.host.state_changed(self)
         return run
 
-    async def _pip_install_sglang(self, env: dict[str, str]) -> bool:
-        self._set_phase("pip install sglang")
-        cmd = [self.spec.python, "-m", "pip", "install", "sglang"]
+    async def _pip_install_sglang(self, env: dict[str, str], kt_kernel: str | None) -> bool:
+        """``auto_build``: the kt fork (``sglang-kt``), never upstream ``sglang``, whose kt
+        wrapper does not match kt-kernel's API. The installed kt-kernel is pinned so pip
+        cannot replace it: ktd never installs kt-kernel."""
+        self._set_phase(f"pip install {KT_FORK}")
+        cmd = [self.spec.python, "-m", "pip", "install", KT_FORK]
+        if kt_kernel and re.fullmatch(r"\d+(\.\d+)*", kt_kernel):
+            cmd.append(f"kt-kernel=={kt_kernel}")
         fd = self.log.open_for_engine()
         self.log.start_following(from_end=True)
         self.log.note(f"auto_build: {subprocess.list2cmdline(cmd)}")
@@ -807,10 +824,15 @@ class Engine:
         members = self._members(run)
         if members or not run.exited.is_set():
             if grace > 0 and not run.exited.is_set():
-                self.log.note(f"SIGTERM to process group {run.pid}")
-                proctree.signal_group(run.pid, signal.SIGTERM)
-                for ident in members:
-                    proctree.signal_ident(ident, signal.SIGTERM)
+                # SGLang's designed shutdown: SIGTERM to the main process only. It drains,
+                # exits, and its scheduler/detokenizer follow by PDEATHSIG. SIGTERM to the
+                # whole group kills the scheduler first, and SGLang then reports a crash,
+                # SIGQUITs itself and sleeps 5 s "before crash diagnostics".
+                self.log.note(f"SIGTERM to the engine's main process {run.pid}")
+                if run.proc is not None and run.proc.returncode is None:
+                    run.proc.send_signal(signal.SIGTERM)
+                else:
+                    proctree.signal_ident((run.pid, run.start), signal.SIGTERM)
                 # The main process's exit is an event; the known rest is polled cheaply
                 # (a full /proc scan with environ reads costs ms on a busy box).
                 with trio.move_on_after(grace):

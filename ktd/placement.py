@@ -286,8 +286,11 @@ def _unpinned(
     holdings: Sequence[Holding],
     **kw: Any,
 ) -> Plan:
-    """``numa: "none"`` (ktd's extension): no NUMA ownership, no pinning, no derived
-    kt flags; only GPUs are planned. For engines that are not kt-kernel heavy."""
+    """``numa: "none"`` (ktd's extension): no NUMA ownership and no pinning; only GPUs
+    are planned. kt-kernel still needs ``--kt-cpuinfer`` and ``--kt-threadpool-count``
+    (without them it divides None by None when the first MoE layer is built), so
+    they are derived from every CPU the engine may use; ``--kt-numa-nodes`` is
+    left to kt-kernel (pool *i* on node *i*)."""
     free = [dataclasses.replace(h, numa_nodes=()) for h in holdings]
     p = plan(alias, "all", gpus, extra_args, topo, free, single_engine=False, **kw)
     if not p.ok:
@@ -296,8 +299,12 @@ def _unpinned(
         p,
         numa_nodes=(),
         cpus=(),
-        flags=tuple(f for f in p.flags if f.origin == "user"),
-        notes=(*p.notes, "numa: none: not pinned, no derived --kt-* flags"),
+        flags=tuple(f for f in p.flags if f.origin == "user" or f.name != NUMA_FLAG),
+        notes=(
+            *p.notes,
+            "numa: none: not pinned, no NUMA node owned; --kt-threadpool-count and "
+            "--kt-cpuinfer cover every usable CPU",
+        ),
     )
 
 

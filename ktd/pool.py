@@ -19,13 +19,14 @@ import trio
 
 from ktd import fit, loglines, proctree, statefile, weights
 from ktd import states as S
-from ktd.command import ENGINE_MARK
+from ktd.command import ENGINE_MARK, build_env, planner_args
 from ktd.config import Config, ModelSpec
 from ktd.engine import Busy, Engine, Lease, PlacementLike, Running
 from ktd.loadhistory import LoadHistory
 from ktd.preflight import Refused
-from ktd.probe import Prober
+from ktd.probe import Prober, ProbeResult
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
+from ktd.sglang_options import Catalog
 
 
 class OpError(Exception):
@@ -134,15 +135,21 @@ class Pool:
             )
         return out
 
-    def make_plan(self, spec: ModelSpec, *, exclude: Engine | None = None) -> Any:
-        """The placement of ``spec`` given every other engine's holdings (pure given those)."""
+    def make_plan(
+        self, spec: ModelSpec, *, exclude: Engine | None = None, catalog: Catalog | None = None
+    ) -> Any:
+        """The placement of ``spec`` given every other engine's holdings (pure given those).
+
+        With ``catalog`` the user's flags are read as SGLang reads them (prefixes
+        included); raises :class:`~ktd.command.LaunchError` for ones it would refuse.
+        """
         from ktd.placement import plan
 
         return plan(
             spec.alias,
             spec.numa,
             spec.gpus,
-            spec.extra_args,
+            planner_args(spec.extra_args, catalog),
             self.topology,
             self.holdings(exclude),
             tp_size=spec.tp_size,
@@ -171,7 +178,7 @@ class Pool:
     async def place(self, engine: Engine) -> PlacementLike | None:
         async with self._place_lock:
             for attempt in range(len(self.engines) + 1):
-                plan = self.make_plan(engine.spec, exclude=engine)
+                plan = self.make_plan(engine.spec, exclude=engine, catalog=engine.catalog)
                 if plan.ok and attempt == 0 and engine.spec.fit != "ignore":
                     # Once, before anything is evicted: after an eviction the victim's
                     # memory may take a while to show up as free.
@@ -201,6 +208,10 @@ class Pool:
                 for alias in plan.evict:
                     await self.engines[alias].wait_stopped()
             raise Busy("cannot be placed: evictions did not free enough", ())
+
+    async def probe(self, spec: ModelSpec) -> ProbeResult:
+        """What the engine's interpreter has (cached): for dry-runs, as launches see it."""
+        return await self.prober.probe(spec.python, build_env(spec, self.base_env))
 
     def state_changed(self, engine: Engine) -> None:
         run = engine.run
@@ -543,6 +554,7 @@ class Pool:
         are flagged ``stale`` until their last lease ends; removed ones drain
         and stop; new ones appear stopped.
         """
+        self.prober.forget()  # a venv may have been upgraded: the next launch probes again
         added: list[str] = []
         removed: list[str] = []
         restarted: list[str] = []

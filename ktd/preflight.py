@@ -3,7 +3,8 @@
 A load that evicts a ready 600 GB model and then dies of a typo costs the
 operator a 5-10 minute reload. So every cheap, certain check runs first:
 the paths exist and are readable, the model's ``config.json`` parses, the
-installed SGLang accepts every flag, a fixed port is free. The checks are a
+installed SGLang accepts every flag (its option catalogue, from the probe), a
+fixed port is free. The checks are a
 pure function of gathered :class:`Facts`; :func:`gather` is the thin I/O.
 """
 
@@ -11,17 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ktd import proctree
+from ktd.command import LaunchError, build_launch
 from ktd.config import ModelSpec
-from ktd.placement import user_flags
+from ktd.sglang_options import Catalog
 
 __all__ = [
-    "Capabilities",
     "Facts",
     "PathFacts",
     "Refused",
@@ -35,18 +36,6 @@ __all__ = [
 
 class Refused(Exception):
     """The load cannot start (preflight or memory fit); nothing was stopped for it."""
-
-
-class Capabilities(Protocol):
-    """What the SGLang capability probe knows; only ``options`` is needed here.
-
-    ``options``: every option string of ``sglang.launch_server``'s argparse
-    (``--port``, ``--kt-numa-nodes``...). ``package``/``version`` name the
-    installed SGLang in messages.
-    """
-
-    @property
-    def options(self) -> Iterable[str]: ...
 
 
 @dataclass(frozen=True)
@@ -65,51 +54,30 @@ class Facts:
     port_free: bool | None  # None: no fixed port
 
 
-# ---------------------------------------------------------------- the hook for the lead
+# ---------------------------------------------------------------- flags vs the installed SGLang
 
 
-def capabilities_of(probe: Any) -> Capabilities | None:
-    """The probe's SGLang capabilities, or None while they are unknown.
-
-    The SGLang capability probe (ktd/probe.py) plugs in here: give the probe
-    result a ``capabilities`` attribute with ``options`` (and optionally
-    ``package``/``version``), or change this one function.
-    """
-    caps = getattr(probe, "capabilities", None)
-    return caps if caps is not None and getattr(caps, "options", None) is not None else None
+def capabilities_of(probe: Any) -> Catalog | None:
+    """The installed SGLang's option catalogue from the probe, or None while unknown."""
+    catalog = getattr(probe, "catalog", None)
+    return catalog if isinstance(catalog, Catalog) else None
 
 
-def _known(flag: str, options: frozenset[str]) -> bool:
-    """argparse accepts an exact option or a unique prefix of a long one."""
-    if flag in options:
-        return True
-    if not flag.startswith("--"):
-        return False
-    matches = [o for o in options if o.startswith(flag)]
-    return len(matches) == 1
+def check_flags(spec: ModelSpec, capabilities: Catalog | None) -> str | None:
+    """Why the installed SGLang would refuse this model's command line (unknown,
+    ambiguous or value-less flags in ``extra_args``), or None.
 
-
-def check_flags(spec: ModelSpec, capabilities: Capabilities | None) -> str | None:
-    """The flags of ``extra_args`` the installed SGLang would reject, as one sentence.
-
-    None when all are known, or when the capabilities are unknown (no probe
-    yet): an unknown is never a refusal.
+    The same rules the launch applies (``ktd.command.build_launch`` with the
+    probe's catalogue, argparse's prefix rule included); no catalogue = unknown,
+    which is never a refusal.
     """
     if capabilities is None:
         return None
-    options = frozenset(capabilities.options)
-    if not options:
-        return None
-    bad = [f for f in user_flags(spec.extra_args) if not _known(f, options)]
-    if not bad:
-        return None
-    pkg = getattr(capabilities, "package", None) or "SGLang"
-    version = getattr(capabilities, "version", None)
-    which = f"{pkg} {version}" if version else str(pkg)
-    return (
-        f"the installed {which} does not accept {', '.join(bad)} (from extra_args); "
-        "SGLang would exit with `unrecognized arguments`"
-    )
+    try:
+        build_launch(spec, spec.port or 1, (), capabilities)
+    except LaunchError as exc:
+        return str(exc)
+    return None
 
 
 # ---------------------------------------------------------------- pure checks
@@ -123,7 +91,7 @@ def _path_problem(what: str, facts: PathFacts) -> str | None:
     return None
 
 
-def problems(spec: ModelSpec, facts: Facts, capabilities: Capabilities | None) -> list[str]:
+def problems(spec: ModelSpec, facts: Facts, capabilities: Catalog | None) -> list[str]:
     """Everything that would make the launch fail for certain (empty: go on)."""
     out: list[str] = []
     p = _path_problem("model_path", facts.model_path)

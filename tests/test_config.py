@@ -174,3 +174,25 @@ def test_env_and_args_forms() -> None:
     with pytest.raises(ConfigError, match="not a valid"):
         parse_env({"1A": "x"}, "f", "$")
     assert split_args("--a 1 --b 'x y'", "f", "$") == ("--a", "1", "--b", "x y")
+
+
+@pytest.mark.parametrize(
+    ("kt", "field"),
+    [
+        ({"nnodes": 2}, "nnodes"),
+        ({"dist_init_addr": "10.0.0.1:5000"}, "dist_init_addr"),
+        ({"nodes": ["h1", "h2"]}, "nodes"),
+    ],
+)
+def test_multi_host_kt_is_refused_not_ignored(tmp_path: Path, kt: Any, field: str) -> None:
+    """kt-kernel cannot span hosts (ktransformers #874): the fields are refused, pointing at
+    scale-out by replicas; a non-kt entry with them is listed, never served, so it loads."""
+    models = [{"path": "/m", "backend": "kt", "alias": "a", "kt": kt}]
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, {"ktransformers": {}}, models))
+    assert f"models.json: $[0].kt.{field}: " in str(err.value)
+    assert "cannot span hosts" in str(err.value) and "sglang-router" in str(err.value)
+    other = [{"path": "/m", "backend": "ds4", "alias": "a", "kt": kt}]
+    assert load_config(write(tmp_path, {"ktransformers": {}}, other)).route("a") is None
+    single = [{"path": "/m", "backend": "kt", "alias": "a", "kt": {"nnodes": 1}}]
+    assert load_config(write(tmp_path, {"ktransformers": {}}, single)).route("a") is not None

@@ -316,9 +316,11 @@ def test_model_placement(xeon: Topology) -> None:
 def test_python_all_good() -> None:
     probe = {
         "python": "/venv/bin/python",
-        "sglang": "0.5.2",
+        "sglang": "0.7.2",
+        "sglang_package": "sglang-kt",
+        "kt_fork": True,
         "kt_kernel": "0.4.1",
-        "kt_flags": True,
+        "kt_flags": ["--kt-numa-nodes", "--kt-weight-path"],
         "error": None,
         "kt_variant": "amx",
         "unknown": 1,
@@ -326,6 +328,27 @@ def test_python_all_good() -> None:
     c = python_checks(probe)
     assert all(x.status == "ok" for x in c)
     assert by_name(c)["python.kt_kernel"].detail == "kt-kernel 0.4.1 (amx)"
+    assert by_name(c)["python.sglang"].detail == "sglang-kt 0.7.2 (the kt fork)"
+    assert by_name(c)["python.kt_flags"].detail == "declares --kt-numa-nodes --kt-weight-path"
+
+
+def test_python_upstream_sglang_is_told_apart() -> None:
+    c = by_name(
+        python_checks(
+            {
+                "python": "/p",
+                "sglang": "0.5.23",
+                "sglang_package": "sglang",
+                "kt_fork": False,
+                "kt_kernel": "0.7.2",
+                "kt_flags": ["--kt-cpuinfer", "--kt-weight-path"],
+            }
+        )
+    )
+    assert c["python.sglang"].status == "warn" and "not the kt fork" in c["python.sglang"].detail
+    assert "pip install sglang-kt" in c["python.sglang"].advice
+    unread = by_name(python_checks({"python": "/p", "sglang": "1", "options_error": "boom"}))
+    assert unread["python.kt_flags"].status == "warn" and "boom" in unread["python.kt_flags"].detail
 
 
 def test_python_probe_error() -> None:
@@ -346,18 +369,14 @@ def test_python_missing_packages() -> None:
     assert "python.kt_flags" not in c  # nothing to say without SGLang
 
 
-def test_python_upstream_sglang() -> None:
+def test_python_sglang_without_kt_flags() -> None:
     c = by_name(
-        python_checks(
-            {"python": "/p", "sglang": "0.5", "kt_kernel": "0.4", "kt_flags": False, "error": None}
-        )
+        python_checks({"python": "/p", "sglang": "0.4", "kt_kernel": "0.4", "kt_flags": []})
     )
-    assert c["python.kt_flags"].status == "fail" and "kt fork" in c["python.kt_flags"].detail
-    c = by_name(
-        python_checks(
-            {"python": "/p", "sglang": "0.5", "kt_kernel": "0.4", "kt_flags": None, "error": None}
-        )
+    assert (
+        c["python.kt_flags"].status == "fail" and "no --kt-* flags" in c["python.kt_flags"].detail
     )
+    c = by_name(python_checks({"python": "/p", "sglang": "0.5", "kt_kernel": "0.4"}))
     assert c["python.kt_flags"].status == "warn"
 
 
@@ -399,7 +418,7 @@ def test_collect_end_to_end(xeon: Topology) -> None:
         spec(alias="nokt", kt_weight_path=None, extra_args=()),
         spec(alias="other", backend="ds4", served=False),
     ]
-    probe = {"python": "/p", "sglang": "0.5", "kt_kernel": "0.4", "kt_flags": True, "error": None}
+    probe = {"python": "/p", "sglang": "0.5", "kt_kernel": "0.4", "kt_flags": ["--kt-cpuinfer"]}
     checks = collect(xeon, specs, probe, port_free=port_free, exists=all_exist)
     names = [c.name for c in checks]
     assert names[0] == "cpu.isa"

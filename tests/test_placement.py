@@ -651,8 +651,24 @@ def test_numa_none_owns_no_node_but_still_plans_gpus(xeon: Topology) -> None:
     holder = H("a", (0, 1), (0,))
     p = plan("b", "none", 1, ["--kt-cpuinfer", "4"], xeon, [holder])
     assert p.ok and p.numa_nodes == () and p.cpus == ()
-    assert p.argv_flags() == [] and p.gpus == (1,)
-    assert flags_of(p) == {"--kt-cpuinfer": (("4",), "user")}
+    assert p.argv_flags() == ["--kt-threadpool-count", "2"] and p.gpus == (1,)
+    assert flags_of(p) == {
+        "--kt-cpuinfer": (("4",), "user"),
+        "--kt-threadpool-count": (("2",), "derived"),
+    }
     assert any("numa: none" in n for n in p.notes)
     busy = plan("c", "none", [0], [], xeon, [holder], allow_evict=False)
     assert not busy.ok and busy.blocked_by == ("a",)
+
+
+def test_numa_none_still_gives_kt_its_thread_counts(xeon: Topology) -> None:
+    """Without --kt-cpuinfer/--kt-threadpool-count kt-kernel fails building its first MoE
+    layer (``cpuinfer_threads // threadpool_count`` with None), so "none" derives both from
+    every usable CPU: one pool per node, one expert thread per physical core."""
+    p = plan("b", "none", "auto", [], xeon, [])
+    cores = len(xeon.physical_cores(xeon.node_cpus(tuple(n.id for n in xeon.nodes if n.cpus))))
+    assert flags_of(p) == {
+        "--kt-threadpool-count": (("2",), "derived"),
+        "--kt-cpuinfer": ((str(cores),), "derived"),
+    }
+    assert "--kt-numa-nodes" not in p.argv_flags()

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ktd import preflight
 from ktd.config import ModelSpec
+from ktd.sglang_options import Catalog, Option
 
 
-@dataclass
-class Caps:
-    options: frozenset[str]
-    package: str = "sglang"
-    version: str = "0.5.23"
+def _opt(*flags: str, dest: str, **kw: Any) -> Option:
+    return Option(flags=flags, dest=dest, **kw)
 
 
-UPSTREAM = Caps(frozenset({"--host", "--port", "--model-path", "--model", "--tp-size",
-                           "--kt-weight-path", "--kt-cpuinfer", "--kt-method"}))  # fmt: skip
+UPSTREAM = Catalog(
+    "sglang",
+    "0.5.23",
+    (
+        _opt("--model-path", "--model", dest="model_path"),
+        _opt("--host", dest="host"),
+        _opt("--port", dest="port", type="int"),
+        _opt("--served-model-name", dest="served_model_name"),
+        _opt("--context-length", dest="context_length", type="int"),
+        _opt("--tensor-parallel-size", "--tp-size", dest="tensor_parallel_size", type="int"),
+        _opt("--kt-weight-path", dest="kt_weight_path"),
+        _opt("--kt-method", dest="kt_method"),
+    ),
+)
 
 
 def spec(*extra: str, port: int = 0, path: str = "/m") -> ModelSpec:
@@ -28,7 +38,8 @@ def spec(*extra: str, port: int = 0, path: str = "/m") -> ModelSpec:
 def test_flags_unknown_to_sglang_are_named() -> None:
     msg = preflight.check_flags(spec("--kt-numa-nodes", "0", "--tp", "2"), UPSTREAM)
     assert msg is not None and "--kt-numa-nodes" in msg and "sglang 0.5.23" in msg
-    assert "--tp," not in msg  # a unique prefix of --tp-size, as argparse accepts
+    # a unique prefix of --tp-size / --tensor-parallel-size, as argparse accepts:
+    assert preflight.check_flags(spec("--tensor", "2"), UPSTREAM) is None
 
 
 def test_flags_unknown_capabilities_never_refuse() -> None:
@@ -36,7 +47,7 @@ def test_flags_unknown_capabilities_never_refuse() -> None:
     assert preflight.capabilities_of(object()) is None
 
     class Probe:
-        capabilities = UPSTREAM
+        catalog = UPSTREAM
 
     assert preflight.capabilities_of(Probe()) is UPSTREAM
 

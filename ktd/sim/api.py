@@ -39,12 +39,11 @@ from ktd.sim.shapes import (
     field_error,
     json_reply,
     sse,
-    stream_error,
     text_choice,
     usage,
     validation_reply,
 )
-from ktd.sim.state import DRAINING, ServerState
+from ktd.sim.state import ServerState
 from ktd.sim.validate import Fields, items_of, parse_body
 
 
@@ -117,21 +116,13 @@ class OpenAIServing:
 
         return on_chunk
 
-    def _refuse(self) -> Reply | None:
-        if self.state.status == DRAINING:
-            return error_reply(
-                "The server is shutting down (draining): new requests are refused.",
-                "ServiceUnavailable",
-                503,
-            )
-        return None
-
     def _fields(self, req: Request) -> Fields | Reply:
-        """Every generation endpoint starts alike: a JSON object, and not while draining."""
+        """Every generation endpoint starts alike: a JSON object. (While draining SGLang
+        still accepts new requests; only ``/health`` turns 503.)"""
         body = parse_body(req)
         if isinstance(body, Reply):
             return body
-        return self._refuse() or Fields(body)
+        return Fields(body)
 
     def _lora_error(self, model: str) -> str | None:
         if ":" not in model:
@@ -202,6 +193,8 @@ class OpenAIServing:
 
         prompt_tokens = sum(gen.count_content(m.get("content")) for m in messages or [])
         ctx_error = self._context_error(prompt_tokens, max_tokens)
+        if ctx_error:  # the tokenizer manager checks before a stream starts: a plain 400
+            return error_reply(ctx_error)
         plan = gen.plan(max_tokens, stops)
         if stream:
             events = self._chat_stream(
@@ -210,13 +203,10 @@ class OpenAIServing:
                 n,
                 plan,
                 prompt_tokens,
-                ctx_error,
                 bool(options.get("include_usage")),
                 bool(options.get("continuous_usage_stats")),
             )
             return Reply(200, content_type=SSE, stream=events)
-        if ctx_error:
-            return error_reply(ctx_error)
         await self._generate(plan.n_tokens)
         text = plan.text()
         choices = [chat_choice(i, text, plan.finish_reason, plan.matched_stop) for i in range(n)]
@@ -232,14 +222,9 @@ class OpenAIServing:
         n: int,
         plan: gen.Plan,
         prompt_tokens: int,
-        ctx_error: str | None,
         include_usage: bool,
         continuous_usage: bool,
     ) -> AsyncGenerator[bytes, None]:
-        if ctx_error:
-            yield stream_error(ctx_error)
-            yield DONE
-            return
         created = int(time.time())
         for i in range(n):
             yield sse(
@@ -299,6 +284,8 @@ class OpenAIServing:
         ctx_error = next(
             (e for e in (self._context_error(c, max_tokens) for c in counts) if e), None
         )
+        if ctx_error:
+            return error_reply(ctx_error)
         plan = gen.plan(max_tokens, stops)
         echoes = [(p if echo and isinstance(p, str) else "") for p in prompts for _ in range(n)]
         prompt_tokens = sum(counts)
@@ -310,12 +297,9 @@ class OpenAIServing:
                 echoes,
                 plan,
                 prompt_tokens,
-                ctx_error,
                 bool(options.get("include_usage")),
             )
             return Reply(200, content_type=SSE, stream=events)
-        if ctx_error:
-            return error_reply(ctx_error)
         await self._generate(plan.n_tokens)
         text = plan.text()
         choices = [
@@ -339,13 +323,8 @@ class OpenAIServing:
         echoes: list[str],
         plan: gen.Plan,
         prompt_tokens: int,
-        ctx_error: str | None,
         include_usage: bool,
     ) -> AsyncGenerator[bytes, None]:
-        if ctx_error:
-            yield stream_error(ctx_error)
-            yield DONE
-            return
         created = int(time.time())
         pacer = Pacer(self.knobs.token_rate, self.state)
         last = plan.n_tokens - 1

@@ -7,16 +7,16 @@ Why this order matters to ktd (NOTES.md, "SGLang as the engine"):
    (uvicorn's ``[Errno 98] ... address already in use``, exit 1).
 2. Until the load ends SIGTERM has its default action: the process dies at
    once (the child follows through PDEATHSIG). After it, SIGTERM drains:
-   ``/health`` turns 503, new generations are refused, in-flight ones get up
-   to ``KTD_SIM_DRAIN`` seconds, then the process tree is killed and the
-   server exits 0.
+   ``/health`` turns 503 (new generations are still accepted), in-flight ones
+   get up to ``KTD_SIM_DRAIN`` seconds, then the process tree is killed and the
+   server exits as SGLang does (see ``_drain``).
 3. After the bind ``/v1/models`` answers at once, ``/health`` only after the
    warm-up (``KTD_SIM_WARMUP``), when "The server is fired up and ready to
    roll!" is logged.
 
 A scheduler that dies on its own takes the server down (exit 1), as SGLang's
-SIGQUIT from a failed child does; one killed by SIGTERM (a group SIGTERM)
-starts the drain instead.
+SIGQUIT from a failed child does; one killed by SIGTERM (a group SIGTERM) is
+a crash to SGLang too: it waits for crash diagnostics, then kills its tree.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from types import FrameType
 
 import trio
 
-from ktd.sim import record
+from ktd.sim import flags, record
 from ktd.sim.cli import SimArgs, parse, server_args_repr
 from ktd.sim.httpd import HttpServer
 from ktd.sim.knobs import Knobs
@@ -90,6 +90,7 @@ class Lifecycle:
         self.state = ServerState()
         self.app = SimApp(args, knobs, self.state)
         self.exit_code = 0
+        self._crashing = False
         self._scope = trio.CancelScope()
         self._nursery: trio.Nursery
 
@@ -195,17 +196,42 @@ class Lifecycle:
         self._nursery.start_soon(self._drain)
 
     async def _drain(self) -> None:
+        """SGLang's exit statuses after SIGTERM (NOTES, "Shutdown as designed"): its drain
+        handler is installed at the first request, so before any request uvicorn's shutdown
+        re-raises SIGTERM (the process dies of it: -15, a shell's 143); after one, upstream
+        drains and exits 0, and the kt fork SIGKILLs its own tree (-9)."""
         with trio.move_on_after(self.knobs.drain):
             await self.state.wait_idle()
+        if self.sched.got_sigterm():  # the whole group was signalled: a crash to SGLang
+            await self._scheduler_crashed(-signal.SIGTERM)
+            return
         log(f"Gracefully exiting... Remaining number of requests {self.state.stats.active}.")
-        self.exit(0)
+        if self.state.stats.requests == 0:
+            self.exit(-signal.SIGTERM)
+        elif flags.flavor() == "kt":
+            log(f"kill_process_tree called: parent_pid={os.getpid()}, include_parent=True")
+            self.exit(-signal.SIGKILL)
+        else:
+            self.exit(0)
+
+    async def _scheduler_crashed(self, code: int) -> None:
+        """A group SIGTERM (what ktd once sent): SGLang sees its scheduler die first,
+        reports a crash, waits for crash diagnostics, then kills its own tree."""
+        if self._crashing:
+            return
+        self._crashing = True
+        log(f"Subprocess scheduler_0 crashed with exit code {code}. Triggering SIGQUIT "
+            "for cleanup...")  # fmt: skip
+        log(f"Waiting {self.knobs.crash_diag:g}s before crash diagnostics")
+        await trio.sleep(self.knobs.crash_diag)
+        self.exit(-signal.SIGKILL)
 
     async def _watch_scheduler(self) -> None:
         code = await self.sched.wait_exit()
-        if self.state.status == DRAINING:
-            return
         if code == -signal.SIGTERM:
-            self._begin_drain(signal.SIGTERM)  # the group got SIGTERM
+            await self._scheduler_crashed(code)
+            return
+        if self.state.status == DRAINING:
             return
         log(f"sim: scheduler process {self.sched.pid} exited unexpectedly (exit code {code}).")
         log("Received sigquit from a child process. It usually means the child failed.")
@@ -236,8 +262,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if knobs.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the scheduler
     log(f"server_args={server_args_repr(args)}")
-    if args.ignored:
-        log(f"sim: accepted and ignored flags: {args.ignored}")
     for warning in warnings:
         log(f"sim: {warning}")
     raise_nofile_limit()
@@ -246,9 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sched = Scheduler(args.context_length)
         rec.write(scheduler_pid=sched.pid)
-        return trio.run(_amain, args, knobs, sched, rec)
+        code = trio.run(_amain, args, knobs, sched, rec)
     except KeyboardInterrupt:
         return 130
     finally:
         kill_tree(sched)
         sys.stdout.flush()
+    if code < 0:  # die of the signal, as SGLang does, so the parent sees -N
+        if -code != signal.SIGKILL:
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code

@@ -1,11 +1,10 @@
-"""The sim's command line: ``sglang.launch_server``'s flags, kt fork included.
+"""The sim's command line: exactly ``sglang.launch_server``'s (see :mod:`ktd.sim.flags`).
 
-Why: ktd hands the sim exactly the argv it would hand real SGLang, so every
-flag must be accepted. The flags whose values the sim reflects (bind address,
-model path, served name, context length, kt weights ...) are declared with
-SGLang's names and defaults, and ``--help`` lists the ``--kt-*`` flags as the
-kt fork's does (``ktctl doctor`` greps for them). Any other flag is accepted,
-ignored and logged, like a newer SGLang flag would be by an older ktd test.
+Why strict: ktd hands the sim exactly the argv it would hand real SGLang, and
+real SGLang refuses what it does not know (exit 2, ``unrecognized
+arguments``), so the stand-in must too, or ktd's tests prove nothing about
+the command line. The fields the sim reflects (bind address, model path,
+served name, context length, kt weights ...) are read from the namespace.
 """
 
 from __future__ import annotations
@@ -14,6 +13,8 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ktd.sim import flags
 
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -34,84 +35,40 @@ class SimArgs:
     access_log: bool
     is_embedding: bool
     server_args: dict[str, Any] = field(default_factory=dict)  # what /server_info shows
-    ignored: list[str] = field(default_factory=list)  # flags accepted but not understood
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m sglang.launch_server",
-        description="ktd's simulated SGLang (kt fork) server: same flags, same endpoints.",
-        allow_abbrev=False,  # an unknown --kt-foo must never match a declared flag's prefix
-    )
-    add = p.add_argument
-    add("--model-path", "--model", dest="model_path", type=str, required=True)
-    add("--tokenizer-path", type=str, default=None)
-    add("--host", type=str, default="127.0.0.1")
-    add("--port", type=int, default=30000)
-    add("--served-model-name", type=str, default=None)
-    add("--context-length", type=int, default=None)
-    add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
-    add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
-    add("--nnodes", type=int, default=1)
-    add("--node-rank", type=int, default=0)
-    add("--dist-init-addr", type=str, default=None)
-    add("--mem-fraction-static", type=float, default=None)
-    add("--max-running-requests", type=int, default=None)
-    add("--chunked-prefill-size", type=int, default=None)
-    add("--attention-backend", type=str, default=None)
-    add("--chat-template", type=str, default=None)
-    add("--trust-remote-code", action="store_true")
-    add("--disable-cuda-graph", action="store_true")
-    add("--cuda-graph-max-bs", type=int, default=None)
-    add("--enable-mixed-chunk", action="store_true")
-    add("--enable-metrics", action="store_true")
-    add("--is-embedding", action="store_true")
-    add("--watchdog-timeout", type=float, default=300)
-    add("--random-seed", type=int, default=None)
-    add("--api-key", type=str, default=None)
-    add("--log-level", type=str, default="info")
-    add("--log-level-http", type=str, default=None)
-    kt = p.add_argument_group("kt-kernel (kvcache-ai/sglang fork)")
-    kt.add_argument("--kt-weight-path", type=str, default=None)
-    kt.add_argument("--kt-method", type=str, default="AMXINT4")
-    kt.add_argument("--kt-cpuinfer", type=int, default=None)
-    kt.add_argument("--kt-threadpool-count", type=int, default=2)
-    kt.add_argument("--kt-numa-nodes", type=str, nargs="+", default=None)
-    kt.add_argument("--kt-num-gpu-experts", type=int, default=None)
-    kt.add_argument("--kt-gpu-experts-ratio", type=float, default=None)
-    kt.add_argument("--kt-max-deferred-experts-per-token", type=int, default=None)
-    kt.add_argument("--kt-gpu-prefill-token-threshold", type=int, default=None)
-    kt.add_argument("--kt-enable-dynamic-expert-update", action="store_true")
-    kt.add_argument("--kt-expert-placement-strategy", type=str, default=None)
+def build_parser(which: str | None = None) -> argparse.ArgumentParser:
+    """SGLang's own parser: ``argparse.ArgumentParser()`` + every option it declares."""
+    which = which or flags.flavor()
+    prog = "sglang serve" if which == "upstream" else "launch_server.py"
+    p = argparse.ArgumentParser(prog=prog)
+    flags.add_cli_args(p, which)
     return p
 
 
-def parse(argv: Sequence[str] | None = None) -> SimArgs:
-    """Parse like SGLang; exits 2 with argparse's message on a malformed known flag."""
-    ns, unknown = build_parser().parse_known_args(argv)
+def parse(argv: Sequence[str] | None = None, which: str | None = None) -> SimArgs:
+    """Parse exactly as SGLang does: an unknown flag or a bad value exits 2."""
+    ns = build_parser(which).parse_args(argv)
     args: dict[str, Any] = vars(ns)
-    if args["tokenizer_path"] is None:
-        args["tokenizer_path"] = args["model_path"]
-    if args["served_model_name"] is None:
-        args["served_model_name"] = args["model_path"]
-    if args["context_length"] is None:
-        args["context_length"] = DEFAULT_CONTEXT_LENGTH
-    level_http = (args["log_level_http"] or args["log_level"] or "info").lower()
+    model = args["model_path"]
+    tokenizer = args.get("tokenizer_path") or model
+    served = args.get("served_model_name") or model
+    context = args.get("context_length") or DEFAULT_CONTEXT_LENGTH
+    level_http = (args.get("log_level_http") or args.get("log_level") or "info").lower()
     return SimArgs(
-        host=args["host"],
-        port=args["port"],
-        model_path=args["model_path"],
-        tokenizer_path=args["tokenizer_path"],
-        served_model_name=args["served_model_name"],
-        context_length=args["context_length"],
-        kt_weight_path=args["kt_weight_path"],
-        tp_size=args["tp_size"],
-        api_key=args["api_key"],
+        host=args.get("host") or "127.0.0.1",
+        port=int(args.get("port") or 30000),
+        model_path=model,
+        tokenizer_path=tokenizer,
+        served_model_name=served,
+        context_length=int(context),
+        kt_weight_path=args.get("kt_weight_path"),
+        tp_size=int(args.get("tp_size") or args.get("tensor_parallel_size") or 1),
+        api_key=args.get("api_key"),
         # uvicorn prints access lines at INFO; --log-level-http warning silences them.
         access_log=level_http in ("debug", "info", "trace"),
-        is_embedding=args["is_embedding"],
+        is_embedding=bool(args.get("is_embedding")),
         server_args=args,
-        ignored=list(unknown),
     )
 
 

@@ -34,7 +34,14 @@ class Knobs:
     ignore_sigterm: bool = False  # KTD_SIM_IGNORE_SIGTERM
     escape: bool = False  # KTD_SIM_ESCAPE: a grandchild leaves the session
     drain: float = 5.0  # KTD_SIM_DRAIN: max seconds in-flight requests get on SIGTERM
+    health_time: float = 0.01  # KTD_SIM_HEALTH_TIME: a /health token's cost without TOKEN_RATE
+    health_timeout: float = 20.0  # KTD_SIM_HEALTH_TIMEOUT: SGLANG_HEALTH_CHECK_TIMEOUT
+    crash_diag: float = 5.0  # KTD_SIM_CRASH_DIAG: SGLang's wait "before crash diagnostics"
     record: str | None = None  # KTD_SIM_RECORD: path of the start-up record (JSON)
+
+    def token_time(self) -> float:
+        """Seconds one token takes: a /health check generates exactly one."""
+        return 1.0 / self.token_rate if self.token_rate > 0 else self.health_time
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> tuple[Knobs, list[str]]:
@@ -80,6 +87,9 @@ class Knobs:
             ignore_sigterm=flag("IGNORE_SIGTERM"),
             escape=flag("ESCAPE"),
             drain=num("DRAIN", cls.drain),
+            health_time=num("HEALTH_TIME", cls.health_time),
+            health_timeout=num("HEALTH_TIMEOUT", cls.health_timeout),
+            crash_diag=num("CRASH_DIAG", cls.crash_diag),
             record=env.get(PREFIX + "RECORD") or None,
         )
         return knobs, warnings

@@ -98,6 +98,20 @@ class Scheduler:
                 return code
             await trio.sleep(0.005)
 
+    def got_sigterm(self) -> bool:
+        """Did a SIGTERM reach the child (it died of one, or has one pending)? A group
+        SIGTERM queues one in every member before ``kill()`` returns, so this is certain
+        at once, however late the child's death is noticed."""
+        code = self.popen.poll()
+        if code is not None:
+            return code == -signal.SIGTERM
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                masks = [ln.split()[1] for ln in f if ln.startswith(("SigPnd:", "ShdPnd:"))]
+        except OSError:
+            return False
+        return any(int(m, 16) & (1 << (signal.SIGTERM - 1)) for m in masks)
+
     def returncode(self) -> int | None:
         try:
             return self.popen.wait(timeout=2)

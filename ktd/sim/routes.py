@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from ktd.sim.api import OpenAIServing
 from ktd.sim.cli import SimArgs
 from ktd.sim.httpd import Reply, Request
@@ -76,7 +78,7 @@ class SimApp:
         }
 
     async def handle(self, req: Request) -> Reply:
-        if self.state.hung:
+        if self.state.hung and not req.path.startswith(("/health", "/v1/models")):
             await self.state.wait_unhung()
         key = self.args.api_key
         if (
@@ -99,12 +101,21 @@ class SimApp:
         return await route(req)
 
     async def health(self, req: Request) -> Reply:
+        """SGLang's ``/health`` is a one-token generation through the scheduler: it costs a
+        token's time, and a scheduler that gives no output answers 503 after
+        ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) while the HTTP server itself stays up."""
         if self.state.status == DRAINING:
             log("Health check request received during shutdown. Returning 503.")
             return Reply(503, content_type=None)
         if self.knobs.never_healthy or self.state.status != UP:
             return Reply(503, content_type=None)
-        return Reply(200, content_type=None)
+        with trio.move_on_after(self.knobs.health_timeout):
+            await self.state.wait_unhung()
+            await trio.sleep(self.knobs.token_time())
+            return Reply(200, content_type=None)
+        log(f"Health check failed. Server couldn't get a response from detokenizer for last "
+            f"{self.knobs.health_timeout:g} seconds.")  # fmt: skip
+        return Reply(503, content_type=None)
 
     def _card(self) -> dict[str, Any]:
         a = self.args

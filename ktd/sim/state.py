@@ -14,7 +14,7 @@ import trio
 
 STARTING = "starting"  # bound, warming up: /v1/models 200, /health 503
 UP = "up"  # warmed up: /health 200
-DRAINING = "draining"  # SIGTERM received: /health 503, new generations 503
+DRAINING = "draining"  # SIGTERM received: /health 503, new generations still accepted
 
 
 @dataclass

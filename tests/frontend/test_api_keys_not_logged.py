@@ -14,14 +14,26 @@ def test_keys_never_logged(write_config: Any, daemon_factory: Any, frontend_fact
     daemon = daemon_factory(cfg)
     fe = frontend_factory(cfg)
     body = {"model": "k-kt", "messages": [{"role": "user", "content": "hi"}]}
-    r = httpx.post(fe.url + "/v1/chat/completions", json=body, timeout=60,
-                   headers={"Authorization": f"Bearer {wrong}"})
+    r = httpx.post(
+        fe.url + "/v1/chat/completions",
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {wrong}"},
+    )
     assert r.status_code == 401 and wrong not in r.text
-    r = httpx.post(fe.url + "/v1/chat/completions", json=body, timeout=60,
-                   headers={"Authorization": f"Bearer {secret}"})
+    r = httpx.post(
+        fe.url + "/v1/chat/completions",
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {secret}"},
+    )
     assert r.status_code == 200, r.text
-    r = httpx.post(fe.url + "/v1/chat/completions", json={"model": "nope"}, timeout=60,
-                   headers={"Authorization": f"Bearer {secret}"})
+    r = httpx.post(
+        fe.url + "/v1/chat/completions",
+        json={"model": "nope"},
+        timeout=60,
+        headers={"Authorization": f"Bearer {secret}"},
+    )
     assert r.status_code == 404 and secret not in r.text
     logs = fe.output() + daemon.output() + "\n".join(daemon.client().logs("k-kt", 10_000))
     assert secret not in logs and wrong not in logs

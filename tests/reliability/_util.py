@@ -53,9 +53,7 @@ def engine_procs() -> dict[int, str]:
 def session_of(pid: int) -> set[int]:
     """Live (non-zombie) processes whose session is ``pid``'s."""
     return {
-        p.pid
-        for p in proctree.all_procs().values()
-        if p.sid == pid and p.state not in ("Z", "X")
+        p.pid for p in proctree.all_procs().values() if p.sid == pid and p.state not in ("Z", "X")
     }
 
 

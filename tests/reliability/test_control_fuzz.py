@@ -37,8 +37,18 @@ THREADS = 20
 # requests a batch may contain, so that "status unchanged" is a real oracle.
 SAFE = (p.Ping, p.Status, p.Models, p.Logs, p.Release, p.Heartbeat)
 TAGS = {
-    "ping", "status", "models", "load", "evict", "logs", "reload", "acquire", "release",
-    "heartbeat", "doctor", "shutdown",
+    "ping",
+    "status",
+    "models",
+    "load",
+    "evict",
+    "logs",
+    "reload",
+    "acquire",
+    "release",
+    "heartbeat",
+    "doctor",
+    "shutdown",
 }
 
 
@@ -92,8 +102,12 @@ ints = st.one_of(
     st.sampled_from([0, -1, 2**31, 2**32, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)]),
 )
 scalars = st.one_of(
-    st.none(), st.booleans(), ints, st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=30), st.binary(max_size=30),
+    st.none(),
+    st.booleans(),
+    ints,
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
+    st.binary(max_size=30),
 )
 values = st.recursive(
     scalars,
@@ -258,16 +272,16 @@ def fire(d: Any, batch: list[Msg], threads: int = THREADS) -> None:
         if i >= 4:  # only a few clients send the >1 MiB frames: keep the batch quick
             mine = [m for m in mine if len(m.payload) <= p.MAX_FRAME]
         sent.append(mine)
-        workers.append(threading.Thread(
-            target=_client_thread, args=(ctx, endpoint, mine, results[i], True)
-        ))
+        workers.append(
+            threading.Thread(target=_client_thread, args=(ctx, endpoint, mine, results[i], True))
+        )
     for j in range(2):  # hit-and-run clients that never read their replies
-        workers.append(threading.Thread(
-            target=_client_thread, args=(ctx, endpoint, batch[j::2], [], False)
-        ))
-    workers.append(threading.Thread(
-        target=_raw_garbage, args=(d.socket, os.urandom(64) + b"\xff" * 16)
-    ))
+        workers.append(
+            threading.Thread(target=_client_thread, args=(ctx, endpoint, batch[j::2], [], False))
+        )
+    workers.append(
+        threading.Thread(target=_raw_garbage, args=(d.socket, os.urandom(64) + b"\xff" * 16))
+    )
     for t in workers:
         t.start()
     for t in workers:
@@ -329,8 +343,10 @@ def fuzz_settings(max_examples: int) -> settings:
         deadline=None,
         database=None,
         suppress_health_check=[
-            HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-            HealthCheck.data_too_large, HealthCheck.filter_too_much,
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
             HealthCheck.large_base_example,
         ],
     )

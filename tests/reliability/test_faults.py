@@ -99,8 +99,11 @@ def test_engine_killed_while_ready_is_restarted(
         assert again.restarts == 1
         assert not any(alive(pid) for pid in old_tree)
         assert set(engine_procs()) <= session_of(again.pid)
-        why = ("killed by SIGKILL while ready" if victim == "group"
-               else "exited with code 1 while ready")
+        why = (
+            "killed by SIGKILL while ready"
+            if victim == "group"
+            else "exited with code 1 while ready"
+        )
         assert f"{why}; restarting" in "\n".join(c.logs("crash-kt", 200))
         c.evict("crash-kt")
     assert_clean(first.port, again.port)
@@ -249,8 +252,9 @@ def test_daemon_sigkill_then_restart_adopts_running_engines(
     for a, e in before.items():
         assert all(alive(pid) for pid in trees[a]), f"{a}'s tree died with the daemon"
         assert e.port in listening_ports()
-    escaped = [p for p, mark in engine_procs().items()
-               if "/ad-b@" in mark and p not in trees["ad-b"]]
+    escaped = [
+        p for p, mark in engine_procs().items() if "/ad-b@" in mark and p not in trees["ad-b"]
+    ]
     assert escaped, "the sim's escaped grandchild should be running"
 
     d2 = daemon_factory(cfg)
@@ -282,7 +286,10 @@ def _spawn_sleeper(*, env: dict[str, str] | None = None, argv0: str | None = Non
     if argv0:
         cmd.append(argv0)
     return subprocess.Popen(
-        cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+        cmd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 
@@ -306,13 +313,30 @@ def test_state_file_with_dead_or_recycled_pids_is_not_adopted(
         assert b_info and t_info
         fake_argv = [sys.executable, "-m", "sglang.launch_server", "--port", "1"]
         records = [
-            statefile.EngineRecord(alias="st-a", pid=gone.pid, start=1,
-                                   engine_id=f"{instance}/st-a@1", port=1, argv=fake_argv),
-            statefile.EngineRecord(alias="st-b", pid=bystander.pid, start=b_info.start,
-                                   engine_id=f"{instance}/st-b@1", port=1, argv=fake_argv),
-            statefile.EngineRecord(alias="st-c", pid=twin.pid, start=t_info.start + 1,
-                                   engine_id=f"{instance}/st-c@1", port=1,
-                                   argv=proctree.cmdline(twin.pid)),
+            statefile.EngineRecord(
+                alias="st-a",
+                pid=gone.pid,
+                start=1,
+                engine_id=f"{instance}/st-a@1",
+                port=1,
+                argv=fake_argv,
+            ),
+            statefile.EngineRecord(
+                alias="st-b",
+                pid=bystander.pid,
+                start=b_info.start,
+                engine_id=f"{instance}/st-b@1",
+                port=1,
+                argv=fake_argv,
+            ),
+            statefile.EngineRecord(
+                alias="st-c",
+                pid=twin.pid,
+                start=t_info.start + 1,
+                engine_id=f"{instance}/st-c@1",
+                port=1,
+                argv=proctree.cmdline(twin.pid),
+            ),
         ]
         statefile.write(state_dir / "engines.json", statefile.StateFile(engines=records))
         cfg = write_config([sim_model(a) for a in ("st-a", "st-b", "st-c")], daemon=FAST_DAEMON)
@@ -422,8 +446,9 @@ def test_daemon_killed_during_a_load_adopts_the_loading_engine(
     d1 = daemon_factory(cfg)
     with d1.client(timeout=60) as c:
         c.load("slow-kt", wait=False)
-        loading = wait_for(lambda: c.status("slow-kt")[0].pid and c.status("slow-kt")[0],
-                           what="spawn")
+        loading = wait_for(
+            lambda: c.status("slow-kt")[0].pid and c.status("slow-kt")[0], what="spawn"
+        )
         time.sleep(0.3)  # let the state file record it
     d1.stop(signal.SIGKILL)
     d2 = daemon_factory(cfg)
@@ -497,15 +522,17 @@ def small_tmpfs(size: str) -> Iterator[Path]:
     try:
         r = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mnt)],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
     except FileNotFoundError:
         mnt.rmdir()
         pytest.skip("no mount(8) here: cannot make a small file system to fill")
     if r.returncode != 0:
         mnt.rmdir()
-        pytest.skip(f"cannot mount a {size} tmpfs here (need root/CAP_SYS_ADMIN): "
-                    f"{r.stderr.strip()}")
+        pytest.skip(
+            f"cannot mount a {size} tmpfs here (need root/CAP_SYS_ADMIN): {r.stderr.strip()}"
+        )
     try:
         yield mnt
     finally:
@@ -563,8 +590,11 @@ def test_engine_that_hung_while_ktd_was_down_is_restarted_after_adoption(
     d2 = daemon_factory(cfg)
     try:
         with d2.client(timeout=60) as c:
-            wait_for(ready_with_new_pid(c, "hz-kt", first.pid), timeout=8,
-                     what="the hung adopted engine to be restarted")
+            wait_for(
+                ready_with_new_pid(c, "hz-kt", first.pid),
+                timeout=8,
+                what="the hung adopted engine to be restarted",
+            )
     finally:
         with d2.client(timeout=60) as c:
             c.evict(all=True, force=True)
@@ -615,6 +645,7 @@ def test_adopted_engine_follows_a_config_changed_while_ktd_was_down(
     d2 = daemon_factory(cfg)
     try:
         with d2.client(timeout=60) as c:
+
             def follows() -> bool:
                 [e] = c.status("cfg-kt")
                 return e.stale or (e.state == "ready" and "8192" in e.argv)

@@ -57,8 +57,13 @@ LEASE_TTL = 1.0
 # within this: a hang is detected after health_interval + hang_timeout, a drain
 # takes drain_timeout, a restart restart_backoff + a sim start.
 SETTLE = 15.0
-DAEMON = {**FAST_DAEMON, "lease_ttl": LEASE_TTL, "drain_timeout": 1, "restart_max": 50,
-          "restart_window": 600}
+DAEMON = {
+    **FAST_DAEMON,
+    "lease_ttl": LEASE_TTL,
+    "drain_timeout": 1,
+    "restart_max": 50,
+    "restart_window": 600,
+}
 TRACE = bool(os.environ.get("KTD_TEST_TRACE"))  # print every step (debugging aid)
 # Errors an operation may legitimately get in a random sequence (and their reasons).
 EXPECTED = {"load_failed", "busy", "timeout", "not_loaded"}
@@ -144,8 +149,11 @@ class DaemonMachine(RuleBasedStateMachine):
         self.c.evict(all=True, force=True)
         self.h.write(self.ctx)
         self.c.reload()
-        wait_for(lambda: sum(e.leases for e in self.c.status()) == 0, timeout=10,
-                 what="leases of an earlier example to expire")
+        wait_for(
+            lambda: sum(e.leases for e in self.c.status()) == 0,
+            timeout=10,
+            what="leases of an earlier example to expire",
+        )
         wait_for(lambda: not engine_procs(), timeout=10, what="a clean start")
 
     # ------------------------------------------------------------ operations
@@ -253,7 +261,8 @@ class DaemonMachine(RuleBasedStateMachine):
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(
-                    "daemon and process table disagree:\n  " + "\n  ".join(problems)
+                    "daemon and process table disagree:\n  "
+                    + "\n  ".join(problems)
                     + f"\nstatus: {self.c.status()}\nengine processes: {engine_procs()}"
                 )
             time.sleep(0.05)

@@ -20,7 +20,7 @@ Factory = Callable[..., SimProc]
 
 def test_shim_runs_the_sim_and_records_the_command_line(sim_factory: Factory) -> None:
     extra = ["--kt-method", "AMXINT4", "--kt-numa-nodes", "0", "1", "--tp-size", "1",
-             "--some-future-flag", "7", "--disable-cuda-graph"]  # fmt: skip
+             "--disable-cuda-graph"]  # fmt: skip
     env = {"KT_KERNEL_DEBUG": "1", "CUDA_VISIBLE_DEVICES": "0", "SGLANG_FOO": "bar",
            "UNRELATED_VAR": "x"}  # fmt: skip
     sim = sim_factory(shim=True, env=env, args=extra)
@@ -45,8 +45,7 @@ def test_shim_runs_the_sim_and_records_the_command_line(sim_factory: Factory) ->
     }
     assert rec["port"] == sim.port and alive(rec["scheduler_pid"])
     info = httpx.get(sim.url("/server_info")).json()
-    assert info["kt_numa_nodes"] == ["0", "1"] and info["disable_cuda_graph"] is True
-    assert "accepted and ignored flags: ['--some-future-flag', '7']" in sim.log()
+    assert info["kt_numa_nodes"] == [0, 1] and info["disable_cuda_graph"] is True
 
 
 def test_child_dies_with_the_parent(sim_factory: Factory) -> None:
@@ -73,7 +72,7 @@ def test_shim_imports_are_cheap() -> None:
         text=True,
         check=True,
     ).stdout.splitlines()
-    assert out == ["0.0.0-sim 0.0.0-sim sim", "[]"]
+    assert out == ["0.7.2+sim 0.0.0-sim sim", "[]"]
 
 
 def test_crash_during_load(sim_factory: Factory) -> None:
@@ -145,29 +144,45 @@ def _stream_in_thread(sim: SimProc, max_tokens: int) -> tuple[threading.Thread, 
     return thread, out
 
 
-def test_sigterm_drains_in_flight_then_exits_0(sim_factory: Factory) -> None:
-    sim = sim_factory(env={"KTD_SIM_TOKEN_RATE": "20", "KTD_SIM_DRAIN": "5"})
+@pytest.mark.parametrize(("which", "code"), [("upstream", 0), ("kt", -signal.SIGKILL)])
+def test_sigterm_drains_in_flight_then_exits_as_sglang_does(
+    sim_factory: Factory, which: str, code: int
+) -> None:
+    """SIGTERM to the main process: /health 503, new requests still accepted, in-flight
+    ones finish; then upstream exits 0 and the kt fork SIGKILLs its own tree (-9)."""
+    env = {"KTD_SIM_TOKEN_RATE": "20", "KTD_SIM_DRAIN": "5", "KTD_SIM_SGLANG": which}
+    sim = sim_factory(env=env)
     sim.wait_ready()
     child = sim.record()["scheduler_pid"]
     thread, out = _stream_in_thread(sim, max_tokens=30)  # ~1.5 s
     os.kill(sim.pid, signal.SIGTERM)
     sim.wait_log("Draining requests and shutting down")
     assert httpx.get(sim.url("/health")).status_code == 503
-    refused = httpx.post(
+    late = httpx.post(
         sim.url("/v1/chat/completions"),
-        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
     )
-    assert refused.status_code == 503 and refused.json()["object"] == "error"
+    assert late.status_code == 200
     thread.join(10)
     events = out["events"]
     assert isinstance(events, list) and events[-1] == "data: [DONE]" and "error" not in out
-    assert sim.wait_exit() == 0
+    assert sim.wait_exit() == code
     assert "Gracefully exiting... Remaining number of requests 0." in sim.log()
     assert not alive(child)
 
 
+def test_sigterm_before_any_request_dies_of_it(sim_factory: Factory) -> None:
+    """SGLang installs its drain handler at the first request; before that uvicorn's
+    shutdown re-raises SIGTERM (a shell's 143)."""
+    sim = sim_factory()
+    sim.wait_ready()
+    os.kill(sim.pid, signal.SIGTERM)
+    assert sim.wait_exit() == -signal.SIGTERM
+
+
 def test_drain_is_bounded_by_ktd_sim_drain(sim_factory: Factory) -> None:
-    sim = sim_factory(env={"KTD_SIM_TOKEN_RATE": "20", "KTD_SIM_DRAIN": "0.3"})
+    env = {"KTD_SIM_TOKEN_RATE": "20", "KTD_SIM_DRAIN": "0.3", "KTD_SIM_SGLANG": "upstream"}
+    sim = sim_factory(env=env)
     sim.wait_ready()
     thread, out = _stream_in_thread(sim, max_tokens=200)  # 10 s: longer than the drain
     t0 = time.monotonic()
@@ -206,8 +221,19 @@ def test_never_healthy_then_hang_after(sim_factory: Factory) -> None:
     assert httpx.get(sim.url("/v1/models")).status_code == 200
     assert httpx.get(sim.url("/health")).status_code == 503
     sim.wait_log("every request hangs from now", timeout=5)
+    # A stuck scheduler: generations hang, the HTTP server itself still answers.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.get(sim.url("/v1/models"), timeout=0.5)
+        httpx.post(sim.url("/v1/completions"), json={"prompt": "x"}, timeout=0.5)
+    assert httpx.get(sim.url("/v1/models")).status_code == 200
+
+
+def test_hung_scheduler_health_is_503_after_the_health_timeout(sim_factory: Factory) -> None:
+    """SGLang's /health generates one token; with no scheduler output for
+    SGLANG_HEALTH_CHECK_TIMEOUT (20 s; KTD_SIM_HEALTH_TIMEOUT here) it answers 503."""
+    sim = sim_factory(env={"KTD_SIM_HANG_AFTER": "0", "KTD_SIM_HEALTH_TIMEOUT": "0.3"})
+    sim.wait_log("every request hangs from now", timeout=5)
+    assert httpx.get(sim.url("/health"), timeout=10).status_code == 503
+    assert "Health check failed" in sim.log()
 
 
 def test_ignore_sigterm(sim_factory: Factory) -> None:
@@ -227,11 +253,13 @@ def test_scheduler_death_takes_the_server_down(sim_factory: Factory) -> None:
     assert "Received sigquit from a child process" in sim.log()
 
 
-def test_group_sigterm_drains_and_spares_the_escaped(sim_factory: Factory) -> None:
-    sim = sim_factory(env={"KTD_SIM_ESCAPE": "1"})
+def test_group_sigterm_is_a_crash_to_sglang(sim_factory: Factory) -> None:
+    """SIGTERM to the whole group kills the scheduler first: SGLang reports a crash, waits
+    for crash diagnostics (5 s real, KTD_SIM_CRASH_DIAG here), then kills its tree."""
+    sim = sim_factory(env={"KTD_SIM_ESCAPE": "1", "KTD_SIM_CRASH_DIAG": "0.2"})
     sim.wait_ready()
     escaped = sim.record()["escaped_pid"]
     os.killpg(sim.pid, signal.SIGTERM)  # the scheduler gets it too, as in a group kill
-    assert sim.wait_exit() == 0
-    assert "Gracefully exiting" in sim.log()
+    assert sim.wait_exit() == -signal.SIGKILL
+    assert "Subprocess scheduler_0 crashed with exit code -15. Triggering SIGQUIT" in sim.log()
     assert alive(escaped)  # the sim's own clean-up misses it, as the group kill did

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ktd.sim import gen
 from ktd.sim.cli import DEFAULT_CONTEXT_LENGTH, parse
 from ktd.sim.knobs import Knobs
@@ -29,14 +31,33 @@ def test_knobs_defaults_and_bad_values() -> None:
 
 
 def test_flags_like_launch_server() -> None:
-    args = parse(["--model", "/m", "--kt-numa-nodes", "0", "1", "--new-flag", "x", "--enable-x"])
+    args = parse(["--model", "/m", "--kt-numa-nodes", "0", "1", "--tp", "2"], "kt")
     assert (args.host, args.port) == ("127.0.0.1", 30000)
     assert args.context_length == DEFAULT_CONTEXT_LENGTH
     assert args.served_model_name == "/m" and args.tokenizer_path == "/m"
-    assert args.server_args["kt_numa_nodes"] == ["0", "1"]
-    assert args.ignored == ["--new-flag", "x", "--enable-x"]
+    assert args.server_args["kt_numa_nodes"] == [0, 1] and args.tp_size == 2
     assert args.access_log
     assert not parse(["--model-path", "/m", "--log-level-http", "warning"]).access_log
+
+
+@pytest.mark.parametrize(
+    ("which", "argv", "message"),
+    [
+        ("upstream", ["--kt-numa-nodes", "0"], "unrecognized arguments: --kt-numa-nodes 0"),
+        ("kt", ["--kt-numa-nodes", "0,1"], "invalid int value: '0,1'"),
+        ("kt", ["--kt-expert-placement-strategy", "best"], "invalid choice: 'best'"),
+        ("kt", ["--kt-n", "1"], "ambiguous option: --kt-n could match"),
+        ("kt", ["--some-future-flag", "7"], "unrecognized arguments: --some-future-flag 7"),
+    ],
+)
+def test_flags_are_as_strict_as_sglang(
+    which: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real SGLang's plain argparse exits 2 on these (NOTES, "Parsing"); so does the sim."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(["--model", "/m", *argv], which)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_plan_finish_reasons() -> None:
