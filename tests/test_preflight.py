@@ -214,3 +214,13 @@ def test_fit_ignore_loads_anyway(
     d = daemon_factory(cfg, env=fake_machine(tmp_path, ktd_env))
     r = d.ktctl("load", "huge-kt")
     assert r.returncode == 0, r.stderr + d.output()
+
+
+def test_flag_sglang_rejects_refused_with_path_problems_in_one_message(
+    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    bad = gpu_model("flag-kt", kt={"extra_args": ["--no-such-flag", "1"]})
+    bad["path"] = str(tmp_path / "missing-too")
+    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+    err = assert_refused_and_untouched(d, "flag-kt", pid, "--no-such-flag", "missing-too")
+    assert err.count("preflight:") == 1
