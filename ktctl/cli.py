@@ -206,6 +206,8 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_events(client: Client, args: argparse.Namespace) -> int:
     for ev in client.events(args.topics or ("",)):
+        if ev.topic.startswith("probe.") and not (args.probes or args.topics):
+            continue  # ktd's own health-check lines: asked for by topic or --probes
         if _json(args):
             _out(render.dumps(ev, stream=True), flush=True)
         else:
@@ -373,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("events", "print ktd's events as they happen (state changes, logs, leases)")
     sp.add_argument("topics", nargs="*", metavar="TOPIC",
                     help="topic prefixes, e.g. engine. or log.ALIAS (default: all)")  # fmt: skip
+    sp.add_argument("--probes", action="store_true",
+                    help="with no TOPIC: include ktd's own health-check lines")  # fmt: skip
 
     add("reload", "re-read config.json and models.json")
 

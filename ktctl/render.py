@@ -393,7 +393,7 @@ def doctor_text(report: Mapping[str, Any]) -> str:
 def event_lines(ev: p.Event) -> list[str]:
     """``time topic state reason`` for state changes; one line per log line for logs."""
     head = f"{clock(ev.time)} {ev.topic}"
-    if ev.topic.startswith("log."):
+    if ev.topic.startswith(("log.", "probe.")):
         return [f"{head} | {line.rstrip()}" for line in ev.lines] or [head]
     parts = [head]
     if ev.state:

@@ -535,6 +535,21 @@ def test_events_lines_and_json_lines(
     assert [json.loads(x) for x in out.splitlines()] == [msgspec.to_builtins(e) for e in evs]
 
 
+def test_events_leave_out_probe_lines_unless_asked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    health = '127.0.0.1:5 - "GET /health HTTP/1.1" 200 OK'
+    evs = [
+        p.Event(topic="probe.m", time=0.0, alias="m", lines=[health]),
+        p.Event(topic="log.m", time=0.0, alias="m", lines=["x"]),
+    ]
+    monkeypatch.setattr(Client, "events", _interrupted(evs))
+    code, out, _ = run(capsys, "events")
+    assert code == 0 and "GET /health" not in out and out.rstrip().endswith("log.m | x")
+    code, out, _ = run(capsys, "events", "--probes")
+    assert out.splitlines()[0].endswith(f"probe.m | {health}")
+
+
 def test_events_against_a_live_publisher(
     daemon: Callable[[Handler], FakeDaemon],
     capsys: pytest.CaptureFixture[str],
