@@ -683,7 +683,9 @@ class Engine:
                 await trio.sleep(self.host.settings.health_interval)
                 if self.state != S.READY:
                     continue
-                if await self._get_ok(run, "/health", timeout=self.host.settings.hang_timeout):
+                if await self._get_ok(
+                    run, loglines.probe_path("/health"), timeout=self.host.settings.hang_timeout
+                ):
                     last_ok = trio.current_time()
                 elif trio.current_time() - last_ok >= self.host.settings.hang_timeout:
                     self._hung = True
@@ -711,13 +713,14 @@ class Engine:
     async def _check_ready(self, run: Running) -> bool:
         """SGLang answers /v1/models before warm-up ends; /health says when it really is up."""
         try:
-            r = await self.host.http.get(f"{self.url_for(run)}/v1/models", timeout=2.0)
+            base = self.url_for(run)
+            r = await self.host.http.get(base + loglines.probe_path("/v1/models"), timeout=2.0)
             if r.status_code != 200:
                 return False
             ids = [m.get("id") for m in r.json().get("data", [])]
             if self.alias not in ids:
                 return False
-            h = await self.host.http.get(f"{self.url_for(run)}/health", timeout=20.0)
+            h = await self.host.http.get(base + loglines.probe_path("/health"), timeout=20.0)
             return h.status_code == 200
         except (httpx.HTTPError, OSError, ValueError, AttributeError):
             return False

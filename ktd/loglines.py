@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["is_probe_access", "phase_of", "split_probe_access"]
+__all__ = ["PROBE_QUERY", "is_probe_access", "phase_of", "probe_path", "split_probe_access"]
 
 #: (substring of an SGLang line, the phase it starts), checked in order.
 _MILESTONES = (
@@ -26,8 +26,16 @@ _MILESTONES = (
     ("Application startup complete", "warming up"),
 )
 
-#: uvicorn's access line for the GETs ktd itself sends (readiness and health checks).
-_PROBE = re.compile(r'"GET (?:/health|/health_generate|/v1/models) HTTP/[\d.]+" \d{3}')
+#: ktd tags its own readiness and health requests with this query string (SGLang's
+#: routes ignore it; uvicorn's access line shows it), so a client's ``GET /health``
+#: stays in the log and only ktd's own polling is set apart.
+PROBE_QUERY = "ktd=probe"
+_PROBE = re.compile(r'"GET /[^ "?]*\?' + PROBE_QUERY + r' HTTP/[\d.]+" \d{3}')
+
+
+def probe_path(path: str) -> str:
+    """``/health`` -> ``/health?ktd=probe``: the path ktd's own checks request."""
+    return f"{path}?{PROBE_QUERY}"
 
 
 def phase_of(line: str) -> str | None:

@@ -10,8 +10,9 @@ from ktd import protocol as p
 from ktd.loadhistory import LoadHistory
 from ktd.loglines import is_probe_access, phase_of, split_probe_access
 
-HEALTH = '[2026-12-01 10:00:00] INFO:     127.0.0.1:50000 - "GET /health HTTP/1.1" 200 OK'
-MODELS = '[2026-12-01 10:00:00] INFO:     127.0.0.1:50000 - "GET /v1/models HTTP/1.1" 200 OK'
+HEALTH = '[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /health?ktd=probe HTTP/1.1" 200 OK'
+MODELS = '[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /v1/models?ktd=probe HTTP/1.1" 200'
+CLIENT = '[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /health HTTP/1.1" 200 OK'
 CHAT = '[2026-12-01 10:00:00] INFO:     127.0.0.1:50000 - "POST /v1/chat/completions HTTP/1.1" 200'
 
 
@@ -24,6 +25,7 @@ def test_milestones_become_phases() -> None:
 def test_probe_access_lines_are_told_apart() -> None:
     assert is_probe_access(HEALTH) and is_probe_access(MODELS)
     assert not is_probe_access(CHAT)
+    assert not is_probe_access(CLIENT)  # a client's (or a router's) own health check stays
     assert not is_probe_access("GET /health is what ktd polls")  # not an access line
     assert split_probe_access([CHAT, HEALTH, "x", MODELS]) == ([CHAT, "x"], [HEALTH, MODELS])
 

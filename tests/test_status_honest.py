@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tests.conftest import ConfigWriter, sim_model, wait_for
 
 #: Every phase ktd may report for a load: its own steps and SGLang's milestones.
@@ -110,4 +112,12 @@ def test_probe_access_lines_kept_out_of_logs(
     plain = d.ktctl("logs", "quiet-kt", "-n", "500").stdout
     assert "GET /health" not in plain and "GET /v1/models" not in plain
     assert "Load weight begin" in plain
-    assert "GET /health" in d.ktctl("logs", "quiet-kt", "-n", "500", "--probes").stdout
+    assert "GET /health?ktd=probe" in d.ktctl("logs", "quiet-kt", "-n", "500", "--probes").stdout
+    # Somebody else's health check (a router, a person with curl) is not ktd's: it stays.
+    with d.client() as c:
+        [e] = c.status("quiet-kt")
+        assert httpx.get(f"{e.url}/health", timeout=10).status_code == 200
+        wait_for(
+            lambda: any('"GET /health HTTP' in ln for ln in c.logs("quiet-kt", 500)),
+            what="the client's own health check in the log",
+        )

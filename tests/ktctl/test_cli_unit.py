@@ -538,7 +538,7 @@ def test_events_lines_and_json_lines(
 def test_events_leave_out_probe_lines_unless_asked(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    health = '127.0.0.1:5 - "GET /health HTTP/1.1" 200 OK'
+    health = '127.0.0.1:5 - "GET /health?ktd=probe HTTP/1.1" 200 OK'
     evs = [
         p.Event(topic="probe.m", time=0.0, alias="m", lines=[health]),
         p.Event(topic="log.m", time=0.0, alias="m", lines=["x"]),
