@@ -135,6 +135,7 @@ class Daemon:
         from ktd.doctor_run import daemon_report
 
         assert self.pool is not None
+        self.pool.prober.forget()  # doctor looks afresh; the next launch probes again too
         return await daemon_report(self.config, self.pool)
 
     async def dry_run(self, alias: str) -> dict[str, Any]:

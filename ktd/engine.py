@@ -233,6 +233,8 @@ class Engine:
             stale=self.stale,
             log_tail=self.log.last(tail) if tail else [],
             phase=self.phase,
+            sglang=self.catalog.label if self.catalog else None,
+            notes=list(self.launch_notes) if run else [],
         )
 
     # ------------------------------------------------------------ requests (any task)

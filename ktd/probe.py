@@ -69,11 +69,14 @@ if out.get("sglang") is not None:
             elif not isinstance(d, (str, int, float, bool, type(None))):
                 d = None
             t = a.type
+            c = a.choices
+            if isinstance(c, (set, frozenset)):  # a set's order changes with the hash seed
+                c = sorted(c, key=str)
             opts.append({
                 "flags": list(a.option_strings),
                 "dest": a.dest,
                 "nargs": a.nargs,
-                "choices": None if a.choices is None else [str(c) for c in a.choices],
+                "choices": None if c is None else [str(x) for x in c],
                 "type": None if t is None else getattr(t, "__name__", type(t).__name__),
                 "default": d,
                 "action": type(a).__name__.strip("_").replace("Action", "").lower() or "store",

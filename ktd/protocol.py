@@ -149,6 +149,8 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     stale: bool = False
     log_tail: list[str] = []
     phase: str | None = None
+    sglang: str | None = None  # the SGLang it was launched with: "sglang-kt 0.7.2"
+    notes: list[str] = []  # what ktd left out of the argv for that SGLang, and why
     # Added for an ``ollama ps``-like status (issue 13); wall-clock seconds since the epoch.
     started_at: float | None = None  # the engine process's start: uptime, kept across adoption
     ttl: float = 0.0  # idle TTL in seconds (0: none)

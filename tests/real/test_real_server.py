@@ -1,0 +1,226 @@
+"""ktd with the real SGLang server: load, serve through the frontend, re-adopt, evict, stop.
+
+One daemon and one frontend for the module, engine: upstream ``sglang``
+0.5.23 on this CPU with a tiny local model (``tests/real/make_model.py``);
+only the two native pieces no CPU wheel has are stood in for
+(``tests/real/standins``). The tests run in order and share the engine; each
+step's measurement is printed (``-s`` shows it) for the closing note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from ktd import proctree
+from tests.conftest import DaemonProc, marked_processes, wait_for
+from tests.real import engine_env
+
+ALIAS = "tiny"
+CHAT = [{"role": "user", "content": "Say something."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    daemon: DaemonProc
+    frontend_url: str
+    frontend: Any
+    env: dict[str, str]
+    root: Path
+
+    def status(self) -> dict[str, Any]:
+        r = self.daemon.ktctl("status", "--json")
+        assert r.returncode == 0, r.stderr
+        engines: list[dict[str, Any]] = json.loads(r.stdout)["engines"]
+        return next(e for e in engines if e["alias"] == ALIAS)
+
+    def log(self) -> str:
+        return (self.root / "state" / "logs" / f"{ALIAS}.log").read_text(errors="replace")
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.frontend_url}/v1", api_key="none", timeout=300)
+
+
+def tree_of(pid: int) -> set[tuple[int, int]]:
+    procs = proctree.all_procs()
+    root = procs[pid]
+    return {(root.pid, root.start)} | {(d.pid, d.start) for d in proctree.descendants(pid, procs)}
+
+
+@pytest.fixture(scope="module")
+def stack(venv_python: Any) -> Iterator[Stack]:
+    import subprocess
+    import sys
+
+    root = Path(tempfile.mkdtemp(prefix="ktd-real-", dir="/tmp"))
+    etc = root / "etc"
+    etc.mkdir()
+    models = [
+        {
+            "path": engine_env.model_dir(),
+            "backend": "kt",
+            "alias": ALIAS,  # numa unset: "auto", the default config
+            "kt": {"extra_args": engine_env.ENGINE_FLAGS, "extra_env": engine_env.engine_env()},
+        }
+    ]
+    cfg = {
+        "ktransformers": {"python": venv_python()},
+        "models_file": "models.json",
+        "daemon": {"stop_grace": 60, "drain_timeout": 30, "health_interval": 2},
+        "frontend": {"load_timeout": 600, "read_timeout": 300},
+    }
+    (etc / "models.json").write_text(json.dumps(models))
+    (etc / "config.json").write_text(json.dumps(cfg))
+    env = dict(os.environ)
+    env["KTD_RUNTIME_DIR"] = str(root / "run")
+    env["KTD_STATE_DIR"] = str(root / "state")
+    repo = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+    daemon = DaemonProc(config=etc / "config.json", env=env, log_path=root / "ktd.log").start()
+    port = free_port()
+    fe_log = open(root / "frontend.log", "ab")  # noqa: SIM115
+    frontend = subprocess.Popen(
+        [sys.executable, "-m", "ktd", "frontend", "--config", str(etc / "config.json"),
+         "--bind", f"127.0.0.1:{port}"],
+        env=env,
+        stdout=fe_log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    fe_log.close()
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _up(url), timeout=30, what="the frontend")
+    try:
+        yield Stack(daemon, url, frontend, env, root)
+    finally:
+        frontend.send_signal(signal.SIGTERM)
+        frontend.wait(30)
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop(timeout=120)
+
+
+def _up(url: str) -> bool:
+    try:
+        httpx.get(url + "/metrics", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+MEASURED: dict[str, float] = {}
+
+
+def test_default_config_loads_to_ready(stack: Stack) -> None:
+    """numa unset (auto): upstream has no --kt-numa-nodes, so ktd leaves it out, pins by
+    affinity, and says so; the engine becomes ready (/v1/models and /health both)."""
+    t0 = time.monotonic()
+    r = stack.daemon.ktctl("load", ALIAS, "--json", "--timeout", "600", timeout=660)
+    MEASURED["load_s"] = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr + stack.log()[-3000:]
+    e = stack.status()
+    assert e["state"] == "ready" and e["pid"]
+    argv = e["argv"]
+    assert "--kt-numa-nodes" not in argv
+    assert "--kt-threadpool-count" in argv and "--kt-cpuinfer" in argv
+    assert e["sglang"] == "sglang 0.5.23"
+    assert any("--kt-numa-nodes left out" in n for n in e["notes"])
+    plan = json.loads(stack.daemon.ktctl("load", "--dry-run", "--json", ALIAS).stdout)["plan"]
+    assert any("--kt-numa-nodes left out" in n for n in plan["notes"])
+    print(f"\nreal SGLang: ktctl load -> ready in {MEASURED['load_s']:.1f}s")
+
+
+def test_openai_stream_through_the_frontend_with_usage(stack: Stack) -> None:
+    stream = stack.client().chat.completions.create(
+        model=ALIAS,
+        messages=CHAT,  # type: ignore[arg-type]
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens >= 1
+    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+
+def test_overlong_prompt_400_reaches_the_client_as_sglang_sent_it(stack: Stack) -> None:
+    words = " ".join(f"w{i}" for i in range(2000))
+    body = {"model": ALIAS, "messages": [{"role": "user", "content": words}], "max_tokens": 4}
+    with pytest.raises(openai.BadRequestError) as err:
+        stack.client().chat.completions.create(**body)  # type: ignore[call-overload]
+    assert "longer than the model's context length" in str(err.value)
+    engine_url = stack.status()["url"]
+    direct = httpx.post(f"{engine_url}/v1/chat/completions", json={**body, "stream": True})
+    proxied = httpx.post(
+        f"{stack.frontend_url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+    )
+    assert direct.status_code == proxied.status_code == 400
+    assert proxied.content == direct.content
+    assert direct.json()["object"] == "error"
+
+
+def test_kill9_of_ktd_then_restart_readopts_the_same_engine(stack: Stack) -> None:
+    before = stack.status()
+    assert stack.daemon.proc is not None
+    stack.daemon.proc.send_signal(signal.SIGKILL)
+    stack.daemon.proc.wait(30)
+    assert proctree.alive((before["pid"], proctree.read_stat(before["pid"]).start))  # type: ignore[union-attr]
+    stack.daemon.start()
+    wait_for(lambda: stack.status()["state"] == "ready", timeout=120, what="re-adopted and ready")
+    assert stack.status()["pid"] == before["pid"]
+    reply = stack.client().chat.completions.create(
+        model=ALIAS,
+        messages=CHAT,  # type: ignore[arg-type]
+        max_tokens=4,
+    )
+    assert reply.choices[0].message.content is not None
+
+
+def test_evict_is_sglangs_own_clean_shutdown(stack: Stack) -> None:
+    e = stack.status()
+    members = tree_of(e["pid"])
+    assert len(members) >= 3  # the server + scheduler + detokenizer (+ resource tracker)
+    log_before = len(stack.log())
+    t0 = time.monotonic()
+    r = stack.daemon.ktctl("evict", ALIAS, "--json", timeout=180)
+    MEASURED["evict_s"] = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not [m for m in members if proctree.alive(m)]
+    assert proctree.port_free("127.0.0.1", e["port"])
+    log = stack.log()[log_before:]
+    assert "SIGTERM received" in log
+    for bad in ("crashed", "SIGQUIT", "SIGKILL to"):
+        assert bad not in log, log[-3000:]
+    assert stack.status()["state"] == "stopped"
+    print(f"\nreal SGLang: ktctl evict (idle) took {MEASURED['evict_s']:.1f}s")
+
+
+def test_sigterm_of_ktd_leaves_nothing(stack: Stack) -> None:
+    r = stack.daemon.ktctl("load", ALIAS, "--json", "--timeout", "600", timeout=660)
+    assert r.returncode == 0, r.stdout + r.stderr
+    e = stack.status()
+    members = tree_of(e["pid"])
+    assert stack.daemon.stop(timeout=120) == 0
+    assert not [m for m in members if proctree.alive(m)]
+    engines = [(pid, cmd) for pid, cmd in marked_processes() if "ktd" not in " ".join(cmd[:3])]
+    assert not [p for p in engines if "sglang" in " ".join(p[1])]
+    assert proctree.port_free("127.0.0.1", e["port"])
