@@ -194,7 +194,8 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
         "ALIAS", "STATE", "PHASE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "UPTIME", "USED",
         "UNTIL", "REASON",
     ]  # fmt: skip
-    return table(headers, rows)
+    notes = [f"note: {e.alias}: {n}" for e in engines for n in e.notes]
+    return "\n".join([table(headers, rows), *notes])
 
 
 def models_table(models: Sequence[p.ModelInfo]) -> str:

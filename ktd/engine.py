@@ -44,6 +44,12 @@ PORT_TAKEN_MARKERS = ("address already in use", "errno 98")
 _GOING_DOWN = frozenset({S.DRAINING, S.STOPPING, S.STOPPED})
 
 
+# SGLang's own exit statuses after ktd's SIGTERM (NOTES, "Shutdown as designed"): 0 after
+# a drain (upstream), -15 (a shell's 143) when no request was ever served, -9 when the kt
+# fork SIGKILLs its own tree once drained. None of them is a crash.
+CLEAN_STOP = frozenset({0, -signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGKILL})
+
+
 class Busy(Exception):
     """The engine cannot be placed now; ``holders`` are the engines in the way."""
 
@@ -827,8 +833,10 @@ class Engine:
 
     async def _kill_everything(self, run: Running, *, grace: float) -> None:
         members = self._members(run)
+        terminated = killed = False
         if members or not run.exited.is_set():
             if grace > 0 and not run.exited.is_set():
+                terminated = True
                 # SGLang's designed shutdown: SIGTERM to the main process only. It drains,
                 # exits, and its scheduler/detokenizer follow by PDEATHSIG. SIGTERM to the
                 # whole group kills the scheduler first, and SGLang then reports a crash,
@@ -847,6 +855,7 @@ class Engine:
             members |= self._members(run)
             leftover = {m for m in members if proctree.alive(m)}
             if leftover or not run.exited.is_set():
+                killed = True
                 if grace > 0:
                     self.log.note(f"SIGKILL to {len(leftover)} process(es) left after {grace:g}s")
                 proctree.signal_group(run.pid, signal.SIGKILL)
@@ -878,8 +887,10 @@ class Engine:
         with trio.move_on_after(10):
             while not proctree.port_free(self.spec.host, run.port):
                 await trio.sleep(0.01)
+        clean = terminated and not killed and run.returncode in CLEAN_STOP
         self.log.note(
-            f"stopped (pid {run.pid}"
+            ("stopped cleanly by SIGTERM" if clean else "stopped")
+            + f" (pid {run.pid}"
             + (f", exit {run.returncode}" if run.returncode is not None else "")
             + ")"
         )

@@ -327,7 +327,7 @@ def test_missing_sglang_and_kt_kernel(
 def test_auto_build_runs_pip_in_the_engine_python(
     write_config: ConfigWriter, daemon_factory: Any, tmp_path: Path
 ) -> None:
-    # A fake engine Python whose `-m pip install sglang` "installs" the shim's sglang.
+    # A fake engine Python whose `-m pip install sglang-kt` "installs" the shim's sglang.
     only_kt = tmp_path / "site"
     (only_kt / "kt_kernel").mkdir(parents=True)
     (only_kt / "kt_kernel" / "__init__.py").write_text("__version__ = '0'\n")
@@ -336,6 +336,7 @@ def test_auto_build_runs_pip_in_the_engine_python(
     fake.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then\n'
+        '  echo "pip got: $*"\n'
         f'  echo "Collecting sglang"; cp -r {shim} {only_kt}/sglang\n'
         '  echo "Successfully installed sglang"; exit 0\n'
         "fi\n"
@@ -362,6 +363,8 @@ def test_auto_build_runs_pip_in_the_engine_python(
         assert e.state == "ready"
         log = "\n".join(c.logs("ab-kt", 500))
         assert "auto_build" in log and "Successfully installed sglang" in log
+        # The kt fork, never upstream sglang; the installed kt-kernel pinned, never replaced.
+        assert "pip got: -m pip install sglang-kt kt-kernel==0" in log
         c.evict("ab-kt")
 
 
@@ -402,3 +405,69 @@ def test_daemon_cpus_applied_and_checked(write_config: ConfigWriter, daemon_fact
     bad = daemon_factory(write_config([sim_model("a-kt")], daemon={"cpus": [4096]}), start=False)
     bad.start(wait=False)
     assert bad.proc.wait(10) == 2 and "$.daemon.cpus" in bad.output()
+
+
+def test_launch_follows_what_the_installed_sglang_declares(
+    write_config: ConfigWriter, daemon_factory: Any, tmp_path: Path
+) -> None:
+    """The sim playing upstream sglang 0.5.23 (its real option catalogue): the default
+    placement's --kt-numa-nodes is left out (and said so), an abbreviated user flag wins
+    over the derived one without doubling it, and a flag this SGLang does not know fails
+    the load before anything is launched, naming the flag and the SGLang."""
+    upstream = {"KTD_SIM_SGLANG": "upstream"}
+    rec = tmp_path / "up.json"
+    cfg = write_config(
+        [
+            sim_model(
+                "up-kt",
+                record=rec,
+                numa=[0],
+                env=upstream,
+                kt={"extra_args": ["--kt-cpu", "1", "--kt-num-gpu-experts", "0"]},
+            ),
+            sim_model(
+                "bad-kt", numa="none", env=upstream, kt={"extra_args": ["--kt-numa-nodes", "0"]}
+            ),
+        ]
+    )
+    d = daemon_factory(cfg)
+    with d.client(timeout=60) as c:
+        e = c.load("up-kt")
+        assert e.state == "ready" and e.sglang == "sglang 0.5.23+sim"
+        assert "--kt-numa-nodes" not in e.argv and "--kt-cpuinfer" not in e.argv
+        assert e.argv[e.argv.index("--kt-threadpool-count") + 1] == "1"
+        assert e.argv[-4:] == ["--kt-cpu", "1", "--kt-num-gpu-experts", "0"]
+        assert e.notes == ["--kt-numa-nodes left out: not an option of sglang 0.5.23+sim"]
+        seen = json.loads(rec.read_text())
+        assert seen["args"] == e.argv[3:]  # what the engine got is what status says
+        with pytest.raises(Exception) as err:
+            c.load("bad-kt")
+        assert getattr(err.value, "code", None) == "load_failed"
+        assert "--kt-numa-nodes: not an option of sglang 0.5.23+sim" in str(err.value)
+        assert c.status("up-kt")[0].state == "ready"  # the failed load touched nothing
+        c.evict("up-kt")
+    assert not engine_procs()
+
+
+@pytest.mark.parametrize(("which", "served", "code"), [("kt", False, -15), ("kt", True, -9),
+                                                       ("upstream", True, 0)])  # fmt: skip
+def test_evict_is_sglangs_own_shutdown_not_a_crash(
+    write_config: ConfigWriter, daemon_factory: Any, which: str, served: bool, code: int
+) -> None:
+    """SIGTERM to the engine's main process only: SGLang drains and exits with its own
+    status (-15 before any request, -9 from the fork, 0 upstream); a group SIGTERM would
+    kill the scheduler first, which SGLang (and the sim) report as a crash."""
+    cfg = write_config([sim_model("m-kt", env={"KTD_SIM_SGLANG": which})])
+    d = daemon_factory(cfg)
+    with d.client(timeout=60) as c:
+        e = c.load("m-kt")
+        if served:
+            import httpx
+
+            body = {"model": "m-kt", "messages": [{"role": "user", "content": "x"}]}
+            assert httpx.post(f"{e.url}/v1/chat/completions", json=body).status_code == 200
+        c.evict("m-kt")
+        log = "\n".join(c.logs("m-kt", 200))
+    assert "SIGTERM received" in log and "crashed" not in log and "SIGKILL to" not in log
+    assert f"stopped cleanly by SIGTERM (pid {e.pid}, exit {code})" in log
+    assert not engine_procs()

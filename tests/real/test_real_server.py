@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -98,8 +99,16 @@ def stack(venv_python: Any) -> Iterator[Stack]:
     port = free_port()
     fe_log = open(root / "frontend.log", "ab")  # noqa: SIM115
     frontend = subprocess.Popen(
-        [sys.executable, "-m", "ktd", "frontend", "--config", str(etc / "config.json"),
-         "--bind", f"127.0.0.1:{port}"],
+        [
+            sys.executable,
+            "-m",
+            "ktd",
+            "frontend",
+            "--config",
+            str(etc / "config.json"),
+            "--bind",
+            f"127.0.0.1:{port}",
+        ],
         env=env,
         stdout=fe_log,
         stderr=subprocess.STDOUT,
@@ -200,18 +209,33 @@ def test_evict_is_sglangs_own_clean_shutdown(stack: Stack) -> None:
     members = tree_of(e["pid"])
     assert len(members) >= 3  # the server + scheduler + detokenizer (+ resource tracker)
     log_before = len(stack.log())
+    gone: dict[str, float] = {}
+
+    def watch() -> None:  # when the last process of the engine is gone (SGLang's own part)
+        while any(proctree.alive(m) for m in members):
+            time.sleep(0.005)
+        gone["t"] = time.monotonic()
+
+    watcher = threading.Thread(target=watch)
     t0 = time.monotonic()
+    watcher.start()
     r = stack.daemon.ktctl("evict", ALIAS, "--json", timeout=180)
     MEASURED["evict_s"] = time.monotonic() - t0
+    watcher.join(10)
     assert r.returncode == 0, r.stdout + r.stderr
     assert not [m for m in members if proctree.alive(m)]
     assert proctree.port_free("127.0.0.1", e["port"])
     log = stack.log()[log_before:]
-    assert "SIGTERM received" in log
+    assert "SIGTERM received" in log and "stopped cleanly by SIGTERM" in log
     for bad in ("crashed", "SIGQUIT", "SIGKILL to"):
         assert bad not in log, log[-3000:]
     assert stack.status()["state"] == "stopped"
-    print(f"\nreal SGLang: ktctl evict (idle) took {MEASURED['evict_s']:.1f}s")
+    own = gone["t"] - t0
+    print(
+        f"\nreal SGLang: ktctl evict (idle) took {MEASURED['evict_s']:.2f}s; SGLang's own "
+        f"shutdown {own:.2f}s; ktd's part after the last process was gone "
+        f"{MEASURED['evict_s'] - own:.3f}s"
+    )
 
 
 def test_sigterm_of_ktd_leaves_nothing(stack: Stack) -> None:
