@@ -154,6 +154,12 @@ class _ProgressLine:
 
 def cmd_load(client: Client, args: argparse.Namespace) -> int:
     alias: str = args.alias
+    if args.estimate:
+        plan = client.load(alias, timeout=args.timeout, dry_run=True)
+        doc = {"alias": alias, "estimate": plan.get("estimate"), "fit": plan.get("fit")}
+        human = "\n".join([f"{alias}:", *render.estimate_lines(plan)])
+        _emit(args, doc, human)
+        return EXIT_OK
     if args.dry_run:
         plan = client.load(alias, timeout=args.timeout, dry_run=True)
         _emit(args, {"plan": plan}, render.plan_text(alias, plan))
@@ -191,12 +197,12 @@ def cmd_evict(client: Client, args: argparse.Namespace) -> int:
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     alias: str = args.alias
     if not args.follow:
-        lines = client.logs(alias, args.lines)
+        lines = client.logs(alias, args.lines, probes=args.probes)
         _emit(
             args, {"alias": alias, "lines": lines}, "\n".join(line.rstrip("\n") for line in lines)
         )
         return EXIT_OK
-    for line in client.follow_logs(alias, args.lines):
+    for line in client.follow_logs(alias, args.lines, probes=args.probes):
         if _json(args):
             _out(render.dumps({"alias": alias, "line": line}, stream=True), flush=True)
         else:
@@ -206,6 +212,8 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_events(client: Client, args: argparse.Namespace) -> int:
     for ev in client.events(args.topics or ("",)):
+        if ev.topic.startswith("probe.") and not (args.probes or args.topics):
+            continue  # ktd's own health-check lines: asked for by topic or --probes
         if _json(args):
             _out(render.dumps(ev, stream=True), flush=True)
         else:
@@ -349,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true",
         help="print the plan (command, env, NUMA nodes, CPUs, GPUs, evictions); start nothing",
     )  # fmt: skip
+    sp.add_argument(
+        "--estimate", action="store_true",
+        help="print the memory estimate and whether it fits (host RAM, GPU); start nothing",
+    )  # fmt: skip
 
     sp = add("evict", "stop an engine (drain in-flight requests, then terminate)")
     sp.add_argument("alias", nargs="?", metavar="ALIAS")
@@ -361,10 +373,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-n", "--lines", type=_count, default=100, metavar="N",
                     help="last N lines (default 100)")  # fmt: skip
     sp.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    sp.add_argument(
+        "--probes", action="store_true",
+        help="also show the access lines of ktd's own health checks (GET /health, /v1/models)",
+    )  # fmt: skip
 
     sp = add("events", "print ktd's events as they happen (state changes, logs, leases)")
     sp.add_argument("topics", nargs="*", metavar="TOPIC",
                     help="topic prefixes, e.g. engine. or log.ALIAS (default: all)")  # fmt: skip
+    sp.add_argument("--probes", action="store_true",
+                    help="with no TOPIC: include ktd's own health-check lines")  # fmt: skip
 
     add("reload", "re-read config.json and models.json")
 
@@ -400,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if streaming:
             return EXIT_OK
-        if args.command == "load" and not args.dry_run:
+        if args.command == "load" and not (args.dry_run or args.estimate):
             _err(
                 f"ktctl: interrupted: stopped waiting; ktd goes on loading {args.alias} "
                 f"(`ktctl evict {args.alias}` stops it)"

@@ -565,12 +565,17 @@ class Client:
         msg = p.Evict(alias=alias, all=all, force=force, timeout=timeout)
         return self._expect(self._call(msg, self._long(timeout)), p.EvictReply).evicted
 
-    def logs(self, alias: str, lines: int = 100) -> list[str]:
-        """The last ``lines`` lines of the engine's log (stdout and stderr)."""
-        msg = p.Logs(alias=alias, lines=lines)
+    def logs(self, alias: str, lines: int = 100, *, probes: bool = False) -> list[str]:
+        """The last ``lines`` lines of the engine's log (stdout and stderr).
+
+        ``probes``: include the access lines of ktd's own health checks (left out by default).
+        """
+        msg = p.Logs(alias=alias, lines=lines, probes=probes)
         return self._expect(self._call(msg, self.timeout), p.LogsReply).lines
 
-    def follow_logs(self, alias: str, lines: int = 100) -> Generator[str, None, None]:
+    def follow_logs(
+        self, alias: str, lines: int = 100, *, probes: bool = False
+    ) -> Generator[str, None, None]:
         """The last ``lines`` log lines, then every new one as it is written (forever).
 
         ``close()`` the generator (or close the client) to drop the subscription.
@@ -578,7 +583,8 @@ class Client:
         in between; lines published while the tail was being fetched are
         de-duplicated against its end.
         """
-        sub = self.subscribe([f"log.{alias}"], exact=True)
+        topics = [f"log.{alias}", f"probe.{alias}"] if probes else [f"log.{alias}"]
+        sub = self.subscribe(topics, exact=True)
         try:
             early: list[p.Event] = []
 
@@ -587,7 +593,10 @@ class Client:
                     early.append(ev)
 
             reply = self._call(
-                p.Logs(alias=alias, lines=lines), self.timeout, sub=sub, on_event=keep
+                p.Logs(alias=alias, lines=lines, probes=probes),
+                self.timeout,
+                sub=sub,
+                on_event=keep,
             )
             tail = self._expect(reply, p.LogsReply).lines
             yield from tail

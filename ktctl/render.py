@@ -136,28 +136,64 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 # ---------------------------------------------------------------- commands
 
 
+def eta_text(elapsed: float, eta: float | None) -> str:
+    """``12.3s/~5m10s``: elapsed and, when ktd has seen this model load before, expected."""
+    return duration(elapsed) + (f"/~{duration(eta)}" if eta else "")
+
+
+def phase_cell(e: p.EngineInfo, now: float) -> str:
+    """What the engine is doing, never a raw log line: phase (+ elapsed/expected load)."""
+    if e.state == "starting":
+        text = e.phase or "starting"
+        if e.load_started:
+            text += " " + eta_text(now - e.load_started, e.load_eta)
+        return truncate(one_line(text), PHASE_WIDTH)
+    if e.state in ("draining", "stopping") and e.phase:
+        return truncate(one_line(e.phase), PHASE_WIDTH)
+    return "-"
+
+
+def until_cell(e: p.EngineInfo, now: float) -> str:
+    """When the idle TTL evicts it (``ollama ps``'s UNTIL)."""
+    if e.state != "ready" or not e.ttl:
+        return "-"
+    if e.leases:
+        return "busy"
+    if e.expires_at is None:
+        return "-"
+    return f"in {duration(e.expires_at - now)}"
+
+
 def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
     if not engines:
         return "no engines"
     rows = []
     for e in engines:
-        state = state_text(e.state, e.phase)
+        state = e.state or "?"
         if e.stale:
             state += " [stale]"
+        running = e.state in ("starting", "ready", "draining", "stopping")
+        uptime = duration(now - e.started_at) if running and e.started_at else "-"
         rows.append(
             [
                 e.alias,
                 state,
+                phase_cell(e, now),
                 str(e.pid) if e.pid else "-",
                 str(e.port) if e.port else "-",
                 ranges(e.numa_nodes),
                 ranges(e.gpus),
                 str(e.leases),
-                duration(now - e.since) if e.since else "-",
+                uptime,
+                f"{duration(now - e.last_used)} ago" if e.last_used else "-",
+                until_cell(e, now),
                 one_line(e.reason) if e.reason else "",
             ]
         )
-    headers = ["ALIAS", "STATE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "AGE", "REASON"]
+    headers = [
+        "ALIAS", "STATE", "PHASE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "UPTIME", "USED",
+        "UNTIL", "REASON",
+    ]  # fmt: skip
     if any(e.gateway for e in engines):  # only when ktd registers with a gateway
         headers.insert(-1, "GATEWAY")
         for e, row in zip(engines, rows, strict=True):
@@ -257,6 +293,7 @@ _PLAN_KEYS = frozenset(
     {
         "alias", "ok", "argv", "argv_flags", "python", "env", "numa_nodes", "cpus", "cpulist",
         "gpus", "flags", "evict", "blocked_by", "reason", "notes", "state", "running_pid",
+        "estimate", "fit",
     }
 )  # fmt: skip
 
@@ -312,10 +349,49 @@ def plan_text(alias: str, plan: Mapping[str, Any]) -> str:
     elif reason:
         out.append(f"  note: {reason}")
     out += [f"  note: {n}" for n in _names(plan.get("notes"))]
+    out += estimate_lines(plan)
     for key, value in plan.items():
         if key not in _PLAN_KEYS:
             out.append(f"  {key}: {json.dumps(value, default=str)}")
     return "\n".join(out)
+
+
+def gib(n: Any) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if isinstance(n, (int, float)) else "unknown"
+
+
+def estimate_lines(plan: Mapping[str, Any]) -> list[str]:
+    """The memory estimate and the fit verdict of a dry-run plan (``load --estimate``)."""
+    est = plan.get("estimate")
+    if not isinstance(est, Mapping):
+        return []
+    out = ["  memory estimate:"]
+    out.append(f"    host RAM (experts):   {gib(est.get('host_bytes'))}")
+    gpu = est.get("gpu_bytes")
+    line = f"    GPU (weights + KV):   {gib(gpu)}"
+    if gpu is not None:
+        line += (
+            f" = {gib(est.get('gpu_weights_bytes') or 0)} + "
+            f"{gib(est.get('kv_cache_bytes') or 0)} KV for ctx {est.get('ctx')}"
+        )
+    out.append(line)
+    out += [f"    note: {n}" for n in _names(est.get("notes"))]
+    verdict = plan.get("fit")
+    if isinstance(verdict, Mapping):
+        for row in verdict.get("rows") or []:
+            if isinstance(row, Mapping):
+                out.append(
+                    f"    {row.get('what')!s:<20}  needs {gib(row.get('need'))}, "
+                    f"free {gib(row.get('free'))}"
+                )
+        out += [f"    note: {n}" for n in _names(verdict.get("notes"))]
+        if verdict.get("ok"):
+            out.append("    fits")
+        else:
+            ignore = verdict.get("policy") == "ignore"
+            ignored = " (fit: ignore, would load anyway)" if ignore else ""
+            out.append(f"    DOES NOT FIT{ignored}: {verdict.get('reason')}")
+    return out
 
 
 def doctor_failed(report: Mapping[str, Any]) -> bool:
@@ -350,7 +426,7 @@ def doctor_text(report: Mapping[str, Any]) -> str:
 def event_lines(ev: p.Event) -> list[str]:
     """``time topic state reason`` for state changes; one line per log line for logs."""
     head = f"{clock(ev.time)} {ev.topic}"
-    if ev.topic.startswith("log."):
+    if ev.topic.startswith(("log.", "probe.")):
         return [f"{head} | {line.rstrip()}" for line in ev.lines] or [head]
     parts = [head]
     if ev.state:
@@ -416,6 +492,7 @@ class LoadProgress:
         self.state = "loading"
         self.phase: str | None = None
         self.last_line = ""
+        self.eta: float | None = None
 
     def update(self, ev: p.Event) -> None:
         if ev.topic.startswith("engine."):
@@ -425,6 +502,8 @@ class LoadProgress:
                 self.state = ev.state
             if ev.phase:
                 self.phase = ev.phase
+            if ev.load_eta:
+                self.eta = ev.load_eta
         elif ev.topic.startswith("log."):
             for raw in reversed(ev.lines):
                 line = one_line(raw)
@@ -433,7 +512,8 @@ class LoadProgress:
                     break
 
     def line(self, now: float, width: int) -> str:
-        text = f"{self.alias} {state_text(self.state, self.phase)} {duration(now - self.started)}"
+        elapsed = eta_text(now - self.started, self.eta if self.state != "ready" else None)
+        text = f"{self.alias} {state_text(self.state, self.phase)} {elapsed}"
         if self.last_line and one_line(self.phase or "") != self.last_line:
             text += f" | {self.last_line}"
         # One column short of the width: writing the last column makes some

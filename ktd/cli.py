@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: ktd {serve,frontend,up,version} [options]
+USAGE = """usage: ktd {serve,frontend,up,init,version} [options]
 
   serve      run the daemon that owns the engines (ZeroMQ control socket)
   frontend   run the OpenAI-compatible HTTP frontend
   up         run daemon and frontend together (--demo: on the simulated engine)
+  init       write a starter config.json and models.json (never overwrites)
   version    print the version
 
 Run `ktd COMMAND --help` for the options of each command.
@@ -37,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from ktd import up
 
         return up.main(rest)
+    if cmd == "init":
+        from ktd import init
+
+        return init.main(rest)
     if cmd in ("version", "--version"):
         from ktd import __version__
 

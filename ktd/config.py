@@ -69,6 +69,8 @@ class KtOverrides(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 NumaSpec = Literal["auto", "all", "none"] | list[int]
 GpuSpec = Literal["auto"] | list[int] | int
 RestartPolicy = Literal["on-failure", "no"]
+# "check": refuse a load whose memory estimate does not fit; "ignore": load anyway.
+FitPolicy = Literal["check", "ignore"]
 
 
 class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -87,6 +89,7 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # wait for a slot, a load or a swap (None = no limit; 0 = never wait).
     max_concurrent: int | None = None
     max_queue: int | None = None
+    fit: FitPolicy = "check"
 
 
 class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -192,6 +195,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_concurrent: int | None = None
     max_queue: int | None = None
     not_served_reason: str | None = None
+    fit: FitPolicy = "check"
 
     @property
     def env(self) -> dict[str, str]:
@@ -572,5 +576,6 @@ def resolve_models(
             ),
             max_concurrent=entry.max_concurrent,
             max_queue=entry.max_queue,
+            fit=entry.fit,
         )
     return models

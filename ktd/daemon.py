@@ -21,6 +21,7 @@ import trio
 import zmq
 
 from ktd import paths, proctree, safedir, sdnotify, statefile, statelock
+from ktd.command import LaunchError
 from ktd.config import Config, ConfigError, load_config
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
@@ -171,8 +172,19 @@ class Daemon:
         from ktd.doctor_run import dry_run_plan
 
         assert self.pool is not None
-        probe = await self.pool.probe(self.pool.engine(alias).spec)
-        return dry_run_plan(self.pool, alias, probe)
+        engine = self.pool.engine(alias)
+        probe = await self.pool.probe(engine.spec)
+        out = dry_run_plan(self.pool, alias, probe)
+        spec = engine.spec
+        try:
+            plan = self.pool.make_plan(spec, exclude=engine, catalog=probe.catalog)
+        except LaunchError:  # already reported in ``out``; estimate on the plain plan
+            plan = self.pool.make_plan(spec, exclude=engine)
+        # The memory estimate reads file sizes and runs nvidia-smi: off the event loop.
+        est, verdict = await self.pool.fit(spec, plan)
+        out["estimate"] = est.to_dict()
+        out["fit"] = {**verdict.to_dict(), "policy": spec.fit}
+        return out
 
     async def run(self, control: zmq.Socket[bytes], events: zmq.Socket[bytes]) -> None:
         async with trio.open_nursery() as nursery:

@@ -128,6 +128,20 @@ def local_report(config_path: str | None = None) -> dict[str, Any]:
     from ktd import paths
 
     path = config_path or str(paths.default_config_path())
+    where = "local (ktd is not running)"
+    if not os.path.exists(path):
+        # No config yet is the first-day state: the machine checks matter most then.
+        topo = read_topology()
+        checks = doctor.collect(topo, (), None, port_free=proctree.port_free)
+        checks.append(
+            doctor.Check(
+                "config",
+                "warn",
+                f"no config at {path}: only the machine was checked",
+                "`ktd init` writes a starter config; `ktd up --demo` runs the simulated engine",
+            )
+        )
+        return doctor.report(checks, {"where": where, "config": None, "topology": topo.to_dict()})
     config = load_config(path)
     extra: list[doctor.Check] = []
     if config.gateway.routers:
@@ -136,6 +150,4 @@ def local_report(config_path: str | None = None) -> dict[str, Any]:
         extra = gw_doctor.checks(
             config.gateway, gw_doctor.probe_sync(config.gateway), instance=None
         )
-    return build_report(
-        config, read_topology(), where="local (ktd is not running)", extra_checks=extra
-    )
+    return build_report(config, read_topology(), where=where, extra_checks=extra)

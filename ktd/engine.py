@@ -25,11 +25,12 @@ from typing import Any, Protocol
 import httpx
 import trio
 
-from ktd import proctree
+from ktd import loglines, preflight, proctree
 from ktd import states as S
 from ktd.command import ENGINE_MARK, LaunchError, build_env, build_launch
 from ktd.config import DaemonSection, ModelSpec
 from ktd.enginelog import EngineLog
+from ktd.failure import reason_line
 from ktd.inotify import FileWatch
 from ktd.probe import KT_FORK, Prober, missing_message
 from ktd.protocol import EngineInfo
@@ -40,6 +41,7 @@ log = logging.getLogger("ktd.engine")
 READY_LINE = "The server is fired up and ready to roll"
 KTD_ROOT = str(Path(__file__).resolve().parent.parent)
 PORT_TAKEN_MARKERS = ("address already in use", "errno 98")
+_GOING_DOWN = frozenset({S.DRAINING, S.STOPPING, S.STOPPED})
 
 
 # SGLang's own exit statuses after ktd's SIGTERM (NOTES, "Shutdown as designed"): 0 after
@@ -102,6 +104,10 @@ class EngineHost(Protocol):
 
     def log_lines(self, engine: Engine, lines: list[str]) -> None: ...
 
+    def loaded(self, engine: Engine, seconds: float) -> None: ...  # a launch became ready
+
+    def expected_load(self, alias: str) -> float | None: ...  # the load ETA, if known
+
 
 @dataclass
 class Lease:
@@ -163,6 +169,9 @@ class Engine:
         self.error_code: str | None = None
         self.phase: str | None = None
         self.want_up = False
+        self.down_reason: str | None = None
+        self.load_started: float | None = None  # wall clock: when this load began
+        self.last_log: str | None = None
         self.force = False
         self.drain_timeout: float | None = None
         self.leases: dict[str, Lease] = {}
@@ -214,10 +223,24 @@ class Engine:
     def url(self) -> str | None:
         return None if self.run is None else self.url_for(self.run)
 
+    def expires_at(self) -> float | None:
+        """When the idle TTL would evict this engine; None without TTL or while busy."""
+        ttl = self.spec.ttl
+        if ttl <= 0 or self.state != S.READY or self.leases or not self.want_up:
+            return None
+        return (self.last_used or self.since) + ttl
+
     def info(self, *, tail: int = 0) -> EngineInfo:
         run = self.run
         plan = self.plan
+        loading = self.state == S.STARTING
         return EngineInfo(
+            started_at=run.started_at if run else None,
+            ttl=self.spec.ttl,
+            expires_at=self.expires_at(),
+            load_started=self.load_started if loading else None,
+            load_eta=self.host.expected_load(self.alias),
+            last_log=self.last_log,
             alias=self.alias,
             state=self.state,
             pid=run.pid if run else None,
@@ -267,7 +290,8 @@ class Engine:
         return max(0.0, self.failed_at + self.retry_delay() - trio.current_time())
 
     def set_phase(self, phase: str) -> None:
-        """For the pool: what a starting engine is waiting for (shown in status)."""
+        """For the pool: a step of the load others take for it (waiting for a busy holder,
+        stopping engines to make room), shown in status and events."""
         self._set_phase(phase)
 
     # ------------------------------------------------------------ requests (any task)
@@ -277,10 +301,20 @@ class Engine:
             return
         self.want_up = True
         self.force = False
+        self.down_reason = None
         self._wake()
 
-    def request_down(self, *, force: bool = False, drain_timeout: float | None = None) -> None:
+    def request_down(
+        self,
+        *,
+        force: bool = False,
+        drain_timeout: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """``reason`` (e.g. "evicted to make room for X") stays on the engine's way down
+        and in its stopped status, so the operator sees why it went."""
         self.want_up = False
+        self.down_reason = reason or self.down_reason
         self.downs += 1
         self.force = self.force or force
         self.drain_timeout = drain_timeout
@@ -338,6 +372,8 @@ class Engine:
         if state != self.state:
             S.check(self.state, state)
             self.since = time.time()
+        if reason is None and not self.want_up and state in _GOING_DOWN:
+            reason = self.down_reason
         self.state = state
         self.reason = reason
         self.phase = phase
@@ -448,6 +484,7 @@ class Engine:
     # ------------------------------------------------------------ one run
 
     async def _run_once(self, *, restart: bool) -> Outcome:
+        self.load_started = time.time()
         self._set(
             S.STARTING, reason=self.reason if restart else None, phase="probing engine Python"
         )
@@ -466,14 +503,17 @@ class Engine:
         if problem:
             return Outcome("failed", problem)
         self.catalog = probe.catalog
-        try:  # a flag SGLang would refuse fails here, before anything is placed or evicted
-            build_launch(self.spec, self.spec.port or 1, (), self.catalog)
-        except LaunchError as exc:
-            return Outcome("failed", str(exc))
         if not self.want_up:
             self._set(S.STOPPED, reason="stopped before launch")
             return Outcome("stopped")
 
+        # Before placing: placing may evict ready engines, and a load that cannot
+        # start must never cost a running model. Among the checks: a flag the
+        # installed SGLang would refuse (its catalogue, from the probe).
+        self._set_phase("preflight")
+        refusal = await preflight.run(self.spec, probe)
+        if refusal:
+            return Outcome("failed", refusal)
         self._set_phase("placing")
         try:
             self.plan = await self.host.place(self)
@@ -483,6 +523,9 @@ class Engine:
         except Unplaceable as exc:
             self.plan = None
             return Outcome("failed", f"cannot be placed on this machine: {exc}")
+        except preflight.Refused as exc:
+            self.plan = None
+            return Outcome("failed", str(exc))
         if not self.want_up:
             self.plan = None
             self._set(S.STOPPED, reason="stopped before launch")
@@ -519,6 +562,7 @@ class Engine:
         self.run = run
         self.want_up = run.adopted_state not in (S.DRAINING, S.STOPPING)
         self.log.start_following(from_end=True)
+        self.load_started = run.started_at
         self._set(S.STARTING, phase="adopting")
         return await self._supervise(run)
 
@@ -654,9 +698,7 @@ class Engine:
                 if lines and self.state == S.STARTING:
                     if any(READY_LINE in line for line in lines):
                         self._ready_line.set()
-                    last = lines[-1].strip()
-                    if last:
-                        self.phase = last[:200]
+                    self._note_progress(lines)
                 if watch is None:
                     await trio.sleep(0.05 if self.state == S.STARTING else 1.0)
                     continue
@@ -666,6 +708,17 @@ class Engine:
         finally:
             if watch is not None:
                 watch.close()
+
+    def _note_progress(self, lines: list[str]) -> None:
+        """The last log line and the load phase its milestones announce (kept apart:
+        status shows a phase, never a raw log line)."""
+        shown = [ln.strip() for ln in lines if ln.strip() and not loglines.is_probe_access(ln)]
+        if shown:
+            self.last_log = shown[-1][:300]
+        for line in shown:
+            phase = loglines.phase_of(line)
+            if phase and phase != self.phase:
+                self._set_phase(phase)
 
     async def _pump_pipe(self, stream: trio.abc.ReceiveStream) -> None:
         """The fallback when the log file cannot be opened: ktd drains the engine's pipe."""
@@ -691,7 +744,9 @@ class Engine:
                 await trio.sleep(self.host.settings.health_interval)
                 if self.state != S.READY:
                     continue
-                if await self._get_ok(run, "/health", timeout=self.host.settings.hang_timeout):
+                if await self._get_ok(
+                    run, loglines.probe_path("/health"), timeout=self.host.settings.hang_timeout
+                ):
                     last_ok = trio.current_time()
                 elif trio.current_time() - last_ok >= self.host.settings.hang_timeout:
                     self._hung = True
@@ -719,13 +774,14 @@ class Engine:
     async def _check_ready(self, run: Running) -> bool:
         """SGLang answers /v1/models before warm-up ends; /health says when it really is up."""
         try:
-            r = await self.host.http.get(f"{self.url_for(run)}/v1/models", timeout=2.0)
+            base = self.url_for(run)
+            r = await self.host.http.get(base + loglines.probe_path("/v1/models"), timeout=2.0)
             if r.status_code != 200:
                 return False
             ids = [m.get("id") for m in r.json().get("data", [])]
             if self.alias not in ids:
                 return False
-            h = await self.host.http.get(f"{self.url_for(run)}/health", timeout=20.0)
+            h = await self.host.http.get(base + loglines.probe_path("/health"), timeout=20.0)
             return h.status_code == 200
         except (httpx.HTTPError, OSError, ValueError, AttributeError):
             return False
@@ -744,6 +800,10 @@ class Engine:
                 self.load_seconds = took
                 self.load_seconds_total += took
                 self.failures = 0
+                if run.adopted_state is None and self.load_started is not None:
+                    # From the load request (probe, preflight, placement included), as the
+                    # operator waits for it; adopted engines' loads are not measured.
+                    self.host.loaded(self, time.time() - self.load_started)
                 self._set(S.READY)
                 self.last_used = self.last_used or time.time()
             if self.state == S.STARTING and trio.current_time() >= deadline:
@@ -790,8 +850,7 @@ class Engine:
         tail = "\n".join(self.log.last(40)).lower()
         if not self.spec.port and any(m in tail for m in PORT_TAKEN_MARKERS):
             return Outcome("port_taken", f"port {run.port} was taken before the engine bound it")
-        last = next((ln for ln in reversed(self.log.last(40)) if ln.strip()), "")
-        return Outcome("failed", f"engine {how} before it was ready: {last[:300]}")
+        return Outcome("failed", reason_line(how, self.log.last(80), str(self.log.path)))
 
     async def _stop(self, run: Running) -> None:
         """Drain (bounded) → SIGTERM the group → grace → SIGKILL everything that is left."""

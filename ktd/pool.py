@@ -19,11 +19,13 @@ from typing import Any, Protocol
 import httpx
 import trio
 
-from ktd import adoption, proctree, statefile
+from ktd import adoption, fit, loglines, proctree, statefile, weights
 from ktd import states as S
 from ktd.command import ENGINE_MARK, build_env, planner_args
 from ktd.config import Config, ModelSpec
 from ktd.engine import Busy, Engine, Lease, PlacementLike, Running, Unplaceable
+from ktd.loadhistory import LoadHistory
+from ktd.preflight import Refused
 from ktd.probe import Prober, ProbeResult
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
 from ktd.sglang_options import Catalog
@@ -93,6 +95,9 @@ class Pool:
         self._tickets = itertools.count()  # arrival order of acquires, across engines
         self._changed = trio.Event()  # any engine's state or leases changed
         self.observers: list[PoolObserver] = []
+        self.load_history = LoadHistory(
+            state_path.parent / "load_history.json" if state_path else None
+        )
         for spec in config.served():
             self.engines[spec.alias] = Engine(spec, self)
 
@@ -128,7 +133,9 @@ class Pool:
         if self._topology is None:
             from ktd.topology import read_topology
 
-            self._topology = read_topology()
+            self._topology = read_topology(
+                weights.machine_root(), nvidia_smi=weights.nvidia_smi_cmd()
+            )
         return self._topology
 
     def refresh_topology(self, topo: Any) -> None:
@@ -178,6 +185,22 @@ class Pool:
             allow_evict=spec.swap,
         )
 
+    async def fit(self, spec: ModelSpec, plan: Any) -> tuple[fit.Estimate, fit.Fit]:
+        """The memory estimate of ``spec`` on ``plan``, counting what its evictions free."""
+        victims = [
+            (v.spec, tuple(v.plan.numa_nodes), tuple(v.plan.gpus))
+            for v in (self.engines.get(a) for a in plan.evict)
+            if v is not None and v.plan is not None
+        ]
+        return await trio.to_thread.run_sync(
+            weights.verdict,
+            spec,
+            tuple(plan.numa_nodes),
+            tuple(plan.gpus),
+            victims,
+            tuple(plan.evict),
+        )
+
     async def place(self, engine: Engine) -> PlacementLike | None:
         """Plan, evict idle engines in the way, or wait for busy ones to become idle.
 
@@ -192,19 +215,29 @@ class Pool:
         ``engine`` stopped being wanted while it waited.
         """
         yielded: list[tuple[Engine, int]] = []
+        fitted = engine.spec.fit == "ignore"
         try:
             while True:
                 async with self._place_lock:
                     plan = self.make_plan(engine.spec, exclude=engine, catalog=engine.catalog)
+                    if plan.ok and not fitted:
+                        # Once, before anything is evicted: after an eviction the victim's
+                        # memory may take a while to show up as free.
+                        fitted = True
+                        _, verdict = await self.fit(engine.spec, plan)
+                        if not verdict.ok:
+                            raise Refused(f"{verdict.reason}; no engine was stopped")
                     if plan.ok and not plan.evict:
                         result: PlacementLike = plan
                         return result
                     if plan.ok:
+                        engine.set_phase(f"stopping {', '.join(plan.evict)} to make room")
                         for alias in plan.evict:
                             victim = self.engines[alias]
-                            victim.log.note(f"evicted to make room for {engine.alias}")
+                            why = f"evicted to make room for {engine.alias}"
+                            victim.log.note(why)
                             victim.evictions += 1
-                            victim.request_down()
+                            victim.request_down(reason=why)
                         for alias in plan.evict:
                             await self.engines[alias].wait_stopped()
                         continue
@@ -276,6 +309,8 @@ class Pool:
                 pid=run.pid if run else None,
                 port=run.port if run else None,
                 phase=engine.phase,
+                load_started=engine.load_started if engine.state == S.STARTING else None,
+                load_eta=self.expected_load(engine.alias) if engine.state == S.STARTING else None,
             ),
         )
         self._ttl_wake.set()
@@ -289,9 +324,19 @@ class Pool:
         for observer in self.observers:
             await observer.before_drain(engine)
 
+    def loaded(self, engine: Engine, seconds: float) -> None:
+        self.load_history.record(engine.alias, seconds)
+
+    def expected_load(self, alias: str) -> float | None:
+        return self.load_history.expected(alias)
+
     def log_lines(self, engine: Engine, lines: list[str]) -> None:
-        topic = f"log.{engine.alias}"
-        self.publish(topic, Event(topic=topic, time=time.time(), alias=engine.alias, lines=lines))
+        keep, probes = loglines.split_probe_access(lines)
+        now = time.time()
+        for kind, batch in (("log", keep), ("probe", probes)):
+            if batch:
+                topic = f"{kind}.{engine.alias}"
+                self.publish(topic, Event(topic=topic, time=now, alias=engine.alias, lines=batch))
 
     def _lease_event(self, engine: Engine) -> None:
         topic = f"lease.{engine.alias}"
@@ -555,10 +600,15 @@ class Pool:
             await engine.wait_stopped()
         return evicted
 
-    def logs(self, alias: str, lines: int) -> list[str]:
+    def logs(self, alias: str, lines: int, *, probes: bool = False) -> list[str]:
+        """The last ``lines`` lines; ktd's own health-check access lines only if ``probes``."""
         engine = self.engine(alias)
         engine.log.poll()
-        return engine.log.last(max(0, min(lines, 100_000)))
+        n = max(0, min(lines, 100_000))
+        if probes:
+            return engine.log.last(n)
+        keep = [ln for ln in engine.log.tail if not loglines.is_probe_access(ln)]
+        return keep[-n:] if n else []
 
     # ------------------------------------------------------------ leases
 
@@ -711,7 +761,7 @@ class Pool:
                 due = (e.last_used or e.since) + ttl
                 if due <= now:
                     e.log.note(f"idle for {ttl:g}s (ttl): evicting")
-                    e.request_down()
+                    e.request_down(reason=f"idle for {ttl:g}s (ttl)")
                 else:
                     next_due = min(next_due, due)
             self._ttl_wake = trio.Event()

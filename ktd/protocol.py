@@ -81,6 +81,7 @@ class Evict(Request, tag="evict"):
 class Logs(Request, tag="logs"):
     alias: str
     lines: LineCount = 100
+    probes: bool = False  # include the access lines of ktd's own health checks
 
 
 class Reload(Request, tag="reload"):
@@ -203,6 +204,13 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     failures: int = 0  # consecutive failed loads (0 after a success)
     retry_in: float | None = None  # failed: seconds until a request may retry it
     gateway: list[Registration] = []
+    # Added for an ``ollama ps``-like status (issue 13); wall-clock seconds since the epoch.
+    started_at: float | None = None  # the engine process's start: uptime, kept across adoption
+    ttl: float = 0.0  # idle TTL in seconds (0: none)
+    expires_at: float | None = None  # when the idle TTL evicts it (None: never / busy)
+    load_started: float | None = None  # this load's start, while starting
+    load_eta: float | None = None  # expected load duration (median of recent loads)
+    last_log: str | None = None  # the engine's last log line (never in ``state``/``phase``)
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
@@ -290,7 +298,8 @@ class Event(msgspec.Struct, kw_only=True):
     """Published on the PUB socket as ``[topic, msgpack(Event)]``.
 
     Topics: ``engine.<alias>`` (state changes), ``log.<alias>`` (log lines),
-    ``lease.<alias>`` (lease count changes).
+    ``lease.<alias>`` (lease count changes), ``probe.<alias>`` (the engine's access
+    lines for ktd's own health checks, kept off ``log.`` so they do not bury the rest).
     """
 
     topic: str
@@ -303,6 +312,8 @@ class Event(msgspec.Struct, kw_only=True):
     pid: int | None = None
     port: int | None = None
     phase: str | None = None
+    load_started: float | None = None
+    load_eta: float | None = None
 
 
 EngineState = Literal["stopped", "starting", "ready", "draining", "stopping", "failed"]

@@ -132,8 +132,8 @@ class ControlServer:
                 return p.StatusReply(engines=pool.status(alias), gateway=self._gateway())
             case p.Models():
                 return p.ModelsReply(models=pool.models())
-            case p.Logs(alias=alias, lines=lines):
-                return p.LogsReply(alias=alias, lines=pool.logs(alias, lines))
+            case p.Logs(alias=alias, lines=lines, probes=probes):
+                return p.LogsReply(alias=alias, lines=pool.logs(alias, lines, probes=probes))
             case p.Acquire(model=model, client=client):
                 engine = pool.ready_engine(model)
                 if engine is None:

@@ -45,6 +45,13 @@ class NumaNode:
     mem_free_kb: int
     hugepages_total: int = 0  # 2 MiB pages reserved on this node
     hugepages_free: int = 0
+    # MemFree plus reclaimable page cache and slab: after a model was evicted its
+    # weights sit in the page cache, and MemFree alone would refuse the next load.
+    mem_available_kb: int = 0
+
+    @property
+    def available_kb(self) -> int:
+        return max(self.mem_available_kb, self.mem_free_kb)
 
 
 @dataclass(frozen=True)
@@ -390,6 +397,17 @@ def _meminfo_kb(text: str | None, key: str) -> int:
     return int(m[1]) if m else 0
 
 
+def _available_kb(text: str | None) -> int:
+    """A per-node MemAvailable (the kernel gives one only machine-wide): free + file pages
+    not in shmem + reclaimable slab."""
+    if not text:
+        return 0
+    if re.search(r"^MemAvailable:", text, re.M):
+        return _meminfo_kb(text, "MemAvailable")
+    file_pages = max(0, _meminfo_kb(text, "FilePages") - _meminfo_kb(text, "Shmem"))
+    return _meminfo_kb(text, "MemFree") + file_pages + _meminfo_kb(text, "SReclaimable")
+
+
 def _hugepages(dir_: Path) -> tuple[int, int]:
     total = _read_int(dir_ / "nr_hugepages") or 0
     free = _read_int(dir_ / "free_hugepages") or 0
@@ -450,6 +468,7 @@ def read_topology(
                 mem_free_kb=_meminfo_kb(meminfo, "MemFree"),
                 hugepages_total=hp_total,
                 hugepages_free=hp_free,
+                mem_available_kb=_available_kb(meminfo),
             )
         )
     if not nodes:
@@ -465,6 +484,7 @@ def read_topology(
                 mem_free_kb=_meminfo_kb(meminfo, "MemFree"),
                 hugepages_total=hp_total,
                 hugepages_free=hp_free,
+                mem_available_kb=_available_kb(meminfo),
             )
         )
 

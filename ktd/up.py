@@ -42,14 +42,20 @@ def shim_dir() -> Path:
 
 def demo_config(root: Path, bind: str) -> Path:
     """Write config.json + models.json for the demo under ``root``; return config.json."""
+    from ktd.sim.model import make_model
+
     root.mkdir(parents=True, exist_ok=True)
+    model_path, weights = make_model(root / "models", DEMO_ALIAS)
     models = [
         {
-            "path": "/models/ktd-sim",
+            "path": model_path,
             "backend": "kt",
             "alias": DEMO_ALIAS,
             "kt": {
-                "kt_weight_path": "/models/ktd-sim-kt",
+                "kt_weight_path": weights,
+                # What a non-AMX machine passes too: doctor then judges the demo
+                # like a real model instead of failing it on this CPU's ISA.
+                "extra_args": ["--kt-method", "LLAMAFILE", "--kt-num-gpu-experts", "0"],
                 "extra_env": {
                     "PYTHONPATH": str(shim_dir()),
                     # Slow enough to see: a short load (with ": loading" comments
@@ -165,16 +171,61 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     _STOP = signum
 
 
-def _banner(bind: str, socket_path: Path, demo: bool, root: Path | None) -> str:
+def port_busy(bind: str) -> bool:
+    """Is the frontend's HOST:PORT taken already? Asked before anything starts: once the
+    frontend runs, "something answers on the port" would not tell it from a stranger."""
+    import socket as sk
+
+    if bind.startswith("unix:"):
+        return False
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    family = sk.AF_INET6 if ":" in host else sk.AF_INET
+    try:
+        with sk.socket(family, sk.SOCK_STREAM) as s:
+            s.setsockopt(sk.SOL_SOCKET, sk.SO_REUSEADDR, 1)
+            s.bind((host, int(port)))
+    except OSError:
+        return True
+    except ValueError:
+        return False
+    return False
+
+
+def busy_message(bind: str) -> str:
+    return (
+        f"ktd up: {bind} is already in use (another ktd up, or another server?); "
+        "choose a free address with --bind HOST:PORT"
+    )
+
+
+def no_config_message(path: Path) -> str:
+    return (
+        f"ktd up: no config at {path}.\n"
+        "  ktd up --demo        try everything on the simulated engine (no GPU, no SGLang)\n"
+        f"  ktd init             write a starter config.json + models.json at {path}\n"
+        "  ktd up --config PATH use a config elsewhere"
+    )
+
+
+def _banner(
+    bind: str, socket_path: Path, demo: bool, root: Path | None, *, api_keys: bool = False
+) -> str:
     url = f"http://{bind}" if not bind.startswith("unix:") else bind
     model = DEMO_ALIAS if demo else "<alias>"
+    # The key itself is not printed (terminals end up in logs and screenshots).
+    auth = ' -H "Authorization: Bearer $KTD_API_KEY"' if api_keys else ""
     lines = [
         "",
         f"ktd is up: frontend {url}, daemon socket {socket_path}",
         "",
         "Try it:",
-        f"  curl -s {url}/v1/models",
-        f"  curl -sN {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+    ]
+    if api_keys:
+        lines.append("  export KTD_API_KEY=...   # one of frontend.api_keys in the config")
+    lines += [
+        f"  curl -s {url}/v1/models{auth}",
+        f"  curl -sN {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' \\",
         f'    -d \'{{"model": "{model}", "stream": true, '
         '"messages": [{"role": "user", "content": "Hello"}]}\'',
         f"  ktctl --socket {socket_path} status",
@@ -205,6 +256,7 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     root: Path | None = None
     cleanup = False
+    api_keys = False
     if args.demo:
         if args.dir:
             root = Path(args.dir).resolve()
@@ -222,12 +274,16 @@ def main(argv: list[str]) -> int:
         config_path = Path(args.config) if args.config else paths.default_config_path(env)
         from ktd.config import ConfigError, load_config
 
+        if not config_path.exists():
+            print(no_config_message(config_path), file=sys.stderr)
+            return 2
         try:
             config = load_config(config_path)
         except ConfigError as exc:
             print(f"ktd up: config error: {exc}", file=sys.stderr)
             return 2
         bind = args.bind or config.frontend.bind
+        api_keys = bool(config.frontend.api_keys)
         if config.daemon.runtime_dir and not env.get("KTD_RUNTIME_DIR"):
             env["KTD_RUNTIME_DIR"] = config.daemon.runtime_dir
     if args.socket:
@@ -236,6 +292,11 @@ def main(argv: list[str]) -> int:
     ktd_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ktd_root, env.get("PYTHONPATH")) if p)
     socket_path = paths.control_path(env)
+    if port_busy(bind):
+        print(busy_message(bind), file=sys.stderr)
+        if cleanup and root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+        return 1
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
@@ -256,7 +317,10 @@ def main(argv: list[str]) -> int:
         frontend = Child("frontend", [*py, "frontend", *cfg, "--bind", bind], env)
         children.append(frontend)
         if _wait(lambda: _frontend_answers(bind), 30.0, children):
-            print(_banner(bind, socket_path, args.demo, root if cleanup else None), flush=True)
+            banner = _banner(
+                bind, socket_path, args.demo, root if cleanup else None, api_keys=api_keys
+            )
+            print(banner, flush=True)
         while _STOP is None:
             dead = [c for c in children if not c.alive()]
             if dead:
@@ -265,6 +329,8 @@ def main(argv: list[str]) -> int:
                         f"ktd up: {c.name} exited with status {c.proc.returncode}; stopping",
                         file=sys.stderr,
                     )
+                    if c is frontend and port_busy(bind):
+                        print(busy_message(bind), file=sys.stderr)
                 status = next((c.proc.returncode for c in dead if c.proc.returncode), 1) or 1
                 break
             time.sleep(0.1)

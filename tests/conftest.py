@@ -106,18 +106,37 @@ def ktd_env(tmp_path: Path, runtime_dir: Path) -> dict[str, str]:
     return env
 
 
+#: Stand-in model dirs (config.json + a small weight file) shared by this test run:
+#: preflight refuses paths that do not exist.
+SIM_MODELS = Path(tempfile.gettempdir()) / f"ktd-sim-models-{RUN_ID}"
+
+
+def sim_paths(alias: str) -> tuple[str, str]:
+    """(model_path, kt_weight_path) of a stand-in model that exists on disk."""
+    from ktd.sim.model import make_model
+
+    return make_model(SIM_MODELS, alias)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sim_models_cleanup() -> Iterator[None]:
+    yield
+    shutil.rmtree(SIM_MODELS, ignore_errors=True)
+
+
 def sim_model(alias: str, *, record: Path | None = None, **knobs: Any) -> dict[str, Any]:
     """A models.json entry whose engine is the sim, launched through the sglang shim."""
     env = {"PYTHONPATH": os.pathsep.join((str(SHIM), str(REPO))), "KTD_SIM_LOAD_TIME": "0.1"}
     env.update({k: str(v) for k, v in knobs.pop("env", {}).items()})
     if record is not None:
         env["KTD_SIM_RECORD"] = str(record)
+    model_path, weights = sim_paths(alias)
     entry: dict[str, Any] = {
-        "path": f"/models/{alias}",
+        "path": model_path,
         "backend": "kt",
         "alias": alias,
         "numa": "none",  # this box has one NUMA node; tests of placement set numa explicitly
-        "kt": {"extra_env": env, "kt_weight_path": f"/models/{alias}-kt"},
+        "kt": {"extra_env": env, "kt_weight_path": weights},
     }
     kt_over = knobs.pop("kt", {})
     entry["kt"].update(kt_over)

@@ -120,6 +120,7 @@ def test_model_id_routes_the_section_engine(tmp_path: Path) -> None:
         ({}, [{"path": "/m", "backend": "kt", "alias": "qwen:lora"}], "$[0].alias"),
         ({}, [{"path": "/m", "backend": "kt", "alias": "a", "kt": {"nope": 1}}], "$[0].kt"),
         ({}, [{"path": "/m", "backend": "kt", "alias": "a", "numa": "some"}], "$[0].numa"),
+        ({}, [{"path": "/m", "backend": "kt", "alias": "a", "fit": "maybe"}], "$[0].fit"),
         (
             {},
             [

@@ -25,6 +25,7 @@ from tests.conftest import (
     ConfigWriter,
     marked_processes,
     sim_model,
+    sim_paths,
     wait_for,
 )
 
@@ -87,9 +88,9 @@ def test_load_status_evict_end_to_end(
         "--port",
         str(port),
         "--model",
-        "/models/deepseek-v4-kt",
+        sim_paths("deepseek-v4-kt")[0],
         "--kt-weight-path",
-        "/models/deepseek-v4-kt-kt",
+        sim_paths("deepseek-v4-kt")[1],
         "--served-model-name",
         "deepseek-v4-kt",
         "--context-length",

@@ -67,7 +67,10 @@ def test_config_values_never_reach_a_shell(
 ) -> None:
     pwned = tmp_path / "pwned"
     record = tmp_path / "rec.json"
-    evil = f"/models/x; touch {pwned} $(touch {pwned}) `touch {pwned}`"
+    evil = f"{tmp_path}/x; touch {pwned} $(touch {pwned}) `touch {pwned}`"
+    # A real model dir by that name: preflight refuses paths that do not exist.
+    Path(evil).mkdir(parents=True)
+    (Path(evil) / "config.json").write_text("{}")
     entry = sim_model("evil-kt", record=record)
     entry["path"] = evil
     entry["kt"]["extra_args"] = f"--kt-method 'AMX INT4; touch {pwned}'"

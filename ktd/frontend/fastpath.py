@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -372,6 +373,9 @@ class ProxyRoutes:
                     return waiting_comment(phase[len("waiting for ") :], elapsed)
                 if info.state == "ready":
                     return waiting_comment(alias, elapsed)  # queued for a slot
+                if info.load_started:  # the load's own age, and what loads took before
+                    ran = max(elapsed, time.time() - info.load_started)
+                    return loading_comment(alias, ran, info.load_eta)
             return loading_comment(alias, elapsed)
 
         return progress

@@ -271,14 +271,15 @@ class Exchange:
         self.metrics.requests.labels(self.endpoint, self.label, str(self.status)).inc()
 
 
-def loading_comment(alias: str, elapsed: float) -> bytes:
+def loading_comment(alias: str, elapsed: float, expected: float | None = None) -> bytes:
     """An SSE comment: OpenAI clients skip it, proxies see traffic, humans see progress.
 
     The name comes from the client: control characters are dropped so that it
-    cannot end the comment line and forge an event.
+    cannot end the comment line and forge an event. ``expected``: the load ETA.
     """
     safe = "".join(ch for ch in alias if ch.isprintable())
-    return f": loading {safe} {int(elapsed)}s\n\n".encode()
+    eta = f" of ~{int(expected)}s expected" if expected else ""
+    return f": loading {safe} {int(elapsed)}s{eta}\n\n".encode()
 
 
 async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:

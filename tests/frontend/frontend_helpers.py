@@ -45,11 +45,14 @@ def sim_entry(alias: str, **env: Any) -> dict[str, Any]:
     """A models.json entry whose engine is the sim, through the sglang shim."""
     full = {"PYTHONPATH": os.pathsep.join((str(SHIM), str(REPO))), "KTD_SIM_LOAD_TIME": "0.1"}
     full.update({k: str(v) for k, v in env.items()})
+    from tests.conftest import sim_paths
+
+    model_path, weights = sim_paths(alias)
     return {
-        "path": f"/models/{alias}",
+        "path": model_path,
         "backend": "kt",
         "alias": alias,
-        "kt": {"extra_env": full, "kt_weight_path": f"/models/{alias}-kt"},
+        "kt": {"extra_env": full, "kt_weight_path": weights},
     }
 
 

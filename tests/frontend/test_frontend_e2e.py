@@ -18,6 +18,7 @@ import trio
 from frontend_helpers import sim_entry
 
 from ktd import proctree
+from tests.conftest import MARK, RUN_ID
 
 CHAT: Any = [{"role": "user", "content": "hello"}]
 
@@ -147,6 +148,8 @@ def test_concurrent_requests_for_unloaded_model_cause_one_load(stack: Any) -> No
         for pid in proctree.all_procs()
         if "sglang.launch_server" in " ".join(proctree.cmdline(pid))
         and "m1" in proctree.cmdline(pid)
+        # This test run's processes only: other runs on the machine may serve an m1 too.
+        and proctree.environ_has(pid, MARK, RUN_ID)
     ]
     assert len(launches) == 1, launches
     wait_until(lambda: engine(daemon, "m1")["leases"] == 0, what="leases back to 0")
@@ -274,3 +277,21 @@ def test_daemon_restart_is_survived(stack: Any, tmp_path: Path) -> None:
         wait_until(lambda: c.get("/health").status_code == 200, what="health 200")
         resp = c.post("/v1/chat/completions", json={"model": "m1", "messages": CHAT})
         assert resp.status_code == 200, resp.text
+
+
+def test_loading_comments_show_elapsed_and_expected_time(stack: Any) -> None:
+    """After one load, ktd knows how long m1 takes: a stream waiting for the next load
+    is told elapsed and expected time in its ``: loading`` comments."""
+    daemon, fe = stack([sim_entry("m1", KTD_SIM_LOAD_TIME=0.5)])
+    with daemon.client(timeout=60) as c:
+        c.load("m1")
+        c.evict("m1")
+        [e] = c.status("m1")
+    assert e.load_eta and e.load_eta >= 0.5
+    body = {"model": "m1", "messages": CHAT, "max_tokens": 2, "stream": True}
+    with (
+        httpx.Client(base_url=fe.url, timeout=30) as hc,
+        hc.stream("POST", "/v1/chat/completions", json=body) as resp,
+    ):
+        first = next(resp.iter_raw())
+    assert first.startswith(b": loading m1 ") and b"s of ~" in first and b"s expected" in first

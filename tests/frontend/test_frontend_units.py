@@ -178,3 +178,4 @@ def test_forward_headers_drops_credentials_and_hop_by_hop() -> None:
 def test_loading_comment_is_an_sse_comment() -> None:
     assert loading_comment("m", 4.7) == b": loading m 4s\n\n"
     assert loading_comment("m\n\ndata: x", 0) == b": loading mdata: x 0s\n\n"
+    assert loading_comment("m", 12.2, 300.4) == b": loading m 12s of ~300s expected\n\n"

@@ -333,15 +333,18 @@ def test_status_human_and_unknown_model(
     assert header.split() == [
         "ALIAS",
         "STATE",
+        "PHASE",
         "PID",
         "PORT",
         "NUMA",
         "GPUS",
         "LEASES",
-        "AGE",
+        "UPTIME",
+        "USED",
+        "UNTIL",
         "REASON",
     ]
-    assert row.split()[:7] == ["deepseek-v4-kt", "ready", "1234", "30000", "0-1", "0", "2"]
+    assert row.split()[:8] == ["deepseek-v4-kt", "ready", "-", "1234", "30000", "0-1", "0", "2"]
     code, out, err = run(capsys, "status", "deepseek-v4", "--json", "--socket", str(d.path))
     assert code == 4
     assert json.loads(out)["error"]["code"] == "unknown_model"
@@ -532,6 +535,21 @@ def test_events_lines_and_json_lines(
     assert [json.loads(x) for x in out.splitlines()] == [msgspec.to_builtins(e) for e in evs]
 
 
+def test_events_leave_out_probe_lines_unless_asked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    health = '127.0.0.1:5 - "GET /health?ktd=probe HTTP/1.1" 200 OK'
+    evs = [
+        p.Event(topic="probe.m", time=0.0, alias="m", lines=[health]),
+        p.Event(topic="log.m", time=0.0, alias="m", lines=["x"]),
+    ]
+    monkeypatch.setattr(Client, "events", _interrupted(evs))
+    code, out, _ = run(capsys, "events")
+    assert code == 0 and "GET /health" not in out and out.rstrip().endswith("log.m | x")
+    code, out, _ = run(capsys, "events", "--probes")
+    assert out.splitlines()[0].endswith(f"probe.m | {health}")
+
+
 def test_events_against_a_live_publisher(
     daemon: Callable[[Handler], FakeDaemon],
     capsys: pytest.CaptureFixture[str],
@@ -667,7 +685,28 @@ def test_status_table_empty_and_reason() -> None:
     assert render.status_table([], 0) == "no engines"
     failed = p.EngineInfo(alias="m", state="failed", reason="exit 1\nmore", since=100.0)
     line = render.status_table([failed], 160.0).splitlines()[1]
-    assert line.split() == ["m", "failed", "-", "-", "-", "-", "0", "1m00s", "exit", "1", "more"]
+    assert line.split() == [
+        "m", "failed", "-", "-", "-", "-", "-", "0", "-", "-", "-", "exit", "1", "more",
+    ]  # fmt: skip
+
+
+def test_status_table_like_ollama_ps() -> None:
+    """Phase (never a log line) with elapsed/expected load, uptime, last used, TTL expiry."""
+    starting = p.EngineInfo(
+        alias="s", state="starting", phase="loading weights", load_started=100.0,
+        load_eta=300.0, started_at=100.0, pid=7,
+    )  # fmt: skip
+    ready = p.EngineInfo(
+        alias="r", state="ready", started_at=10.0, last_used=130.0, ttl=600.0,
+        expires_at=730.0, pid=8,
+    )  # fmt: skip
+    busy = p.EngineInfo(alias="b", state="ready", ttl=600.0, leases=1, started_at=100.0)
+    lines = render.status_table([starting, ready, busy], 160.0).splitlines()
+    assert "loading weights 1m00s/~5m00s" in lines[1]
+    cells = lines[2].split()
+    assert cells[1:3] == ["ready", "-"] and "2m30s" in cells and "in 9m30s" in lines[2]
+    assert "30.0s" in cells and "ago" in cells
+    assert "busy" in lines[3].split()
 
 
 def test_plan_text_accepts_flag_dicts_and_blocks() -> None:

@@ -1,0 +1,59 @@
+"""What an engine's log lines mean to ktd: load milestones, and ktd's own probe traffic.
+
+Status shows a *phase* ("loading weights"), never a raw log line; SGLang's
+milestone lines say which phase a load is in. And ktd's health checks make
+uvicorn log an access line every few seconds per engine: kept out of
+``ktctl logs`` and the ``log.*`` events unless asked for, they would bury the
+lines that matter. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+__all__ = ["PROBE_QUERY", "is_probe_access", "phase_of", "probe_path", "split_probe_access"]
+
+#: (substring of an SGLang line, the phase it starts), checked in order.
+_MILESTONES = (
+    ("Load weight begin", "loading weights"),
+    ("Loading safetensors checkpoint shards", "loading weights"),
+    ("Load weight end", "weights loaded"),
+    ("KV Cache is allocated", "allocating KV cache"),
+    ("Capture cuda graph begin", "capturing CUDA graphs"),
+    ("Capture cuda graph end", "CUDA graphs captured"),
+    ("Uvicorn running on", "warming up"),
+    ("Application startup complete", "warming up"),
+)
+
+#: ktd tags its own readiness and health requests with this query string (SGLang's
+#: routes ignore it; uvicorn's access line shows it), so a client's ``GET /health``
+#: stays in the log and only ktd's own polling is set apart.
+PROBE_QUERY = "ktd=probe"
+_PROBE = re.compile(r'"GET /[^ "?]*\?' + PROBE_QUERY + r' HTTP/[\d.]+" \d{3}')
+
+
+def probe_path(path: str) -> str:
+    """``/health`` -> ``/health?ktd=probe``: the path ktd's own checks request."""
+    return f"{path}?{PROBE_QUERY}"
+
+
+def phase_of(line: str) -> str | None:
+    """The load phase ``line`` announces, or None."""
+    for marker, phase in _MILESTONES:
+        if marker in line:
+            return phase
+    return None
+
+
+def is_probe_access(line: str) -> bool:
+    return _PROBE.search(line) is not None
+
+
+def split_probe_access(lines: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(ordinary lines, probe access lines), order kept within each."""
+    keep: list[str] = []
+    probes: list[str] = []
+    for line in lines:
+        (probes if is_probe_access(line) else keep).append(line)
+    return keep, probes

@@ -1,0 +1,226 @@
+"""A load that cannot start never costs a running model (issue 13), through real daemons.
+
+The costly case first: a ready engine holds the only GPU; loading another model
+would evict it. When that model cannot start (missing path, missing kt_kernel,
+does not fit), the load is refused before anything is stopped and the ready
+engine still serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.conftest import REPO, SHIM, ConfigWriter, sim_model
+from tests.fixtures.topology import build_xeon, smi_csv
+
+GIB = 1 << 30
+ONE_GPU = [(0, "NVIDIA H100 80GB HBM3", 81559, 559)]  # 80 GiB free
+
+
+def fake_machine(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+    """The daemon reads a fixture Xeon (2 nodes, 440 GiB free) and one fake H100."""
+    root = build_xeon(tmp_path / "machine")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{smi_csv(ONE_GPU)}EOF\n")
+    smi.chmod(0o755)
+    return {**env, "KTD_SYSFS_ROOT": str(root), "KTD_NVIDIA_SMI": str(smi)}
+
+
+def sparse(path: Path, size: int) -> Path:
+    """A file of ``size`` apparent bytes that takes no disk: hundreds of GB of weights."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
+def safetensors(path: Path, tensors: dict[str, int]) -> Path:
+    """A safetensors shard whose header lists ``name -> bytes`` (data left sparse)."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, size in tensors.items():
+        span = [offset, offset + size]
+        header[name] = {"dtype": "BF16", "shape": [size // 2], "data_offsets": span}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    return path
+
+
+def gpu_model(alias: str, **kw: Any) -> dict[str, Any]:
+    entry = sim_model(alias, **kw)
+    entry["gpus"] = [0]
+    return entry
+
+
+def serves(d: Any, alias: str) -> bool:
+    [e] = d.client().status(alias)
+    if e.state != "ready" or not e.url:
+        return False
+    r = httpx.post(
+        f"{e.url}/v1/chat/completions",
+        json={"model": alias, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        timeout=10,
+    )
+    return r.status_code == 200
+
+
+def setup(
+    tmp_path: Path,
+    write_config: ConfigWriter,
+    daemon_factory: Any,
+    ktd_env: dict[str, str],
+    bad: dict[str, Any],
+) -> tuple[Any, int]:
+    cfg = write_config([gpu_model("good-kt"), bad, gpu_model("other-kt")])
+    d = daemon_factory(cfg, env=fake_machine(tmp_path, ktd_env))
+    r = d.ktctl("load", "good-kt")
+    assert r.returncode == 0, r.stderr + d.output()
+    [good] = d.client().status("good-kt")
+    return d, good.pid
+
+
+def assert_refused_and_untouched(d: Any, alias: str, pid: int, *words: str) -> str:
+    r = d.ktctl("load", alias)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "load_failed" in r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+    [good] = d.client().status("good-kt")
+    assert good.state == "ready" and good.pid == pid, d.output()
+    assert serves(d, "good-kt")
+    [bad] = d.client().status(alias)
+    assert bad.state == "failed"
+    return r.stderr
+
+
+def test_missing_model_path_refused_and_ready_engine_still_serves(
+    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    bad = gpu_model("typo-kt")
+    bad["path"] = str(tmp_path / "no-such-model")
+    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+    err = assert_refused_and_untouched(d, "typo-kt", pid, "does not exist", "no-such-model")
+    assert "no engine was stopped" in err
+    # The refusal came before placement: nothing was ever spawned for it.
+    [bad_info] = d.client().status("typo-kt")
+    assert bad_info.pid is None
+
+
+def test_missing_config_json_and_weights_refused(
+    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    model = tmp_path / "empty-model"
+    model.mkdir()
+    bad = gpu_model("nocfg-kt", kt={"kt_weight_path": str(tmp_path / "gone-kt")})
+    bad["path"] = str(model)
+    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+    assert_refused_and_untouched(d, "nocfg-kt", pid, "no config.json", "gone-kt")
+
+
+def test_missing_kt_kernel_refused_and_ready_engine_still_serves(
+    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    only_sglang = tmp_path / "shim-no-kt"
+    only_sglang.mkdir()
+    (only_sglang / "sglang").symlink_to(SHIM / "sglang")
+    bad = gpu_model("nokt-kt", env={"PYTHONPATH": os.pathsep.join((str(only_sglang), str(REPO)))})
+    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+    assert_refused_and_untouched(d, "nokt-kt", pid, "kt_kernel is not importable")
+
+
+def test_does_not_fit_refused_with_numbers_and_ready_engine_still_serves(
+    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    weights = tmp_path / "huge-kt"
+    sparse(weights / "experts-0.bin", 300 * GIB)
+    sparse(weights / "experts-1.bin", 200 * GIB)  # 500 GiB > 440 GiB free on the Xeon
+    bad = gpu_model("huge-kt", kt={"kt_weight_path": str(weights)})
+    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+    err = assert_refused_and_untouched(
+        d, "huge-kt", pid, "does not fit", "500.0 GiB", "440.0 GiB", "after evicting good-kt"
+    )
+    assert '"fit": "ignore"' in err
+    # The estimate shows the same numbers without loading anything.
+    r = d.ktctl("load", "--estimate", "huge-kt")
+    assert r.returncode == 0, r.stderr
+    assert "500.0 GiB" in r.stdout and "DOES NOT FIT" in r.stdout
+    doc = json.loads(d.ktctl("load", "--estimate", "huge-kt", "--json").stdout)
+    assert doc["estimate"]["host_bytes"] == 500 * GIB and doc["fit"]["ok"] is False
+    plan = json.loads(d.ktctl("load", "--dry-run", "huge-kt", "--json").stdout)["plan"]
+    assert plan["evict"] == ["good-kt"] and plan["fit"]["ok"] is False
+
+
+def test_gpu_does_not_fit_counts_non_expert_weights(
+    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    model = tmp_path / "big-dense"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    safetensors(
+        model / "model-00001.safetensors",
+        {
+            "model.embed_tokens.weight": 70 * GIB,
+            "model.layers.0.self_attn.q_proj.weight": 20 * GIB,
+            # Routed experts live in host RAM under kt: not counted on the GPU.
+            "model.layers.1.mlp.experts.0.up_proj.weight": 500 * GIB,
+        },
+    )
+    bad = gpu_model("dense-kt")
+    bad["path"] = str(model)
+    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+    assert_refused_and_untouched(d, "dense-kt", pid, "GPU 0 needs 90.0 GiB")
+
+
+def test_fitting_load_evicts_and_names_the_victim(
+    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    """The other side: a model that can start does evict, and says whom."""
+    weights = tmp_path / "big-kt"
+    sparse(weights / "experts.bin", 400 * GIB)  # fits in 440 GiB
+    ok = gpu_model("big-kt", kt={"kt_weight_path": str(weights)})
+    d, _ = setup(tmp_path, write_config, daemon_factory, ktd_env, ok)
+    with d.client() as c, c.subscribe(["engine."]) as sub:
+        r = d.ktctl("load", "big-kt")
+        assert r.returncode == 0, r.stderr + d.output()
+        seen = []
+        while (ev := sub.get(timeout=0.5)) is not None:
+            seen.append(ev)
+    phases = [ev.phase for ev in seen if ev.alias == "big-kt" and ev.phase]
+    assert "stopping good-kt to make room" in phases
+    reasons = {ev.reason for ev in seen if ev.alias == "good-kt" and ev.state == "stopped"}
+    assert reasons == {"evicted to make room for big-kt"}
+    [good] = d.client().status("good-kt")
+    assert good.state == "stopped" and good.reason == "evicted to make room for big-kt"
+
+
+def test_fit_ignore_loads_anyway(
+    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    weights = tmp_path / "huge-kt"
+    sparse(weights / "experts.bin", 600 * GIB)
+    entry = gpu_model("huge-kt", kt={"kt_weight_path": str(weights)})
+    entry["fit"] = "ignore"
+    cfg = write_config([entry])
+    d = daemon_factory(cfg, env=fake_machine(tmp_path, ktd_env))
+    r = d.ktctl("load", "huge-kt")
+    assert r.returncode == 0, r.stderr + d.output()
+
+
+def test_flag_sglang_rejects_refused_with_path_problems_in_one_message(
+    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
+) -> None:
+    bad = gpu_model("flag-kt", kt={"extra_args": ["--no-such-flag", "1"]})
+    bad["path"] = str(tmp_path / "missing-too")
+    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+    err = assert_refused_and_untouched(d, "flag-kt", pid, "--no-such-flag", "missing-too")
+    assert err.count("preflight:") == 1
