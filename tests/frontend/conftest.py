@@ -41,14 +41,18 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
     started: list[Frontend] = []
 
     async def start(
-        endpoint: str | None = None, *, stream_grace: float = 0.3, **section: Any
+        endpoint: str | None = None,
+        *,
+        stream_grace: float = 0.3,
+        heartbeat_interval: float = 0.5,
+        **section: Any,
     ) -> Frontend:
         from hypercorn.config import Config as HyperConfig
 
         options = FrontendOptions(
             frontend=FrontendSection(bind="127.0.0.1:0", **section),
             control_endpoint=endpoint or f"ipc://{runtime_dir}/control.sock",
-            heartbeat_interval=0.5,
+            heartbeat_interval=heartbeat_interval,
             loading_interval=0.5,
             stream_grace=stream_grace,
         )

@@ -417,7 +417,10 @@ async def test_aborted_requests_do_not_leak_pool_connections(
     fake_daemon.add("m", url=fake_engine.url, state="ready")
     fake_engine.chunks = 10_000
     fake_engine.chunk_delay = 0.005
-    fe = await start_frontend()
+    # 40 streams, the fake daemon and the fake engine share this one process: a slow
+    # box can starve the heartbeat past a short interval, and the frontend would then
+    # (rightly) call the daemon gone. Leases, not liveness, are what this test is about.
+    fe = await start_frontend(heartbeat_interval=5.0)
     n = 40
 
     async def abort_one(i: int) -> None:
