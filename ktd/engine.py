@@ -953,11 +953,14 @@ class Engine:
         with trio.move_on_after(10):
             while not proctree.port_free(self.spec.host, run.port):
                 await trio.sleep(0.01)
-        clean = terminated and not killed and run.returncode in CLEAN_STOP
+        # An adopted engine is not our child: its exit status is not ours to read, and
+        # that it exited on SIGTERM before the grace ran out is all there is to know.
+        code = run.returncode
+        clean = terminated and not killed and (code is None or code in CLEAN_STOP)
         self.log.note(
             ("stopped cleanly by SIGTERM" if clean else "stopped")
             + f" (pid {run.pid}"
-            + (f", exit {run.returncode}" if run.returncode is not None else "")
+            + (f", exit {code}" if code is not None else ", adopted: exit status not ours")
             + ")"
         )
         self.log.stop_following()
