@@ -9,10 +9,10 @@ atomically, apart from the engine state file: losing it costs only the ETA.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 from pathlib import Path
+
+from ktd import statefile
 
 __all__ = ["LoadHistory", "expected"]
 
@@ -64,18 +64,5 @@ class LoadHistory:
 
     def _write(self) -> None:
         assert self.path is not None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps({"version": 1, "loads": self.loads}, indent=1).encode()
-        fd, tmp = tempfile.mkstemp(prefix=".load_history.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        statefile.write_bytes(self.path, data)  # whole or not at all, like engines.json

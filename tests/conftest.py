@@ -59,11 +59,9 @@ def kill_marked() -> None:
             pass
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """Fails the test if any process it started (engines above all) is still alive after it."""
-    yield
-    deadline = time.monotonic() + 5.0
+def fail_on_leaks(what: str, grace: float) -> None:
+    """Fail ``what`` (and kill the survivors) if a process of this run outlives ``grace``."""
+    deadline = time.monotonic() + grace
     left = marked_processes()
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -71,7 +69,14 @@ def no_leaked_processes() -> Iterator[None]:
     if left:
         kill_marked()
         lines = "\n".join(f"  pid {pid}: {' '.join(cmd)[:200]}" for pid, cmd in left)
-        pytest.fail(f"test leaked {len(left)} process(es):\n{lines}", pytrace=False)
+        pytest.fail(f"{what} leaked {len(left)} process(es):\n{lines}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """Fails the test if any process it started (engines above all) is still alive after it."""
+    yield
+    fail_on_leaks("test", 5.0)
 
 
 def wait_for(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:

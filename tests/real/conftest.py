@@ -14,15 +14,12 @@ of after every test.
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import kill_marked, marked_processes
+from tests.conftest import fail_on_leaks
 
 HERE = Path(__file__).resolve().parent
 
@@ -69,16 +66,4 @@ def no_leaked_processes() -> Iterator[None]:
 def module_leak_check() -> Iterator[None]:
     """Fails the module if any process it started is alive once its fixtures are torn down."""
     yield
-    deadline = time.monotonic() + 10.0
-    left = marked_processes()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = marked_processes()
-    if left:
-        kill_marked()
-        lines = "\n".join(f"  pid {pid}: {' '.join(cmd)[:200]}" for pid, cmd in left)
-        pytest.fail(f"module leaked {len(left)} process(es):\n{lines}", pytrace=False)
-
-
-def run(cmd: list[str], env: dict[str, str], timeout: float = 120) -> Any:
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    fail_on_leaks("module", 10.0)
