@@ -56,6 +56,7 @@ DAEMON_GRACE = 30.0
 SUBSCRIBE_SETTLE = 1.0
 
 START_HINT = "start it with `ktd serve` or `systemctl start ktd`"
+DRY_RUN_BUDGET = 130.0  # seconds: the daemon's engine probe is bounded at 120 s
 
 R = TypeVar("R", bound=p.Reply)
 
@@ -531,7 +532,10 @@ class Client:
         """
         msg = p.Load(alias=alias, wait=wait, timeout=timeout, dry_run=dry_run)
         if dry_run:
-            return self._expect(self._call(msg, self.timeout), p.PlanReply).plan
+            # The daemon probes the engine's Python first if it has not yet (importing a
+            # real SGLang takes tens of seconds; ktd bounds its probe at 120 s).
+            budget = timeout if timeout else max(self.timeout, DRY_RUN_BUDGET)
+            return self._expect(self._call(msg, budget), p.PlanReply).plan
         budget = self._long(timeout) if wait else self.timeout
         if progress is None or not wait:
             return self._expect(self._call(msg, budget), p.LoadReply).engine

@@ -185,10 +185,11 @@ def parse_probe_output(python: str, returncode: int, output: str) -> ProbeResult
 
 
 def env_key(python: str, env: Mapping[str, str]) -> tuple[str, str]:
-    """The cache key: the interpreter and everything in its environment but ktd's engine marker."""
-    from ktd.command import ENGINE_MARK
+    """The cache key: the interpreter and everything in its environment but ktd's own
+    per-launch markers (engine id, launch digest)."""
+    from ktd.command import DIGEST_MARK, ENGINE_MARK
 
-    items = sorted((k, v) for k, v in env.items() if k != ENGINE_MARK)
+    items = sorted((k, v) for k, v in env.items() if k not in (ENGINE_MARK, DIGEST_MARK))
     return python, hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
 
