@@ -23,6 +23,7 @@ import zmq
 from ktd import paths, proctree, safedir, sdnotify, statefile, statelock
 from ktd.command import LaunchError
 from ktd.config import Config, ConfigError, load_config
+from ktd.core.exits import signal_name
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
 from ktd.placecheck import check_placements
@@ -269,7 +270,7 @@ class Daemon:
                     except OpError as exc:
                         log.error("SIGHUP reload failed: %s", exc.message)
                 else:
-                    log.info("received %s", proctree.signal_name(sig))
+                    log.info("received %s", signal_name(sig))
                     self.request_stop()
 
     async def _watchdog(self) -> None:

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +28,10 @@ from ktd import loglines, preflight, proctree
 from ktd import states as S
 from ktd.command import ENGINE_MARK, LaunchError, build_env, build_launch
 from ktd.config import DaemonSection, ModelSpec
+from ktd.core.eviction import ttl_due
+from ktd.core.exits import CLEAN_STOP, Outcome, classify_exit
+from ktd.core.restart import GiveUp, RestartBudget, retry_delay
 from ktd.enginelog import EngineLog
-from ktd.failure import reason_line
 from ktd.inotify import FileWatch
 from ktd.probe import KT_FORK, Prober, missing_message
 from ktd.protocol import EngineInfo
@@ -40,14 +41,7 @@ log = logging.getLogger("ktd.engine")
 
 READY_LINE = "The server is fired up and ready to roll"
 KTD_ROOT = str(Path(__file__).resolve().parent.parent)
-PORT_TAKEN_MARKERS = ("address already in use", "errno 98")
 _GOING_DOWN = frozenset({S.DRAINING, S.STOPPING, S.STOPPED})
-
-
-# SGLang's own exit statuses after ktd's SIGTERM (NOTES, "Shutdown as designed"): 0 after
-# a drain (upstream), -15 (a shell's 143) when no request was ever served, -9 when the kt
-# fork SIGKILLs its own tree once drained. None of them is a crash.
-CLEAN_STOP = frozenset({0, -signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGKILL})
 
 
 class Busy(Exception):
@@ -60,9 +54,6 @@ class Busy(Exception):
 
 class Unplaceable(Exception):
     """No state of the other engines would let this engine be placed (a config error)."""
-
-
-RETRY_CAP = 300.0  # longest wait before a failed engine may be retried by a request
 
 
 class PlacementLike(Protocol):
@@ -153,12 +144,6 @@ class Running:
             self.pidfd = None
 
 
-@dataclass
-class Outcome:
-    kind: str  # "stopped" | "exited" | "failed" | "crashed" | "port_taken" | "busy"
-    reason: str | None = None
-
-
 class Engine:
     def __init__(self, spec: ModelSpec, host: EngineHost) -> None:
         self.spec = spec
@@ -179,7 +164,7 @@ class Engine:
         self.run: Running | None = None
         self.plan: PlacementLike | None = None
         self.restarts = 0
-        self.crashes: deque[float] = deque()
+        self.budget = RestartBudget()  # crashes of this load, and its backoff
         self.stale = False
         self.pending_spec: ModelSpec | None = None
         self.retired = False  # removed from config: stop and forget
@@ -225,10 +210,14 @@ class Engine:
 
     def expires_at(self) -> float | None:
         """When the idle TTL would evict this engine; None without TTL or while busy."""
-        ttl = self.spec.ttl
-        if ttl <= 0 or self.state != S.READY or self.leases or not self.want_up:
-            return None
-        return (self.last_used or self.since) + ttl
+        return ttl_due(
+            ttl=self.spec.ttl,
+            state=self.state,
+            leases=len(self.leases),
+            want_up=self.want_up,
+            last_used=self.last_used,
+            since=self.since,
+        )
 
     def info(self, *, tail: int = 0) -> EngineInfo:
         run = self.run
@@ -277,17 +266,10 @@ class Engine:
         limit = self.spec.max_concurrent
         return limit is None or len(self.leases) < limit
 
-    def retry_delay(self) -> float:
-        """How long after its n-th consecutive failure a request may retry the engine:
-        ``restart_backoff * 2**(n-1)`` seconds, at most RETRY_CAP."""
-        if self.failures <= 0:
-            return 0.0
-        base = max(0.0, self.host.settings.restart_backoff)
-        return float(min(RETRY_CAP, base * 2.0 ** min(self.failures - 1, 20)))
-
     def retry_in(self) -> float:
         """Seconds until a request may retry this failed engine (0 = now)."""
-        return max(0.0, self.failed_at + self.retry_delay() - trio.current_time())
+        delay = retry_delay(self.failures, self.host.settings.restart_backoff)
+        return max(0.0, self.failed_at + delay - trio.current_time())
 
     def set_phase(self, phase: str) -> None:
         """For the pool: a step of the load others take for it (waiting for a busy holder,
@@ -422,11 +404,10 @@ class Engine:
     async def _cycle(self, adopted: Running | None = None) -> None:
         """Start, supervise and restart (per policy) until stopped or failed."""
         port_retries = 1
-        backoff_n = 0
         first = True
         # A new cycle is an explicit load: crashes of an earlier (failed) attempt do not
         # count against its restart budget.
-        self.crashes.clear()
+        self.budget.reset()
         while self.want_up or (adopted is not None and first):
             self.generation += 1
             if adopted is not None and first:
@@ -439,19 +420,18 @@ class Engine:
                 self.log.note(f"{outcome.reason}; retrying once on another port")
                 continue
             if outcome.kind == "crashed" and self.want_up and self.spec.restart != "no":
-                now = time.monotonic()
-                self.crashes.append(now)
-                window = self.host.settings.restart_window
-                while self.crashes and now - self.crashes[0] > window:
-                    self.crashes.popleft()
-                if len(self.crashes) > self.host.settings.restart_max:
-                    self._fail(
-                        f"flapping: {len(self.crashes)} crashes within {window:g}s; "
-                        f"last: {outcome.reason}"
-                    )
+                d = self.host.settings
+                step = self.budget.on_crash(
+                    time.monotonic(),
+                    outcome.reason or "crashed",
+                    window=d.restart_window,
+                    max_crashes=d.restart_max,
+                    backoff=d.restart_backoff,
+                )
+                if isinstance(step, GiveUp):
+                    self._fail(step.reason)
                     return
-                delay = min(60.0, self.host.settings.restart_backoff * (2**backoff_n))
-                backoff_n += 1
+                delay = step.delay
                 self.restarts += 1
                 self._set(S.STARTING, reason=outcome.reason, phase=f"restart in {delay:.1f}s")
                 self.log.note(f"{outcome.reason}; restarting in {delay:.1f}s")
@@ -831,26 +811,18 @@ class Engine:
             await self._sleep_until_poked(max(wait, 0.0))
 
     def _exit_outcome(self, run: Running) -> Outcome:
-        code = run.returncode
-        how = (
-            "exited"
-            if code is None
-            else (
-                f"exited with code {code}"
-                if code >= 0
-                else f"was killed by {proctree.signal_name(-code)}"
-            )
-        )
         self.log.poll()
-        if self.state == S.READY or run.adopted_state == S.READY:
-            if code == 0:  # a clean exit nobody asked for (an outside SIGTERM): not a crash
-                self.want_up = False
-                return Outcome("exited", f"engine {how} on its own while ready")
-            return Outcome("crashed", f"engine {how} while ready")
-        tail = "\n".join(self.log.last(40)).lower()
-        if not self.spec.port and any(m in tail for m in PORT_TAKEN_MARKERS):
-            return Outcome("port_taken", f"port {run.port} was taken before the engine bound it")
-        return Outcome("failed", reason_line(how, self.log.last(80), str(self.log.path)))
+        outcome = classify_exit(
+            run.returncode,
+            was_ready=self.state == S.READY or run.adopted_state == S.READY,
+            port=run.port,
+            port_fixed=bool(self.spec.port),
+            tail=self.log.last(80),
+            log_path=str(self.log.path),
+        )
+        if outcome.kind == "exited":  # a clean exit nobody asked for: not a crash
+            self.want_up = False
+        return outcome
 
     async def _stop(self, run: Running) -> None:
         """Drain (bounded) → SIGTERM the group → grace → SIGKILL everything that is left."""

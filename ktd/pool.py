@@ -23,6 +23,8 @@ from ktd import adoption, fit, loglines, proctree, statefile, weights
 from ktd import states as S
 from ktd.command import ENGINE_MARK, build_env, planner_args
 from ktd.config import Config, ModelSpec
+from ktd.core import eviction
+from ktd.core.reload import EngineView, plan_reload
 from ktd.engine import Busy, Engine, Lease, PlacementLike, Running, Unplaceable
 from ktd.loadhistory import LoadHistory
 from ktd.preflight import Refused
@@ -227,30 +229,35 @@ class Pool:
                         _, verdict = await self.fit(engine.spec, plan)
                         if not verdict.ok:
                             raise Refused(f"{verdict.reason}; no engine was stopped")
-                    if plan.ok and not plan.evict:
+                    views = {
+                        a: holder_view(self.engines[a])
+                        for a in plan.blocked_by
+                        if a in self.engines
+                    }
+                    step = eviction.place_step(plan, views, swap=engine.spec.swap)
+                    if isinstance(step, eviction.Use):
                         result: PlacementLike = plan
                         return result
-                    if plan.ok:
-                        engine.set_phase(f"stopping {', '.join(plan.evict)} to make room")
-                        for alias in plan.evict:
+                    if isinstance(step, eviction.Evict):
+                        engine.set_phase(f"stopping {', '.join(step.aliases)} to make room")
+                        for alias in step.aliases:
                             victim = self.engines[alias]
                             why = f"evicted to make room for {engine.alias}"
                             victim.log.note(why)
                             victim.evictions += 1
                             victim.request_down(reason=why)
-                        for alias in plan.evict:
+                        for alias in step.aliases:
                             await self.engines[alias].wait_stopped()
                         continue
-                    if plan.impossible:
-                        raise Unplaceable(plan.reason or "cannot be placed")
-                    holders = [self.engines[a] for a in plan.blocked_by if a in self.engines]
-                    leaving = [h for h in holders if not h.want_up]
-                    if leaving:  # already being evicted: wait for them rather than fail
-                        for victim in leaving:
-                            await victim.wait_stopped()
+                    if isinstance(step, eviction.WaitLeaving):
+                        for alias in step.aliases:
+                            await self.engines[alias].wait_stopped()
                         continue
-                    if not holders or not all(self._waitable(h, engine) for h in holders):
-                        raise Busy(plan.reason or "cannot be placed", tuple(plan.blocked_by))
+                    if isinstance(step, eviction.Refuse):
+                        if step.impossible:
+                            raise Unplaceable(step.reason)
+                        raise Busy(step.reason, step.blocked_by)
+                    holders = [self.engines[a] for a in step.aliases]
                     cutoff = next(self._tickets)
                     for h in holders:
                         if h.yield_before is None:
@@ -259,7 +266,9 @@ class Pool:
                 names = ", ".join(h.alias for h in holders)
                 engine.set_phase(f"waiting for {names}")
                 engine.log.note(f"waiting for {names} to become idle")
-                while engine.want_up and not all(self._idle_for(h, cutoff) for h in holders):
+                while engine.want_up and not all(
+                    eviction.idle_for(holder_view(h), cutoff) for h in holders
+                ):
                     changed = self._changed
                     with trio.move_on_after(1.0):  # belt and braces: re-check now and then
                         await changed.wait()
@@ -270,23 +279,6 @@ class Pool:
                 if h.yield_before == cut:
                     h.yield_before = None
                     h.notify_changed()
-
-    def _waitable(self, holder: Engine, engine: Engine) -> bool:
-        """Will ``holder`` become evictable for ``engine`` just by finishing its work?"""
-        return (
-            engine.spec.swap
-            and holder.want_up
-            and not holder.spec.pinned
-            and holder.state in (S.READY, S.STARTING)
-        )
-
-    def _idle_for(self, holder: Engine, cutoff: int) -> bool:
-        """Done with everything that arrived before ``cutoff`` (or gone)."""
-        if holder.state in (S.STOPPED, S.FAILED) or not holder.want_up:
-            return True
-        if holder.state != S.READY or holder.leases:
-            return False
-        return not any(t < cutoff for t in holder.queue)
 
     def _poke_all(self) -> None:
         self._changed.set()
@@ -755,10 +747,10 @@ class Pool:
             now = time.time()
             next_due = math.inf
             for e in self.engines.values():
-                ttl = e.spec.ttl
-                if ttl <= 0 or e.state != S.READY or e.leases or not e.want_up:
+                due = e.expires_at()
+                if due is None:
                     continue
-                due = (e.last_used or e.since) + ttl
+                ttl = e.spec.ttl
                 if due <= now:
                     e.log.note(f"idle for {ttl:g}s (ttl): evicting")
                     e.request_down(reason=f"idle for {ttl:g}s (ttl)")
@@ -779,77 +771,60 @@ class Pool:
         and stop; new ones appear stopped.
         """
         self.prober.forget()  # a venv may have been upgraded: the next launch probes again
-        added: list[str] = []
-        removed: list[str] = []
-        restarted: list[str] = []
-        stale: list[str] = []
-        updated: list[str] = []
-        new_served = {s.alias: s for s in new.served()}
-        for alias, engine in list(self.engines.items()):
-            if alias not in new_served:
-                engine.retired = True
-                engine.request_down()
-                removed.append(alias)
-                if self._nursery is not None:
-                    self._nursery.start_soon(self._forget_when_stopped, engine)
-        for alias, spec in new_served.items():
-            existing = self.engines.get(alias)
-            if existing is not None and existing.retired:
-                if not existing.finished:
-                    # Removed by an earlier reload, back before its engine stopped:
-                    # the same owner task serves it again, with the new spec next start.
-                    existing.retired = False
-                    existing.spec = spec
-                    existing.pending_spec = None
-                    existing.notify_changed()
-                    added.append(alias)
-                    continue
-                del self.engines[alias]
-                existing = None
-            if existing is None:
-                fresh = Engine(spec, self)
-                self.engines[alias] = fresh
-                if self._nursery is not None:
-                    self._nursery.start_soon(fresh.run_forever)
-                added.append(alias)
-                continue
-            engine = existing
-            if spec == engine.spec:
-                engine.pending_spec = None  # back to what runs: no restart pending any more
-                engine.stale = False
-                continue
-            if (
-                spec.launch_key() == engine.spec.launch_key()
-                or engine.state not in S.HOLDS_RESOURCES
-            ):
-                engine.spec = spec
-                engine.pending_spec = None
-                engine.stale = False
-                updated.append(alias)
-                continue
-            restart_pending = engine.pending_spec is not None
-            engine.pending_spec = spec
-            if engine.leases:
-                engine.stale = True
-                stale.append(alias)
-            else:
-                restarted.append(alias)
-            if self._nursery is not None and not restart_pending:
-                self._nursery.start_soon(self._restart_when_idle, engine)
+        views = {
+            alias: EngineView(
+                spec=e.spec,
+                state=e.state,
+                leases=len(e.leases),
+                retired=e.retired,
+                finished=e.finished,
+                restart_pending=e.pending_spec is not None,
+            )
+            for alias, e in self.engines.items()
+        }
+        plan = plan_reload(views, {s.alias: s for s in new.served()})
+        for change in plan.changes:
+            self._apply_change(change.alias, change.kind, change.spec, change.schedule_restart)
         self.config = new
         self.settings = new.daemon
-        parts = [
-            f"{name}: {', '.join(items)}"
-            for name, items in (
-                ("added", added),
-                ("removed", removed),
-                ("restarting", restarted),
-                ("stale until idle", stale),
-                ("updated in place", updated),
-            )
-            if items
-        ]
-        return "; ".join(parts) or "no changes"
+        return plan.summary()
+
+    def _apply_change(
+        self, alias: str, kind: str, spec: ModelSpec | None, schedule_restart: bool
+    ) -> None:
+        """Carry out one change of a reload plan (``ktd.core.reload``)."""
+        engine = self.engines.get(alias)
+        if kind == "remove" and engine is not None:
+            engine.retired = True
+            engine.request_down()
+            if self._nursery is not None:
+                self._nursery.start_soon(self._forget_when_stopped, engine)
+            return
+        assert spec is not None
+        if kind == "revive" and engine is not None:
+            # The same owner task serves it again, with the new spec next start.
+            engine.retired = False
+            engine.spec = spec
+            engine.pending_spec = None
+            engine.notify_changed()
+        elif kind in ("add", "replace"):
+            fresh = Engine(spec, self)
+            self.engines[alias] = fresh
+            if self._nursery is not None:
+                self._nursery.start_soon(fresh.run_forever)
+        elif kind == "same" and engine is not None:
+            engine.pending_spec = None  # back to what runs: no restart pending any more
+            engine.stale = False
+        elif kind == "update" and engine is not None:
+            engine.spec = spec
+            engine.pending_spec = None
+            engine.stale = False
+        elif kind in ("restart", "stale") and engine is not None:
+            engine.pending_spec = spec
+            if kind == "stale":
+                engine.stale = True
+            if self._nursery is not None and schedule_restart:
+                self._nursery.start_soon(self._restart_when_idle, engine)
 
     async def _forget_when_stopped(self, engine: Engine) -> None:
         await engine.wait_stopped()
@@ -902,3 +877,15 @@ class FixedPlacement:
             "env": self.env,
             "adopted": True,
         }
+
+
+def holder_view(engine: Engine) -> eviction.HolderView:
+    """What the eviction policy reads of an engine."""
+    return eviction.HolderView(
+        alias=engine.alias,
+        state=engine.state,
+        want_up=engine.want_up,
+        pinned=engine.spec.pinned,
+        leases=len(engine.leases),
+        queue=tuple(engine.queue),
+    )

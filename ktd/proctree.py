@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import signal
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -176,10 +175,3 @@ def pick_port(host: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from ktd import proctree
+from ktd.core.exits import signal_name
 
 
 def test_descendants_and_identity() -> None:
@@ -44,4 +45,4 @@ def test_port_free_and_pick() -> None:
         s.bind(("127.0.0.1", port))
         s.listen()
         assert not proctree.port_free("127.0.0.1", port)
-    assert proctree.signal_name(15) == "SIGTERM" and proctree.signal_name(999) == "999"
+    assert signal_name(15) == "SIGTERM" and signal_name(999) == "999"
