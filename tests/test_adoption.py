@@ -7,9 +7,9 @@ import subprocess
 import sys
 import time
 
-from ktd import adoption, proctree
-from ktd.command import ENGINE_MARK
-from ktd.statefile import EngineRecord
+from ktd.core.command import ENGINE_MARK
+from ktd.daemon import adoption, proctree
+from ktd.daemon.statefile import EngineRecord
 
 INST = "0123456789ab"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ktd.command import ENGINE_MARK, build_argv, build_env, user_flag_names
-from ktd.config import ModelSpec
+from ktd.core.command import ENGINE_MARK, build_argv, build_env, user_flag_names
+from ktd.core.config import ModelSpec
 
 
 def spec(**kw: object) -> ModelSpec:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ktd.config import ConfigError, load_config, parse_env, split_args
+from ktd.core.config import ConfigError, load_config, parse_env, split_args
 
 
 def write(tmp_path: Path, cfg: Any, models: Any | None = None) -> Path:

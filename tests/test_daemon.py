@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import zmq
 
-from ktd import proctree
-from ktd.command import ENGINE_MARK
+from ktd.core.command import ENGINE_MARK
+from ktd.daemon import proctree
 from tests.conftest import (
     MARK,
     REPO,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ktd.config import ModelSpec
-from ktd.doctor import (
+from ktd.core.config import ModelSpec
+from ktd.core.doctor import (
     Check,
     collect,
     cpu_checks,

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from ktd.enginelog import EngineLog
+from ktd.daemon.enginelog import EngineLog
 
 
 def test_follow_lines_partial_and_carriage_returns(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ktd.failure import first_error, reason_line
+from ktd.core.failure import first_error, reason_line
 
 INIT_FAILED = "[2026-12-01 10:00:05] Initialization failed. Please see the error messages above."
 

@@ -6,8 +6,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ktd import fit, weights
-from ktd.config import ModelSpec
+from ktd.core import fit
+from ktd.core.config import ModelSpec
+from ktd.daemon import weights
 from ktd.topology import read_topology
 from tests.fixtures.topology import build_epyc, build_xeon
 from tests.test_preflight import GIB, safetensors, sparse

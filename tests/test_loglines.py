@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ktctl import render
 from ktd import protocol as p
-from ktd.loadhistory import LoadHistory
-from ktd.loglines import is_probe_access, phase_of, split_probe_access
+from ktd.core.loglines import is_probe_access, phase_of, split_probe_access
+from ktd.daemon.loadhistory import LoadHistory
 
 HEALTH = '[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /health?ktd=probe HTTP/1.1" 200 OK'
 MODELS = '[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /v1/models?ktd=probe HTTP/1.1" 200'

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ktd.placement import Flag, Holding, Plan, plan, user_flags
+from ktd.core.placement import Flag, Holding, Plan, plan, user_flags
 from ktd.topology import Gpu, NumaNode, Topology, read_topology
 from tests.fixtures.topology import (
     FOUR_L40S,

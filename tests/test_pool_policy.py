@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ktd import proctree
+from ktd.daemon import proctree
 from tests.conftest import ConfigWriter, sim_model, wait_for
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ktd import preflight
-from ktd.config import ModelSpec
-from ktd.sglang_options import Catalog, Option
+from ktd.core.config import ModelSpec
+from ktd.core.sglang_options import Catalog, Option
+from ktd.daemon import preflight
 
 
 def _opt(*flags: str, dest: str, **kw: Any) -> Option:

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from ktd.probe import Prober, ProbeResult, missing_message, parse_probe_output
+from ktd.daemon.probe import Prober, ProbeResult, missing_message, parse_probe_output
 
 SHIM = Path(__file__).resolve().parent.parent / "ktd" / "sim" / "shim"
 

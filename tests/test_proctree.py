@@ -7,8 +7,8 @@ import socket
 import subprocess
 import sys
 
-from ktd import proctree
 from ktd.core.exits import signal_name
+from ktd.daemon import proctree
 
 
 def test_descendants_and_identity() -> None:

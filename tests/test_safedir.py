@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ktd.safedir import UnsafeDir, ensure_dir
+from ktd.daemon.safedir import UnsafeDir, ensure_dir
 
 
 def test_creates_with_mode_and_returns_a_directory_fd(tmp_path: Path) -> None:

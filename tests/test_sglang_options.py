@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from ktd.command import LaunchError, build_launch, planner_args
-from ktd.config import ModelSpec
-from ktd.sglang_options import Catalog, Option, OptionError, parse_user_args
+from ktd.core.command import LaunchError, build_launch, planner_args
+from ktd.core.config import ModelSpec
+from ktd.core.sglang_options import Catalog, Option, OptionError, parse_user_args
 
 
 def _opt(*flags: str, dest: str, nargs: int | str | None = None, **kw: object) -> Option:

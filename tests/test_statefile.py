@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from ktd import proctree, statefile
-from ktd.command import ENGINE_MARK
+from ktd.core.command import ENGINE_MARK
+from ktd.daemon import proctree, statefile
 
 
 def test_roundtrip_and_garbage(tmp_path: Path) -> None:

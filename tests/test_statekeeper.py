@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import trio
 
-from ktd import statefile
-from ktd.statekeeper import StateKeeper
+from ktd.daemon import statefile
+from ktd.daemon.statekeeper import StateKeeper
 
 
 def test_failure_is_logged_retried_and_recovered(

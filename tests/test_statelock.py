@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ktd import statelock
+from ktd.daemon import statelock
 
 
 def test_second_holder_is_refused_with_the_pid(tmp_path: Path) -> None:

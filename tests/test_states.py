@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from ktd import states as S
+from ktd.core import states as S
 
 
 def test_lifecycle_path_is_legal() -> None:

@@ -9,8 +9,8 @@ import trio
 import zmq
 
 from ktd import protocol as p
-from ktd.aclient import AsyncClient, ControlError, Unreachable
-from ktd.zmqtrio import TrioSocket
+from ktd.control.aclient import AsyncClient, ControlError, Unreachable
+from ktd.control.zmqtrio import TrioSocket
 
 
 async def test_router_echo_many_concurrent_requests(tmp_path: Path) -> None:

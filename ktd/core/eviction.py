@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from ktd import states as S
+from ktd.core import states as S
 
 __all__ = [
     "Evict",
@@ -32,7 +32,7 @@ __all__ = [
 
 
 class PlanView(Protocol):
-    """What ``place_step`` reads of a placement plan (``ktd.placement.Plan``)."""
+    """What ``place_step`` reads of a placement plan (``ktd.core.placement.Plan``)."""
 
     @property
     def ok(self) -> bool: ...

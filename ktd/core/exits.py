@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ktd.failure import reason_line
+from ktd.core.failure import reason_line
 
 __all__ = [
     "CLEAN_STOP",

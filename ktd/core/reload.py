@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ktd import states as S
-from ktd.config import ModelSpec
+from ktd.core import states as S
+from ktd.core.config import ModelSpec
 
 __all__ = ["Change", "EngineView", "ReloadPlan", "plan_reload"]
 

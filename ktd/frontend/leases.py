@@ -28,7 +28,7 @@ import uuid
 import trio
 
 from ktd import protocol as p
-from ktd.aclient import AsyncClient, ControlError, Unreachable
+from ktd.control.aclient import AsyncClient, ControlError, Unreachable
 
 log = logging.getLogger("ktd.frontend")
 

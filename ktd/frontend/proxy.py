@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from ktd.aclient import ControlError, Unreachable
+from ktd.control.aclient import ControlError, Unreachable
 from ktd.frontend import errors
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.leases import AcquireHandle, Lease, LeaseBroker

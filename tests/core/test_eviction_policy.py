@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ktd import states as S
+from ktd.core import states as S
 from ktd.core.eviction import (
     Evict,
     HolderView,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ktd import states as S
-from ktd.config import ModelSpec
+from ktd.core import states as S
+from ktd.core.config import ModelSpec
 from ktd.core.reload import EngineView, plan_reload
 
 

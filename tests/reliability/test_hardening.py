@@ -21,9 +21,9 @@ import msgspec
 import pytest
 import zmq
 
-from ktd import proctree, statefile
 from ktd import protocol as p
-from ktd.command import ENGINE_MARK
+from ktd.core.command import ENGINE_MARK
+from ktd.daemon import proctree, statefile
 from tests.conftest import ConfigWriter, sim_model
 
 from ._util import FAST_DAEMON, alive, engine_procs, session_of, wait_for

@@ -24,23 +24,24 @@ from typing import Any, Protocol
 import httpx
 import trio
 
-from ktd import loglines, preflight, proctree
-from ktd import states as S
-from ktd.command import ENGINE_MARK, LaunchError, build_env, build_launch
-from ktd.config import DaemonSection, ModelSpec
+from ktd.core import loglines
+from ktd.core import states as S
+from ktd.core.command import ENGINE_MARK, LaunchError, build_env, build_launch
+from ktd.core.config import DaemonSection, ModelSpec
 from ktd.core.eviction import ttl_due
 from ktd.core.exits import CLEAN_STOP, Outcome, classify_exit
 from ktd.core.restart import GiveUp, RestartBudget, retry_delay
-from ktd.enginelog import EngineLog
-from ktd.inotify import FileWatch
-from ktd.probe import KT_FORK, Prober, missing_message
+from ktd.core.sglang_options import Catalog
+from ktd.daemon import preflight, proctree
+from ktd.daemon.enginelog import EngineLog
+from ktd.daemon.inotify import FileWatch
+from ktd.daemon.probe import KT_FORK, Prober, missing_message
 from ktd.protocol import EngineInfo
-from ktd.sglang_options import Catalog
 
 log = logging.getLogger("ktd.engine")
 
 READY_LINE = "The server is fired up and ready to roll"
-KTD_ROOT = str(Path(__file__).resolve().parent.parent)
+KTD_ROOT = str(Path(__file__).resolve().parents[2])
 _GOING_DOWN = frozenset({S.DRAINING, S.STOPPING, S.STOPPED})
 
 

@@ -24,9 +24,9 @@ import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ktd import proctree
-from ktd.command import DIGEST_MARK, ENGINE_MARK
-from ktd.statefile import EngineRecord
+from ktd.core.command import DIGEST_MARK, ENGINE_MARK
+from ktd.daemon import proctree
+from ktd.daemon.statefile import EngineRecord
 
 
 @dataclass(frozen=True)

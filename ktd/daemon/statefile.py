@@ -25,8 +25,8 @@ from pathlib import Path
 
 import msgspec
 
-from ktd import proctree
-from ktd.command import ENGINE_MARK
+from ktd.core.command import ENGINE_MARK
+from ktd.daemon import proctree
 
 
 class EngineRecord(msgspec.Struct, kw_only=True):

@@ -5,7 +5,7 @@ ktd, so only that interpreter can answer. Why read the options from SGLang's
 own argparse (``ServerArgs.add_cli_args``, which both ``sglang`` and the kt
 fork ``sglang-kt`` build their parser with): the two packages differ in their
 ``--kt-*`` flags and real SGLang refuses an unknown flag with exit 2, so argv
-is built only from flags the installed SGLang declares (:mod:`ktd.sglang_options`).
+is built only from flags the installed SGLang declares (:mod:`ktd.core.sglang_options`).
 Why package metadata: the fork reports ``sglang.__version__ == "0.0.0.dev0"``;
 ``packages_distributions()["sglang"]`` names the distribution that installed
 the module (``sglang`` or ``sglang-kt``) and its real version.
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import msgspec
 import trio
 
-from ktd.sglang_options import Catalog, CatalogData
+from ktd.core.sglang_options import Catalog, CatalogData
 
 # Stdlib only in the engine's interpreter; every step guarded so one missing
 # piece (an SGLang without server_args) still reports the rest.
@@ -186,7 +186,7 @@ def parse_probe_output(python: str, returncode: int, output: str) -> ProbeResult
 
 def env_key(python: str, env: Mapping[str, str]) -> tuple[str, str]:
     """The cache key: the interpreter and everything in its environment but ktd's engine marker."""
-    from ktd.command import ENGINE_MARK
+    from ktd.core.command import ENGINE_MARK
 
     items = sorted((k, v) for k, v in env.items() if k != ENGINE_MARK)
     return python, hashlib.sha256(json.dumps(items).encode()).hexdigest()

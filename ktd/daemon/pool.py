@@ -19,19 +19,19 @@ from typing import Any, Protocol
 import httpx
 import trio
 
-from ktd import adoption, fit, loglines, proctree, statefile, weights
-from ktd import states as S
-from ktd.command import ENGINE_MARK, build_env, planner_args
-from ktd.config import Config, ModelSpec
-from ktd.core import eviction
+from ktd.core import eviction, fit, loglines
+from ktd.core import states as S
+from ktd.core.command import ENGINE_MARK, build_env, planner_args
+from ktd.core.config import Config, ModelSpec
 from ktd.core.reload import EngineView, plan_reload
-from ktd.engine import Busy, Engine, Lease, PlacementLike, Running, Unplaceable
-from ktd.loadhistory import LoadHistory
-from ktd.preflight import Refused
-from ktd.probe import Prober, ProbeResult
+from ktd.core.sglang_options import Catalog
+from ktd.daemon import adoption, proctree, statefile, weights
+from ktd.daemon.engine import Busy, Engine, Lease, PlacementLike, Running, Unplaceable
+from ktd.daemon.loadhistory import LoadHistory
+from ktd.daemon.preflight import Refused
+from ktd.daemon.probe import Prober, ProbeResult
+from ktd.daemon.statekeeper import StateKeeper
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
-from ktd.sglang_options import Catalog
-from ktd.statekeeper import StateKeeper
 
 log = logging.getLogger("ktd")
 
@@ -144,7 +144,7 @@ class Pool:
         self._topology = topo
 
     def holdings(self, exclude: Engine | None = None) -> list[Any]:
-        from ktd.placement import Holding
+        from ktd.core.placement import Holding
 
         out = []
         for e in self.engines.values():
@@ -169,9 +169,9 @@ class Pool:
         """The placement of ``spec`` given every other engine's holdings (pure given those).
 
         With ``catalog`` the user's flags are read as SGLang reads them (prefixes
-        included); raises :class:`~ktd.command.LaunchError` for ones it would refuse.
+        included); raises :class:`~ktd.core.command.LaunchError` for ones it would refuse.
         """
-        from ktd.placement import plan
+        from ktd.core.placement import plan
 
         return plan(
             spec.alias,
@@ -381,7 +381,7 @@ class Pool:
     def adopt(self) -> tuple[list[str], list[int]]:
         """Take over the engines a previous daemon left running; kill what cannot be adopted.
 
-        Ownership is the engine marker in each process's environment (``ktd.adoption``);
+        Ownership is the engine marker in each process's environment (``ktd.daemon.adoption``);
         the state file only adds how each was placed. Call before ``run()``.
         Returns (adopted aliases, killed pids).
         """

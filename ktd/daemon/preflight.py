@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ktd import proctree
-from ktd.command import LaunchError, build_launch
-from ktd.config import ModelSpec
-from ktd.sglang_options import Catalog
+from ktd.core.command import LaunchError, build_launch
+from ktd.core.config import ModelSpec
+from ktd.core.sglang_options import Catalog
+from ktd.daemon import proctree
 
 __all__ = [
     "Facts",
@@ -67,7 +67,7 @@ def check_flags(spec: ModelSpec, capabilities: Catalog | None) -> str | None:
     """Why the installed SGLang would refuse this model's command line (unknown,
     ambiguous or value-less flags in ``extra_args``), or None.
 
-    The same rules the launch applies (``ktd.command.build_launch`` with the
+    The same rules the launch applies (``ktd.core.command.build_launch`` with the
     probe's catalogue, argparse's prefix rule included); no catalogue = unknown,
     which is never a refusal.
     """

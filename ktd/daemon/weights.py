@@ -1,4 +1,4 @@
-"""Sizes read from a model's files, for the memory estimate (the I/O beside ``ktd.fit``).
+"""Sizes read from a model's files, for the memory estimate (the I/O beside ``ktd.core.fit``).
 
 Apparent sizes (``st_size``), not allocated blocks: what a load reads into RAM
 is the file's length, and tests stand sparse files in for hundreds of GB.
@@ -13,9 +13,9 @@ import os
 import struct
 from pathlib import Path
 
-from ktd import fit
-from ktd.config import ModelSpec
-from ktd.preflight import read_model_config
+from ktd.core import fit
+from ktd.core.config import ModelSpec
+from ktd.daemon.preflight import read_model_config
 
 __all__ = ["apparent_size", "estimate_spec", "non_expert_bytes"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ktd.config import ModelSpec
-from ktd.sglang_options import Catalog, Option, OptionError, UserFlag, parse_user_args
+from ktd.core.config import ModelSpec
+from ktd.core.sglang_options import Catalog, Option, OptionError, UserFlag, parse_user_args
 
 # Set on every engine so the daemon can recognise its own processes (and a
 # re-started daemon its predecessor's) from /proc/<pid>/environ.

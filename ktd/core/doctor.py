@@ -1,7 +1,7 @@
 """``ktctl doctor``: checks that catch kt-kernel's usual failures before a 5-minute load does.
 
 The checks are pure functions of a :class:`~ktd.topology.Topology`, a
-:class:`~ktd.config.ModelSpec` and a probe result dict; filesystem and socket
+:class:`~ktd.core.config.ModelSpec` and a probe result dict; filesystem and socket
 look-ups are injectable callables. The part that runs the probe subprocess in
 the engine's interpreter lives elsewhere, so everything here is testable on a
 laptop against fixture machines.
@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .command import LaunchError, build_launch, planner_args
-from .config import ModelSpec
-from .placement import plan, user_flags
-from .sglang_options import Catalog
-from .topology import Topology, format_cpulist
+from ktd.core.command import LaunchError, build_launch, planner_args
+from ktd.core.config import ModelSpec
+from ktd.core.placement import plan, user_flags
+from ktd.core.sglang_options import Catalog
+from ktd.core.topology import Topology, format_cpulist
 
 __all__ = [
     "Check",
@@ -443,7 +443,7 @@ def argv_check(spec: ModelSpec, topo: Topology, catalog: Catalog | None) -> list
 
 
 def python_checks(probe: Mapping[str, Any]) -> list[Check]:
-    """Verdicts on the engine interpreter probe (:meth:`ktd.probe.ProbeResult.summary`).
+    """Verdicts on the engine interpreter probe (:meth:`ktd.daemon.probe.ProbeResult.summary`).
 
     ``probe`` = ``{"python", "sglang", "sglang_package", "kt_fork", "kt_flags",
     "kt_kernel", "kt_variant", "options_error", "error"}``: ``sglang`` is the real

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import trio
 
-from ktd import statefile
+from ktd.daemon import statefile
 
 log = logging.getLogger("ktd.state")
 

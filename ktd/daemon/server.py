@@ -18,8 +18,8 @@ import zmq
 
 from ktd import __version__
 from ktd import protocol as p
-from ktd.pool import OpError, Pool
-from ktd.zmqtrio import Frames, TrioSocket
+from ktd.control.zmqtrio import Frames, TrioSocket
+from ktd.daemon.pool import OpError, Pool
 
 log = logging.getLogger("ktd.server")
 

@@ -20,17 +20,18 @@ from typing import Any
 import trio
 import zmq
 
-from ktd import paths, proctree, safedir, sdnotify, statefile, statelock
-from ktd.command import LaunchError
-from ktd.config import Config, ConfigError, load_config
+from ktd import paths
+from ktd.core.command import LaunchError
+from ktd.core.config import Config, ConfigError, load_config
 from ktd.core.exits import signal_name
+from ktd.daemon import proctree, safedir, sdnotify, statefile, statelock
+from ktd.daemon.pool import OpError, Pool
+from ktd.daemon.server import ControlServer
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
 from ktd.placecheck import check_placements
-from ktd.pool import OpError, Pool
 from ktd.protocol import HARD_MAX_FRAME, ErrorCode
 from ktd.runtime import add_common_options, load_or_report, setup_logging
-from ktd.server import ControlServer
 from ktd.topology import read_topology
 
 log = logging.getLogger("ktd")
@@ -57,7 +58,7 @@ class Setup:
 
 def prepare_runtime_dir(directory: Path, group: str | None) -> None:
     """0700 (0750 with a group), owned by us: the socket's permission is the directory's.
-    Checked without following symlinks (``ktd.safedir``): a planted link is an error."""
+    Checked without following symlinks (``ktd.daemon.safedir``): a planted link is an error."""
     mode = 0o750 if group else 0o700
     try:
         fd = safedir.ensure_dir(directory, mode, what="runtime dir", fix_mode=True)

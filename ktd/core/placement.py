@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from .topology import Topology, format_cpulist
+from ktd.core.topology import Topology, format_cpulist
 
 __all__ = [
     "PLACEMENT_FLAGS",
