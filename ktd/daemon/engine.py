@@ -87,6 +87,8 @@ class EngineHost(Protocol):
     def base_env(self) -> Mapping[str, str]: ...
     @property
     def instance(self) -> str: ...  # this daemon's key, prefixed to every engine id
+    @property
+    def keeping_engines(self) -> bool: ...  # the daemon exits and leaves engines running
 
     async def place(self, engine: Engine) -> PlacementLike | None: ...
 
@@ -170,7 +172,6 @@ class Engine:
         self.pending_spec: ModelSpec | None = None
         self.retired = False  # removed from config: stop and forget
         self.finished = False  # the owner task has returned (a retired engine is gone)
-        self.generation = 0
         self.downs = 0  # request_down() calls: lets a deferred restart see an evict since
         self.adopt: Running | None = None
         self.catalog: Catalog | None = None  # the installed SGLang's options (from the probe)
@@ -410,7 +411,6 @@ class Engine:
         # count against its restart budget.
         self.budget.reset()
         while self.want_up or (adopted is not None and first):
-            self.generation += 1
             if adopted is not None and first:
                 outcome = await self._adopted(adopted)
             else:
@@ -562,22 +562,9 @@ class Engine:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (env.get("PYTHONPATH", ""), KTD_ROOT) if p
             )
-        fd = self.log.open_for_engine()
-        self.log.start_following(from_end=True)
-        self.log.note(f"starting: {subprocess.list2cmdline(argv)}")
-        try:
-            proc = await trio.lowlevel.open_process(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=fd if fd is not None else subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            if fd is not None:
-                os.close(fd)
+        proc = await self._open_logged(
+            cmd, env, note=f"starting: {subprocess.list2cmdline(argv)}", no_log=subprocess.PIPE
+        )
         info = proctree.read_stat(proc.pid)
         run = Running(
             digest=self.spec.launch_digest(),
@@ -591,6 +578,28 @@ class Engine:
         self.host.state_changed(self)
         return run
 
+    async def _open_logged(
+        self, cmd: list[str], env: dict[str, str], *, note: str, no_log: int
+    ) -> trio.Process:
+        """Start ``cmd`` in a new session, stdout+stderr to the engine's log file (to
+        ``no_log`` when the file cannot be opened), followed from ``note`` on."""
+        fd = self.log.open_for_engine()
+        self.log.start_following(from_end=True)
+        self.log.note(note)
+        try:
+            return await trio.lowlevel.open_process(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=fd if fd is not None else no_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
+
     async def _pip_install_sglang(self, env: dict[str, str], kt_kernel: str | None) -> bool:
         """``auto_build``: the kt fork (``sglang-kt``), never upstream ``sglang``, whose kt
         wrapper does not match kt-kernel's API. The installed kt-kernel is pinned so pip
@@ -599,21 +608,9 @@ class Engine:
         cmd = [self.spec.python, "-m", "pip", "install", KT_FORK]
         if kt_kernel and re.fullmatch(r"\d+(\.\d+)*", kt_kernel):
             cmd.append(f"kt-kernel=={kt_kernel}")
-        fd = self.log.open_for_engine()
-        self.log.start_following(from_end=True)
-        self.log.note(f"auto_build: {subprocess.list2cmdline(cmd)}")
-        try:
-            proc = await trio.lowlevel.open_process(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=fd if fd is not None else subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            if fd is not None:
-                os.close(fd)
+        proc = await self._open_logged(
+            cmd, env, note=f"auto_build: {subprocess.list2cmdline(cmd)}", no_log=subprocess.DEVNULL
+        )
         try:
             async with trio.open_nursery() as n:
                 n.start_soon(self._follow_log)
@@ -663,7 +660,7 @@ class Engine:
         return outcome
 
     def _keep_on_exit(self) -> bool:
-        return getattr(self.host, "keeping_engines", False) is True
+        return self.host.keeping_engines
 
     async def _watch_exit(self, run: Running) -> None:
         await run.wait()

@@ -152,12 +152,6 @@ def reap(pids: Iterable[int]) -> None:
                 raise
 
 
-def adopted_orphans(known_children: set[int]) -> list[ProcInfo]:
-    """Our children that we never spawned: descendants of some engine whose parent died."""
-    me = os.getpid()
-    return [p for p in all_procs().values() if p.ppid == me and p.pid not in known_children]
-
-
 def port_free(host: str, port: int) -> bool:
     """Can the port be bound again? (SO_REUSEADDR, as SGLang's uvicorn binds.)"""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

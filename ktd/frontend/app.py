@@ -65,6 +65,7 @@ class State:
             options.control_endpoint,
             client_id=options.client_id,
             heartbeat_interval=options.heartbeat_interval,
+            on_unreachable=self.metrics.daemon_errors.inc,
         )
         self.upstream = Pool(read_timeout=options.frontend.read_timeout)
         self.created = int(time.time())
