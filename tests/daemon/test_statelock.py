@@ -14,7 +14,7 @@ from ktd.daemon import statelock
 
 def test_second_holder_is_refused_with_the_pid(tmp_path: Path) -> None:
     code = (
-        "import sys, time; from pathlib import Path; from ktd import statelock; "
+        "import sys, time; from pathlib import Path; from ktd.daemon import statelock; "
         f"statelock.acquire(Path({str(tmp_path)!r})); print('locked', flush=True); "
         "time.sleep(60)"
     )

@@ -10,8 +10,8 @@ from ktd.core import fit
 from ktd.core.config import ModelSpec
 from ktd.daemon import weights
 from ktd.topology import read_topology
+from tests.daemon.test_preflight import GIB, safetensors, sparse
 from tests.fixtures.topology import build_epyc, build_xeon
-from tests.test_preflight import GIB, safetensors, sparse
 
 DEEPSEEK_V3 = {
     "hidden_size": 7168,

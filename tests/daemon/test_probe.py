@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ktd.daemon.probe import Prober, ProbeResult, missing_message, parse_probe_output
 
-SHIM = Path(__file__).resolve().parent.parent / "ktd" / "sim" / "shim"
+SHIM = Path(__file__).resolve().parents[2] / "ktd" / "sim" / "shim"
 
 
 def test_parse() -> None:

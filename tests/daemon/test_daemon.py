@@ -332,7 +332,7 @@ def test_auto_build_runs_pip_in_the_engine_python(
     (only_kt / "kt_kernel").mkdir(parents=True)
     (only_kt / "kt_kernel" / "__init__.py").write_text("__version__ = '0'\n")
     fake = tmp_path / "python"
-    shim = Path(__file__).parent.parent / "ktd" / "sim" / "shim" / "sglang"
+    shim = Path(__file__).parents[2] / "ktd" / "sim" / "shim" / "sglang"
     fake.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then\n'
@@ -350,7 +350,7 @@ def test_auto_build_runs_pip_in_the_engine_python(
                 kt={
                     "python": str(fake),
                     "extra_env": {
-                        "PYTHONPATH": f"{only_kt}{os.pathsep}{Path(__file__).parent.parent}"
+                        "PYTHONPATH": f"{only_kt}{os.pathsep}{Path(__file__).parents[2]}"
                     },
                 },
             )

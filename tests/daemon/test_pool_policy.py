@@ -218,7 +218,7 @@ def test_systemd_notify_ready_after_socket(
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze missing")
 def test_unit_files_verify() -> None:
-    root = Path(__file__).resolve().parent.parent / "systemd"
+    root = Path(__file__).resolve().parents[2] / "systemd"
     units = [str(root / "ktd.service"), str(root / "ktd-frontend.service")]
     r = subprocess.run(
         ["systemd-analyze", "verify", *units],
