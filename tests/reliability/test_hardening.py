@@ -29,7 +29,14 @@ from tests.conftest import ConfigWriter, sim_model
 from ._util import FAST_DAEMON, alive, engine_procs, session_of, wait_for
 from .test_faults import assert_clean, small_tmpfs, state_is
 
-LONG_PATH = "/models/" + "p" * 2500  # makes a record of three engines > one 4 KiB page
+
+def long_model_path(root: Path) -> str:
+    """A model dir (with the config.json preflight asks for) whose path is 2,400+ chars:
+    it makes a record of three engines larger than one 4 KiB page."""
+    from ktd.sim.model import make_model
+
+    model, _ = make_model(root.joinpath(*["p" * 200] * 12), "model")
+    return model
 
 
 def _fill(mnt: Path, leave: int = 0) -> Path:
@@ -79,7 +86,8 @@ def test_full_state_disk_never_truncates_the_record_nor_kills_at_restart(
     with small_tmpfs("512k") as mnt:
         env = {**ktd_env, "KTD_STATE_DIR": str(mnt / "state")}
         aliases = ["fd-a", "fd-b", "fd-c"]
-        models = [sim_model(a, path=LONG_PATH) for a in aliases]
+        long_path = long_model_path(tmp_path)
+        models = [sim_model(a, path=long_path) for a in aliases]
         cfg = write_config(models, daemon={**FAST_DAEMON, "log_dir": str(tmp_path / "logs")})
         state = mnt / "state" / "engines.json"
         d1 = daemon_factory(cfg, env=env)
