@@ -15,19 +15,12 @@ import trio
 import zmq
 
 from ktd import protocol as p
+from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, TrioSocket
 
 
 class Unreachable(Exception):
     """No reply from the daemon in time: it is down, or not listening on that socket."""
-
-
-class ControlError(Exception):
-    def __init__(self, reply: p.Error) -> None:
-        self.code = reply.code
-        self.message = reply.message
-        self.detail = reply.detail
-        super().__init__(f"{reply.code}: {reply.message}")
 
 
 class AsyncClient:
@@ -91,5 +84,5 @@ class AsyncClient:
         finally:
             self._waiting.pop(msg.id, None)
         if isinstance(reply, p.Error):
-            raise ControlError(reply)
+            raise ControlError.from_reply(reply)
         return reply

@@ -21,11 +21,12 @@ import trio
 import zmq
 
 from ktd import paths
+from ktd.control.errors import ControlError
 from ktd.core.command import LaunchError
 from ktd.core.config import Config, ConfigError, load_config
 from ktd.core.exits import signal_name
 from ktd.daemon import proctree, safedir, sdnotify, statefile, statelock
-from ktd.daemon.pool import OpError, Pool
+from ktd.daemon.pool import Pool
 from ktd.daemon.server import ControlServer
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
@@ -151,7 +152,7 @@ class Daemon:
             check_placements(new, self.pool.topology)
         except ConfigError as exc:
             log.error("reload refused: %s", exc)
-            raise OpError(
+            raise ControlError(
                 ErrorCode.CONFIG_ERROR,
                 f"{exc} (the running config is kept)",
                 {"file": exc.file, "path": exc.path},
@@ -268,7 +269,7 @@ class Daemon:
                 if sig == signal.SIGHUP:
                     try:
                         await self.reload()
-                    except OpError as exc:
+                    except ControlError as exc:
                         log.error("SIGHUP reload failed: %s", exc.message)
                 else:
                     log.info("received %s", signal_name(sig))

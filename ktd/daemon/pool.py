@@ -1,7 +1,8 @@
 """The engine pool: routing, placement, leases, TTL, and the operations of the control API.
 
 The pool never touches an engine's processes: it sets desires on engines and
-waits for their supervisors. Operations raise ``OpError`` with a stable code.
+waits for their supervisors. Operations raise ``ControlError`` (``ktd.control.errors``)
+with a stable code.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 import httpx
 import trio
 
+from ktd.control.errors import ControlError
 from ktd.core import eviction, fit, loglines
 from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK, build_env, planner_args
@@ -34,14 +36,6 @@ from ktd.daemon.statekeeper import StateKeeper
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
 
 log = logging.getLogger("ktd")
-
-
-class OpError(Exception):
-    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.detail = detail or {}
 
 
 Publisher = Callable[[str, Event], None]
@@ -487,12 +481,12 @@ class Pool:
             return engine
         spec = self.config.models.get(alias)
         if spec is not None and not spec.served:
-            raise OpError(
+            raise ControlError(
                 ErrorCode.NOT_KT,
                 f"{alias!r} is configured but not served by ktd: {spec.not_served_reason}",
                 {"backend": spec.backend},
             )
-        raise OpError(
+        raise ControlError(
             ErrorCode.UNKNOWN_MODEL,
             f"unknown model {alias!r}; ktd serves: {', '.join(sorted(self.engines)) or 'nothing'}",
             {"models": sorted(self.engines)},
@@ -528,7 +522,7 @@ class Pool:
 
     def _check_open(self) -> None:
         if self.shutting_down:
-            raise OpError(ErrorCode.SHUTTING_DOWN, "ktd is shutting down")
+            raise ControlError(ErrorCode.SHUTTING_DOWN, "ktd is shutting down")
 
     async def load(
         self, alias: str, *, wait: bool = True, timeout: float | None = None
@@ -547,7 +541,7 @@ class Pool:
             return engine.info()
         limit = math.inf if timeout is None or timeout <= 0 else timeout
         if not await engine.wait_until(engine.load_settled, limit):
-            raise OpError(
+            raise ControlError(
                 ErrorCode.TIMEOUT,
                 f"{alias} not ready after {limit:g}s (still {engine.state}; the load goes on)",
                 {"state": engine.state},
@@ -566,8 +560,8 @@ class Pool:
         if engine.state == S.FAILED:
             detail["retry_after"] = engine.retry_in()
         if engine.error_code == ErrorCode.BUSY:
-            raise OpError(ErrorCode.BUSY, f"{engine.alias}: {engine.reason}", detail)
-        raise OpError(ErrorCode.LOAD_FAILED, f"{engine.alias}: {engine.reason}", detail)
+            raise ControlError(ErrorCode.BUSY, f"{engine.alias}: {engine.reason}", detail)
+        raise ControlError(ErrorCode.LOAD_FAILED, f"{engine.alias}: {engine.reason}", detail)
 
     async def evict(
         self,
@@ -582,7 +576,7 @@ class Pool:
         elif alias is not None:
             targets = [self.engine(alias)]
         else:
-            raise OpError(ErrorCode.BAD_REQUEST, "evict needs an alias or all=true")
+            raise ControlError(ErrorCode.BAD_REQUEST, "evict needs an alias or all=true")
         evicted = []
         for engine in targets:
             if engine.state in S.HOLDS_RESOURCES or engine.want_up:
@@ -625,7 +619,7 @@ class Pool:
             return self.grant(engine, client), engine
         limit_q = engine.spec.max_queue
         if limit_q is not None and len(engine.queue) >= limit_q:
-            raise OpError(
+            raise ControlError(
                 ErrorCode.QUEUE_FULL,
                 f"{len(engine.queue)} request(s) already waiting (max_queue {limit_q})",
                 {"queued": len(engine.queue), "retry_after": 1.0},
@@ -637,7 +631,7 @@ class Pool:
         try:
             with trio.move_on_after(limit):
                 return await self._wait_turn(engine, ticket, client, autoload)
-            raise OpError(
+            raise ControlError(
                 ErrorCode.TIMEOUT,
                 f"{model} not ready after {limit:g}s (still {engine.state}; the load goes on)",
                 {"state": engine.state},
@@ -655,7 +649,7 @@ class Pool:
         while True:
             self._check_open()
             if engine.retired:
-                raise OpError(
+                raise ControlError(
                     ErrorCode.UNKNOWN_MODEL,
                     f"{engine.alias} was removed from the config while the request waited",
                     {"models": sorted(a for a, e in self.engines.items() if not e.retired)},
@@ -675,7 +669,7 @@ class Pool:
                     # busy, or stopped by an evict): say so rather than start another.
                     self._settled(engine)
                 if not autoload:
-                    raise OpError(
+                    raise ControlError(
                         ErrorCode.NOT_LOADED,
                         f"{engine.alias} is not loaded (state {state}); "
                         f"run: ktctl load {engine.alias}",
@@ -683,7 +677,7 @@ class Pool:
                     )
                 if state == S.FAILED and engine.retry_in() > 0:
                     wait = engine.retry_in()
-                    raise OpError(
+                    raise ControlError(
                         ErrorCode.LOAD_FAILED,
                         f"{engine.alias} failed: {engine.reason}; the next request after "
                         f"{wait:.0f}s retries it (or run `ktctl load {engine.alias}`)",

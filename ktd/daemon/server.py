@@ -18,16 +18,17 @@ import zmq
 
 from ktd import __version__
 from ktd import protocol as p
+from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, TrioSocket
-from ktd.daemon.pool import OpError, Pool
+from ktd.daemon.pool import Pool
 
 log = logging.getLogger("ktd.server")
 
 
 def error_reply(req: p.Request, exc: Exception) -> p.Error:
-    """OpErrors carry their stable code; anything else is a bug, logged, never fatal."""
-    if isinstance(exc, OpError):
-        return p.Error(code=exc.code, message=exc.message, detail=exc.detail)
+    """ControlErrors carry their stable code; anything else is a bug, logged, never fatal."""
+    if isinstance(exc, ControlError):
+        return exc.to_reply()
     log.error("request %r failed", req, exc_info=exc)
     return p.Error(code=p.ErrorCode.INTERNAL, message=f"internal error: {exc!r}")
 
@@ -172,4 +173,4 @@ class ControlServer:
                 return p.AcquireReply(lease=lease, alias=engine.alias, url=engine.url or "")
             case p.Doctor():
                 return p.DoctorReply(report=await self._doctor())
-        raise OpError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")
+        raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")

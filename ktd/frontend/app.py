@@ -23,7 +23,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ktd import protocol as p
-from ktd.control.aclient import ControlError, Unreachable
+from ktd.control.aclient import Unreachable
+from ktd.control.errors import ControlError
 from ktd.core.config import FrontendSection
 from ktd.frontend import catalog, errors, gateway_metrics, worker_info
 from ktd.frontend.auth import ApiKeys

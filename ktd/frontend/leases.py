@@ -29,7 +29,8 @@ from collections.abc import Callable
 import trio
 
 from ktd import protocol as p
-from ktd.control.aclient import AsyncClient, ControlError, Unreachable
+from ktd.control.aclient import AsyncClient, Unreachable
+from ktd.control.errors import ControlError
 
 log = logging.getLogger("ktd.frontend")
 

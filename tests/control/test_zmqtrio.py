@@ -9,7 +9,8 @@ import trio
 import zmq
 
 from ktd import protocol as p
-from ktd.control.aclient import AsyncClient, ControlError, Unreachable
+from ktd.control.aclient import AsyncClient, Unreachable
+from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import TrioSocket
 
 
