@@ -21,12 +21,14 @@ import httpx
 import trio
 
 from ktd.control.errors import ControlError
-from ktd.core import eviction, fit, loglines
+from ktd.core import eviction, fit, loglines, placement
 from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK, build_env, planner_args
 from ktd.core.config import Config, ModelSpec
+from ktd.core.placement import Holding, Plan
 from ktd.core.reload import EngineView, plan_reload
 from ktd.core.sglang_options import Catalog
+from ktd.core.topology import Topology
 from ktd.daemon import adoption, proctree, statefile, weights
 from ktd.daemon.engine import Busy, Engine, Lease, PlacementLike, Running, Unplaceable
 from ktd.daemon.loadhistory import LoadHistory
@@ -34,6 +36,7 @@ from ktd.daemon.preflight import Refused
 from ktd.daemon.probe import Prober, ProbeResult
 from ktd.daemon.statekeeper import StateKeeper
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
+from ktd.topology import read_topology
 
 log = logging.getLogger("ktd")
 
@@ -85,7 +88,7 @@ class Pool:
         self.shutting_down = False
         self._place_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
-        self._topology: Any = None
+        self._topology: Topology | None = None
         self._ttl_wake = trio.Event()
         self._restart_after_adoption: list[Engine] = []
         self._tickets = itertools.count()  # arrival order of acquires, across engines
@@ -125,21 +128,17 @@ class Pool:
     # ------------------------------------------------------------ EngineHost
 
     @property
-    def topology(self) -> Any:
+    def topology(self) -> Topology:
         if self._topology is None:
-            from ktd.topology import read_topology
-
             self._topology = read_topology(
                 weights.machine_root(), nvidia_smi=weights.nvidia_smi_cmd()
             )
         return self._topology
 
-    def refresh_topology(self, topo: Any) -> None:
+    def refresh_topology(self, topo: Topology) -> None:
         self._topology = topo
 
-    def holdings(self, exclude: Engine | None = None) -> list[Any]:
-        from ktd.core.placement import Holding
-
+    def holdings(self, exclude: Engine | None = None) -> list[Holding]:
         out = []
         for e in self.engines.values():
             if e is exclude or e.plan is None or e.state not in S.HOLDS_RESOURCES:
@@ -159,15 +158,13 @@ class Pool:
 
     def make_plan(
         self, spec: ModelSpec, *, exclude: Engine | None = None, catalog: Catalog | None = None
-    ) -> Any:
+    ) -> Plan:
         """The placement of ``spec`` given every other engine's holdings (pure given those).
 
         With ``catalog`` the user's flags are read as SGLang reads them (prefixes
         included); raises :class:`~ktd.core.command.LaunchError` for ones it would refuse.
         """
-        from ktd.core.placement import plan
-
-        return plan(
+        return placement.plan(
             spec.alias,
             spec.numa,
             spec.gpus,
@@ -181,7 +178,7 @@ class Pool:
             allow_evict=spec.swap,
         )
 
-    async def fit(self, spec: ModelSpec, plan: Any) -> tuple[fit.Estimate, fit.Fit]:
+    async def fit(self, spec: ModelSpec, plan: Plan) -> tuple[fit.Estimate, fit.Fit]:
         """The memory estimate of ``spec`` on ``plan``, counting what its evictions free."""
         victims = [
             (v.spec, tuple(v.plan.numa_nodes), tuple(v.plan.gpus))
