@@ -30,6 +30,7 @@ import zmq
 
 from ktd import paths
 from ktd import protocol as p
+from ktd.control.errors import ControlError
 
 __all__ = [
     "Client",
@@ -83,21 +84,11 @@ class ProtocolError(KtctlError):
     code = "protocol"
 
 
-class KtdError(KtctlError):
+class KtdError(KtctlError, ControlError):
     """ktd answered with an error reply; ``code`` is one of ``ktd.protocol.ErrorCode``.
 
     Scripts should match on ``code`` (stable), not on ``message`` (prose).
     """
-
-    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.detail: dict[str, Any] = dict(detail or {})
-
-    @classmethod
-    def from_reply(cls, reply: p.Error) -> KtdError:
-        return cls(reply.code, reply.message, reply.detail)
 
 
 # ---------------------------------------------------------------- reachability

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     cmd, rest = args[0], args[1:]
     if cmd == "serve":
-        from ktd import daemon
+        from ktd.daemon import main as daemon
 
         return daemon.main(rest)
     if cmd == "frontend":

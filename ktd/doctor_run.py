@@ -1,4 +1,4 @@
-"""The I/O around ``ktd.doctor`` and ``ktd.placement``: probing, dry-run plans, reports.
+"""The I/O around ``ktd.core.doctor`` and ``ktd.core.placement``: probing, dry-run plans, reports.
 
 Doctor runs in the daemon when there is one (it sees the machine and the
 environment the engines will get), locally otherwise.
@@ -10,15 +10,16 @@ import os
 import subprocess
 from typing import TYPE_CHECKING, Any
 
-from ktd import doctor, proctree
-from ktd.command import LaunchError, build_env, build_launch, env_additions
-from ktd.config import Config, ModelSpec, load_config
-from ktd.probe import PROBE_CODE, ProbeResult, parse_probe_output
+from ktd.core import doctor
+from ktd.core.command import LaunchError, build_env, build_launch, env_additions
+from ktd.core.config import Config, ModelSpec, load_config
+from ktd.daemon import proctree
+from ktd.daemon.probe import PROBE_CODE, ProbeResult, parse_probe_output
 from ktd.topology import Topology, read_topology
 
 if TYPE_CHECKING:
+    from ktd.daemon.pool import Pool
     from ktd.gateway.sync import GatewaySync
-    from ktd.pool import Pool
 
 
 def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> dict[str, Any]:

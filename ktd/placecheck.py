@@ -4,7 +4,7 @@ Why: ``"numa": [7]`` on a one-node machine, or ``"gpus": 4`` on a box with two,
 fails the same way on every launch. Reported at request time it looked like
 "busy" (503 + Retry-After), so clients retried forever and ``ktd serve``
 started without a word. Checked at ``ktd serve`` and at every reload instead,
-as a :class:`~ktd.config.ConfigError` naming the file and the field.
+as a :class:`~ktd.core.config.ConfigError` naming the file and the field.
 
 Each request is planned alone on an empty machine, NUMA and GPUs separately,
 so the error names the field at fault. A GPU request is only refused when the
@@ -14,8 +14,8 @@ the launch is left to try. Pure given the topology.
 
 from __future__ import annotations
 
-from ktd.config import Config, ConfigError, ModelSpec
-from ktd.placement import NUMA_FLAG, POOL_FLAG, TP_FLAGS, plan, user_flags
+from ktd.core.config import Config, ConfigError, ModelSpec
+from ktd.core.placement import NUMA_FLAG, POOL_FLAG, TP_FLAGS, plan, user_flags
 from ktd.topology import Topology
 
 

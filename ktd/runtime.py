@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ktd import paths
-from ktd.config import Config, ConfigError, load_config
+from ktd.core.config import Config, ConfigError, load_config
 
 
 def add_common_options(ap: argparse.ArgumentParser) -> None:

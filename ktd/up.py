@@ -272,7 +272,7 @@ def main(argv: list[str]) -> int:
         env.pop("KTD_CONFIG", None)
     else:
         config_path = Path(args.config) if args.config else paths.default_config_path(env)
-        from ktd.config import ConfigError, load_config
+        from ktd.core.config import ConfigError, load_config
 
         if not config_path.exists():
             print(no_config_message(config_path), file=sys.stderr)

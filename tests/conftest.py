@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from ktd import proctree
+from ktd.daemon import proctree
 
 REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "ktd" / "sim" / "shim"

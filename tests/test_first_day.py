@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ktd.config import load_config
+from ktd.core.config import load_config
 from ktd.up import _banner, demo_config
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ktd.config import ConfigError, ConfigFile, ModelEntry, resolve_models
+from ktd.core.config import ConfigError, ConfigFile, ModelEntry, resolve_models
+from ktd.core.placement import plan
 from ktd.placecheck import check_spec
-from ktd.placement import plan
 from ktd.topology import Topology, read_topology
 from tests.conftest import ConfigWriter, sim_model
 from tests.fixtures.topology import TWO_H100, FakeRun, build, smi_csv, xeon_machine
@@ -33,7 +33,7 @@ def test_impossible_plans_are_marked_and_busy_ones_are_not(xeon: Topology) -> No
     assert plan("a", "none", 3, [], xeon, []).impossible
     held = plan("b", [0], 0, [], xeon, [])
     assert held.ok
-    from ktd.placement import Holding
+    from ktd.core.placement import Holding
 
     busy = plan("a", [0], 0, [], xeon, [Holding("b", (0,), (), leases=1)])
     assert not busy.ok and not busy.impossible

@@ -23,8 +23,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ktd import protocol as p
-from ktd.aclient import ControlError, Unreachable
-from ktd.config import FrontendSection
+from ktd.control.aclient import Unreachable
+from ktd.control.errors import ControlError
+from ktd.core.config import FrontendSection
 from ktd.frontend import catalog, errors, gateway_metrics, worker_info
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.catalog import ResponseBook
@@ -65,6 +66,7 @@ class State:
             options.control_endpoint,
             client_id=options.client_id,
             heartbeat_interval=options.heartbeat_interval,
+            on_unreachable=self.metrics.daemon_errors.inc,
         )
         self.upstream = Pool(read_timeout=options.frontend.read_timeout)
         self.created = int(time.time())

@@ -18,7 +18,8 @@ import msgspec
 import trio
 
 from ktd import protocol as p
-from ktd.aclient import ControlError, Unreachable
+from ktd.control.aclient import Unreachable
+from ktd.control.errors import ControlError
 from ktd.frontend.leases import LeaseBroker
 from ktd.frontend.upstream import Pool, UpstreamError
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from ktd.protocol import ErrorCode
+
 _encoder = msgspec.json.Encoder()
 
 # OpenAI's error types. Clients mostly switch on the status, a few on the type.
@@ -252,25 +254,25 @@ def upstream_timeout(model: str, detail: str) -> ApiError:
 
 def from_control(model: str, code: str, message: str, detail: Mapping[str, Any]) -> ApiError:
     """Map a daemon ``Error`` reply (protocol.ErrorCode) to the client-facing error."""
-    if code == "unknown_model":
+    if code == ErrorCode.UNKNOWN_MODEL:
         models = detail.get("models")
         names = [m for m in models if isinstance(m, str)] if isinstance(models, list) else []
         return unknown_model(model, names)
-    if code == "not_kt":
+    if code == ErrorCode.NOT_KT:
         return not_served(model, message)
-    if code == "load_failed":
+    if code == ErrorCode.LOAD_FAILED:
         reason = detail.get("reason")
         text = reason if isinstance(reason, str) and reason else message
         return load_failed(model, text, detail.get("retry_after"))
-    if code == "queue_full":
+    if code == ErrorCode.QUEUE_FULL:
         return queue_full(model, message, detail.get("retry_after"))
-    if code == "not_loaded":
+    if code == ErrorCode.NOT_LOADED:
         return not_loaded(model)
-    if code == "timeout":
+    if code == ErrorCode.TIMEOUT:
         return load_timeout(model, message)
-    if code == "busy":
+    if code == ErrorCode.BUSY:
         return busy(model, message)
-    if code == "shutting_down":
+    if code == ErrorCode.SHUTTING_DOWN:
         return ApiError(
             503, f"ktd is shutting down: {message}", type=UNAVAILABLE, code="shutting_down"
         )

@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ktd import multipart
-from ktd.aclient import ControlError, Unreachable
+from ktd.control.aclient import Unreachable
+from ktd.control.errors import ControlError
 from ktd.frontend import catalog, errors
 from ktd.frontend.body import check_declared_length, parse_head, read_limited
 from ktd.frontend.errors import ApiError

@@ -19,7 +19,8 @@ from prometheus_client.registry import Collector
 from quart_trio import QuartTrio
 
 from ktd import protocol as p
-from ktd.aclient import ControlError, Unreachable
+from ktd.control.aclient import Unreachable
+from ktd.control.errors import ControlError
 
 if TYPE_CHECKING:
     from ktd.frontend.app import State

@@ -24,11 +24,13 @@ import math
 import os
 import socket
 import uuid
+from collections.abc import Callable
 
 import trio
 
 from ktd import protocol as p
-from ktd.aclient import AsyncClient, ControlError, Unreachable
+from ktd.control.aclient import AsyncClient, Unreachable
+from ktd.control.errors import ControlError
 
 log = logging.getLogger("ktd.frontend")
 
@@ -80,6 +82,7 @@ class LeaseBroker:
         client_id: str | None = None,
         heartbeat_interval: float = 5.0,
         ping_timeout: float = 2.0,
+        on_unreachable: Callable[[], object] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.client_id = client_id or make_client_id()
@@ -93,7 +96,7 @@ class LeaseBroker:
         self._pendings: set[_Pending] = set()
         self._releasing = 0
         self._released = trio.Event()
-        self.unreachable_count = 0
+        self._on_unreachable = on_unreachable  # each time the daemon stops answering
 
     # ------------------------------------------------------------ lifecycle
 
@@ -127,7 +130,8 @@ class LeaseBroker:
 
     def _mark(self, alive: bool) -> None:
         if not alive and self._alive is not False:
-            self.unreachable_count += 1
+            if self._on_unreachable is not None:
+                self._on_unreachable()
             # Wake every waiter: they answer 503 now; their acquire tasks go on
             # and release whatever a recovered daemon grants later.
             for pending in self._pendings:

@@ -21,7 +21,7 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
 from ktd import paths
-from ktd.config import Config
+from ktd.core.config import Config
 from ktd.frontend.app import FrontendOptions, create_app
 from ktd.runtime import add_common_options, load_or_report, setup_logging
 
@@ -123,7 +123,7 @@ def _freeze_startup_objects() -> None:
 
 def _notify(message: str) -> None:
     try:
-        from ktd import sdnotify
+        from ktd.daemon import sdnotify
     except ImportError:  # pragma: no cover
         return
     sdnotify.notify(message)

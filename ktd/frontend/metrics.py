@@ -84,7 +84,7 @@ class Metrics:
         )
         self.daemon_errors = Counter(
             "ktd_frontend_daemon_unreachable",
-            "Control requests to the daemon that got no reply in time.",
+            "Times the daemon stopped answering the frontend (heartbeat or request unanswered).",
             registry=r,
         )
         self.engines = EngineCollector()

@@ -24,7 +24,8 @@ from typing import Any
 
 import trio
 
-from ktd.aclient import ControlError, Unreachable
+from ktd.control.aclient import Unreachable
+from ktd.control.errors import ControlError
 from ktd.frontend import errors
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.leases import AcquireHandle, Lease, LeaseBroker

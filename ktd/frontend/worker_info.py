@@ -20,7 +20,8 @@ from quart_trio import QuartTrio
 
 from ktd import __version__
 from ktd import protocol as p
-from ktd.aclient import ControlError, Unreachable
+from ktd.control.aclient import Unreachable
+from ktd.control.errors import ControlError
 from ktd.frontend import errors, h2guard
 from ktd.frontend.upstream import UpstreamError
 

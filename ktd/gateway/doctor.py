@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ktd.config import GatewaySection
-from ktd.doctor import Check
+from ktd.core.config import GatewaySection
+from ktd.core.doctor import Check
 from ktd.gateway import plan
 from ktd.gateway.client import RouterClient, RouterError, parse_workers
 

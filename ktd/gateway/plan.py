@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ktd import states as S
+from ktd.core import states as S
 
 #: The label that marks a worker as registered by one ktd instance (host + state dir).
 OWNER_LABEL = "ktd_instance"

@@ -20,17 +20,17 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
-from ktd import states as S
-from ktd.config import FrontendSection, GatewaySection
-from ktd.doctor import Check
+from ktd.core import states as S
+from ktd.core.config import FrontendSection, GatewaySection
+from ktd.core.doctor import Check
+from ktd.core.placement import user_flags
 from ktd.gateway import plan
 from ktd.gateway.client import RouterClient, RouterError
-from ktd.placement import user_flags
 from ktd.protocol import EngineInfo, GatewayInfo, Registration, RouterInfo
 
 if TYPE_CHECKING:
-    from ktd.engine import Engine
-    from ktd.pool import Pool
+    from ktd.daemon.engine import Engine
+    from ktd.daemon.pool import Pool
 
 log = logging.getLogger("ktd.gateway")
 

@@ -18,7 +18,7 @@ from frontend_fakes import FakeDaemon, FakeEngine
 from frontend_helpers import Frontend, StartFrontend, free_port
 from hypercorn.trio import serve
 
-from ktd.config import FrontendSection
+from ktd.core.config import FrontendSection
 from ktd.frontend.app import FrontendOptions, create_app
 
 

@@ -17,7 +17,7 @@ import trio
 import zmq
 
 from ktd import protocol as p
-from ktd.zmqtrio import Frames, TrioSocket
+from ktd.control.zmqtrio import Frames, TrioSocket
 
 # ---------------------------------------------------------------- fake daemon
 

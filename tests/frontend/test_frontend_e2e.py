@@ -17,7 +17,7 @@ import pytest
 import trio
 from frontend_helpers import sim_entry
 
-from ktd import proctree
+from ktd.daemon import proctree
 from tests.conftest import MARK, RUN_ID
 
 CHAT: Any = [{"role": "user", "content": "hello"}]

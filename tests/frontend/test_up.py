@@ -15,7 +15,7 @@ from ktd.up import DEMO_ALIAS, demo_config
 
 
 def test_demo_config_is_a_valid_config(tmp_path: Path) -> None:
-    from ktd.config import load_config
+    from ktd.core.config import load_config
 
     cfg = load_config(demo_config(tmp_path, "127.0.0.1:9"))
     spec = cfg.route(DEMO_ALIAS)

@@ -228,11 +228,11 @@ def hosts(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
 
 
 def model(alias: str, path: Path, **env: Any) -> dict[str, Any]:
-    """A sim model whose ``model_path`` exists (the router then reads no tokenizer hub, and
-    ktd's preflight finds its config.json)."""
+    """A sim model whose ``model_path`` exists (the router then reads no tokenizer hub),
+    with the config.json that preflight asks of a model dir."""
     from ktd.sim.model import make_model
 
-    model_path, _weights = make_model(path.parent, path.name)
+    model_path, _ = make_model(path.parent, path.name)
     entry = sim_model(alias, env=env)
     entry["path"] = model_path
     return entry

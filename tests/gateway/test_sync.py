@@ -15,8 +15,8 @@ import httpx
 import pytest
 import trio
 
-from ktd import states as S
-from ktd.config import FrontendSection, GatewaySection
+from ktd.core import states as S
+from ktd.core.config import FrontendSection, GatewaySection
 from ktd.gateway.plan import OWNER_LABEL
 from ktd.gateway.sync import GatewaySync
 from ktd.protocol import EngineInfo

@@ -11,7 +11,7 @@ import pytest
 
 from ktctl import render
 from ktd import protocol as p
-from ktd.config import ConfigError, load_config
+from ktd.core.config import ConfigError, load_config
 from ktd.frontend.worker_info import model_info_shape, server_info_shape, sum_loads
 from ktd.gateway import doctor
 from ktd.gateway.client import RouterClient, RouterError, parse_workers
@@ -166,7 +166,7 @@ def test_gateway_text() -> None:
 
 
 def test_doctor_checks() -> None:
-    from ktd.config import GatewaySection
+    from ktd.core.config import GatewaySection
     from ktd.gateway.plan import Seen
 
     cfg = GatewaySection(routers=["http://10.0.0.1:30000"])

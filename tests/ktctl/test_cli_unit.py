@@ -69,7 +69,7 @@ READY = p.EngineInfo(
     leases=2,
 )
 
-PLAN: dict[str, Any] = {  # the shape of ktd.placement's Plan.to_dict() + dry_run_plan
+PLAN: dict[str, Any] = {  # the shape of ktd.core.placement's Plan.to_dict() + dry_run_plan
     "alias": "deepseek-v4-kt",
     "ok": True,
     "numa_nodes": [0, 1],

@@ -21,11 +21,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from ktd.command import LaunchError, build_launch, planner_args, read_user_args, spelling
-from ktd.config import ModelSpec
-from ktd.placement import plan
-from ktd.probe import ProbeResult
-from ktd.sglang_options import Catalog, Option
+from ktd.core.command import LaunchError, build_launch, planner_args, read_user_args, spelling
+from ktd.core.config import ModelSpec
+from ktd.core.placement import plan
+from ktd.core.sglang_options import Catalog, Option
+from ktd.daemon.probe import ProbeResult
 from ktd.topology import Topology, read_topology
 from tests.fixtures.topology import (
     FakeRun,
@@ -78,7 +78,7 @@ def topologies(tmp: Path) -> dict[str, Topology]:
 
 
 def live_catalog(python: str, env: dict[str, str]) -> tuple[ProbeResult, Catalog]:
-    from ktd.probe import PROBE_CODE, parse_probe_output
+    from ktd.daemon.probe import PROBE_CODE, parse_probe_output
 
     r = subprocess.run(
         [python, "-c", PROBE_CODE], env=env, capture_output=True, text=True, timeout=600

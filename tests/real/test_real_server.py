@@ -25,7 +25,7 @@ import httpx
 import openai
 import pytest
 
-from ktd import proctree
+from ktd.daemon import proctree
 from tests.conftest import DaemonProc, marked_processes, wait_for
 from tests.real import engine_env
 

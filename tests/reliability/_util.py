@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ktd import proctree
-from ktd.command import ENGINE_MARK
+from ktd.core.command import ENGINE_MARK
+from ktd.daemon import proctree
 from tests.conftest import marked_processes
 
 T = TypeVar("T")

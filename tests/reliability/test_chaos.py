@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
-from ktd import proctree, statefile
+from ktd.daemon import proctree, statefile
 from tests.conftest import ConfigWriter, sim_model
 
 from . import test_stateful as base

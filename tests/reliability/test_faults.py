@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ktd import proctree, statefile
-from ktd.command import ENGINE_MARK
+from ktd.core.command import ENGINE_MARK
+from ktd.daemon import proctree, statefile
 from tests.conftest import ConfigWriter, sim_model
 
 from ._util import (

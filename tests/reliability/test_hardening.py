@@ -21,9 +21,9 @@ import msgspec
 import pytest
 import zmq
 
-from ktd import proctree, statefile
 from ktd import protocol as p
-from ktd.command import ENGINE_MARK
+from ktd.core.command import ENGINE_MARK
+from ktd.daemon import proctree, statefile
 from tests.conftest import ConfigWriter, sim_model
 
 from ._util import FAST_DAEMON, alive, engine_procs, session_of, wait_for
@@ -31,12 +31,12 @@ from .test_faults import assert_clean, small_tmpfs, state_is
 
 
 def long_model_path(root: Path) -> str:
-    """A real model dir (the preflight checks it) whose path makes a record of three
-    engines larger than one 4 KiB page."""
+    """A model dir (with the config.json preflight asks for) whose path is 2,400+ chars:
+    it makes a record of three engines larger than one 4 KiB page."""
     from ktd.sim.model import make_model
 
-    deep = root.joinpath(*["p" * 200] * 12)
-    return make_model(deep.parent, deep.name)[0]
+    model, _ = make_model(root.joinpath(*["p" * 200] * 12), "model")
+    return model
 
 
 def _fill(mnt: Path, leave: int = 0) -> Path:

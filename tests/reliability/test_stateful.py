@@ -45,7 +45,7 @@ from hypothesis.stateful import (
 )
 
 from ktctl import Client, KtdError
-from ktd import proctree
+from ktd.daemon import proctree
 from tests.conftest import ConfigWriter, sim_model
 
 from ._util import FAST_DAEMON, engine_procs, kill_group, listening_ports, wait_for

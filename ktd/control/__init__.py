@@ -1,0 +1,1 @@
+"""The ZeroMQ control transport: trio sockets and the daemon's async client."""

@@ -1,0 +1,88 @@
+"""Trio-native control client (the frontend's link to the daemon).
+
+One DEALER socket pumped by one task (``TrioSocket``); many concurrent callers
+each wait on their own request id. A daemon restart is survived for free: zmq
+reconnects the ipc socket, and requests in flight time out with ``Unreachable``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import msgspec
+import trio
+import zmq
+
+from ktd import protocol as p
+from ktd.control.errors import ControlError
+from ktd.control.zmqtrio import Frames, TrioSocket
+
+
+class Unreachable(Exception):
+    """No reply from the daemon in time: it is down, or not listening on that socket."""
+
+
+class AsyncClient:
+    def __init__(self, endpoint: str, *, timeout: float = 5.0) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, trio.MemorySendChannel[p.Reply]] = {}
+        self._sock: TrioSocket | None = None
+
+    def _on_message(self, frames: Frames) -> None:
+        try:
+            reply = p.decode_reply(frames[-1])
+        except (msgspec.DecodeError, msgspec.ValidationError, IndexError):
+            return
+        chan = self._waiting.pop(reply.id, None)
+        if chan is None:
+            # The caller timed out before the daemon answered. A lease granted
+            # to nobody would keep the engine busy for as long as this client
+            # heartbeats: give it back at once.
+            if isinstance(reply, p.AcquireReply) and self._sock is not None:
+                self._sock.send([p.encode(p.Release(id=0, lease=reply.lease))])
+            return
+        if chan is not None:
+            try:
+                chan.send_nowait(reply)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the socket pump until cancelled. Start with ``nursery.start(client.run)``."""
+        raw = self._ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.setsockopt(zmq.IMMEDIATE, 1)
+        raw.setsockopt(zmq.RECONNECT_IVL, 100)
+        raw.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        raw.connect(self.endpoint)
+        self._sock = TrioSocket(raw, self._on_message)
+        task_status.started()
+        try:
+            await self._sock.run()
+        finally:
+            self._sock.close()
+            self._sock = None
+
+    async def request(self, msg: p.Request, *, timeout: float | None = None) -> p.Reply:
+        """Send and wait. ``timeout=math.inf`` waits forever (loads take minutes)."""
+        if self._sock is None:
+            raise Unreachable("control client is not running")
+        msg.id = next(self._ids)
+        send, recv = trio.open_memory_channel[p.Reply](1)
+        self._waiting[msg.id] = send
+        limit = self.timeout if timeout is None else timeout
+        try:
+            self._sock.send([p.encode(msg)])
+            with trio.move_on_after(limit if math.isfinite(limit) else math.inf) as scope:
+                reply = await recv.receive()
+            if scope.cancelled_caught:
+                raise Unreachable(f"no reply from ktd at {self.endpoint} within {limit:g}s")
+        finally:
+            self._waiting.pop(msg.id, None)
+        if isinstance(reply, p.Error):
+            raise ControlError.from_reply(reply)
+        return reply

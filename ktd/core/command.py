@@ -1,0 +1,218 @@
+"""The engine command line and environment (pure).
+
+Exactly the seed's argv form, as a list, never through a shell:
+``<python> -m sglang.launch_server --host H --port P --model M --kt-weight-path W
+--served-model-name A --context-length C [placement flags] [extra_args]``.
+
+Why it needs the installed SGLang's option catalogue: real SGLang exits 2 on a
+flag it does not declare (upstream has no ``--kt-numa-nodes``) and reads
+abbreviations (``--tp 2``), so a derived flag is emitted only when SGLang
+knows it and the user did not set the same option under any spelling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ktd.core.config import ModelSpec
+from ktd.core.sglang_options import Catalog, Option, OptionError, UserFlag, parse_user_args
+
+# Set on every engine so the daemon can recognise its own processes (and a
+# re-started daemon its predecessor's) from /proc/<pid>/environ.
+ENGINE_MARK = "KTD_ENGINE"
+# The spec's launch digest, beside the marker: a ktd that lost the state file can
+# still tell whether a recovered engine runs the configured launch.
+DIGEST_MARK = "KTD_ENGINE_DIGEST"
+
+
+# The flags ktd derives, in ktd's spelling (the seed's). SGLang's argparse ``dest``
+# differs between packages (``tp_size`` upstream, ``tensor_parallel_size`` in the
+# fork), so flags are matched through the catalogue by option, never by dest name.
+KTD_FLAGS = (
+    "--host",
+    "--port",
+    "--model",
+    "--kt-weight-path",
+    "--served-model-name",
+    "--context-length",
+    "--tp-size",
+    "--nnodes",
+    "--kt-numa-nodes",
+    "--kt-threadpool-count",
+    "--kt-cpuinfer",
+)
+# ktd must know these to reach the engine, so they come from the config alone.
+OWNED = {
+    "--host": "host",
+    "--port": "port",
+    "--model": "path (or model_path)",
+    "--served-model-name": "alias (or model_id)",
+}
+# Flags of a multi-host launch: kt-kernel cannot span hosts (ktransformers #874).
+MULTI_HOST = ("--nnodes", "--node-rank", "--dist-init-addr")
+
+
+class LaunchError(ValueError):
+    """A command line the installed SGLang would refuse: a load error before any launch."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The argv, plus what ktd left out and why (shown by ``--dry-run`` and status)."""
+
+    argv: list[str]
+    notes: tuple[str, ...] = ()
+
+
+def user_flag_names(extra_args: Sequence[str]) -> set[str]:
+    """Flags the user wrote in extra_args, exactly as written (no SGLang catalogue known)."""
+    return {a.split("=", 1)[0] for a in extra_args if a.startswith("--")}
+
+
+def read_user_args(extra_args: Sequence[str], catalog: Catalog) -> list[UserFlag]:
+    """``extra_args`` as SGLang will read them, or the reason it would refuse them."""
+    try:
+        flags = parse_user_args(extra_args, catalog)
+    except OptionError as exc:
+        raise LaunchError(f"extra_args {exc}") from None
+    for f in flags:
+        spelled = spelling(f.option)
+        if spelled in OWNED:
+            raise LaunchError(
+                f"extra_args {f.written}: ktd sets this flag from the config's "
+                f"`{OWNED[spelled]}` (it must know it to reach the engine); set it there"
+            )
+        if spelled in MULTI_HOST and not (spelled == "--nnodes" and f.values == ("1",)):
+            raise LaunchError(
+                f"extra_args {f.written}: kt engines cannot span hosts; run one ktd per host "
+                "behind sglang-router instead"
+            )
+    return flags
+
+
+def spelling(option: Option) -> str:
+    """How ktd writes ``option``: its own spelling when SGLang has it, else the first long flag."""
+    for f in option.flags:
+        if f in KTD_FLAGS or f in MULTI_HOST:
+            return f
+    return next((f for f in option.flags if f.startswith("--")), option.flags[0])
+
+
+def planner_args(extra_args: Sequence[str], catalog: Catalog | None) -> tuple[str, ...]:
+    """``extra_args`` with each flag spelled ktd's way, so the planner sees ``--tp 2`` as
+    ``--tp-size 2``: a user's abbreviated placement flag must still win."""
+    if catalog is None:
+        return tuple(extra_args)
+    out: list[str] = []
+    for f in read_user_args(extra_args, catalog):
+        out.append(spelling(f.option))
+        out.extend(f.values)
+    return tuple(out)
+
+
+def _pairs(flat: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """``["--a", "1", "--b", "0", "1"]`` -> ``[("--a", ["1"]), ("--b", ["0", "1"])]``."""
+    out: list[tuple[str, list[str]]] = []
+    for tok in flat:
+        if tok.startswith("--"):
+            out.append((tok, []))
+        elif out:
+            out[-1][1].append(tok)
+    return out
+
+
+def build_launch(
+    spec: ModelSpec,
+    port: int,
+    placement_flags: Sequence[str] = (),
+    catalog: Catalog | None = None,
+) -> Launch:
+    """The engine's argv in the seed's order; ``placement_flags`` are the plan's derived ones.
+
+    With ``catalog`` (the installed SGLang's options) a derived flag is emitted
+    only when this SGLang declares it and the user did not set the same
+    ``dest`` in ``extra_args`` (however abbreviated); without one, flags are
+    matched by name as written. Raises :class:`LaunchError` for a launch
+    SGLang would refuse.
+    """
+    derived: list[tuple[str, list[str]]] = [
+        ("--host", [spec.host]),
+        ("--port", [str(port)]),
+        ("--model", [spec.path]),
+    ]
+    if spec.kt_weight_path:
+        derived.append(("--kt-weight-path", [spec.kt_weight_path]))
+    derived.append(("--served-model-name", [spec.alias]))
+    if spec.ctx:
+        derived.append(("--context-length", [str(spec.ctx)]))
+    if spec.tp_size is not None:
+        derived.append(("--tp-size", [str(spec.tp_size)]))
+    if spec.nnodes is not None:
+        derived.append(("--nnodes", [str(spec.nnodes)]))
+    derived += _pairs(placement_flags)
+
+    argv = [spec.python, "-m", "sglang.launch_server"]
+    notes: list[str] = []
+    if catalog is None:
+        user = user_flag_names(spec.extra_args)
+        for flag, values in derived:
+            if flag not in user or flag in ("--host", "--port", "--model", "--served-model-name"):
+                argv += [flag, *values]
+        return Launch([*argv, *spec.extra_args])
+
+    if spec.kt_weight_path and not catalog.has_kt:
+        raise LaunchError(
+            f"kt_weight_path is set, but {catalog.label} in {spec.python} has no "
+            "--kt-weight-path: install the kt fork there (`pip install sglang-kt`)"
+        )
+    user_set = {id(f.option) for f in read_user_args(spec.extra_args, catalog)}
+    for flag, values in derived:
+        option = catalog.exact(flag)
+        if option is None:
+            notes.append(f"{flag} left out: not an option of {catalog.label}")
+            continue
+        if id(option) in user_set:
+            continue
+        argv += [flag, *values]
+    return Launch([*argv, *spec.extra_args], tuple(notes))
+
+
+def build_argv(
+    spec: ModelSpec,
+    port: int,
+    placement_flags: Sequence[str] = (),
+    catalog: Catalog | None = None,
+) -> list[str]:
+    return build_launch(spec, port, placement_flags, catalog).argv
+
+
+def build_env(
+    spec: ModelSpec,
+    base: Mapping[str, str],
+    placement_env: Mapping[str, str] | None = None,
+    *,
+    engine_id: str = "",
+    digest: str = "",
+) -> dict[str, str]:
+    """ktd's environment, then the plan's (CUDA_VISIBLE_DEVICES), then the user's extra_env.
+
+    The user's values win over the plan's: an operator who pins
+    CUDA_VISIBLE_DEVICES by hand means it.
+    """
+    env = dict(base)
+    env.pop("KTD_SOCKET", None)
+    env.update(placement_env or {})
+    env.update(spec.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env[ENGINE_MARK] = engine_id or spec.alias
+    if digest:
+        env[DIGEST_MARK] = digest
+    return env
+
+
+def env_additions(spec: ModelSpec, placement_env: Mapping[str, str]) -> dict[str, str]:
+    """What ktd adds over its own environment: the dry-run plan shows exactly this."""
+    env = dict(placement_env)
+    env.update(spec.env)
+    return env

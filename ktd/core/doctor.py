@@ -1,0 +1,607 @@
+"""``ktctl doctor``: checks that catch kt-kernel's usual failures before a 5-minute load does.
+
+The checks are pure functions of a :class:`~ktd.topology.Topology`, a
+:class:`~ktd.core.config.ModelSpec` and a probe result dict; filesystem and socket
+look-ups are injectable callables. The part that runs the probe subprocess in
+the engine's interpreter lives elsewhere, so everything here is testable on a
+laptop against fixture machines.
+
+The checks target what users of kt-kernel actually trip over (NOTES.md):
+illegal instruction on CPUs without AMX, an SGLang that is not the kt fork, no
+``--kt-num-gpu-experts`` (kt is silently off and the GPU runs out of memory),
+NUMA off in the BIOS, and a fixed port that is already taken.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from ktd.core.command import LaunchError, build_launch, planner_args
+from ktd.core.config import ModelSpec
+from ktd.core.placement import plan, user_flags
+from ktd.core.sglang_options import Catalog
+from ktd.core.topology import Topology, format_cpulist
+
+__all__ = [
+    "Check",
+    "collect",
+    "cpu_checks",
+    "exit_code",
+    "format_report",
+    "gpu_checks",
+    "model_checks",
+    "numa_checks",
+    "python_checks",
+    "report",
+]
+
+Status = Literal["ok", "warn", "fail"]
+
+MAX_SANE_CTX = 1_048_576
+GPU_EXPERT_FLAGS = ("--kt-num-gpu-experts", "--kt-gpu-experts-ratio")
+AMX_METHODS = ("AMXINT4", "AMXINT8")
+DEFAULT_KT_METHOD = "AMXINT4"
+_GIB_KB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict. ``advice`` says what to do about a warn/fail, in one line."""
+
+    name: str
+    status: Status
+    detail: str
+    advice: str = ""
+
+
+def _gib(kb: int) -> str:
+    return f"{kb / _GIB_KB:.1f} GiB"
+
+
+# ---------------------------------------------------------------- CPU
+
+
+def cpu_checks(topo: Topology) -> list[Check]:
+    """ISA verdict and the kt-kernel build/method it implies."""
+    isa = topo.isa()
+    model = topo.cpu_model or "unknown CPU"
+    variant = topo.kt_variant()
+    extras = topo.isa_extras()
+    extra_txt = f" (+{', '.join(extras)})" if extras else ""
+    variant_txt = f"; kt-kernel loads its {variant} build" if variant else ""
+    checks: list[Check] = []
+    if isa == "amx":
+        checks.append(
+            Check(
+                "cpu.isa",
+                "ok",
+                f"{model}: AMX (amx_tile, amx_int8, amx_bf16){extra_txt}{variant_txt}; "
+                "AMX methods AMXINT4 (default) and AMXINT8 run here",
+            )
+        )
+        if variant != "amx":
+            checks.append(
+                Check(
+                    "cpu.amx_variant",
+                    "warn",
+                    f"AMX flags present but not the full AVX-512 set kt-kernel requires "
+                    f"for its amx build; it will load {variant}",
+                    "check the hypervisor's CPU model passes through every AVX-512 extension",
+                )
+            )
+    elif isa == "avx512":
+        checks.append(
+            Check(
+                "cpu.isa",
+                "ok",
+                f"{model}: AVX-512{extra_txt}, no AMX{variant_txt}; AMX methods "
+                "(AMXINT4, the default, and AMXINT8) cannot run: use a non-AMX --kt-method "
+                "such as LLAMAFILE (GGUF weights) or RAWINT4",
+            )
+        )
+    elif isa == "avx2":
+        checks.append(
+            Check(
+                "cpu.isa",
+                "warn",
+                f"{model}: AVX2 only (no AVX-512, no AMX){variant_txt}; experts run slowly",
+                "expect low tokens/s; use a non-AMX --kt-method (e.g. LLAMAFILE with GGUF weights)",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "cpu.isa",
+                "fail",
+                f"{model}: no AVX2; kt-kernel has no build for this CPU (illegal instruction)",
+                "run on an x86-64 CPU with at least AVX2 (AMX for full speed)",
+            )
+        )
+    cpus = topo.cpus
+    cores = topo.physical_cores(cpus)
+    smt = len(cpus) // len(cores) if cores else 0
+    checks.append(
+        Check(
+            "cpu.cores",
+            "ok" if cores else "fail",
+            f"{len(topo.packages)} socket(s), {len(cores)} physical cores, {len(cpus)} online "
+            f"CPUs" + (f" ({smt} threads per core)" if smt > 1 else ""),
+            "" if cores else "no online CPU was found under /sys; is /sys mounted?",
+        )
+    )
+    return checks
+
+
+# ---------------------------------------------------------------- NUMA
+
+
+def numa_checks(topo: Topology) -> list[Check]:
+    """NUMA layout, free RAM per node, and 2 MiB hugepage reservations."""
+    checks: list[Check] = []
+    cpu_nodes = [n for n in topo.nodes if n.cpus]
+    layout = "; ".join(
+        f"node{n.id}: CPUs {format_cpulist(n.cpus) or '-'} "
+        f"({len(topo.physical_cores(n.cpus))} cores), {_gib(n.mem_total_kb)}"
+        for n in topo.nodes
+    )
+    sockets = len(topo.packages)
+    if sockets > 1 and len(cpu_nodes) == 1:
+        checks.append(
+            Check(
+                "numa.layout",
+                "warn",
+                f"{sockets} sockets but one NUMA node: {layout}",
+                "enable NUMA in the BIOS (disable node interleaving) so kt-kernel can keep "
+                "each thread pool's experts in its own socket's memory",
+            )
+        )
+    else:
+        checks.append(Check("numa.layout", "ok", f"{len(topo.nodes)} node(s): {layout}"))
+    memless = [n.id for n in topo.nodes if not n.cpus]
+    if memless:
+        checks.append(
+            Check(
+                "numa.cpuless",
+                "ok",
+                f"node(s) {format_cpulist(memless)} have memory but no CPUs "
+                "(CXL/HBM); placement never puts a thread pool there",
+            )
+        )
+
+    for n in topo.nodes:
+        name = f"numa.node{n.id}.memory"
+        if n.mem_total_kb <= 0:
+            checks.append(
+                Check(
+                    name,
+                    "warn",
+                    "memory size unknown (meminfo unreadable)",
+                    "check /sys is mounted",
+                )
+            )
+            continue
+        frac = n.mem_free_kb / n.mem_total_kb
+        detail = f"{_gib(n.mem_free_kb)} free of {_gib(n.mem_total_kb)}"
+        if frac < 0.10:
+            checks.append(
+                Check(
+                    name,
+                    "warn",
+                    f"{detail} ({frac:.0%})",
+                    "little free RAM: another engine or job uses this node (page cache "
+                    "is counted as used and is reclaimed on demand)",
+                )
+            )
+        else:
+            checks.append(Check(name, "ok", detail))
+
+    for n in topo.nodes:
+        if not n.hugepages_total:
+            continue
+        name = f"numa.node{n.id}.hugepages"
+        reserved_kb = n.hugepages_total * 2048
+        free_kb = n.hugepages_free * 2048
+        detail = (
+            f"{n.hugepages_total} x 2 MiB hugepages reserved ({_gib(reserved_kb)}), "
+            f"{n.hugepages_free} free"
+        )
+        if n.mem_total_kb and free_kb > n.mem_total_kb * 0.25:
+            checks.append(
+                Check(
+                    name,
+                    "warn",
+                    detail,
+                    f"{_gib(free_kb)} of unused hugepages is RAM ordinary allocations "
+                    f"(kt-kernel's expert weights) cannot use; lower vm.nr_hugepages",
+                )
+            )
+        else:
+            checks.append(Check(name, "ok", detail))
+    if not any(n.hugepages_total for n in topo.nodes):
+        checks.append(Check("numa.hugepages", "ok", "no 2 MiB hugepages reserved"))
+    return checks
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def gpu_checks(topo: Topology) -> list[Check]:
+    """Which GPUs nvidia-smi sees; kt runs attention and the dense trunk there."""
+    if not topo.gpus:
+        return [
+            Check(
+                "gpu",
+                "warn",
+                f"no GPU found: {topo.gpu_error}" if topo.gpu_error else "no GPU found",
+                "kt engines need a CUDA GPU for attention; install the NVIDIA driver, or "
+                "list the GPUs in the model's gpus field if nvidia-smi cannot see them",
+            )
+        ]
+    checks: list[Check] = []
+    for g in topo.gpus:
+        detail = f"{g.name}, {g.memory_total_mib} MiB, {g.memory_used_mib} MiB used"
+        if g.memory_total_mib and g.memory_used_mib > g.memory_total_mib * 0.5:
+            checks.append(
+                Check(
+                    f"gpu{g.index}",
+                    "warn",
+                    detail,
+                    "more than half the VRAM is in use (another process, or a loaded engine)",
+                )
+            )
+        else:
+            checks.append(Check(f"gpu{g.index}", "ok", detail))
+    return checks
+
+
+# ---------------------------------------------------------------- model
+
+
+def model_checks(
+    spec: ModelSpec,
+    *,
+    port_free: Callable[[str, int], bool],
+    exists: Callable[[str], bool] = os.path.exists,
+    topo: Topology | None = None,
+    running: bool = False,
+) -> list[Check]:
+    """Per-model checks; names are ``<alias>.<field>`` so the operator knows what to edit.
+
+    ``running`` = the model's engine is up, so its fixed port is expected to
+    be taken. With ``topo``, the kt method is checked against the CPU and the
+    placement is planned on an empty machine (config errors such as an unknown
+    NUMA node show up here, not at 3 a.m. on first load).
+    """
+    a = spec.alias
+    checks: list[Check] = []
+    uf = user_flags(spec.extra_args)
+
+    if not spec.path:
+        checks.append(Check(f"{a}.model_path", "fail", "model_path is not set", "set model_path"))
+    elif exists(spec.path):
+        checks.append(Check(f"{a}.model_path", "ok", spec.path))
+    else:
+        checks.append(
+            Check(
+                f"{a}.model_path",
+                "fail",
+                f"model_path {spec.path} does not exist",
+                f"fix the path in {spec.source}",
+            )
+        )
+
+    weight = spec.kt_weight_path
+    weight_src = "kt_weight_path"
+    if weight is None and uf.get("--kt-weight-path"):
+        weight = uf["--kt-weight-path"][0]
+        weight_src = "--kt-weight-path in extra_args"
+    if weight is None:
+        checks.append(
+            Check(
+                f"{a}.kt_weight_path",
+                "warn",
+                "kt_weight_path is not set: no --kt-weight-path, so kt-kernel is off and "
+                "SGLang tries to hold every expert on the GPU",
+                "set kt_weight_path to the converted (CPU) expert weights",
+            )
+        )
+    elif exists(weight):
+        checks.append(Check(f"{a}.kt_weight_path", "ok", f"{weight} ({weight_src})"))
+    else:
+        checks.append(
+            Check(
+                f"{a}.kt_weight_path",
+                "fail",
+                f"{weight_src} {weight} does not exist",
+                "convert the weights with kt-kernel's converter or fix the path",
+            )
+        )
+
+    if not any(f in uf for f in GPU_EXPERT_FLAGS):
+        checks.append(
+            Check(
+                f"{a}.gpu_experts",
+                "warn",
+                "neither --kt-num-gpu-experts nor --kt-gpu-experts-ratio in extra_args: "
+                "kt-kernel silently falls back to GPU-only and runs out of memory",
+                "add e.g. '--kt-num-gpu-experts 0' (all experts on CPU) to extra_args",
+            )
+        )
+    else:
+        given = ", ".join(f"{f} {' '.join(uf[f])}" for f in GPU_EXPERT_FLAGS if f in uf)
+        checks.append(Check(f"{a}.gpu_experts", "ok", given))
+
+    if spec.ctx == 0:
+        checks.append(Check(f"{a}.ctx", "ok", "0: SGLang's default context length"))
+    elif spec.ctx < 0:
+        checks.append(Check(f"{a}.ctx", "fail", f"ctx {spec.ctx} is negative", "set ctx >= 0"))
+    elif spec.ctx > MAX_SANE_CTX:
+        checks.append(
+            Check(
+                f"{a}.ctx",
+                "warn",
+                f"ctx {spec.ctx} exceeds {MAX_SANE_CTX} tokens",
+                "check the model's real context length; the KV cache may not fit",
+            )
+        )
+    else:
+        checks.append(Check(f"{a}.ctx", "ok", str(spec.ctx)))
+
+    if spec.port == 0:
+        checks.append(Check(f"{a}.port", "ok", "0: a free port is picked at launch"))
+    elif running:
+        checks.append(Check(f"{a}.port", "ok", f"{spec.host}:{spec.port} (engine running)"))
+    elif port_free(spec.host, spec.port):
+        checks.append(Check(f"{a}.port", "ok", f"{spec.host}:{spec.port} is free"))
+    else:
+        checks.append(
+            Check(
+                f"{a}.port",
+                "fail",
+                f"{spec.host}:{spec.port} is in use",
+                "SGLang only binds after loading, so it would fail minutes in: free the port "
+                "or set port 0",
+            )
+        )
+
+    if topo is not None:
+        checks.extend(_method_check(spec, uf, topo))
+        checks.extend(_placement_check(spec, topo))
+    return checks
+
+
+def _method_check(
+    spec: ModelSpec, uf: Mapping[str, tuple[str, ...]], topo: Topology
+) -> list[Check]:
+    values = uf.get("--kt-method", ())
+    method = (values[0] if values else DEFAULT_KT_METHOD).upper()
+    shown = f"--kt-method {method}" + ("" if values else " (default)")
+    name = f"{spec.alias}.kt_method"
+    if method in AMX_METHODS and topo.isa() != "amx":
+        return [
+            Check(
+                name,
+                "fail",
+                f"{shown} needs AMX; this CPU has {topo.isa()}",
+                "pass a non-AMX --kt-method (e.g. LLAMAFILE or RAWINT4) with matching weights",
+            )
+        ]
+    return [Check(name, "ok", shown)]
+
+
+def _placement_check(spec: ModelSpec, topo: Topology) -> list[Check]:
+    p = plan(
+        spec.alias,
+        spec.numa,
+        spec.gpus,
+        spec.extra_args,
+        topo,
+        (),
+        tp_size=spec.tp_size,
+    )
+    name = f"{spec.alias}.placement"
+    if not p.ok:
+        return [Check(name, "fail", p.reason or "cannot be placed", "fix numa/gpus in models.json")]
+    detail = (
+        f"NUMA {','.join(map(str, p.numa_nodes))}, {len(p.cpus)} CPUs, "
+        f"GPUs {','.join(map(str, p.gpus)) or 'none'}; " + " ".join(p.argv_flags())
+    )
+    if p.notes:
+        return [Check(name, "warn", detail, "; ".join(p.notes))]
+    return [Check(name, "ok", detail)]
+
+
+def argv_check(spec: ModelSpec, topo: Topology, catalog: Catalog | None) -> list[Check]:
+    """Which flags ktd will emit for this SGLang, and which it leaves out (and why)."""
+    name = f"{spec.alias}.argv"
+    try:
+        p = plan(
+            spec.alias,
+            spec.numa,
+            spec.gpus,
+            planner_args(spec.extra_args, catalog),
+            topo,
+            (),
+            tp_size=spec.tp_size,
+        )
+        launch = build_launch(spec, spec.port or 1, p.argv_flags() if p.ok else (), catalog)
+    except LaunchError as exc:
+        return [Check(name, "fail", str(exc), "fix extra_args (or the SGLang install)")]
+    derived = launch.argv[3 : len(launch.argv) - len(spec.extra_args)]
+    flags = " ".join(a for a in derived if a.startswith("--"))
+    against = f"checked against {catalog.label}" if catalog else "SGLang's options unknown"
+    detail = f"ktd emits {flags} ({against})"
+    if launch.notes:
+        detail += "; " + "; ".join(launch.notes)
+    return [Check(name, "ok", detail)]
+
+
+# ---------------------------------------------------------------- python / packages
+
+
+def python_checks(probe: Mapping[str, Any]) -> list[Check]:
+    """Verdicts on the engine interpreter probe (:meth:`ktd.daemon.probe.ProbeResult.summary`).
+
+    ``probe`` = ``{"python", "sglang", "sglang_package", "kt_fork", "kt_flags",
+    "kt_kernel", "kt_variant", "options_error", "error"}``: ``sglang`` is the real
+    version (package metadata: the fork's ``__version__`` says ``0.0.0.dev0``),
+    ``sglang_package`` tells upstream ``sglang`` from the kt fork ``sglang-kt``,
+    ``kt_flags`` lists the ``--kt-*`` flags its argparse declares (None when the
+    option list could not be read). Unknown keys are ignored.
+    """
+    py = str(probe.get("python") or "python")
+    error = probe.get("error")
+    if error:
+        return [
+            Check(
+                "python",
+                "fail",
+                f"cannot probe {py}: {error}",
+                "set ktransformers.python to the interpreter of SGLang's venv",
+            )
+        ]
+    checks = [Check("python", "ok", py)]
+    sglang = probe.get("sglang")
+    package = probe.get("sglang_package") or "sglang"
+    fork = probe.get("kt_fork")
+    if not sglang:
+        checks.append(
+            Check(
+                "python.sglang",
+                "fail",
+                f"sglang is not importable by {py}",
+                f"install the kt fork in that venv ({py} -m pip install sglang-kt; or set "
+                "auto_build), or point ktransformers.python at the venv that has it",
+            )
+        )
+    elif fork is False:
+        checks.append(
+            Check(
+                "python.sglang",
+                "warn",
+                f"{package} {sglang}: upstream SGLang, not the kt fork (no --kt-numa-nodes; its "
+                "kt wrapper does not match kt-kernel 0.7's API)",
+                f"{py} -m pip uninstall -y sglang && {py} -m pip install sglang-kt",
+            )
+        )
+    else:
+        what = "the kt fork" if fork else "kt fork or upstream unknown"
+        checks.append(Check("python.sglang", "ok", f"{package} {sglang} ({what})"))
+    kt = probe.get("kt_kernel")
+    if kt:
+        variant = probe.get("kt_variant")
+        checks.append(
+            Check(
+                "python.kt_kernel", "ok", f"kt-kernel {kt}" + (f" ({variant})" if variant else "")
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "python.kt_kernel",
+                "fail",
+                f"kt_kernel is not importable by {py}",
+                "install kt-kernel in that venv (ktd never builds or installs it)",
+            )
+        )
+    kt_flags = probe.get("kt_flags")
+    if isinstance(kt_flags, list) and kt_flags:
+        checks.append(Check("python.kt_flags", "ok", "declares " + " ".join(kt_flags)))
+    elif isinstance(kt_flags, list):
+        checks.append(
+            Check(
+                "python.kt_flags",
+                "fail",
+                f"{package} {sglang} declares no --kt-* flags: kt-kernel cannot be used",
+                f"{py} -m pip install sglang-kt",
+            )
+        )
+    elif sglang:
+        checks.append(
+            Check(
+                "python.kt_flags",
+                "warn",
+                "could not read SGLang's option list: "
+                + str(probe.get("options_error") or "unknown error"),
+                "ktd builds the argv without checking it against SGLang; run "
+                f"'{py} -m sglang.launch_server --help' to see what fails",
+            )
+        )
+    return checks
+
+
+# ---------------------------------------------------------------- report
+
+
+def collect(
+    topo: Topology,
+    specs: Iterable[ModelSpec] = (),
+    probe: Mapping[str, Any] | None = None,
+    *,
+    port_free: Callable[[str, int], bool],
+    exists: Callable[[str], bool] = os.path.exists,
+    running: Iterable[str] = (),
+    catalog: Catalog | None = None,
+) -> list[Check]:
+    """Every check in display order; the caller supplies the probe and the I/O callables."""
+    up = set(running)
+    checks = [*cpu_checks(topo), *numa_checks(topo), *gpu_checks(topo)]
+    if probe is not None:
+        checks.extend(python_checks(probe))
+    for spec in specs:
+        if not spec.served:
+            continue
+        checks.extend(
+            model_checks(
+                spec, port_free=port_free, exists=exists, topo=topo, running=spec.alias in up
+            )
+        )
+        if probe is not None and not probe.get("error"):
+            checks.extend(argv_check(spec, topo, catalog))
+    return checks
+
+
+def exit_code(rep: Mapping[str, Any]) -> int:
+    """1 if any check failed, else 0 (warnings do not fail ``ktctl doctor``)."""
+    return 1 if rep.get("summary", {}).get("fail", 0) else 0
+
+
+def report(checks: Sequence[Check], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``ktctl doctor --json`` document: checks, counts, exit code, plus ``extra``.
+
+    ``extra`` (topology, config path, ...) cannot overwrite ``checks``,
+    ``summary`` or ``exit_code``.
+    """
+    summary = {"ok": 0, "warn": 0, "fail": 0}
+    for c in checks:
+        summary[c.status] += 1
+    out: dict[str, Any] = dict(extra)
+    out["checks"] = [asdict(c) for c in checks]
+    out["summary"] = summary
+    out["exit_code"] = 1 if summary["fail"] else 0
+    return out
+
+
+_MARK = {"ok": "ok", "warn": "WARN", "fail": "FAIL"}
+
+
+def format_report(rep: Mapping[str, Any]) -> str:
+    """A human table: status, check name, detail; one advice line under each warn/fail."""
+    rows: list[Mapping[str, Any]] = list(rep.get("checks", ()))
+    width = max((len(str(r.get("name", ""))) for r in rows), default=0)
+    lines: list[str] = []
+    for r in rows:
+        status = str(r.get("status", ""))
+        name = str(r.get("name", ""))
+        lines.append(f"{_MARK.get(status, status):<4}  {name:<{width}}  {r.get('detail', '')}")
+        if status != "ok" and r.get("advice"):
+            lines.append(f"{'':<4}  {'':<{width}}  -> {r['advice']}")
+    s = rep.get("summary", {})
+    lines.append("")
+    lines.append(
+        f"{s.get('ok', 0)} ok, {s.get('warn', 0)} warning(s), {s.get('fail', 0)} failure(s)"
+    )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,143 @@
+"""Eviction and idleness (pure): what a launch does about the engines in its way,
+and when an idle engine's TTL evicts it.
+
+``place_step`` reads a placement plan and the holders it names and answers one
+of: use the plan, evict these idle engines, wait for engines already leaving,
+wait for busy holders to go idle (they yield meanwhile), or refuse (busy, or
+impossible on this machine). The pool carries the answer out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from ktd.core import states as S
+
+__all__ = [
+    "Evict",
+    "HolderView",
+    "PlanView",
+    "Refuse",
+    "Step",
+    "Use",
+    "WaitIdle",
+    "WaitLeaving",
+    "idle_for",
+    "place_step",
+    "ttl_due",
+    "waitable",
+]
+
+
+class PlanView(Protocol):
+    """What ``place_step`` reads of a placement plan (``ktd.core.placement.Plan``)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def evict(self) -> tuple[str, ...]: ...
+    @property
+    def blocked_by(self) -> tuple[str, ...]: ...
+    @property
+    def impossible(self) -> bool: ...
+    @property
+    def reason(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class HolderView:
+    """What the decision reads of an engine holding resources."""
+
+    alias: str
+    state: str
+    want_up: bool
+    pinned: bool = False
+    leases: int = 0
+    queue: tuple[int, ...] = ()  # tickets of waiting requests
+
+
+@dataclass(frozen=True)
+class Use:
+    """The plan fits as it is: launch."""
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Stop these idle engines, wait for them, then plan again."""
+
+    aliases: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WaitLeaving:
+    """These holders are already on their way down: wait for them, then plan again."""
+
+    aliases: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WaitIdle:
+    """These busy holders will be evictable once idle: they yield, the launch waits."""
+
+    aliases: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """No launch now: ``impossible`` = never on this machine (a config error), else busy."""
+
+    reason: str
+    blocked_by: tuple[str, ...] = ()
+    impossible: bool = False
+
+
+Step = Use | Evict | WaitLeaving | WaitIdle | Refuse
+
+
+def waitable(holder: HolderView, *, swap: bool) -> bool:
+    """Will ``holder`` become evictable, for a launch allowed to ``swap``, just by
+    finishing its work?"""
+    return swap and holder.want_up and not holder.pinned and holder.state in (S.READY, S.STARTING)
+
+
+def idle_for(holder: HolderView, cutoff: int) -> bool:
+    """Done with everything that arrived before ``cutoff`` (or gone)."""
+    if holder.state in (S.STOPPED, S.FAILED) or not holder.want_up:
+        return True
+    if holder.state != S.READY or holder.leases:
+        return False
+    return not any(t < cutoff for t in holder.queue)
+
+
+def place_step(plan: PlanView, holders: Mapping[str, HolderView], *, swap: bool) -> Step:
+    """What to do with ``plan``; ``holders`` has every engine the plan may name."""
+    if plan.ok:
+        return Evict(tuple(plan.evict)) if plan.evict else Use()
+    reason = plan.reason or "cannot be placed"
+    if plan.impossible:
+        return Refuse(reason, impossible=True)
+    blocking = [holders[a] for a in plan.blocked_by if a in holders]
+    leaving = tuple(h.alias for h in blocking if not h.want_up)
+    if leaving:  # already being evicted: wait for them rather than fail
+        return WaitLeaving(leaving)
+    if not blocking or not all(waitable(h, swap=swap) for h in blocking):
+        return Refuse(reason, tuple(plan.blocked_by))
+    return WaitIdle(tuple(h.alias for h in blocking))
+
+
+def ttl_due(
+    *,
+    ttl: float,
+    state: str,
+    leases: int,
+    want_up: bool,
+    last_used: float | None,
+    since: float,
+) -> float | None:
+    """When the idle TTL evicts an engine (wall clock), counted from the end of its
+    last request; None without a TTL, or while it is busy, loading or going."""
+    if ttl <= 0 or state != S.READY or leases or not want_up:
+        return None
+    return (last_used or since) + ttl

@@ -1,0 +1,265 @@
+"""Memory fit: does a model fit in what its planned NUMA nodes and GPUs have free?
+
+kt-kernel holds every expert in host RAM whatever the GPU expert count
+(ktransformers #2084), and the commonest failed load is an out-of-memory one
+minutes in. So a load is refused, before anything is evicted, when the
+estimate does not fit. Pure: a function of the sizes read from disk
+(``ktd.daemon.weights``), the model's ``config.json``, and free memory; evictions the
+plan would make count as freed.
+
+The estimate:
+
+* host RAM = the apparent size of ``kt_weight_path`` (the converted experts);
+  AMX weights are split per NUMA node at conversion, so each planned node
+  needs its share;
+* GPU memory = the non-expert weights (from the safetensors headers of
+  ``model_path``, else from ``config.json``) + the KV cache for ``ctx``
+  (layers x KV heads x head dim x dtype, or the MLA latent for DeepSeek),
+  split over the planned GPUs (tensor parallel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Estimate", "Fit", "Freed", "check", "estimate", "gib", "kv_cache_bytes"]
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+_DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "fp8": 1,
+    "float8_e4m3fn": 1,
+}
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Multimodal configs nest the language model's fields under ``text_config``."""
+    inner = cfg.get("text_config")
+    return inner if isinstance(inner, Mapping) and "num_hidden_layers" in inner else cfg
+
+
+def dtype_bytes(cfg: Mapping[str, Any]) -> int:
+    raw = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    return _DTYPE_BYTES.get(str(raw).removeprefix("torch."), 2)
+
+
+def kv_cache_bytes(cfg: Mapping[str, Any], ctx: int) -> int | None:
+    """KV cache for one sequence of ``ctx`` tokens, or None when the config says too little."""
+    c = _text_config(cfg)
+    layers = _int(c, "num_hidden_layers", "n_layer", "num_layers")
+    if layers is None or ctx <= 0:
+        return None
+    size = dtype_bytes(c)
+    lora = _int(c, "kv_lora_rank")
+    if lora is not None:  # MLA (DeepSeek): one latent + the rope part per token and layer
+        return layers * ctx * (lora + (_int(c, "qk_rope_head_dim") or 0)) * size
+    heads = _int(c, "num_attention_heads", "n_head")
+    kv_heads = _int(c, "num_key_value_heads") or heads
+    hidden = _int(c, "hidden_size", "n_embd")
+    head_dim = _int(c, "head_dim") or (hidden // heads if hidden and heads else None)
+    if kv_heads is None or head_dim is None:
+        return None
+    return 2 * layers * ctx * kv_heads * head_dim * size
+
+
+def dense_bytes_from_config(cfg: Mapping[str, Any]) -> int | None:
+    """Non-expert weights estimated from the shapes (embeddings, attention, dense MLPs,
+    shared experts, routers). Only used when no safetensors header says it exactly."""
+    c = _text_config(cfg)
+    hidden = _int(c, "hidden_size")
+    layers = _int(c, "num_hidden_layers")
+    vocab = _int(c, "vocab_size")
+    if hidden is None or layers is None or vocab is None:
+        return None
+    heads = _int(c, "num_attention_heads") or 1
+    kv_heads = _int(c, "num_key_value_heads") or heads
+    head_dim = _int(c, "head_dim") or hidden // heads
+    experts = _int(c, "n_routed_experts", "num_experts", "num_local_experts")
+    inter = _int(c, "intermediate_size") or 4 * hidden
+    moe_inter = _int(c, "moe_intermediate_size") or inter
+    shared = _int(c, "n_shared_experts") or (1 if _int(c, "shared_expert_intermediate_size") else 0)
+    dense_layers = layers if experts is None else min(layers, _int(c, "first_k_dense_replace") or 0)
+    embed = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
+    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    per_moe_layer = 3 * hidden * moe_inter * shared + hidden * (experts or 0)
+    params = (
+        embed
+        + layers * attn
+        + dense_layers * 3 * hidden * inter
+        + (layers - dense_layers) * per_moe_layer
+    )
+    return params * dtype_bytes(c)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What one load needs; ``None`` parts are unknown (and not checked)."""
+
+    host_bytes: int | None
+    gpu_weights_bytes: int | None
+    kv_bytes: int | None
+    ctx: int = 0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def gpu_bytes(self) -> int | None:
+        if self.gpu_weights_bytes is None and self.kv_bytes is None:
+            return None
+        return (self.gpu_weights_bytes or 0) + (self.kv_bytes or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host_bytes": self.host_bytes,
+            "gpu_bytes": self.gpu_bytes,
+            "gpu_weights_bytes": self.gpu_weights_bytes,
+            "kv_cache_bytes": self.kv_bytes,
+            "ctx": self.ctx,
+            "notes": list(self.notes),
+        }
+
+
+def estimate(
+    *,
+    expert_bytes: int | None,
+    dense_bytes: int | None,
+    model_config: Mapping[str, Any] | None,
+    ctx: int,
+) -> Estimate:
+    """Combine what was read from disk into an :class:`Estimate`.
+
+    ``ctx`` 0 means SGLang's default, the model's ``max_position_embeddings``.
+    """
+    notes: list[str] = []
+    cfg = model_config or {}
+    if not ctx:
+        ctx = _int(_text_config(cfg), "max_position_embeddings") or 0
+    if dense_bytes is None and model_config is not None:
+        dense_bytes = dense_bytes_from_config(model_config)
+        if dense_bytes is not None:
+            notes.append("GPU weights estimated from config.json shapes")
+    kv = kv_cache_bytes(cfg, ctx) if model_config is not None else None
+    if expert_bytes is None:
+        notes.append("no kt_weight_path: host RAM not estimated")
+    if model_config is None:
+        notes.append("no readable config.json: GPU memory not estimated")
+    return Estimate(expert_bytes, dense_bytes, kv, ctx, tuple(notes))
+
+
+@dataclass(frozen=True)
+class Freed:
+    """Memory an eviction gives back: per node / per GPU, and node-less host RAM."""
+
+    host_by_node: Mapping[int, int] = field(default_factory=dict)
+    host_anywhere: int = 0
+    gpu_by_index: Mapping[int, int] = field(default_factory=dict)
+
+
+def freed_by(victims: Sequence[tuple[Estimate, Sequence[int], Sequence[int]]]) -> Freed:
+    """Sum what evicting ``(estimate, numa_nodes, gpus)`` victims frees, split like loads."""
+    host: dict[int, int] = {}
+    anywhere = 0
+    gpu: dict[int, int] = {}
+    for est, nodes, gpus in victims:
+        if est.host_bytes:
+            if nodes:
+                for n in nodes:
+                    host[n] = host.get(n, 0) + est.host_bytes // len(nodes)
+            else:
+                anywhere += est.host_bytes
+        g = est.gpu_bytes
+        if g and gpus:
+            for i in gpus:
+                gpu[i] = gpu.get(i, 0) + g // len(gpus)
+    return Freed(host, anywhere, gpu)
+
+
+@dataclass(frozen=True)
+class Fit:
+    ok: bool
+    reason: str | None
+    rows: tuple[dict[str, Any], ...] = ()  # one per node / GPU checked
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "reason": self.reason,
+            "rows": list(self.rows),
+            "notes": list(self.notes),
+        }
+
+
+def check(
+    est: Estimate,
+    *,
+    node_free: Mapping[int, int],
+    numa_nodes: Sequence[int],
+    gpu_free: Mapping[int, int] | None,
+    gpus: Sequence[int],
+    freed: Freed = Freed(),
+    evicting: Sequence[str] = (),
+) -> Fit:
+    """Compare ``est`` with free memory (bytes) of the planned nodes and GPUs.
+
+    No planned nodes (``numa: none``): the whole machine's free RAM counts.
+    ``gpu_free`` None: the GPUs could not be read, so GPU memory is not checked.
+    """
+    rows: list[dict[str, Any]] = []
+    short: list[str] = []
+    notes: list[str] = []
+    after = f" after evicting {', '.join(evicting)}" if evicting else ""
+    if est.host_bytes:
+        if numa_nodes:
+            share = est.host_bytes // len(numa_nodes)
+            spread = freed.host_anywhere // max(len(node_free), 1)
+            for n in numa_nodes:
+                have = node_free.get(n, 0) + freed.host_by_node.get(n, 0) + spread
+                rows.append({"what": f"numa node {n}", "need": share, "free": have})
+                if share > have:
+                    short.append(f"NUMA node {n} needs {gib(share)} RAM, has {gib(have)} free")
+        else:
+            have = sum(node_free.values()) + sum(freed.host_by_node.values()) + freed.host_anywhere
+            rows.append({"what": "host RAM", "need": est.host_bytes, "free": have})
+            if est.host_bytes > have:
+                short.append(f"host needs {gib(est.host_bytes)} RAM, has {gib(have)} free")
+    need_gpu = est.gpu_bytes
+    if need_gpu and gpus:
+        if gpu_free is None:
+            notes.append("GPU memory not checked (nvidia-smi unavailable)")
+        else:
+            share = need_gpu // len(gpus)
+            for i in gpus:
+                have = gpu_free.get(i, 0) + freed.gpu_by_index.get(i, 0)
+                rows.append({"what": f"gpu {i}", "need": share, "free": have})
+                if share > have:
+                    short.append(f"GPU {i} needs {gib(share)}, has {gib(have)} free")
+    if short:
+        reason = (
+            "does not fit"
+            + after
+            + ": "
+            + "; ".join(short)
+            + ' (set "fit": "ignore" on the model to load anyway)'
+        )
+        return Fit(False, reason, tuple(rows), tuple(notes))
+    return Fit(True, None, tuple(rows), tuple(notes))

@@ -1,0 +1,683 @@
+"""The placement plan: which NUMA nodes, CPUs and GPUs an engine gets, and whom to evict.
+
+Pure: a function of the config entry, the :class:`~ktd.topology.Topology` and
+the current holdings. The daemon asks for a plan before every launch, and
+``ktctl load --dry-run`` shows the same plan, so an operator sees exactly what
+would happen (and who would be evicted) before committing minutes of loading.
+
+Ground rules, from how kt-kernel behaves (see NOTES.md "kt-kernel"):
+
+* kt-kernel binds expert thread *i* of pool *p* to the *i*-th CPU of node
+  ``numa_nodes[p]``, whatever affinity the parent set. Two engines on one node
+  therefore fight for the same cores, so every running engine owns its NUMA
+  nodes exclusively (and its GPUs, which hold its attention/dense weights).
+* ``--kt-numa-nodes`` count must equal ``--kt-threadpool-count``; weights
+  converted for N pools need N pools at launch.
+* ``--kt-cpuinfer`` counts expert threads and should be physical cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from ktd.core.topology import Topology, format_cpulist
+
+__all__ = [
+    "PLACEMENT_FLAGS",
+    "Flag",
+    "Holding",
+    "Plan",
+    "plan",
+    "user_flags",
+]
+
+NUMA_FLAG = "--kt-numa-nodes"
+POOL_FLAG = "--kt-threadpool-count"
+CPUINFER_FLAG = "--kt-cpuinfer"
+PLACEMENT_FLAGS = (NUMA_FLAG, POOL_FLAG, CPUINFER_FLAG)
+TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
+
+NumaRequest = Literal["auto", "all", "none"] | Sequence[int]
+GpuRequest = Literal["auto"] | Sequence[int] | int
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A running (or starting) engine and the resources it owns."""
+
+    alias: str
+    numa_nodes: tuple[int, ...]
+    gpus: tuple[int, ...]
+    leases: int = 0
+    pinned: bool = False
+    last_used: float = 0.0
+    state: str = "ready"
+
+    @property
+    def evictable(self) -> bool:
+        """Only an idle, unpinned, ready engine may be evicted to make room.
+
+        A starting engine is never evicted for another: killing a half-loaded
+        model throws away minutes of work and invites load ping-pong.
+        """
+        return self.leases == 0 and not self.pinned and self.state == "ready"
+
+    def describe(self, allow_evict: bool = True) -> str:
+        """Why this holder stays, for ``blocked_by`` reasons."""
+        parts: list[str] = []
+        if self.leases:
+            parts.append(f"{self.leases} lease" + ("" if self.leases == 1 else "s"))
+        if self.pinned:
+            parts.append("pinned")
+        if self.state != "ready":
+            parts.append(self.state)
+        if not parts:
+            parts.append("idle" if allow_evict else "idle; eviction not allowed")
+        return f"{self.alias} ({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A kt placement flag and who decided its value."""
+
+    name: str
+    values: tuple[str, ...]
+    origin: Literal["derived", "user"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The answer to "where would ALIAS run?". ``ok=False`` plans launch nothing."""
+
+    alias: str
+    ok: bool
+    numa_nodes: tuple[int, ...] = ()
+    cpus: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    flags: tuple[Flag, ...] = ()
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    evict: tuple[str, ...] = ()
+    blocked_by: tuple[str, ...] = ()
+    reason: str | None = None
+    notes: tuple[str, ...] = ()
+    # ok=False only: no state of the other engines would help (unknown node, more
+    # GPUs than the machine has). A config error, never something to wait for.
+    impossible: bool = False
+
+    def argv_flags(self) -> list[str]:
+        """The derived flags for the command line; user-set ones already sit in extra_args."""
+        out: list[str] = []
+        for f in self.flags:
+            if f.origin == "derived":
+                out.append(f.name)
+                out.extend(f.values)
+        return out
+
+    def flag(self, name: str) -> Flag | None:
+        for f in self.flags:
+            if f.name == name:
+                return f
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form for ``ktctl load --dry-run --json``."""
+        return {
+            "alias": self.alias,
+            "ok": self.ok,
+            "numa_nodes": list(self.numa_nodes),
+            "cpus": list(self.cpus),
+            "cpulist": format_cpulist(self.cpus),
+            "gpus": list(self.gpus),
+            "flags": [
+                {"name": f.name, "values": list(f.values), "origin": f.origin} for f in self.flags
+            ],
+            "argv_flags": self.argv_flags(),
+            "env": dict(self.env),
+            "evict": list(self.evict),
+            "blocked_by": list(self.blocked_by),
+            "reason": self.reason,
+            "notes": list(self.notes),
+            "impossible": self.impossible,
+        }
+
+
+# ---------------------------------------------------------------- user flags
+
+
+def _is_flag(token: str) -> bool:
+    """``--x``/``-x`` start a flag; ``-1`` or ``-0.5`` are values (negative numbers)."""
+    if not token.startswith("-") or token == "-":
+        return False
+    try:
+        float(token)
+    except ValueError:
+        return True
+    return False
+
+
+def user_flags(extra_args: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The flags the user gave, as argparse would read them: ``{flag: values}``.
+
+    ``--flag value``, ``--flag=value`` and multi-value ``--kt-numa-nodes 0 1``
+    are all understood; a bare ``--switch`` maps to ``()``. A value never starts
+    with ``-`` unless it is a number. ``--flag=value`` takes exactly that one
+    value (as argparse does). A repeated flag keeps the last occurrence, which
+    is the one SGLang's argparse would use.
+    """
+    out: dict[str, tuple[str, ...]] = {}
+    args = list(extra_args)
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        i += 1
+        if not _is_flag(tok):
+            continue  # a stray positional; SGLang would reject it, not our job here
+        name, eq, value = tok.partition("=")
+        if eq and name.startswith("--"):
+            out[name] = (value,)
+            continue
+        values: list[str] = []
+        while i < len(args) and not _is_flag(args[i]):
+            values.append(args[i])
+            i += 1
+        out[tok] = tuple(values)
+    return out
+
+
+def _int_values(values: Sequence[str]) -> list[int] | None:
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class _Need:
+    """What the request needs: fixed ids, or ``count`` of any free ones."""
+
+    fixed: tuple[int, ...] | None
+    count: int
+
+
+class _Fail(Exception):
+    """An impossible request; becomes ``Plan(ok=False, reason=...)``."""
+
+    def __init__(self, reason: str, blocked_by: tuple[str, ...] = ()) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.blocked_by = blocked_by
+
+
+class _Blocked(_Fail):
+    """Possible on an empty machine, but other engines hold what is needed."""
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def plan(
+    alias: str,
+    numa: NumaRequest,
+    gpus: GpuRequest,
+    extra_args: Sequence[str],
+    topo: Topology,
+    holdings: Sequence[Holding],
+    *,
+    tp_size: int | None = None,
+    reserved_cpus: Sequence[int] = (),
+    cpu_reserve: int = 0,
+    single_engine: bool = False,
+    allow_evict: bool = True,
+) -> Plan:
+    """Plan ALIAS's placement. Never raises for bad requests: returns ``ok=False`` + reason.
+
+    ``holdings`` are the engines whose processes may exist; a holding with the
+    same alias (the engine being restarted) and ``state == "stopped"`` ones own
+    nothing. ``reserved_cpus`` are kept off the engine (the daemon's own CPUs);
+    ``cpu_reserve`` more cores are left for SGLang's own threads.
+    """
+    if numa == "none":
+        return _unpinned(
+            alias,
+            gpus,
+            extra_args,
+            topo,
+            holdings,
+            tp_size=tp_size,
+            reserved_cpus=reserved_cpus,
+            cpu_reserve=cpu_reserve,
+            allow_evict=allow_evict,
+        )
+    notes: list[str] = []
+    try:
+        return _plan(
+            alias,
+            numa,
+            gpus,
+            extra_args,
+            topo,
+            holdings,
+            tp_size=tp_size,
+            reserved_cpus=reserved_cpus,
+            cpu_reserve=cpu_reserve,
+            single_engine=single_engine,
+            allow_evict=allow_evict,
+            notes=notes,
+        )
+    except _Fail as exc:
+        return Plan(
+            alias=alias,
+            ok=False,
+            blocked_by=exc.blocked_by,
+            reason=exc.reason,
+            notes=tuple(notes),
+            impossible=not isinstance(exc, _Blocked),
+        )
+
+
+def _unpinned(
+    alias: str,
+    gpus: GpuRequest,
+    extra_args: Sequence[str],
+    topo: Topology,
+    holdings: Sequence[Holding],
+    **kw: Any,
+) -> Plan:
+    """``numa: "none"`` (ktd's extension): no NUMA ownership and no pinning; only GPUs
+    are planned. kt-kernel still needs ``--kt-cpuinfer`` and ``--kt-threadpool-count``
+    (without them it divides None by None when the first MoE layer is built), so
+    they are derived from every CPU the engine may use; ``--kt-numa-nodes`` is
+    left to kt-kernel (pool *i* on node *i*)."""
+    free = [dataclasses.replace(h, numa_nodes=()) for h in holdings]
+    p = plan(alias, "all", gpus, extra_args, topo, free, single_engine=False, **kw)
+    if not p.ok:
+        return p
+    return dataclasses.replace(
+        p,
+        numa_nodes=(),
+        cpus=(),
+        flags=tuple(f for f in p.flags if f.origin == "user" or f.name != NUMA_FLAG),
+        notes=(
+            *p.notes,
+            "numa: none: not pinned, no NUMA node owned; --kt-threadpool-count and "
+            "--kt-cpuinfer cover every usable CPU",
+        ),
+    )
+
+
+def _numa_need(
+    numa: NumaRequest,
+    topo: Topology,
+    uflags: Mapping[str, tuple[str, ...]],
+    single_engine: bool,
+    notes: list[str],
+) -> _Need:
+    usable = [n.id for n in topo.nodes if n.cpus]
+    known = set(topo.node_ids)
+    if not usable:
+        raise _Fail("no NUMA node of this machine has an online CPU")
+
+    def check(ids: Sequence[int], what: str) -> tuple[int, ...]:
+        if not ids:
+            raise _Fail(f"{what} lists no NUMA node")
+        for nid in ids:
+            if nid not in known:
+                raise _Fail(f"{what}: unknown NUMA node {nid} (machine has nodes {_ids(known)})")
+            if not topo.node(nid).cpus:
+                raise _Fail(
+                    f"{what}: NUMA node {nid} has no online CPUs (memory-only node); "
+                    "kt-kernel cannot run a thread pool there"
+                )
+        return tuple(dict.fromkeys(ids))
+
+    # The user's --kt-numa-nodes is what kt-kernel will really use, so it is what
+    # we must own; otherwise the exclusivity promise would be a lie.
+    if NUMA_FLAG in uflags:
+        ids = _int_values(uflags[NUMA_FLAG])
+        if ids is None:
+            raise _Fail(f"extra_args {NUMA_FLAG} {' '.join(uflags[NUMA_FLAG])}: not node ids")
+        fixed = check(ids, f"extra_args {NUMA_FLAG}")
+        config_ids: tuple[int, ...] | None = None
+        if numa == "all":
+            config_ids = tuple(usable)
+        elif not isinstance(numa, str):
+            config_ids = tuple(numa)
+        if config_ids is not None and sorted(config_ids) != sorted(fixed):
+            notes.append(
+                f"numa={list(config_ids)} differs from {NUMA_FLAG} {' '.join(map(str, fixed))} "
+                f"in extra_args; placing on the nodes kt-kernel will use ({_ids(fixed)})"
+            )
+        return _Need(fixed, len(fixed))
+
+    if numa == "all":
+        skipped = sorted(known - set(usable))
+        if skipped:
+            notes.append(f"NUMA nodes {_ids(skipped)} have no CPUs and are left out")
+        return _Need(tuple(usable), len(usable))
+    if not isinstance(numa, str):
+        fixed = check(list(numa), "numa")
+        return _Need(fixed, len(fixed))
+    if numa != "auto":
+        raise _Fail(f"numa: expected 'auto', 'all' or a list of node ids, got {numa!r}")
+
+    # auto: the user's --kt-threadpool-count says how many pools the weights were
+    # converted for; honour it rather than pick a count the weights don't match
+    # (this wins over single_engine's "all nodes" for the same reason).
+    pools = _int_values(uflags.get(POOL_FLAG, ()))
+    if pools is not None and len(pools) == 1 and pools[0] >= 1:
+        count = pools[0]
+        if count > len(usable):
+            raise _Fail(
+                f"extra_args {POOL_FLAG} {count} needs {count} NUMA nodes; "
+                f"machine has {len(usable)} with CPUs"
+            )
+        return _Need(None, count)
+    if single_engine:
+        return _Need(tuple(usable), len(usable))
+    return _Need(None, 1)
+
+
+def _tp_size(tp_size: int | None, uflags: Mapping[str, tuple[str, ...]]) -> int | None:
+    if tp_size is not None:
+        return tp_size
+    for name in TP_FLAGS:
+        vals = _int_values(uflags.get(name, ()))
+        if vals and len(vals) == 1 and vals[0] >= 1:
+            return vals[0]
+    return None
+
+
+def _gpu_need(gpus: GpuRequest, topo: Topology, tp: int | None, notes: list[str]) -> _Need:
+    have = [g.index for g in topo.gpus]
+    why_none = f" ({topo.gpu_error})" if topo.gpu_error else ""
+    if isinstance(gpus, bool):
+        raise _Fail(f"gpus: expected 'auto', a count or a list, got {gpus!r}")
+    if isinstance(gpus, int):
+        if gpus < 0:
+            raise _Fail(f"gpus: {gpus} is negative")
+        if gpus > len(have):
+            raise _Fail(f"gpus: asks for {_plural(gpus, 'GPU')}, machine has {len(have)}{why_none}")
+        if tp is not None and gpus and gpus != tp:
+            notes.append(f"gpus={gpus} but tp_size={tp}: SGLang needs one GPU per TP rank")
+        return _Need(None, gpus)
+    if isinstance(gpus, str):
+        if gpus != "auto":
+            raise _Fail(f"gpus: expected 'auto', a count or a list, got {gpus!r}")
+        if not have:
+            if tp is not None and tp > 1:
+                notes.append(f"tp_size={tp} but no GPUs were found{why_none}")
+            return _Need(None, 0)
+        want = tp or 1
+        if want > len(have):
+            raise _Fail(f"tp_size={want} needs {_plural(want, 'GPU')}, machine has {len(have)}")
+        return _Need(None, want)
+    ids = list(dict.fromkeys(gpus))
+    if not have:
+        if ids:
+            notes.append(f"no GPUs were found{why_none}; trusting gpus={ids} from the config")
+    else:
+        unknown = [g for g in ids if g not in have]
+        if unknown:
+            raise _Fail(f"gpus: unknown GPU {_ids(unknown)} (machine has GPUs {_ids(have)})")
+    if tp is not None and ids and len(ids) != tp:
+        notes.append(f"gpus={ids} but tp_size={tp}: SGLang needs one GPU per TP rank")
+    return _Need(tuple(ids), len(ids))
+
+
+def _ids(ids: Iterable[int]) -> str:
+    return ",".join(str(i) for i in sorted(set(ids))) or "none"
+
+
+def _plan(
+    alias: str,
+    numa: NumaRequest,
+    gpus: GpuRequest,
+    extra_args: Sequence[str],
+    topo: Topology,
+    holdings: Sequence[Holding],
+    *,
+    tp_size: int | None,
+    reserved_cpus: Sequence[int],
+    cpu_reserve: int,
+    single_engine: bool,
+    allow_evict: bool,
+    notes: list[str],
+) -> Plan:
+    uflags = user_flags(extra_args)
+    node_need = _numa_need(numa, topo, uflags, single_engine, notes)
+    gpu_need = _gpu_need(gpus, topo, _tp_size(tp_size, uflags), notes)
+    others = [h for h in holdings if h.alias != alias and h.state != "stopped"]
+
+    usable_nodes = [n.id for n in topo.nodes if n.cpus]
+    mem_free = {n.id: n.mem_free_kb for n in topo.nodes}
+    gpu_free_mib = {g.index: g.memory_total_mib - g.memory_used_mib for g in topo.gpus}
+
+    def assign(gone: Sequence[Holding]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """Nodes and GPUs for the request if ``gone`` were evicted, else None."""
+        gone_aliases = {h.alias for h in gone}
+        live = [h for h in others if h.alias not in gone_aliases]
+        if single_engine and live:
+            return None
+        held_nodes = {n for h in live for n in h.numa_nodes}
+        held_gpus = {g for h in live for g in h.gpus}
+        freed_nodes = {n for h in gone for n in h.numa_nodes}
+        freed_gpus = {g for h in gone for g in h.gpus}
+        if node_need.fixed is not None:
+            if held_nodes & set(node_need.fixed):
+                return None
+            nodes = node_need.fixed
+        else:
+            avail = [n for n in usable_nodes if n not in held_nodes]
+            if len(avail) < node_need.count:
+                return None
+            # Prefer nodes free right now (a node about to be vacated still shows the
+            # evicted engine's RAM as used), then most free memory, then lowest id.
+            avail.sort(key=lambda n: (n in freed_nodes, -mem_free.get(n, 0), n))
+            nodes = tuple(sorted(avail[: node_need.count]))
+        if gpu_need.fixed is not None:
+            if held_gpus & set(gpu_need.fixed):
+                return None
+            chosen_gpus = gpu_need.fixed
+        else:
+            gavail = [g.index for g in topo.gpus if g.index not in held_gpus]
+            if len(gavail) < gpu_need.count:
+                return None
+            gavail.sort(key=lambda g: (g in freed_gpus, -gpu_free_mib.get(g, 0), g))
+            chosen_gpus = tuple(sorted(gavail[: gpu_need.count]))
+        return nodes, chosen_gpus
+
+    def relevant(h: Holding) -> bool:
+        """Could evicting ``h`` free something this request can use?"""
+        if single_engine:
+            return True
+        if node_need.fixed is not None:
+            node_hit = bool(set(h.numa_nodes) & set(node_need.fixed))
+        else:
+            node_hit = bool(set(h.numa_nodes) & set(usable_nodes))
+        if gpu_need.fixed is not None:
+            gpu_hit = bool(set(h.gpus) & set(gpu_need.fixed))
+        else:
+            gpu_hit = gpu_need.count > 0 and bool(h.gpus)
+        return node_hit or gpu_hit
+
+    evict: list[Holding] = []
+    got = assign(())
+    if got is None:
+        candidates = (
+            sorted(
+                (h for h in others if h.evictable and relevant(h)),
+                key=lambda h: (h.last_used, h.alias),
+            )
+            if allow_evict
+            else []
+        )
+        for h in candidates:
+            evict.append(h)
+            got = assign(evict)
+            if got is not None:
+                break
+        if got is None:
+            reason, blockers = _busy_reason(
+                node_need,
+                gpu_need,
+                others,
+                candidates,
+                usable_nodes,
+                topo,
+                single_engine,
+                allow_evict,
+            )
+            raise _Blocked(reason, blockers)
+        # Keep the eviction minimal: drop any victim (most recently used first)
+        # whose eviction turns out unnecessary given the later ones.
+        for h in reversed(list(evict)):
+            trial = [x for x in evict if x is not h]
+            if assign(trial) is not None:
+                evict = trial
+        got = assign(evict)
+        assert got is not None
+
+    nodes, chosen_gpus = got
+    evict.sort(key=lambda h: (h.last_used, h.alias))
+
+    reserved = set(reserved_cpus)
+    node_cpus = topo.node_cpus(nodes)
+    cpus = tuple(c for c in node_cpus if c not in reserved)
+    if node_cpus and not cpus:
+        notes.append(f"every CPU of NUMA nodes {_ids(nodes)} is reserved")
+    reserved_cores = {topo.core_of.get(c, (-1, -1 - c)) for c in reserved}
+    cores = [c for c in topo.physical_cores(node_cpus) if _core(topo, c) not in reserved_cores]
+    cpuinfer = max(1, len(cores) - max(0, cpu_reserve))
+
+    flags = _flags(uflags, nodes, cpuinfer, len(topo.physical_cores(node_cpus)), notes)
+    env: dict[str, str] = {}
+    if chosen_gpus:
+        # nvidia-smi numbers GPUs in PCI bus order, CUDA by default "fastest
+        # first": without this the indices we planned are not the ones CUDA opens.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in chosen_gpus)
+    for h in evict:
+        notes.append(f"evicts {h.alias} (idle, least recently used) to free its resources")
+    return Plan(
+        alias=alias,
+        ok=True,
+        numa_nodes=nodes,
+        cpus=cpus,
+        gpus=chosen_gpus,
+        flags=flags,
+        env=MappingProxyType(env),
+        evict=tuple(h.alias for h in evict),
+        notes=tuple(notes),
+    )
+
+
+def _core(topo: Topology, cpu: int) -> tuple[int, int]:
+    return topo.core_of.get(cpu, (-1, -1 - cpu))
+
+
+def _flags(
+    uflags: Mapping[str, tuple[str, ...]],
+    nodes: tuple[int, ...],
+    cpuinfer: int,
+    node_cores: int,
+    notes: list[str],
+) -> tuple[Flag, ...]:
+    derived = {
+        NUMA_FLAG: tuple(str(n) for n in nodes),
+        POOL_FLAG: (str(len(nodes)),),
+        CPUINFER_FLAG: (str(cpuinfer),),
+    }
+    flags = tuple(
+        Flag(name, uflags[name], "user") if name in uflags else Flag(name, derived[name], "derived")
+        for name in PLACEMENT_FLAGS
+    )
+    by_name = {f.name: f for f in flags}
+    numa_count = len(by_name[NUMA_FLAG].values)
+    pools = _int_values(by_name[POOL_FLAG].values)
+    if pools is None or len(pools) != 1:
+        notes.append(f"{POOL_FLAG} {' '.join(by_name[POOL_FLAG].values)} is not one number")
+    elif pools[0] != numa_count:
+        notes.append(
+            f"{NUMA_FLAG} lists {_plural(numa_count, 'node')} but {POOL_FLAG} is {pools[0]}: "
+            "kt-kernel requires them to be equal"
+        )
+    infer = _int_values(by_name[CPUINFER_FLAG].values)
+    if (
+        by_name[CPUINFER_FLAG].origin == "user"
+        and infer is not None
+        and len(infer) == 1
+        and infer[0] > node_cores
+    ):
+        notes.append(
+            f"{CPUINFER_FLAG} {infer[0]} exceeds the {node_cores} physical cores of "
+            f"NUMA nodes {_ids(nodes)}: expert threads will share cores"
+        )
+    return flags
+
+
+def _busy_reason(
+    node_need: _Need,
+    gpu_need: _Need,
+    others: Sequence[Holding],
+    evictable: Sequence[Holding],
+    usable_nodes: Sequence[int],
+    topo: Topology,
+    single_engine: bool,
+    allow_evict: bool,
+) -> tuple[str, tuple[str, ...]]:
+    """Name every holder that keeps a contested resource: ``NUMA node 1 held by x (2 leases)``.
+
+    Only holders that stay count (those we could not evict); the operator needs
+    to know whom to wait for or ``ktctl evict``, not the whole pool.
+    """
+    going = {h.alias for h in evictable}
+    stay = [h for h in others if h.alias not in going]
+    parts: list[str] = []
+    blockers: list[Holding] = []
+
+    def blame(what: str, h: Holding) -> None:
+        parts.append(f"{what} held by {h.describe(allow_evict)}")
+        if h not in blockers:
+            blockers.append(h)
+
+    if single_engine:
+        for h in stay:
+            blame("the machine (one engine per machine)", h)
+    else:
+        held_nodes = {n for h in stay for n in h.numa_nodes}
+        wanted = node_need.fixed if node_need.fixed is not None else tuple(usable_nodes)
+        short_nodes = (
+            bool(held_nodes & set(wanted))
+            if node_need.fixed is not None
+            else len([n for n in usable_nodes if n not in held_nodes]) < node_need.count
+        )
+        if short_nodes:
+            for n in sorted(wanted):
+                for h in stay:
+                    if n in h.numa_nodes:
+                        blame(f"NUMA node {n}", h)
+        held_gpus = {g for h in stay for g in h.gpus}
+        wanted_g = (
+            gpu_need.fixed if gpu_need.fixed is not None else tuple(g.index for g in topo.gpus)
+        )
+        short_gpus = (
+            bool(held_gpus & set(wanted_g))
+            if gpu_need.fixed is not None
+            else len([g for g in wanted_g if g not in held_gpus]) < gpu_need.count
+        )
+        if short_gpus:
+            for g in sorted(wanted_g):
+                for h in stay:
+                    if g in h.gpus:
+                        blame(f"GPU {g}", h)
+    if not parts:  # unreachable by construction; keep the reason honest if it ever is
+        parts.append("the requested resources are held by other engines")
+    return "busy: " + "; ".join(parts), tuple(h.alias for h in blockers)

@@ -1,0 +1,323 @@
+"""``ktd serve``: set up paths and sockets, run the pool and the control server, tear down.
+
+Start-up order matters for systemd and for clients: the config is validated
+first (a bad config refuses to start, naming file and field), then the runtime
+directory and sockets are made under a tight umask, adoption runs, and only
+then READY=1 is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+import zmq
+
+from ktd import paths
+from ktd.control.errors import ControlError
+from ktd.core.command import LaunchError
+from ktd.core.config import Config, ConfigError, load_config
+from ktd.core.exits import signal_name
+from ktd.daemon import proctree, safedir, sdnotify, statefile, statelock
+from ktd.daemon.pool import Pool
+from ktd.daemon.server import ControlServer
+from ktd.gateway.sync import GatewaySync
+from ktd.gateway.sync import instance_id as gateway_instance
+from ktd.placecheck import check_placements
+from ktd.protocol import HARD_MAX_FRAME, ErrorCode
+from ktd.runtime import add_common_options, load_or_report, setup_logging
+from ktd.topology import read_topology
+
+log = logging.getLogger("ktd")
+
+
+class Setup:
+    """Resolved paths for one daemon run."""
+
+    def __init__(self, config: Config, socket_override: str | None) -> None:
+        d = config.daemon
+        env = dict(os.environ)
+        if socket_override:
+            env["KTD_SOCKET"] = socket_override
+        if d.runtime_dir and not env.get("KTD_RUNTIME_DIR"):
+            env["KTD_RUNTIME_DIR"] = d.runtime_dir
+        if d.state_dir and not env.get("KTD_STATE_DIR"):
+            env["KTD_STATE_DIR"] = d.state_dir
+        self.control = paths.control_path(env)
+        self.events = paths.events_path(self.control)
+        self.state_dir = paths.state_dir(env)
+        self.log_dir = Path(d.log_dir) if d.log_dir else self.state_dir / "logs"
+        self.group = d.group
+
+
+def prepare_runtime_dir(directory: Path, group: str | None) -> None:
+    """0700 (0750 with a group), owned by us: the socket's permission is the directory's.
+    Checked without following symlinks (``ktd.daemon.safedir``): a planted link is an error."""
+    mode = 0o750 if group else 0o700
+    try:
+        fd = safedir.ensure_dir(directory, mode, what="runtime dir", fix_mode=True)
+    except safedir.UnsafeDir as exc:
+        raise SystemExit(f"ktd: {exc}") from None
+    try:
+        if group:
+            import grp
+
+            try:
+                os.fchown(fd, -1, grp.getgrnam(group).gr_gid)
+            except (KeyError, PermissionError) as exc:
+                raise SystemExit(f"ktd: daemon.group {group!r}: {exc}") from None
+    finally:
+        os.close(fd)
+
+
+def prepare_state_dir(directory: Path, group: str | None) -> int:
+    """The state dir, checked like the runtime dir, and this daemon's lock on it.
+    Returns the lock fd (kept open for the daemon's life); SystemExit names the holder."""
+    try:
+        fd = safedir.ensure_dir(
+            directory, 0o750 if group else 0o700, what="state dir", fix_mode=False
+        )
+    except safedir.UnsafeDir as exc:
+        raise SystemExit(f"ktd: {exc}") from None
+    try:
+        return statelock.acquire(directory, dir_fd=fd)
+    except statelock.StateDirBusy as exc:
+        raise SystemExit(str(exc)) from None
+    except OSError as exc:
+        raise SystemExit(f"ktd: cannot lock state dir {directory}: {exc}") from None
+    finally:
+        os.close(fd)
+
+
+def check_not_running(path: Path) -> None:
+    """A live daemon on this socket → refuse; a stale socket file → remove it."""
+    if not path.exists():
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            path.unlink(missing_ok=True)
+            return
+    raise SystemExit(f"ktd: another ktd is already listening on {path}")
+
+
+def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    control = ctx.socket(zmq.ROUTER)
+    events = ctx.socket(zmq.PUB)
+    for s in (control, events):
+        s.setsockopt(zmq.LINGER, 0)
+    control.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_FRAME)
+    control.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    events.setsockopt(zmq.SNDHWM, 10_000)
+    # Never chmod after bind (racy): the umask decides the mode at creation.
+    old = os.umask(0o007 if setup.group else 0o077)
+    try:
+        check_not_running(setup.control)
+        setup.events.unlink(missing_ok=True)
+        control.bind(paths.endpoint(setup.control))
+        events.bind(paths.endpoint(setup.events))
+    finally:
+        os.umask(old)
+    return control, events
+
+
+class Daemon:
+    def __init__(self, config: Config, setup: Setup) -> None:
+        self.config = config
+        self.setup = setup
+        self.stop_requested = trio.Event()
+        self.force_stop = False
+        self.server: ControlServer | None = None
+        self.pool: Pool | None = None
+        self.gateway: GatewaySync | None = None
+
+    def request_stop(self) -> None:
+        if self.stop_requested.is_set():
+            self.force_stop = True
+        self.stop_requested.set()
+
+    async def reload(self) -> str:
+        assert self.pool is not None
+        try:
+            new = load_config(self.config.path)
+            check_placements(new, self.pool.topology)
+        except ConfigError as exc:
+            log.error("reload refused: %s", exc)
+            raise ControlError(
+                ErrorCode.CONFIG_ERROR,
+                f"{exc} (the running config is kept)",
+                {"file": exc.file, "path": exc.path},
+            ) from None
+        summary = self.pool.apply_config(new)
+        if self.gateway is not None:
+            self.gateway.apply_config(new.gateway, new.frontend)
+        self.config = new
+        log.info("reloaded %s: %s", new.path, summary)
+        return summary
+
+    async def doctor(self) -> dict[str, Any]:
+        from ktd.doctor_run import daemon_report
+
+        assert self.pool is not None
+        self.pool.prober.forget()  # doctor looks afresh; the next launch probes again too
+        return await daemon_report(self.config, self.pool, self.gateway)
+
+    async def dry_run(self, alias: str) -> dict[str, Any]:
+        from ktd.doctor_run import dry_run_plan
+
+        assert self.pool is not None
+        engine = self.pool.engine(alias)
+        probe = await self.pool.probe(engine.spec)
+        out = dry_run_plan(self.pool, alias, probe)
+        spec = engine.spec
+        try:
+            plan = self.pool.make_plan(spec, exclude=engine, catalog=probe.catalog)
+        except LaunchError:  # already reported in ``out``; estimate on the plain plan
+            plan = self.pool.make_plan(spec, exclude=engine)
+        # The memory estimate reads file sizes and runs nvidia-smi: off the event loop.
+        est, verdict = await self.pool.fit(spec, plan)
+        out["estimate"] = est.to_dict()
+        out["fit"] = {**verdict.to_dict(), "policy": spec.fit}
+        return out
+
+    async def run(self, control: zmq.Socket[bytes], events: zmq.Socket[bytes]) -> None:
+        async with trio.open_nursery() as nursery:
+            pool = Pool(
+                self.config,
+                log_dir=self.setup.log_dir,
+                publish=self._publish,
+                state_path=self.setup.state_dir / "engines.json",
+            )
+            self.pool = pool
+            adopted, killed = pool.adopt()
+            if adopted:
+                log.info("re-adopted running engine(s): %s", ", ".join(adopted))
+            if killed:
+                log.warning("killed %d stray engine process(es): %s", len(killed), killed)
+            gateway = GatewaySync(
+                self.config.gateway,
+                self.config.frontend,
+                pool,
+                instance=gateway_instance(pool.instance),
+            )
+            self.gateway = gateway
+            pool.observers.append(gateway)
+            server = ControlServer(
+                pool,
+                control,
+                events,
+                reload=self.reload,
+                doctor=self.doctor,
+                dry_run=self.dry_run,
+                shutdown=self.request_stop,
+                gateway=gateway.info,
+            )
+            self.server = server
+            # Signal handlers first: a SIGHUP before them would kill the daemon.
+            await nursery.start(self._signals)
+            await nursery.start(server.run)
+            await nursery.start(pool.run)
+            await nursery.start(gateway.run)
+            nursery.start_soon(self._watchdog)
+            sdnotify.notify("READY=1\nSTATUS=serving")
+            log.info("ktd ready: control %s, %d kt model(s)", self.setup.control, len(pool.engines))
+            await self.stop_requested.wait()
+            sdnotify.notify("STOPPING=1")
+            log.info("shutting down: stopping %d engine(s)", len(pool.engines))
+            with trio.CancelScope(shield=True):
+                await gateway.shutdown()
+                if self.config.daemon.keep_engines_on_exit:
+                    pool.keeping_engines = True
+                    pool.save_state()
+                    log.info("keep_engines_on_exit: leaving engines running for the next ktd")
+                else:
+                    async with trio.open_nursery() as stopper:
+                        stopper.start_soon(pool.stop_all)
+                        stopper.start_soon(self._escalate, pool)
+                    pool.save_state()
+            nursery.cancel_scope.cancel()
+        server.close()
+
+    async def _escalate(self, pool: Pool) -> None:
+        """A second SIGTERM/SIGINT during shutdown skips the drains."""
+        while not self.force_stop:
+            if all(e.state in ("stopped", "failed") for e in pool.engines.values()):
+                return
+            await trio.sleep(0.1)
+        for e in pool.engines.values():
+            e.request_down(force=True)
+
+    def _publish(self, topic: str, event: Any) -> None:
+        if self.server is not None:
+            self.server.publish(topic, event)
+
+    async def _signals(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            task_status.started()
+            async for sig in sigs:
+                if sig == signal.SIGHUP:
+                    try:
+                        await self.reload()
+                    except ControlError as exc:
+                        log.error("SIGHUP reload failed: %s", exc.message)
+                else:
+                    log.info("received %s", signal_name(sig))
+                    self.request_stop()
+
+    async def _watchdog(self) -> None:
+        interval = sdnotify.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            sdnotify.notify("WATCHDOG=1")
+            await trio.sleep(interval)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ktd serve", description="Run the ktd daemon.")
+    add_common_options(ap)
+    args = ap.parse_args(argv)
+    setup_logging(args.log_level)
+    config = load_or_report(args.config, "ktd")
+    if config is None:
+        return 2
+    try:
+        check_placements(config, read_topology())
+    except ConfigError as exc:
+        print(f"ktd: config error: {exc}", file=sys.stderr)
+        return 2
+    setup = Setup(config, args.socket)
+    try:
+        # The lock first: a second daemon on this state dir must not even unlink a
+        # socket. Held (fd open) until this process exits.
+        lock_fd = prepare_state_dir(setup.state_dir, setup.group)
+        for stale in statefile.remove_stale_temps(setup.state_dir / "engines.json"):
+            log.warning("removed %s, left by a daemon killed mid-write", stale)
+        prepare_runtime_dir(setup.control.parent, setup.group)
+        control, events = bind_sockets(setup)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except zmq.ZMQError as exc:
+        print(f"ktd: cannot bind {setup.control}: {exc}", file=sys.stderr)
+        return 1
+    proctree.set_child_subreaper()
+    daemon = Daemon(config, setup)
+    try:
+        trio.run(daemon.run, control, events)
+    finally:
+        for path in (setup.control, setup.events):
+            path.unlink(missing_ok=True)
+        os.close(lock_fd)  # after the sockets are gone: the next daemon may start now
+    return 0

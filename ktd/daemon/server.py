@@ -1,0 +1,176 @@
+"""The control server: a ROUTER socket answering protocol requests, and the PUB socket.
+
+Each request is handled in its own task (a ``load`` may wait minutes); the
+socket itself is pumped by one task (``TrioSocket``). A frame that cannot be
+decoded gets a ``bad_request`` reply; nothing a client sends can raise out of here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import trio
+import zmq
+
+from ktd import __version__
+from ktd import protocol as p
+from ktd.control.errors import ControlError
+from ktd.control.zmqtrio import Frames, TrioSocket
+from ktd.daemon.pool import Pool
+
+log = logging.getLogger("ktd.server")
+
+
+def error_reply(req: p.Request, exc: Exception) -> p.Error:
+    """ControlErrors carry their stable code; anything else is a bug, logged, never fatal."""
+    if isinstance(exc, ControlError):
+        return exc.to_reply()
+    log.error("request %r failed", req, exc_info=exc)
+    return p.Error(code=p.ErrorCode.INTERNAL, message=f"internal error: {exc!r}")
+
+
+class ControlServer:
+    def __init__(
+        self,
+        pool: Pool,
+        control: zmq.Socket[bytes],
+        events: zmq.Socket[bytes],
+        *,
+        reload: Callable[[], Awaitable[str]],
+        doctor: Callable[[], Awaitable[dict[str, Any]]],
+        dry_run: Callable[[str], Awaitable[dict[str, Any]]],
+        shutdown: Callable[[], None],
+        gateway: Callable[[], p.GatewayInfo | None] = lambda: None,
+    ) -> None:
+        self.pool = pool
+        self.control = TrioSocket(control, self._on_message)
+        self.events = TrioSocket(events, None, max_outbox=10_000)
+        self._reload = reload
+        self._doctor = doctor
+        self._dry_run = dry_run
+        self._shutdown = shutdown
+        self._gateway = gateway
+        self._nursery: trio.Nursery | None = None
+        self._encoder = msgspec.msgpack.Encoder()
+
+    def publish(self, topic: str, event: p.Event) -> None:
+        self.events.send([topic.encode(), self._encoder.encode(event)])
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self.control.run)
+            nursery.start_soon(self.events.run)
+            task_status.started()
+
+    def close(self) -> None:
+        self.control.close()
+        self.events.close()
+
+    # ------------------------------------------------------------ dispatch
+
+    def _reply(self, envelope: Frames, reply: p.Reply) -> None:
+        self.control.send([*envelope, self._encoder.encode(reply)])
+
+    def _on_message(self, frames: Frames) -> None:
+        if len(frames) < 2:
+            return  # no identity: nobody to answer
+        envelope, payload = frames[:-1], frames[-1]
+        if len(payload) > p.MAX_FRAME:
+            self._reply(
+                envelope,
+                p.Error(
+                    id=p.skim_id(payload),
+                    code=p.ErrorCode.BAD_REQUEST,
+                    message=f"frame of {len(payload)} bytes exceeds {p.MAX_FRAME}",
+                ),
+            )
+            return
+        try:
+            req = p.decode_request(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._reply(
+                envelope,
+                p.Error(
+                    id=p.peek_id(payload),
+                    code=p.ErrorCode.BAD_REQUEST,
+                    message=f"malformed request: {exc}",
+                ),
+            )
+            return
+        try:
+            reply = self._answer_now(req)
+        except Exception as exc:  # the daemon never dies of a request
+            reply = error_reply(req, exc)
+        if reply is not None:
+            reply.id = req.id
+            self._reply(envelope, reply)
+            return
+        assert self._nursery is not None
+        self._nursery.start_soon(self._handle, envelope, req)
+
+    async def _handle(self, envelope: Frames, req: p.Request) -> None:
+        try:
+            reply = await self._dispatch(req)
+        except Exception as exc:  # the daemon never dies of a request
+            reply = error_reply(req, exc)
+        reply.id = req.id
+        self._reply(envelope, reply)
+
+    def _answer_now(self, req: p.Request) -> p.Reply | None:
+        """Requests that need no waiting are answered inside the pump, in the same pass
+        that read them: no task, no extra scheduler round (the frontend's acquire and
+        release sit on every request's path). None = needs a task."""
+        pool = self.pool
+        match req:
+            case p.Ping():
+                return p.Pong(version=__version__, pid=os.getpid())
+            case p.Status(alias=alias):
+                return p.StatusReply(engines=pool.status(alias), gateway=self._gateway())
+            case p.Models():
+                return p.ModelsReply(models=pool.models())
+            case p.Logs(alias=alias, lines=lines, probes=probes):
+                return p.LogsReply(alias=alias, lines=pool.logs(alias, lines, probes=probes))
+            case p.Acquire(model=model, client=client):
+                engine = pool.ready_engine(model)
+                if engine is None:
+                    return None
+                return p.AcquireReply(
+                    lease=pool.grant(engine, client), alias=engine.alias, url=engine.url or ""
+                )
+            case p.Release(lease=lease):
+                found = pool.release(lease)
+                return p.Ok(message="released" if found else "unknown lease (already expired)")
+            case p.Heartbeat(client=client):
+                pool.heartbeat(client)
+                return p.Ok()
+            case p.Shutdown():
+                self._shutdown()
+                return p.Ok(message="shutting down")
+        return None
+
+    async def _dispatch(self, req: p.Request) -> p.Reply:
+        pool = self.pool
+        match req:
+            case p.Load(alias=alias, dry_run=True):
+                pool.engine(alias)
+                return p.PlanReply(plan=await self._dry_run(alias))
+            case p.Load(alias=alias, wait=wait, timeout=timeout):
+                return p.LoadReply(engine=await pool.load(alias, wait=wait, timeout=timeout))
+            case p.Evict(alias=alias, all=all_, force=force, timeout=timeout):
+                evicted = await pool.evict(alias, all=all_, force=force, timeout=timeout)
+                return p.EvictReply(evicted=evicted)
+            case p.Reload():
+                return p.Ok(message=await self._reload())
+            case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):
+                lease, engine = await pool.acquire(
+                    model, client, autoload=autoload, timeout=timeout
+                )
+                return p.AcquireReply(lease=lease, alias=engine.alias, url=engine.url or "")
+            case p.Doctor():
+                return p.DoctorReply(report=await self._doctor())
+        raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")

@@ -1,0 +1,108 @@
+"""Eviction and idle-TTL policy alone: a placement plan and holders in, a step out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ktd.core import states as S
+from ktd.core.eviction import (
+    Evict,
+    HolderView,
+    Refuse,
+    Use,
+    WaitIdle,
+    WaitLeaving,
+    idle_for,
+    place_step,
+    ttl_due,
+    waitable,
+)
+
+
+@dataclass(frozen=True)
+class P:
+    ok: bool = True
+    evict: tuple[str, ...] = ()
+    blocked_by: tuple[str, ...] = ()
+    impossible: bool = False
+    reason: str | None = None
+
+
+def holder(alias: str, state: str = S.READY, *, want_up: bool = True, **kw: object) -> HolderView:
+    return HolderView(alias=alias, state=state, want_up=want_up, **kw)  # type: ignore[arg-type]
+
+
+def test_a_fitting_plan_is_used_or_evicts_the_idle_engines_it_names() -> None:
+    assert place_step(P(), {}, swap=True) == Use()
+    assert place_step(P(evict=("a", "b")), {}, swap=True) == Evict(("a", "b"))
+
+
+def test_an_impossible_plan_is_refused_as_such() -> None:
+    step = place_step(P(ok=False, impossible=True, reason="no NUMA node 7"), {}, swap=True)
+    assert step == Refuse("no NUMA node 7", impossible=True)
+
+
+def test_holders_already_leaving_are_waited_for() -> None:
+    views = {"a": holder("a", S.DRAINING, want_up=False), "b": holder("b", leases=1)}
+    step = place_step(P(ok=False, blocked_by=("a", "b")), views, swap=True)
+    assert step == WaitLeaving(("a",))
+
+
+def test_busy_holders_that_can_swap_are_waited_for_until_idle() -> None:
+    views = {"a": holder("a", leases=2), "b": holder("b", S.STARTING)}
+    step = place_step(P(ok=False, blocked_by=("a", "b"), reason="busy"), views, swap=True)
+    assert step == WaitIdle(("a", "b"))
+
+
+def test_pinned_holders_or_no_swap_make_it_busy() -> None:
+    plan = P(ok=False, blocked_by=("a",), reason="a holds GPU 0")
+    pinned = {"a": holder("a", leases=1, pinned=True)}
+    assert place_step(plan, pinned, swap=True) == Refuse("a holds GPU 0", ("a",))
+    assert place_step(plan, {"a": holder("a", leases=1)}, swap=False) == Refuse(
+        "a holds GPU 0", ("a",)
+    )
+
+
+def test_blocked_by_no_known_engine_is_busy() -> None:
+    assert place_step(P(ok=False, blocked_by=("ghost",)), {}, swap=True) == Refuse(
+        "cannot be placed", ("ghost",)
+    )
+
+
+def test_waitable() -> None:
+    assert waitable(holder("a", S.READY), swap=True)
+    assert waitable(holder("a", S.STARTING), swap=True)
+    assert not waitable(holder("a", S.DRAINING), swap=True)
+    assert not waitable(holder("a", want_up=False), swap=True)
+    assert not waitable(holder("a", pinned=True), swap=True)
+    assert not waitable(holder("a"), swap=False)
+
+
+def test_idle_for_counts_only_requests_before_the_cutoff() -> None:
+    assert idle_for(holder("a", queue=(7, 9)), cutoff=5)
+    assert not idle_for(holder("a", queue=(3,)), cutoff=5)
+    assert not idle_for(holder("a", leases=1), cutoff=5)
+    assert not idle_for(holder("a", S.STARTING), cutoff=5)
+    assert idle_for(holder("a", S.STOPPED), cutoff=5)
+    assert idle_for(holder("a", S.STARTING, want_up=False), cutoff=5)
+
+
+def due(**kw: object) -> float | None:
+    args: dict[str, object] = {
+        "ttl": 60.0,
+        "state": S.READY,
+        "leases": 0,
+        "want_up": True,
+        "last_used": None,
+        "since": 100.0,
+    }
+    return ttl_due(**{**args, **kw})  # type: ignore[arg-type]
+
+
+def test_ttl_counts_from_the_last_request_and_never_while_busy() -> None:
+    assert due() == 160.0
+    assert due(last_used=500.0) == 560.0
+    assert due(leases=1) is None
+    assert due(ttl=0.0) is None
+    assert due(state=S.STARTING) is None
+    assert due(want_up=False) is None

@@ -1,0 +1,130 @@
+"""Memory estimate and fit (pure), on fixture topologies with sparse weight files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from ktd.core import fit
+from ktd.core.config import ModelSpec
+from ktd.daemon import weights
+from ktd.topology import read_topology
+from tests.daemon.test_preflight import GIB, safetensors, sparse
+from tests.fixtures.topology import build_epyc, build_xeon
+
+DEEPSEEK_V3 = {
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "vocab_size": 129280,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 3,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "max_position_embeddings": 163840,
+    "torch_dtype": "bfloat16",
+}
+
+
+def spec(path: Path, kt: Path | None, ctx: int = 0) -> ModelSpec:
+    return ModelSpec(
+        alias="m", backend="kt", path=str(path), served=True, source="t",
+        kt_weight_path=str(kt) if kt else None, ctx=ctx,
+    )  # fmt: skip
+
+
+def test_kv_cache_mla_and_gqa() -> None:
+    # DeepSeek MLA: 61 layers x ctx x (512 + 64) x 2 bytes
+    assert fit.kv_cache_bytes(DEEPSEEK_V3, 32768) == 61 * 32768 * 576 * 2
+    gqa = {"num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+           "hidden_size": 4096, "torch_dtype": "bfloat16"}  # fmt: skip
+    assert fit.kv_cache_bytes(gqa, 8192) == 2 * 48 * 8192 * 4 * 128 * 2
+    assert fit.kv_cache_bytes({}, 8192) is None
+
+
+def test_dense_estimate_from_config_is_in_the_right_range() -> None:
+    # DeepSeek-V3's non-expert weights are ~17 B params (~33 GB in bf16); ~27 GB VRAM known.
+    dense = fit.dense_bytes_from_config(DEEPSEEK_V3)
+    assert dense is not None and 15 * GIB < dense < 45 * GIB
+
+
+def test_sparse_weights_on_the_xeon_split_per_node(tmp_path: Path) -> None:
+    model = tmp_path / "ds"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(DEEPSEEK_V3))
+    kt = tmp_path / "ds-kt"
+    sparse(kt / "_layer_3" / "_numa_0" / "w.kt", 180 * GIB)
+    sparse(kt / "_layer_3" / "_numa_1" / "w.kt", 180 * GIB)
+    est = weights.estimate_spec(spec(model, kt, ctx=32768))
+    assert est.host_bytes == 360 * GIB
+    assert est.kv_bytes == 61 * 32768 * 576 * 2
+    topo = read_topology(build_xeon(tmp_path / "xeon"), nvidia_smi=None)
+    free = {n.id: n.available_kb * 1024 for n in topo.nodes}  # 200 and 240 GiB
+    both = fit.check(est, node_free=free, numa_nodes=(0, 1), gpu_free=None, gpus=())
+    assert both.ok  # 180 GiB per node
+    one = fit.check(est, node_free=free, numa_nodes=(1,), gpu_free=None, gpus=())
+    assert not one.ok
+    assert "NUMA node 1 needs 360.0 GiB RAM, has 240.0 GiB free" in (one.reason or "")
+
+
+def test_evictions_count_as_freed(tmp_path: Path) -> None:
+    topo = read_topology(build_epyc(tmp_path / "epyc"), nvidia_smi=None)
+    free = {n.id: n.available_kb * 1024 for n in topo.nodes}  # node 2: 180 GiB
+    est = fit.Estimate(host_bytes=250 * GIB, gpu_weights_bytes=None, kv_bytes=None)
+    alone = fit.check(est, node_free=free, numa_nodes=(2,), gpu_free=None, gpus=())
+    assert not alone.ok
+    victim = fit.Estimate(host_bytes=100 * GIB, gpu_weights_bytes=None, kv_bytes=None)
+    freed = fit.freed_by([(victim, (2,), ())])
+    after = fit.check(
+        est, node_free=free, numa_nodes=(2,), gpu_free=None, gpus=(), freed=freed,
+        evicting=("old",),
+    )  # fmt: skip
+    assert after.ok
+
+
+def test_gpu_split_over_tp_and_unknown_gpus_not_checked(tmp_path: Path) -> None:
+    est = fit.Estimate(host_bytes=None, gpu_weights_bytes=100 * GIB, kv_bytes=20 * GIB)
+    gfree = {0: 70 * GIB, 1: 70 * GIB}
+    assert fit.check(est, node_free={}, numa_nodes=(), gpu_free=gfree, gpus=(0, 1)).ok
+    one = fit.check(est, node_free={}, numa_nodes=(), gpu_free=gfree, gpus=(0,))
+    assert not one.ok and "GPU 0 needs 120.0 GiB, has 70.0 GiB free" in (one.reason or "")
+    unknown = fit.check(est, node_free={}, numa_nodes=(), gpu_free=None, gpus=(0,))
+    assert unknown.ok and unknown.notes
+
+
+def test_safetensors_headers_separate_experts(tmp_path: Path) -> None:
+    safetensors(
+        tmp_path / "a.safetensors",
+        {
+            "model.layers.3.mlp.experts.7.down_proj.weight": 10 * GIB,
+            "model.layers.3.mlp.shared_experts.down_proj.weight": 1 * GIB,
+            "lm_head.weight": 2 * GIB,
+        },
+    )
+    assert weights.non_expert_bytes(str(tmp_path)) == 3 * GIB
+    assert weights.non_expert_bytes(str(tmp_path / "none")) is None
+
+
+def test_page_cache_counts_as_available(tmp_path: Path) -> None:
+    root = build_xeon(tmp_path / "x")
+    meminfo = root / "sys/devices/system/node/node0/meminfo"
+    meminfo.write_text(
+        "Node 0 MemTotal: 268435456 kB\nNode 0 MemFree: 1048576 kB\n"
+        "Node 0 FilePages: 209715200 kB\nNode 0 Shmem: 1048576 kB\n"
+        "Node 0 SReclaimable: 1048576 kB\n"
+    )
+    node0 = read_topology(root, nvidia_smi=None).node(0)
+    assert node0.mem_free_kb == 1048576
+    assert node0.available_kb == 1048576 + 209715200 - 1048576 + 1048576
+
+
+def test_estimate_without_weights_or_config(tmp_path: Path) -> None:
+    est = weights.estimate_spec(spec(tmp_path / "missing", None))
+    assert est.host_bytes is None and est.gpu_bytes is None and len(est.notes) == 2
+    assert fit.check(est, node_free={0: 0}, numa_nodes=(0,), gpu_free={0: 0}, gpus=(0,)).ok
+    assert dataclasses.asdict(est)  # plain data

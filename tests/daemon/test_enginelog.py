@@ -1,0 +1,132 @@
+"""EngineLog: the file the engine writes, followed for the tail; rotation; failures."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ktd.daemon.enginelog import EngineLog
+
+
+def test_follow_lines_partial_and_carriage_returns(tmp_path: Path) -> None:
+    published: list[str] = []
+    log = EngineLog(tmp_path / "a.log", publish=published.extend)
+    fd = log.open_for_engine()
+    assert fd is not None
+    log.start_following(from_end=True)
+    os.write(fd, b"one\ntw")
+    assert log.poll() == ["one"]
+    os.write(fd, b"o\nprogress 10%\rprogress 100%\n")
+    assert log.poll() == ["two", "progress 100%"]
+    log.note("hello")
+    assert log.last(1) == ["[ktd] hello"]
+    assert published == ["one", "two", "progress 100%", "[ktd] hello"]
+    os.close(fd)
+
+
+def test_from_end_skips_an_earlier_engine(tmp_path: Path) -> None:
+    (tmp_path / "a.log").write_text("old run\n")
+    log = EngineLog(tmp_path / "a.log")
+    fd = log.open_for_engine()
+    assert fd is not None
+    log.start_following(from_end=True)
+    os.write(fd, b"new run\n")
+    assert log.poll() == ["new run"]
+    os.close(fd)
+
+
+def test_rotation_copytruncate_keeps_engine_fd_working(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    log = EngineLog(path, max_bytes=100, backups=2)
+    fd = log.open_for_engine()
+    assert fd is not None
+    log.start_following(from_end=True)
+    for i in range(3):
+        os.write(fd, b"x" * 120 + b"\n")
+        log.poll()
+        assert path.stat().st_size == 0, i
+    os.write(fd, b"after\n")
+    assert log.poll() == ["after"]
+    assert (tmp_path / "a.log.1").exists() and (tmp_path / "a.log.2").exists()
+    assert not (tmp_path / "a.log.3").exists()
+    assert len(log.tail) == 4
+    os.close(fd)
+
+
+def test_unwritable_directory_keeps_the_tail(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    log = EngineLog(blocker / "logs" / "a.log")
+    assert log.open_for_engine() is None
+    assert log.error and "a.log" in log.error
+    log.feed(b"line from a pipe\n")
+    log.note("still here")
+    assert log.last(2) == ["line from a pipe", "[ktd] still here"]
+    assert any("keeping only the in-memory tail" in line for line in log.tail)
+
+
+def test_runaway_line_is_cut(tmp_path: Path) -> None:
+    log = EngineLog(tmp_path / "a.log")
+    assert log.feed(b"y" * 70000) == ["y" * 70000]
+    assert log.last(0) == []
+
+
+def test_deleted_log_is_still_followed_and_bounded(tmp_path: Path) -> None:
+    """Issue 12, attack 7: rotation follows the fd; a deleted file does not grow forever."""
+    path = tmp_path / "a.log"
+    log = EngineLog(path, max_bytes=1000, backups=1)
+    fd = log.open_for_engine()
+    assert fd is not None
+    log.start_following(from_end=True)
+    path.unlink()
+    for i in range(50):
+        os.write(fd, f"line {i} ".encode() + b"x" * 100 + b"\n")
+        log.poll()
+        assert os.fstat(fd).st_size < 1200, i
+    assert log.detached()
+    assert any("was removed or replaced" in ln for ln in log.tail)
+    assert log.last(1)[0].startswith("line 49 ")
+    assert (tmp_path / "a.log.1").stat().st_size >= 1000  # rotated into the backup
+    log.note("a note goes to the engine's own file")
+    assert log.last(1) == ["[ktd] a note goes to the engine's own file"]
+    os.close(fd)
+
+
+def test_adopt_output_follows_the_process_stdout_and_backfills(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "a.log"
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nprint('before restart', flush=True)\n"
+            "sys.stdin.readline()\nprint('after restart', flush=True)\ntime.sleep(30)",
+        ],
+        stdout=out,
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+    os.close(out)
+    try:
+        deadline = time.monotonic() + 10
+        while b"before" not in path.read_bytes():
+            assert time.monotonic() < deadline
+        path.unlink()  # nobody can find it by name any more
+        log = EngineLog(path)
+        assert log.adopt_output(proc.pid)
+        log.start_following(from_end=True)
+        assert log.last(5) == ["before restart"]
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        while "after restart" not in log.last(1):
+            log.poll()
+            assert time.monotonic() < deadline
+        log.stop_following()
+    finally:
+        proc.kill()
+        proc.wait()
