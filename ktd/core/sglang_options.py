@@ -17,7 +17,7 @@ exactly (SGLang declares none that users abbreviate).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -69,24 +69,14 @@ class Catalog:
     version: str
     options: tuple[Option, ...]
     _by_flag: dict[str, Option] = field(init=False, repr=False, compare=False)
-    _by_dest: dict[str, Option] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        by_flag: dict[str, Option] = {}
-        by_dest: dict[str, Option] = {}
-        for opt in self.options:
-            for f in opt.flags:
-                by_flag[f] = opt
-            by_dest.setdefault(opt.dest, opt)
+        by_flag = {f: opt for opt in self.options for f in opt.flags}
         object.__setattr__(self, "_by_flag", by_flag)
-        object.__setattr__(self, "_by_dest", by_dest)
 
     @classmethod
     def from_data(cls, data: CatalogData) -> Catalog:
         return cls(package=data.package, version=data.version, options=tuple(data.options))
-
-    def to_data(self) -> CatalogData:
-        return CatalogData(package=self.package, version=self.version, options=list(self.options))
 
     @property
     def label(self) -> str:
@@ -101,12 +91,6 @@ class Catalog:
     @property
     def has_kt(self) -> bool:
         return "--kt-weight-path" in self._by_flag
-
-    def knows(self, dest: str) -> bool:
-        return dest in self._by_dest
-
-    def option(self, dest: str) -> Option | None:
-        return self._by_dest.get(dest)
 
     def exact(self, flag: str) -> Option | None:
         """The option declared under exactly ``flag`` (no prefix matching)."""
@@ -226,7 +210,3 @@ def _check_count(opt: Option, written: str, values: Sequence[str], catalog: Cata
         need = "no value" if n == 0 else f"{n} values"
     if need:
         raise OptionError(f"{written}: expects {need} ({catalog.label})")
-
-
-def dests(flags: Iterable[UserFlag]) -> set[str]:
-    return {f.dest for f in flags}
