@@ -27,6 +27,10 @@ HARD_MAX_FRAME = 16 << 20
 MAX_SECONDS = 1e9
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 LineCount = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]
+# A model name (alias, or ``alias:adapter``): longer is nobody's model, and a client
+# must not make the daemon, its logs or a stream's ``: loading`` comments carry megabytes.
+MAX_MODEL_NAME = 256
+ModelName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME)]
 
 
 class ErrorCode:
@@ -95,7 +99,7 @@ class Acquire(Request, tag="acquire"):
     sending heartbeats, so a frontend killed mid-request cannot pin an engine.
     """
 
-    model: str
+    model: ModelName
     client: str
     autoload: bool = True
     timeout: Seconds | None = None
@@ -107,6 +111,60 @@ class Release(Request, tag="release"):
 
 class Heartbeat(Request, tag="heartbeat"):
     client: str
+
+
+# The claim protocol (the frontend's; ``ktd.daemon.claims`` has the race analysis).
+# A frontend holds one standing claim per engine it has traffic for and counts its
+# requests itself; the daemon is off the per-request path.
+
+
+class Claim(Request, tag="claim"):
+    """A standing claim for ``client`` on the engine serving ``model``, loading it if allowed.
+
+    Waits like ``acquire`` (load, swap, queue). Idempotent: a client that holds a
+    claim on that engine gets the same claim back.
+    """
+
+    model: ModelName
+    client: str
+    autoload: bool = True
+    timeout: Seconds | None = None
+
+
+class ClaimState(msgspec.Struct, kw_only=True):
+    """One claim as the frontend holding it reports it."""
+
+    claim: str
+    alias: str
+    url: str = ""
+    inflight: Annotated[int, msgspec.Meta(ge=0)] = 0
+    idle: Seconds = 0.0  # since its last request ended (0 while one is in flight)
+    routing: bool = True  # False once recalled: no new request goes there
+
+
+class Sync(Request, tag="sync"):
+    """The frontend's report of every claim it holds; also its heartbeat.
+
+    With ``wait`` > 0 the daemon parks the reply until it has a recall for this
+    client or ``wait`` passes (a long poll: recalls reach the frontend at once,
+    without the daemon ever sending unasked). ``daemon``/``seen`` say which of
+    the daemon's grants the report already reflects, so a claim granted while
+    this report travelled is not taken for given back.
+    """
+
+    client: str
+    claims: list[ClaimState] = []
+    queued: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = {}  # alias -> requests waiting
+    wait: Seconds = 0.0
+    daemon: str = ""  # the daemon run whose grants ``seen`` counts
+    seen: Annotated[int, msgspec.Meta(ge=0)] = 0  # highest grant number received from it
+
+
+class Return(Request, tag="return"):
+    """The frontend gives a claim back (recalled, or no longer wanted)."""
+
+    client: str
+    claim: str
 
 
 class Doctor(Request, tag="doctor"):
@@ -128,6 +186,9 @@ AnyRequest = (
     | Acquire
     | Release
     | Heartbeat
+    | Claim
+    | Sync
+    | Return
     | Doctor
     | Shutdown
 )
@@ -183,7 +244,7 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     gpus: list[int] = []
     since: float = 0.0
     reason: str | None = None
-    leases: int = 0
+    leases: int = 0  # requests in flight: acquire leases plus what claim holders report
     url: str | None = None
     cpus: list[int] = []
     restarts: int = 0
@@ -211,6 +272,7 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     load_started: float | None = None  # this load's start, while starting
     load_eta: float | None = None  # expected load duration (median of recent loads)
     last_log: str | None = None  # the engine's last log line (never in ``state``/``phase``)
+    claims: int = 0  # frontends' standing claims on it (issue 15)
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
@@ -263,6 +325,45 @@ class AcquireReply(Reply, tag="acquire"):
     url: str
 
 
+class ClaimReply(Reply, tag="claim"):
+    claim: str
+    alias: str
+    url: str
+    daemon: str = ""  # this daemon run (a restarted daemon has another)
+    grant: int = 0  # grant number within that run (``Sync.seen``)
+    max_concurrent: int | None = None  # admission, applied by the frontend per claim
+    max_queue: int | None = None
+
+
+class Recall(msgspec.Struct, kw_only=True):
+    """Give a claim back.
+
+    ``drain`` (evict, swap, reload of a removed model, shutdown): route nothing new
+    there from now on, give it back when its requests have ended. ``idle`` (TTL, a
+    restart after a reload): keep routing, give it back the first time it has had
+    no request for ``idle`` seconds; a claim busier than that stays, and the next
+    report says so.
+    """
+
+    claim: str
+    alias: str
+    kind: Literal["drain", "idle"] = "drain"
+    idle: float = 0.0
+    reason: str = ""
+
+
+class Limits(msgspec.Struct, kw_only=True, array_like=True):
+    max_concurrent: int | None = None
+    max_queue: int | None = None
+
+
+class SyncReply(Reply, tag="sync"):
+    daemon: str = ""
+    recalls: list[Recall] = []
+    dropped: list[str] = []  # claims this daemon does not hold for you: stop using them
+    limits: dict[str, Limits] = {}  # per model with admission limits
+
+
 class DoctorReply(Reply, tag="doctor"):
     report: dict[str, Any]
 
@@ -286,6 +387,8 @@ AnyReply = (
     | EvictReply
     | LogsReply
     | AcquireReply
+    | ClaimReply
+    | SyncReply
     | DoctorReply
     | Ok
     | Error

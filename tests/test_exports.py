@@ -41,6 +41,7 @@ def _tags(union: object) -> set[str]:
 def test_protocol_request_and_reply_tags() -> None:
     assert _tags(p.AnyRequest) == {
         "acquire",
+        "claim",
         "doctor",
         "evict",
         "heartbeat",
@@ -50,11 +51,14 @@ def test_protocol_request_and_reply_tags() -> None:
         "ping",
         "release",
         "reload",
+        "return",
         "shutdown",
         "status",
+        "sync",
     }
     assert _tags(p.AnyReply) == {
         "acquire",
+        "claim",
         "doctor",
         "error",
         "evict",
@@ -65,6 +69,7 @@ def test_protocol_request_and_reply_tags() -> None:
         "plan",
         "pong",
         "status",
+        "sync",
     }
 
 

@@ -58,6 +58,7 @@ class AsyncClient:
         raw.setsockopt(zmq.IMMEDIATE, 1)
         raw.setsockopt(zmq.RECONNECT_IVL, 100)
         raw.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        raw.setsockopt(zmq.RCVHWM, 0)  # replies are never dropped on our side either
         raw.connect(self.endpoint)
         self._sock = TrioSocket(raw, self._on_message)
         task_status.started()
@@ -72,11 +73,17 @@ class AsyncClient:
         if self._sock is None:
             raise Unreachable("control client is not running")
         msg.id = next(self._ids)
+        frame = p.encode(msg)
+        if len(frame) > p.MAX_FRAME:  # the daemon would refuse it (or zmq drop it) anyway
+            raise ControlError(
+                p.ErrorCode.BAD_REQUEST,
+                f"request of {len(frame)} bytes exceeds the control API's {p.MAX_FRAME}",
+            )
         send, recv = trio.open_memory_channel[p.Reply](1)
         self._waiting[msg.id] = send
         limit = self.timeout if timeout is None else timeout
         try:
-            self._sock.send([p.encode(msg)])
+            self._sock.send([frame])
             with trio.move_on_after(limit if math.isfinite(limit) else math.inf) as scope:
                 reply = await recv.receive()
             if scope.cancelled_caught:

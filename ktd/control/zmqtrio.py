@@ -29,10 +29,17 @@ class TrioSocket:
         on_message: Callable[[Frames], None] | None,
         *,
         max_outbox: int = 100_000,
+        on_drop: Callable[[Frames], None] | None = None,
     ) -> None:
-        """``on_message=None`` for send-only sockets (PUB), which must never be read."""
+        """``on_message=None`` for send-only sockets (PUB), which must never be read.
+
+        ``on_drop``: told of every message that could not be sent (the outbox was
+        full, or the peer is gone), so that nothing is lost without its owner knowing:
+        a lease granted in an undeliverable reply, for one, is given back.
+        """
         self.sock = sock
         self._on_message = on_message
+        self._on_drop = on_drop
         self._outbox: deque[Frames] = deque()
         self._max_outbox = max_outbox
         self._wait_scope: trio.CancelScope | None = None
@@ -48,8 +55,7 @@ class TrioSocket:
         if self._closed:
             return
         if len(self._outbox) >= self._max_outbox:
-            self._outbox.popleft()
-            self.dropped += 1
+            self._dropped(self._outbox.popleft())
         self._outbox.append(frames)
         if self._wait_scope is not None:
             self._wait_scope.cancel()
@@ -65,12 +71,16 @@ class TrioSocket:
             except zmq.ZMQError as exc:
                 # EHOSTUNREACH with ROUTER_MANDATORY and similar: the peer is gone.
                 if exc.errno in (zmq.EHOSTUNREACH, zmq.ENOTSOCK, zmq.ETERM):
-                    self._outbox.popleft()
-                    self.dropped += 1
+                    self._dropped(self._outbox.popleft())
                     continue
                 raise
             self._outbox.popleft()
         return True
+
+    def _dropped(self, frames: Frames) -> None:
+        self.dropped += 1
+        if self._on_drop is not None:
+            self._on_drop(frames)
 
     def _drain_recv(self) -> list[Frames]:
         got: list[Frames] = []

@@ -26,6 +26,7 @@ import trio
 
 from ktd.core import loglines
 from ktd.core import states as S
+from ktd.core.claims import ClaimRec
 from ktd.core.command import ENGINE_MARK, LaunchError, build_env, build_launch
 from ktd.core.config import DaemonSection, ModelSpec
 from ktd.core.eviction import ttl_due
@@ -163,6 +164,9 @@ class Engine:
         self.force = False
         self.drain_timeout: float | None = None
         self.leases: dict[str, Lease] = {}
+        self.claims: dict[str, ClaimRec] = {}  # frontends' standing claims (daemon/claims.py)
+        self.claim_waits = 0  # of ``queue``: claims waiting (they report their requests)
+        self.remote_queued = 0  # requests the frontends say wait for this engine
         self.last_used: float | None = None
         self.run: Running | None = None
         self.plan: PlacementLike | None = None
@@ -215,7 +219,7 @@ class Engine:
         return ttl_due(
             ttl=self.spec.ttl,
             state=self.state,
-            leases=len(self.leases),
+            leases=self.busy(),
             want_up=self.want_up,
             last_used=self.last_used,
             since=self.since,
@@ -242,7 +246,8 @@ class Engine:
             cpus=list(plan.cpus) if plan else [],
             since=self.since,
             reason=self.reason,
-            leases=len(self.leases),
+            leases=self.busy(),
+            claims=len(self.claims),
             url=self.url if self.state in (S.READY, S.DRAINING) else None,
             restarts=self.restarts,
             last_used=self.last_used,
@@ -252,7 +257,7 @@ class Engine:
             phase=self.phase,
             sglang=self.catalog.label if self.catalog else None,
             notes=list(self.launch_notes) if run else [],
-            queued=len(self.queue),
+            queued=len(self.queue) - self.claim_waits + self.remote_queued,
             max_concurrent=self.spec.max_concurrent,
             max_queue=self.spec.max_queue,
             evictions=self.evictions,
@@ -266,7 +271,26 @@ class Engine:
     def has_slot(self) -> bool:
         """Below ``max_concurrent`` (always, without one)."""
         limit = self.spec.max_concurrent
-        return limit is None or len(self.leases) < limit
+        return limit is None or self.busy() < limit
+
+    def busy(self) -> int:
+        """Requests in flight: acquire leases, and what the claims' holders report."""
+        return len(self.leases) + sum(c.busy for c in self.claims.values())
+
+    def holding(self) -> bool:
+        """Someone may still send it requests: a drain waits for this to end."""
+        return bool(self.leases or self.claims)
+
+    def used(self, *, ago: float, busy: bool) -> None:
+        """A claim holder's report: the idle TTL counts from its last request's end."""
+        when = time.time() - (0.0 if busy else ago)
+        if self.last_used is None or when > self.last_used:
+            self.last_used = when
+
+    def touch(self) -> None:
+        """A holder went away: waiters on "nobody holds it" (drain, restart) look again."""
+        self._wake()
+        self.notify_changed()
 
     def retry_in(self) -> float:
         """Seconds until a request may retry this failed engine (0 = now)."""
@@ -827,16 +851,16 @@ class Engine:
         if self.state == S.READY:
             # Off the gateway first (sglang-router): nothing new arrives while it drains.
             await self.host.before_drain(self)
-        if self.state == S.READY and self.leases and not self.force:
+        if self.state == S.READY and self.holding() and not self.force:
             timeout = self.drain_timeout
             if timeout is None:
                 timeout = self.host.settings.drain_timeout
-            self._set(S.DRAINING, phase=f"waiting for {len(self.leases)} request(s)")
+            self._set(S.DRAINING, phase=f"waiting for {self.busy()} request(s)")
             with trio.move_on_after(timeout):
-                while self.leases and not self.force and not run.exited.is_set():
+                while self.holding() and not self.force and not run.exited.is_set():
                     await self._sleep_until_poked()
-            if self.leases:
-                self.log.note(f"drain ended with {len(self.leases)} request(s) still running")
+            if self.holding():
+                self.log.note(f"drain ended with {self.busy()} request(s) still running")
         self._set(S.STOPPING, phase="terminating")
         await self._kill_everything(run, grace=0.0 if self.force else self.host.settings.stop_grace)
 

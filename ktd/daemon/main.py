@@ -117,6 +117,12 @@ def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         s.setsockopt(zmq.LINGER, 0)
     control.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_FRAME)
     control.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    # No reply dropped silently: a ROUTER discards what exceeds a peer's high-water
+    # mark (1,000 by default: a burst of acquires lost their granted leases that way),
+    # and what goes to a peer that left. Unbounded here (ktd's outbox bounds it), and
+    # MANDATORY turns an unknown peer into EHOSTUNREACH, which the server handles.
+    control.setsockopt(zmq.SNDHWM, 0)
+    control.setsockopt(zmq.ROUTER_MANDATORY, 1)
     events.setsockopt(zmq.SNDHWM, 10_000)
     # Never chmod after bind (racy): the umask decides the mode at creation.
     old = os.umask(0o007 if setup.group else 0o077)

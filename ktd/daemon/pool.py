@@ -20,9 +20,12 @@ from typing import Any, Protocol
 import httpx
 import trio
 
+from ktd import protocol as p
 from ktd.control.errors import ControlError
+from ktd.core import claims as claim_policy
 from ktd.core import eviction, fit, loglines, placement
 from ktd.core import states as S
+from ktd.core.claims import may_hold
 from ktd.core.command import ENGINE_MARK, build_env, planner_args
 from ktd.core.config import Config, ModelSpec
 from ktd.core.placement import Holding, Plan
@@ -30,6 +33,7 @@ from ktd.core.reload import EngineView, plan_reload
 from ktd.core.sglang_options import Catalog
 from ktd.core.topology import Topology
 from ktd.daemon import adoption, proctree, statefile, weights
+from ktd.daemon.claims import ClaimTable, claim_side
 from ktd.daemon.engine import Busy, Engine, Lease, PlacementLike, Running, Unplaceable
 from ktd.daemon.loadhistory import LoadHistory
 from ktd.daemon.preflight import Refused
@@ -83,7 +87,8 @@ class Pool:
         self.base_env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
         self.engines: dict[str, Engine] = {}
         self.leases: dict[str, Engine] = {}
-        self.clients: dict[str, float] = {}
+        self.clients: dict[str, float] = {}  # control client -> when last heard (trio clock)
+        self.claims = ClaimTable(on_change=self._claim_changed)
         self.keeping_engines = False
         self.shutting_down = False
         self._place_lock = trio.Lock()
@@ -148,7 +153,7 @@ class Pool:
                     alias=e.alias,
                     numa_nodes=tuple(e.plan.numa_nodes),
                     gpus=tuple(e.plan.gpus),
-                    leases=len(e.leases),
+                    leases=e.busy(),
                     pinned=e.spec.pinned,
                     last_used=e.last_used or e.since,
                     state=e.state,
@@ -254,6 +259,8 @@ class Pool:
                         if h.yield_before is None:
                             h.yield_before = cutoff
                             yielded.append((h, cutoff))
+                        # Frontends stop routing there now; their requests under way finish.
+                        self.claims.recall(h, reason=f"yielding to {engine.alias}")
                 names = ", ".join(h.alias for h in holders)
                 engine.set_phase(f"waiting for {names}")
                 engine.log.note(f"waiting for {names} to become idle")
@@ -296,6 +303,8 @@ class Pool:
                 load_eta=self.expected_load(engine.alias) if engine.state == S.STARTING else None,
             ),
         )
+        if engine.claims and not may_hold(claim_side(engine)):
+            self.claims.revoke(engine)  # crashed, force-stopped: nothing to give back
         self._ttl_wake.set()
         self._poke_all()
         # Written at once, not batched: a kill -9 right after this change must find it.
@@ -304,6 +313,8 @@ class Pool:
             observer.engine_changed(engine)
 
     async def before_drain(self, engine: Engine) -> None:
+        # The frontends stop routing to it now; the drain waits for their claims.
+        self.claims.recall(engine, reason=engine.down_reason or "stopping")
         for observer in self.observers:
             await observer.before_drain(engine)
 
@@ -325,10 +336,15 @@ class Pool:
         topic = f"lease.{engine.alias}"
         self.publish(
             topic,
-            Event(topic=topic, time=time.time(), alias=engine.alias, leases=len(engine.leases)),
+            Event(topic=topic, time=time.time(), alias=engine.alias, leases=engine.busy()),
         )
         self._ttl_wake.set()
         self._poke_all()
+
+    def _claim_changed(self, engine: Engine) -> None:
+        self._lease_event(engine)
+        engine.notify_changed()
+        self.save_state()  # claims are rare (one per engine and frontend): persisted at once
 
     # ------------------------------------------------------------ state file and adoption
 
@@ -355,6 +371,9 @@ class Pool:
                     state=e.state,
                     started_at=run.started_at,
                     digest=run.digest,
+                    claims=[
+                        statefile.ClaimRecord(id=c.id, client=c.client) for c in e.claims.values()
+                    ],
                 )
             )
         return statefile.StateFile(daemon_pid=os.getpid(), engines=records)
@@ -462,6 +481,10 @@ class Pool:
             pidfd=pidfd,
         )
         engine.plan = plan  # type: ignore[assignment]
+        if rec is not None and rec.claims:
+            now = trio.current_time()
+            for client in self.claims.restore(engine, ((c.id, c.client) for c in rec.claims)):
+                self.clients[client] = now  # their holder has lease_ttl from now to report
         if digest != engine.spec.launch_digest():
             # The config changed while no ktd watched: restart it when idle,
             # as a reload would have.
@@ -599,7 +622,13 @@ class Pool:
         self.clients[client] = trio.current_time()
 
     async def acquire(
-        self, model: str, client: str, *, autoload: bool = True, timeout: float | None = None
+        self,
+        model: str,
+        client: str,
+        *,
+        autoload: bool = True,
+        timeout: float | None = None,
+        claim: bool = False,
     ) -> tuple[str, Engine]:
         """A lease on ``model``'s engine: at once, or after a load, a swap or a free slot.
 
@@ -608,14 +637,18 @@ class Pool:
         ``max_queue`` wait (``queue_full`` beyond, HTTP 429). A failed engine is
         retried by the first request after its backoff (``Engine.retry_delay``);
         before that, requests get ``load_failed`` with ``retry_after``.
+
+        ``claim``: a frontend's standing claim instead of a lease (the id of
+        either comes back). A claim stands for any number of requests; their
+        frontend applies ``max_concurrent``/``max_queue`` to them itself.
         """
         engine = self.engine(model)
         self._check_open()
         self.heartbeat(client)
-        if self.ready_engine(model) is engine:
-            return self.grant(engine, client), engine
+        if self.ready_engine(model, claim=claim) is engine:
+            return self._grant(engine, client, claim), engine
         limit_q = engine.spec.max_queue
-        if limit_q is not None and len(engine.queue) >= limit_q:
+        if not claim and limit_q is not None and len(engine.queue) >= limit_q:
             raise ControlError(
                 ErrorCode.QUEUE_FULL,
                 f"{len(engine.queue)} request(s) already waiting (max_queue {limit_q})",
@@ -623,24 +656,26 @@ class Pool:
             )
         ticket = next(self._tickets)
         engine.queue.append(ticket)
+        engine.claim_waits += claim
         engine.notify_changed()
         limit = math.inf if timeout is None or timeout <= 0 else timeout
         try:
             with trio.move_on_after(limit):
-                return await self._wait_turn(engine, ticket, client, autoload)
+                return await self._wait_turn(engine, ticket, client, autoload, claim)
             raise ControlError(
                 ErrorCode.TIMEOUT,
                 f"{model} not ready after {limit:g}s (still {engine.state}; the load goes on)",
                 {"state": engine.state},
             )
         finally:
+            engine.claim_waits -= claim
             if ticket in engine.queue:
                 engine.queue.remove(ticket)
             engine.notify_changed()
             self._poke_all()
 
     async def _wait_turn(
-        self, engine: Engine, ticket: int, client: str, autoload: bool
+        self, engine: Engine, ticket: int, client: str, autoload: bool, claim: bool
     ) -> tuple[str, Engine]:
         started = False  # this request asked for a launch
         while True:
@@ -656,10 +691,10 @@ class Pool:
                 if (
                     engine.queue
                     and engine.queue[0] == ticket
-                    and engine.has_slot()
+                    and (claim or engine.has_slot())
                     and (engine.yield_before is None or ticket < engine.yield_before)
                 ):
-                    return self.grant(engine, client), engine
+                    return self._grant(engine, client, claim), engine
             elif state in (S.STOPPED, S.FAILED) and not engine.want_up:
                 if started:
                     # The attempt this request started ended without ready (failed,
@@ -688,15 +723,24 @@ class Pool:
                 started = True
             await engine.wait_changed()
 
-    def ready_engine(self, model: str) -> Engine | None:
-        """The engine for ``model`` if a lease can be granted at once (the hot path):
-        ready, nobody queued before us, not yielding to a swap, below max_concurrent."""
+    def ready_engine(self, model: str, *, claim: bool = False) -> Engine | None:
+        """The engine for ``model`` if a lease (or claim) can be granted at once:
+        ready, nobody queued before us, not yielding to a swap, below max_concurrent
+        (a lease; a claim's frontend counts its own requests)."""
         engine = self.engines.get(model)
         if engine is None or engine.state != S.READY or self.shutting_down:
             return None
-        if engine.queue or engine.yield_before is not None or not engine.has_slot():
+        if engine.queue or engine.yield_before is not None:
+            return None
+        if not claim and not engine.has_slot():
             return None
         return engine
+
+    def _grant(self, engine: Engine, client: str, claim: bool) -> str:
+        if claim:
+            self.heartbeat(client)
+            return self.claims.grant(engine, client)
+        return self.grant(engine, client)
 
     def grant(self, engine: Engine, client: str) -> str:
         # Seen now: during a long load the sweeper may have dropped the client, and a
@@ -717,20 +761,59 @@ class Pool:
         return True
 
     async def _lease_sweeper(self) -> None:
-        """Leases of a frontend that stopped sending heartbeats expire (it died mid-request)."""
-        ttl = max(self.settings.lease_ttl, 0.5)
+        """Leases and claims of a client that stopped sending heartbeats expire (it died).
+
+        Judged only when the daemon itself ran meanwhile (``ktd.core.claims.sweep``):
+        after a SIGSTOP the heartbeats sent during the pause are still unread.
+        """
+        last = trio.current_time()
         while True:
+            ttl = max(self.settings.lease_ttl, 0.5)
             await trio.sleep(ttl / 3)
             now = trio.current_time()
-            dead = {c for c, seen in self.clients.items() if now - seen > ttl}
-            if not dead:
+            verdict = claim_policy.sweep(self.clients, now, ttl, last)
+            last = now
+            if verdict.paused:
+                log.warning(
+                    "the daemon did not run for a while (stopped or starved): every "
+                    "client gets a fresh lease_ttl before its leases or claims expire"
+                )
+                for c in self.clients:
+                    self.clients[c] = now
+                continue
+            if not verdict.dead:
                 continue
             for lease_id, engine in list(self.leases.items()):
                 lease = engine.leases.get(lease_id)
-                if lease is not None and lease.client in dead:
+                if lease is not None and lease.client in verdict.dead:
                     self.release(lease_id)
-            for c in dead:
+            self.claims.expire(verdict.dead)
+            for c in verdict.dead:
                 del self.clients[c]
+
+    # ------------------------------------------------------------ claims
+
+    def sync(self, msg: p.Sync) -> p.SyncReply | None:
+        """Record a frontend's report (its heartbeat too); the reply now, or None to park it."""
+        self.heartbeat(msg.client)
+        self.claims.report(msg, self.engines)
+        for e in self.engines.values():
+            e.remote_queued = self.claims.queued_for(e.alias)
+        if msg.wait <= 0 or self.claims.has_news(msg.client):
+            return self.sync_reply(msg.client)
+        return None
+
+    def sync_reply(self, client: str) -> p.SyncReply:
+        limits = {
+            e.alias: p.Limits(max_concurrent=e.spec.max_concurrent, max_queue=e.spec.max_queue)
+            for e in self.engines.values()
+            if e.spec.max_concurrent is not None or e.spec.max_queue is not None
+        }
+        return self.claims.sync_reply(client, limits)
+
+    def give_back(self, client: str, claim: str) -> bool:
+        self.heartbeat(client)
+        return self.claims.give_back(client, claim)
 
     async def _ttl_sweeper(self) -> None:
         """Idle TTL: counted from the end of the last request, never while a lease is held."""
@@ -742,7 +825,10 @@ class Pool:
                 if due is None:
                     continue
                 ttl = e.spec.ttl
-                if due <= now:
+                if due <= now and e.claims:
+                    # Frontends hold it: they give it back only if really idle that long.
+                    self.claims.recall(e, kind="idle", idle=ttl, reason="ttl")
+                elif due <= now:
                     e.log.note(f"idle for {ttl:g}s (ttl): evicting")
                     e.request_down(reason=f"idle for {ttl:g}s (ttl)")
                 else:
@@ -766,7 +852,7 @@ class Pool:
             alias: EngineView(
                 spec=e.spec,
                 state=e.state,
-                leases=len(e.leases),
+                leases=e.busy(),
                 retired=e.retired,
                 finished=e.finished,
                 restart_pending=e.pending_spec is not None,
@@ -826,7 +912,9 @@ class Pool:
     async def _restart_when_idle(self, engine: Engine) -> None:
         # An engine being adopted: let its owner take it over first (it then wants up).
         await engine.wait_until(lambda: engine.adopt is None)
-        await engine.wait_until(lambda: not engine.leases)
+        # Claim holders keep routing until their first idle moment, then give it back.
+        self.claims.recall(engine, kind="idle", idle=0.0, reason="restart after reload")
+        await engine.wait_until(lambda: not engine.holding())
         if engine.pending_spec is None:
             return  # a later reload went back to the running launch
         was_up = engine.want_up or engine.state == S.READY
@@ -877,6 +965,6 @@ def holder_view(engine: Engine) -> eviction.HolderView:
         state=engine.state,
         want_up=engine.want_up,
         pinned=engine.spec.pinned,
-        leases=len(engine.leases),
+        leases=engine.busy(),
         queue=tuple(engine.queue),
     )

@@ -47,7 +47,7 @@ class ControlServer:
         gateway: Callable[[], p.GatewayInfo | None] = lambda: None,
     ) -> None:
         self.pool = pool
-        self.control = TrioSocket(control, self._on_message)
+        self.control = TrioSocket(control, self._on_message, on_drop=self._undelivered)
         self.events = TrioSocket(events, None, max_outbox=10_000)
         self._reload = reload
         self._doctor = doctor
@@ -72,6 +72,18 @@ class ControlServer:
         self.events.close()
 
     # ------------------------------------------------------------ dispatch
+
+    def _undelivered(self, frames: Frames) -> None:
+        """A reply that cannot reach its client: a lease it granted goes back at once."""
+        try:
+            reply = p.decode_reply(frames[-1])
+        except (msgspec.DecodeError, msgspec.ValidationError, IndexError):
+            return
+        if isinstance(reply, p.AcquireReply):
+            self.pool.release(reply.lease)
+            log.info("reply to a client that left: lease %s released", reply.lease)
+        else:
+            log.debug("reply to a client that left dropped: %s", type(reply).__name__)
 
     def _reply(self, envelope: Frames, reply: p.Reply) -> None:
         self.control.send([*envelope, self._encoder.encode(reply)])
@@ -148,6 +160,19 @@ class ControlServer:
             case p.Heartbeat(client=client):
                 pool.heartbeat(client)
                 return p.Ok()
+            case p.Claim(model=model, client=client):
+                engine = pool.ready_engine(model, claim=True)
+                if engine is None:
+                    return None
+                pool.heartbeat(client)
+                return pool.claims.reply_for(pool.claims.grant(engine, client))
+            case p.Sync():
+                # Recorded here, in the pass that read it: a heartbeat is never judged late
+                # because its task had not run yet. None: parked (the long poll).
+                return pool.sync(req)
+            case p.Return(client=client, claim=claim):
+                found = pool.give_back(client, claim)
+                return p.Ok(message="returned" if found else "unknown claim (already gone)")
             case p.Shutdown():
                 self._shutdown()
                 return p.Ok(message="shutting down")
@@ -171,6 +196,14 @@ class ControlServer:
                     model, client, autoload=autoload, timeout=timeout
                 )
                 return p.AcquireReply(lease=lease, alias=engine.alias, url=engine.url or "")
+            case p.Claim(model=model, client=client, autoload=autoload, timeout=timeout):
+                claim, _ = await pool.acquire(
+                    model, client, autoload=autoload, timeout=timeout, claim=True
+                )
+                return pool.claims.reply_for(claim)
+            case p.Sync(client=client, wait=wait):
+                await pool.claims.park(client, wait)
+                return pool.sync_reply(client)
             case p.Doctor():
                 return p.DoctorReply(report=await self._doctor())
         raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")

@@ -29,6 +29,14 @@ from ktd.core.command import ENGINE_MARK
 from ktd.daemon import proctree
 
 
+class ClaimRecord(msgspec.Struct, kw_only=True):
+    """A frontend's standing claim: a restarted daemon must not take the engine away
+    before that frontend has reported (``ktd.daemon.claims``)."""
+
+    id: str
+    client: str
+
+
 class EngineRecord(msgspec.Struct, kw_only=True):
     alias: str
     pid: int
@@ -44,6 +52,7 @@ class EngineRecord(msgspec.Struct, kw_only=True):
     state: str = "ready"
     started_at: float = 0.0
     digest: str = ""  # ModelSpec.launch_digest() of the spec it was started with
+    claims: list[ClaimRecord] = []
 
 
 class StateFile(msgspec.Struct, kw_only=True):

@@ -29,9 +29,9 @@ from ktd.core.config import FrontendSection
 from ktd.frontend import catalog, errors, gateway_metrics, worker_info
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.catalog import ResponseBook
+from ktd.frontend.claims import ClaimBroker
 from ktd.frontend.errors import ApiError
 from ktd.frontend.fastpath import ProxyRoutes
-from ktd.frontend.leases import LeaseBroker
 from ktd.frontend.metrics import Metrics
 from ktd.frontend.promtext import merge
 from ktd.frontend.proxy import control_error
@@ -62,7 +62,7 @@ class State:
         self.options = options
         self.keys = ApiKeys(options.frontend.api_keys)
         self.metrics = Metrics()
-        self.broker = LeaseBroker(
+        self.broker = ClaimBroker(
             options.control_endpoint,
             client_id=options.client_id,
             heartbeat_interval=options.heartbeat_interval,

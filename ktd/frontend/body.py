@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import trio
 
+from ktd import protocol as p
 from ktd.frontend import errors
 
 
@@ -68,9 +69,25 @@ def parse_head(body: bytes, *, require_model: bool = True) -> Head:
             param="model",
             code="invalid_type",
         )
-    if not head.model:
+    return Head(model=check_model(head.model), stream=_stream(head.stream))
+
+
+def check_model(model: str) -> str:
+    """A model name fit to route by: not empty, not absurdly long, no control characters."""
+    if not model:
         raise errors.bad_request("'model' must not be empty", param="model")
-    return Head(model=head.model, stream=_stream(head.stream))
+    if len(model) > p.MAX_MODEL_NAME:
+        raise errors.bad_request(
+            f"'model' is {len(model)} characters long; no model name is longer than "
+            f"{p.MAX_MODEL_NAME}.",
+            param="model",
+            code="invalid_model",
+        )
+    if not model.isprintable():
+        raise errors.bad_request(
+            "'model' contains control characters.", param="model", code="invalid_model"
+        )
+    return model
 
 
 def _stream(value: Any) -> bool:

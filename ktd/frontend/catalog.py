@@ -20,7 +20,7 @@ import trio
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.frontend.leases import LeaseBroker
+from ktd.frontend.claims import ClaimBroker
 from ktd.frontend.upstream import Pool, UpstreamError
 
 CARD_TTL = 3.0
@@ -66,7 +66,7 @@ async def engine_adapters(pool: Pool, url: str, alias: str) -> list[str] | None:
     return [c["id"] for c in cards if c.get("parent") == alias and c["id"] != alias]
 
 
-async def all_engines(broker: LeaseBroker) -> list[p.EngineInfo]:
+async def all_engines(broker: ClaimBroker) -> list[p.EngineInfo]:
     """Every engine the daemon reports (empty when it cannot be asked)."""
     try:
         reply = await broker.request(p.Status(), timeout=2.0)
@@ -75,12 +75,12 @@ async def all_engines(broker: LeaseBroker) -> list[p.EngineInfo]:
     return list(reply.engines) if isinstance(reply, p.StatusReply) else []
 
 
-async def ready_engines(broker: LeaseBroker) -> list[p.EngineInfo]:
+async def ready_engines(broker: ClaimBroker) -> list[p.EngineInfo]:
     """Engines the daemon reports ready (empty when it cannot be asked)."""
     return [e for e in await all_engines(broker) if e.state == "ready" and e.url]
 
 
-async def engine_status(broker: LeaseBroker, alias: str) -> p.EngineInfo | None:
+async def engine_status(broker: ClaimBroker, alias: str) -> p.EngineInfo | None:
     try:
         reply = await broker.request(p.Status(alias=alias), timeout=1.0)
     except (Unreachable, ControlError):

@@ -21,18 +21,20 @@ Request flow:
 2. API key, then the body (size-limited), then the routing fields only
    (``model``/``stream`` of JSON, the ``model`` form field of multipart audio;
    routes.py says what routes a request without one).
-3. ``Acquire`` through the lease broker (the daemon loads on demand, queues
-   behind busy engines, and applies per-model admission).
-4. Non-streaming: wait for the lease, send the original bytes upstream, answer
+3. A slot on the model's claim (``claims.py``): at once when this frontend
+   holds the claim and has room under ``max_concurrent``, with no message to the
+   daemon; otherwise in line (``max_queue``), while one ``Claim`` asks the daemon,
+   which loads on demand and queues behind busy engines.
+4. Non-streaming: wait for the slot, send the original bytes upstream, answer
    with the engine's status and body.
-   Streaming: wait for the lease for at most ``stream_grace`` seconds. Decided in
+   Streaming: wait for the slot for at most ``stream_grace`` seconds. Decided in
    time -> the client gets the real status. Not decided (a load, or a queue) ->
    answer 200 at once and keep the client company with ``: loading`` /
    ``: waiting for`` comments; from then on failures are in-band error events.
 
 Client disconnects: once the body is read, one task per request waits on
 ``receive()``; ``http.disconnect`` cancels the request (as quart-trio does),
-and the ``finally`` closes the upstream connection and releases the lease.
+and the ``finally`` closes the upstream connection and leaves the slot.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ktd import multipart
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.frontend import catalog, errors
-from ktd.frontend.body import check_declared_length, parse_head, read_limited
+from ktd.frontend.body import check_declared_length, check_model, parse_head, read_limited
 from ktd.frontend.errors import ApiError
 from ktd.frontend.metrics import NO_MODEL
 from ktd.frontend.proxy import (
@@ -341,7 +343,7 @@ class ProxyRoutes:
                 ) from None
             if not model:
                 raise errors.bad_request("you must provide a model parameter", param="model")
-            return model, (stream or "").strip().lower() == "true", ctype
+            return check_model(model), (stream or "").strip().lower() == "true", ctype
         return None, False, ctype
 
     async def _fallback_model(self, found: Match, scope: Scope) -> str:
@@ -352,11 +354,13 @@ class ProxyRoutes:
                 return alias
         header = _header(scope, MODEL_HEADER)
         if header is not None and header.strip():
-            return header.strip().decode("utf-8", "replace")
-        ready = await catalog.ready_engines(self.state.broker)
+            return check_model(header.strip().decode("utf-8", "replace"))
+        # While the daemon is away, the engines this frontend holds claims on still count.
+        ready = [e.alias for e in await catalog.ready_engines(self.state.broker)]
+        ready = ready or self.state.broker.routed()
         if len(ready) == 1:
-            return ready[0].alias
-        raise errors.no_model_for_route(scope["path"], [e.alias for e in ready])
+            return ready[0]
+        raise errors.no_model_for_route(scope["path"], ready)
 
     def _remember(self, alias: str, data: bytes) -> None:
         response_id = response_id_in(data)
@@ -390,16 +394,16 @@ class ProxyRoutes:
                 autoload=options.frontend.autoload,
                 load_timeout=options.frontend.load_timeout,
             )
-            lease = await ex.handle.wait(options.stream_grace if stream else math.inf)
+            slot = await ex.handle.wait(options.stream_grace if stream else math.inf)
         except (ControlError, Unreachable) as exc:
             raise ex.failed(control_error(ex.model, exc)) from None
-        if lease is None:
+        if slot is None:
             # Still loading or queued: answer 200 now, and wait inside the body.
             headers = [SSE_CONTENT_TYPE, *STREAM_HEADERS]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await relay(ex, send, interval=options.loading_interval)
             return
-        ex.got_lease(lease, trio.current_time() - ex.started)
+        ex.got_slot(slot, trio.current_time() - ex.started)
         upstream = await ex.open_upstream()
         if stream and upstream.status == 200:
             headers = stream_headers(upstream.headers)
@@ -413,7 +417,7 @@ class ProxyRoutes:
         ex.status = upstream.status
         ex.first_byte()
         if ex.remember is not None and upstream.status == 200:
-            ex.remember(lease.alias, data)
+            ex.remember(slot.alias, data)
         headers = backward_headers(upstream.headers)
         headers.append((b"content-length", str(len(data)).encode()))
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})

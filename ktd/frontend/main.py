@@ -2,7 +2,7 @@
 
 SIGTERM/SIGINT start Hypercorn's graceful shutdown: stop accepting, give
 in-flight requests ``--graceful-timeout`` seconds, cancel the rest (their
-leases are released on the way out), then stop the control client.
+claims are given back on the way out), then stop the control client.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Cleanup is owned by ``Exchange.aclose``, which is idempotent and runs from the
 request handler's ``finally`` however the request ends (normally, client gone,
 server shutdown). It closes the upstream response (an unfinished one closes its
 TCP connection, which is how SGLang learns to abort the generation) and then
-releases the lease. Both are synchronous, so a cancellation cannot interrupt
+leaves the request's slot on the claim (no message to the daemon: the claim
+broker counts). Both are synchronous, so a cancellation cannot interrupt
 them halfway.
 """
 
@@ -27,8 +28,8 @@ import trio
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.frontend import errors
+from ktd.frontend.claims import Admission, ClaimBroker, Slot
 from ktd.frontend.errors import SSE_DONE, ApiError
-from ktd.frontend.leases import AcquireHandle, Lease, LeaseBroker
 from ktd.frontend.metrics import UNKNOWN_MODEL, Metrics
 from ktd.frontend.upstream import Pool, Response, UpstreamError, UpstreamTimeout
 
@@ -144,7 +145,7 @@ def control_error(model: str, exc: Exception) -> ApiError:
 
 
 class Exchange:
-    """One proxied request: its lease, its upstream response, its metrics."""
+    """One proxied request: its slot on a claim, its upstream response, its metrics."""
 
     __slots__ = (
         "adapter",
@@ -155,7 +156,6 @@ class Exchange:
         "handle",
         "headers",
         "label",
-        "lease",
         "method",
         "metrics",
         "model",
@@ -163,6 +163,7 @@ class Exchange:
         "progress",
         "remember",
         "response",
+        "slot",
         "started",
         "status",
         "target",
@@ -171,7 +172,7 @@ class Exchange:
     def __init__(
         self,
         *,
-        broker: LeaseBroker,
+        broker: ClaimBroker,
         pool: Pool,
         metrics: Metrics,
         endpoint: str,
@@ -190,8 +191,8 @@ class Exchange:
         self.body = body
         self.headers = headers
         self.started = started
-        self.handle: AcquireHandle | None = None
-        self.lease: Lease | None = None
+        self.handle: Admission | None = None
+        self.slot: Slot | None = None
         self.response: Response | None = None
         self.label = UNKNOWN_MODEL
         self.status = 499  # nginx's "client closed request" until we know better
@@ -204,10 +205,10 @@ class Exchange:
 
     # ------------------------------------------------------------ steps
 
-    def got_lease(self, lease: Lease, waited: float) -> None:
-        self.lease = lease
-        self.label = lease.alias
-        self.metrics.load_wait.labels(lease.alias).observe(waited)
+    def got_slot(self, slot: Slot, waited: float) -> None:
+        self.slot = slot
+        self.label = slot.alias
+        self.metrics.load_wait.labels(slot.alias).observe(waited)
 
     def failed(self, err: ApiError) -> ApiError:
         """Record an error's status (and a bounded model label) and return it."""
@@ -220,22 +221,22 @@ class Exchange:
 
     async def open_upstream(self) -> Response:
         """Send the original body to the engine; return once its headers are in."""
-        assert self.lease is not None
+        assert self.slot is not None
         if self.adapter is not None:
-            await self._check_adapter(self.lease, self.adapter)
+            await self._check_adapter(self.slot, self.adapter)
         try:
             self.response = await self.pool.request(
-                self.lease.url, self.target, self.headers, self.body, method=self.method
+                self.slot.url, self.target, self.headers, self.body, method=self.method
             )
         except UpstreamError as exc:
             raise self.upstream_error(exc) from None
         return self.response
 
-    async def _check_adapter(self, lease: Lease, adapter: str) -> None:
+    async def _check_adapter(self, slot: Slot, adapter: str) -> None:
         """``alias:adapter`` reaches the engine only if it lists the adapter (its /v1/models)."""
         from ktd.frontend.catalog import engine_adapters
 
-        listed = await engine_adapters(self.pool, lease.url, lease.alias)
+        listed = await engine_adapters(self.pool, slot.url, slot.alias)
         if listed is not None and adapter not in listed:
             raise self.failed(errors.unknown_adapter(self.model, adapter, listed))
 
@@ -255,7 +256,7 @@ class Exchange:
     # ------------------------------------------------------------ end
 
     async def aclose(self) -> None:
-        """Close upstream, release the lease, count the request. Idempotent, cancel-proof."""
+        """Close upstream, leave the slot, count the request. Idempotent, cancel-proof."""
         self.close()
 
     def close(self) -> None:
@@ -266,8 +267,8 @@ class Exchange:
             self.handle.abandon()
         if self.response is not None:
             self.response.close()
-        if self.lease is not None:
-            self.broker.release(self.lease.lease)
+        if self.slot is not None:
+            self.slot.leave()
         self.metrics.in_flight.dec()
         self.metrics.requests.labels(self.endpoint, self.label, str(self.status)).inc()
 
@@ -288,7 +289,7 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
 
     If the exchange has no upstream response yet, the request is still waiting
     for its engine: send ``: loading`` comments every ``interval`` seconds until
-    the lease comes, then open the upstream. Any failure after the status line
+    its slot comes, then open the upstream. Any failure after the status line
     went out becomes one ``data: {"error": ...}`` event and ``data: [DONE]``.
     Ends the HTTP response (``more_body: False``) unless cancelled.
     """
@@ -300,13 +301,13 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
             await _body(send, await _comment(ex))
             while True:
                 try:
-                    lease = await ex.handle.wait(interval)
+                    slot = await ex.handle.wait(interval)
                 except (ControlError, Unreachable) as exc:
                     raise ex.failed(control_error(ex.model, exc)) from None
-                if lease is not None:
+                if slot is not None:
                     break
                 await _body(send, await _comment(ex))
-            ex.got_lease(lease, trio.current_time() - ex.started)
+            ex.got_slot(slot, trio.current_time() - ex.started)
             opened = await ex.open_upstream()
             if opened.status != 200:
                 data = await opened.read()
@@ -316,8 +317,8 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
         ex.status = response.status
         # The first chunk outside the hot loop: TTFB without per-chunk cost.
         data = await response.receive()
-        if data and ex.remember is not None and ex.lease is not None:
-            ex.remember(ex.lease.alias, data)
+        if data and ex.remember is not None and ex.slot is not None:
+            ex.remember(ex.slot.alias, data)
         if data:
             ex.first_byte()
             last = data

@@ -37,15 +37,22 @@ class FakeModel:
 
 
 class FakeDaemon:
-    """A ROUTER socket answering ping/heartbeat/models/acquire/release like ktd."""
+    """A ROUTER socket answering ping/models/claim/sync/return like ktd.
+
+    ``in_flight`` is what the frontend's last report says runs on its claims;
+    ``recall()`` sends a recall through the long poll, as ktd does before a drain.
+    """
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.models: dict[str, FakeModel] = {}
-        self.leases: dict[str, str] = {}
-        self.acquires = 0
-        self.releases = 0
-        self.heartbeats = 0
+        self.claims: dict[str, str] = {}  # claim id -> alias
+        self.acquires = 0  # Claim requests
+        self.returns = 0
+        self.heartbeats = 0  # reports (Sync)
+        self.reported: dict[str, int] = {}  # claim -> in flight, from the last report
+        self.recalls: list[p.Recall] = []
+        self._wake = trio.Event()
         self.requests: list[p.Request] = []
         self._ids = itertools.count(1)
         self._sock: TrioSocket | None = None
@@ -71,6 +78,27 @@ class FakeDaemon:
         finally:
             self._sock.close()
 
+    @property
+    def in_flight(self) -> int:
+        return sum(self.reported.values())
+
+    def recall(self, alias: str, kind: str = "drain", idle: float = 0.0) -> None:
+        for claim, a in self.claims.items():
+            if a == alias:
+                self.recalls.append(p.Recall(claim=claim, alias=a, kind=kind, idle=idle))  # type: ignore[arg-type]
+        self._wake.set()
+        self._wake = trio.Event()
+
+    def _sync_reply(self, rid: int) -> p.SyncReply:
+        live = [r for r in self.recalls if r.claim in self.claims]
+        self.recalls = live
+        return p.SyncReply(id=rid, daemon="fake", recalls=list(live))
+
+    async def _park(self, ident: bytes, req: p.Sync) -> None:
+        with trio.move_on_after(req.wait):
+            await self._wake.wait()
+        self._reply(ident, self._sync_reply(req.id))
+
     def _reply(self, ident: bytes, reply: p.Reply) -> None:
         assert self._sock is not None
         self._sock.send([ident, p.encode(reply)])
@@ -82,9 +110,14 @@ class FakeDaemon:
         rid = req.id
         if isinstance(req, p.Ping):
             self._reply(ident, p.Pong(id=rid, version="fake", pid=0))
-        elif isinstance(req, p.Heartbeat):
+        elif isinstance(req, p.Sync):
             self.heartbeats += 1
-            self._reply(ident, p.Ok(id=rid))
+            self.reported = {c.claim: c.inflight for c in req.claims}
+            if req.wait > 0 and not self.recalls:
+                assert self._nursery is not None
+                self._nursery.start_soon(self._park, ident, req)
+            else:
+                self._reply(ident, self._sync_reply(rid))
         elif isinstance(req, p.Models):
             infos = [
                 p.ModelInfo(
@@ -93,20 +126,19 @@ class FakeDaemon:
                 for m in self.models.values()
             ]
             self._reply(ident, p.ModelsReply(id=rid, models=infos))
-        elif isinstance(req, p.Release):
-            self.releases += 1
-            if self.leases.pop(req.lease, None) is None:
-                self._reply(ident, p.Error(id=rid, code="bad_request", message="no such lease"))
-            else:
-                self._reply(ident, p.Ok(id=rid))
-        elif isinstance(req, p.Acquire):
+        elif isinstance(req, p.Return):
+            self.returns += 1
+            self.claims.pop(req.claim, None)
+            self.reported.pop(req.claim, None)
+            self._reply(ident, p.Ok(id=rid))
+        elif isinstance(req, p.Claim):
             self.acquires += 1
             assert self._nursery is not None
-            self._nursery.start_soon(self._acquire, ident, req)
+            self._nursery.start_soon(self._claim, ident, req)
         else:
             self._reply(ident, p.Error(id=rid, code="bad_request", message="not faked"))
 
-    async def _acquire(self, ident: bytes, req: p.Acquire) -> None:
+    async def _claim(self, ident: bytes, req: p.Claim) -> None:
         m = self.models.get(req.model)
         if m is None:
             names = [x.alias for x in self.models.values() if x.served]
@@ -139,9 +171,13 @@ class FakeDaemon:
             code, message, detail = m.error
             self._reply(ident, p.Error(id=req.id, code=code, message=message, detail=detail))
             return
-        lease = f"lease-{next(self._ids)}"
-        self.leases[lease] = m.alias
-        self._reply(ident, p.AcquireReply(id=req.id, lease=lease, alias=m.alias, url=m.url))
+        n = next(self._ids)
+        claim = f"claim-{n}"
+        self.claims[claim] = m.alias
+        self._reply(
+            ident,
+            p.ClaimReply(id=req.id, claim=claim, alias=m.alias, url=m.url, daemon="fake", grant=n),
+        )
 
 
 # ---------------------------------------------------------------- fake engine

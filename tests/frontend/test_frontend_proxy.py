@@ -1,7 +1,7 @@
 """The app in-process under Hypercorn, against a fake daemon and a fake engine.
 
 White-box where it matters: the fake engine sees hang-ups on its own socket,
-the fake daemon counts leases, and the app's httpx pool is inspected for leaks.
+the fake daemon counts claims and reported requests, and the app's httpx pool is inspected for leaks.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ async def test_non_streaming_passes_status_and_body(
     assert b"authorization" not in names
     assert (b"x-request-id", b"r1") in seen.headers
     assert (b"content-type", b"application/json") in seen.headers
-    await wait_for(lambda: not fake_daemon.leases, what="lease released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="request ended")
     assert fake_daemon.acquires == 1
 
 
@@ -109,7 +109,7 @@ async def test_streaming_is_byte_exact_with_proxy_headers(
     assert data.startswith(expected)
     assert b'"usage"' in data
     assert data.endswith(b"data: [DONE]\n\n")
-    await wait_for(lambda: not fake_daemon.leases, what="lease released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="request ended")
 
 
 async def test_models_health_metrics(
@@ -259,7 +259,7 @@ async def test_upstream_error_passes_through(
         "param": None,
         "code": 400,
     }
-    await wait_for(lambda: not fake_daemon.leases, what="lease released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="request ended")
 
 
 async def test_engine_down_is_503_not_500(
@@ -272,7 +272,7 @@ async def test_engine_down_is_503_not_500(
         assert err["code"] == "upstream_error"
         resp = await c.post(CHAT, content=body(stream=True))
         assert_openai_error(resp, 503)
-    await wait_for(lambda: not fake_daemon.leases, what="lease released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="request ended")
 
 
 # ---------------------------------------------------------------- loads
@@ -294,7 +294,7 @@ async def test_stream_waiting_for_load_gets_comments_then_data(
     data = [e for e in events if e.startswith(b"data: ")]
     assert data[-1] == b"data: [DONE]"
     assert len(data) == fake_engine.chunks + 1
-    await wait_for(lambda: not fake_daemon.leases, what="lease released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="request ended")
 
 
 async def test_stream_load_failure_ends_with_error_event(
@@ -326,10 +326,10 @@ async def test_stream_after_load_with_engine_error_ends_with_its_error(
     err = json.loads(events[-2].removeprefix(b"data: "))["error"]
     assert err["message"] == "fake engine says no" and err["code"] == 400
     assert events[-1] == b"data: [DONE]"
-    await wait_for(lambda: not fake_daemon.leases, what="lease released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="request ended")
 
 
-async def test_shutdown_releases_leases_of_cut_streams(
+async def test_shutdown_gives_claims_back_after_cut_streams(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
     fake_daemon.add("m", url=fake_engine.url, state="ready")
@@ -339,9 +339,9 @@ async def test_shutdown_releases_leases_of_cut_streams(
     async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as resp:
         async for _ in resp.aiter_raw():
             break
-        assert len(fake_daemon.leases) == 1
+        await wait_for(lambda: fake_daemon.in_flight == 1, what="reported in flight")
         fe.shutdown.set()  # graceful shutdown (graceful_timeout 1 s) cuts the stream
-    await wait_for(lambda: not fake_daemon.leases, timeout=3, what="lease released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, timeout=3, what="request ended")
 
 
 async def test_non_stream_waits_for_load(
@@ -360,8 +360,8 @@ async def test_non_stream_waits_for_load(
                 n.start_soon(one)
     assert [r.status_code for r in results] == [200] * 20
     assert fake_daemon.models["m"].loads == 1
-    assert fake_daemon.acquires == 20
-    await wait_for(lambda: not fake_daemon.leases, what="leases released")
+    assert fake_daemon.acquires == 1  # one claim for all twenty
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="requests ended")
 
 
 # ---------------------------------------------------------------- disconnects and leaks
@@ -380,18 +380,18 @@ async def test_client_abort_mid_stream_closes_upstream_and_releases(
             got += 1
             if got >= 3:
                 break
-        assert fake_daemon.leases
+        await wait_for(lambda: fake_daemon.in_flight == 1, what="reported in flight")
         t0 = trio.current_time()
         # leaving the block closes the connection mid-stream
     with trio.fail_after(1.0):
         await fake_engine.aborted_event.wait()
     assert trio.current_time() - t0 < 1.0
-    await wait_for(lambda: not fake_daemon.leases, timeout=2, what="lease released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, timeout=2, what="request ended")
     await wait_for(lambda: _pool(fe).counts()[0] == 0, what="no active upstream connection")
     await wait_for(lambda: fe.state.metrics.in_flight._value.get() == 0, what="in-flight 0")
 
 
-async def test_client_abort_during_load_releases_late_lease(
+async def test_client_abort_during_load_sends_nothing_upstream(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
     model = fake_daemon.add("m", url=fake_engine.url, load_delay=1.0)
@@ -403,10 +403,12 @@ async def test_client_abort_during_load_releases_late_lease(
     async with fe.client(timeout=0.3) as c:
         with pytest.raises(httpx.ReadTimeout):
             await c.post(CHAT, content=body())
-    # The load finishes after both clients left: their leases come and go at once.
+    # The load finishes after both clients left: the one claim both waited on is
+    # granted to nobody in particular; it stands for no request.
     await model.loaded.wait()
-    await wait_for(lambda: fake_daemon.acquires == 2 and fake_daemon.releases == 2, what="release")
-    assert not fake_daemon.leases
+    await wait_for(lambda: fake_daemon.claims != {}, what="claim granted")
+    assert fake_daemon.acquires == 1
+    await wait_for(lambda: fake_daemon.heartbeats > 1 and fake_daemon.in_flight == 0, what="report")
     assert fake_engine.seen == []  # nothing was sent upstream for a client that left
     await wait_for(lambda: fe.state.metrics.in_flight._value.get() == 0, what="in-flight 0")
 
@@ -442,7 +444,7 @@ async def test_aborted_requests_do_not_leak_pool_connections(
     await wait_for(lambda: fake_engine.active == 0, timeout=3, what="engine streams closed")
     assert fake_engine.aborted >= n, (fake_engine.aborted, fake_engine.completed)
     await wait_for(lambda: _pool(fe).counts()[0] == 0, timeout=3, what="no active conns")
-    await wait_for(lambda: not fake_daemon.leases, what="leases released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="requests ended")
     # And the pool still works afterwards.
     fake_engine.chunks = 3
     fake_engine.chunk_delay = 0
@@ -466,6 +468,6 @@ async def test_engine_death_mid_stream_ends_with_error_event(
     assert events[-1] == b"data: [DONE]"
     err = json.loads(events[-2].removeprefix(b"data: "))["error"]
     assert err["code"] == "upstream_error"
-    await wait_for(lambda: not fake_daemon.leases, what="lease released")
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="request ended")
     text = (await httpx.AsyncClient(base_url=fe.url).get("/metrics")).text
     assert 'ktd_frontend_upstream_errors_total{kind="broken",model="m"} 1.0' in text

@@ -1,0 +1,158 @@
+"""The claim protocol's decisions on the daemon's side (pure: no trio, no sockets).
+
+A frontend holds one standing *claim* per engine it has traffic for, counts its
+own requests on it and reports them (``Sync``); the daemon grants claims, asks
+for them back (``Recall``) and believes the reports. ``ktd.daemon.claims`` has
+the race analysis and carries these decisions out; this module decides:
+
+* what a report means for the claims the daemon holds (``reconcile``): which it
+  confirms, which it takes over from a previous daemon run, which it no longer
+  holds, and which it tells the frontend to drop;
+* when an ``idle`` recall is answered by a report (the frontend was busier than
+  the recall asked) and must not be repeated;
+* whether a late sweep means the clients went silent or the daemon itself did not
+  run (``sweep``): a daemon that was stopped (SIGSTOP) or starved must not expire
+  frontends whose heartbeats queued up meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ktd import protocol as p
+from ktd.core import states as S
+
+
+@dataclass
+class ClaimRec:
+    """One claim as the daemon holds it."""
+
+    id: str
+    client: str
+    alias: str
+    grant: int = 0  # grant number in this daemon run; 0 = taken over from an earlier run
+    confirmed: bool = True  # False: restored from the state file, no report seen yet
+    inflight: int = 0
+    idle: float = 0.0  # the frontend's last report: seconds since its last request ended
+    routing: bool = True
+    recall: p.Recall | None = None  # outstanding until the claim goes or a report answers it
+    told: bool = False  # the recall went out in a reply at least once (then it is not news)
+
+    @property
+    def busy(self) -> int:
+        """Requests it stands for: the reported ones; one while unconfirmed (unknown)."""
+        return self.inflight if self.confirmed else max(1, self.inflight)
+
+
+@dataclass(frozen=True)
+class EngineSide:
+    """What reconciliation needs to know of an engine."""
+
+    state: str
+    url: str | None
+    adopting: bool = False
+
+
+def may_hold(engine: EngineSide) -> bool:
+    """Claims live from ready to the end of the drain (and through an adoption)."""
+    return engine.state in (S.READY, S.DRAINING) or (engine.state == S.STARTING and engine.adopting)
+
+
+@dataclass
+class Reconciled:
+    confirm: list[tuple[ClaimRec, p.ClaimState]] = field(default_factory=list)
+    take_over: list[p.ClaimState] = field(default_factory=list)  # from an earlier daemon run
+    gone: list[ClaimRec] = field(default_factory=list)  # given back (the Return got lost)
+    dropped: list[str] = field(default_factory=list)  # the frontend must stop using these
+
+
+def reconcile(
+    report: p.Sync,
+    held: Mapping[str, ClaimRec],
+    engines: Mapping[str, EngineSide],
+    run: str,
+) -> Reconciled:
+    """Match one frontend's report against the claims the daemon holds for it.
+
+    ``held``: this client's claims by id. A claim the daemon granted after the
+    frontend built its report is missing from it without having been given back:
+    it is "gone" only if the report's ``seen`` covers its grant (same daemon run),
+    or if it was taken over from an earlier run (the frontend had it long before).
+    A reported claim the daemon does not hold is taken over only when the report
+    predates this daemon run (the daemon restarted) and the engine is the one the
+    frontend talks to (same URL, still serving); otherwise the frontend drops it.
+    """
+    out = Reconciled()
+    same_run = report.daemon == run
+    reported: set[str] = set()
+    for st in report.claims:
+        reported.add(st.claim)
+        rec = held.get(st.claim)
+        if rec is not None:
+            out.confirm.append((rec, st))
+            continue
+        engine = engines.get(st.alias)
+        if (
+            not same_run
+            and engine is not None
+            and may_hold(engine)
+            and engine.url is not None
+            and engine.url.rstrip("/") == st.url.rstrip("/")
+        ):
+            out.take_over.append(st)
+        else:
+            out.dropped.append(st.claim)
+    for rec in held.values():
+        if rec.id in reported:
+            continue
+        if rec.grant == 0 or (same_run and rec.grant <= report.seen):
+            out.gone.append(rec)
+    return out
+
+
+def answered(recall: p.Recall, st: p.ClaimState) -> bool:
+    """An ``idle`` recall with a threshold is answered by a report busier than that.
+
+    The frontend keeps the claim when it had a request within ``recall.idle``
+    seconds; its report says so, and the daemon's idle clock starts again from
+    it instead of repeating the recall. ``idle`` 0 (restart when idle) waits for
+    the frontend to give the claim back at its first idle moment.
+    """
+    if recall.kind != "idle" or recall.idle <= 0:
+        return False
+    return st.inflight > 0 or st.idle < recall.idle
+
+
+def stronger(new: p.Recall, old: p.Recall | None) -> bool:
+    """A drain overrides an idle recall; an idle one never weakens a drain."""
+    if old is None:
+        return True
+    if old.kind == "drain":
+        return False
+    return new.kind == "drain" or new.idle < old.idle
+
+
+@dataclass(frozen=True)
+class Sweep:
+    dead: frozenset[str]
+    paused: bool  # the daemon itself did not run: nobody expires this round
+
+
+def sweep(seen: Mapping[str, float], now: float, ttl: float, last_sweep: float) -> Sweep:
+    """Which clients' heartbeats stopped, judged only if the daemon kept running.
+
+    The sweeper wakes every ``ttl / 3``. Waking later than ``ttl / 2`` past its
+    last run means the daemon was stopped or starved: the heartbeats sent in the
+    meantime sit unread in the socket, and silence measured across the gap says
+    nothing about the clients. Such a sweep expires nobody (the caller forgives
+    every client: a fresh ``ttl`` from now).
+    """
+    if now - last_sweep > ttl / 3 + ttl / 2:
+        return Sweep(frozenset(), True)
+    return Sweep(frozenset(c for c, t in seen.items() if now - t > ttl), False)
+
+
+def queued_for(alias: str, reports: Iterable[Mapping[str, int]]) -> int:
+    """Requests the frontends say wait for ``alias`` (admission, load, swap)."""
+    return sum(r.get(alias, 0) for r in reports)
