@@ -1,7 +1,8 @@
 """The app in-process under Hypercorn, against a fake daemon and a fake engine.
 
 White-box where it matters: the fake engine sees hang-ups on its own socket,
-the fake daemon counts claims and reported requests, and the app's httpx pool is inspected for leaks.
+the fake daemon counts claims and reported requests, and the app's httpx pool
+is inspected for leaks.
 """
 
 from __future__ import annotations
