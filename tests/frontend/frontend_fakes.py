@@ -52,6 +52,8 @@ class FakeDaemon:
         self.heartbeats = 0  # reports (Sync)
         self.reported: dict[str, int] = {}  # claim -> in flight, from the last report
         self.recalls: list[p.Recall] = []
+        self._untold = 0  # recalls not yet sent: a long poll is answered at once
+        self.mute = False  # True: read and drop everything, as a stopped ktd would
         self._wake = trio.Event()
         self.requests: list[p.Request] = []
         self._ids = itertools.count(1)
@@ -86,24 +88,29 @@ class FakeDaemon:
         for claim, a in self.claims.items():
             if a == alias:
                 self.recalls.append(p.Recall(claim=claim, alias=a, kind=kind, idle=idle))  # type: ignore[arg-type]
+                self._untold += 1
         self._wake.set()
         self._wake = trio.Event()
 
     def _sync_reply(self, rid: int) -> p.SyncReply:
         live = [r for r in self.recalls if r.claim in self.claims]
         self.recalls = live
+        self._untold = 0
         return p.SyncReply(id=rid, daemon="fake", recalls=list(live))
 
     async def _park(self, ident: bytes, req: p.Sync) -> None:
         with trio.move_on_after(req.wait):
             await self._wake.wait()
-        self._reply(ident, self._sync_reply(req.id))
+        if not self.mute:
+            self._reply(ident, self._sync_reply(req.id))
 
     def _reply(self, ident: bytes, reply: p.Reply) -> None:
         assert self._sock is not None
         self._sock.send([ident, p.encode(reply)])
 
     def _on_message(self, frames: Frames) -> None:
+        if self.mute:
+            return
         ident, payload = frames[0], frames[-1]
         req = p.decode_request(payload)
         self.requests.append(req)
@@ -113,7 +120,7 @@ class FakeDaemon:
         elif isinstance(req, p.Sync):
             self.heartbeats += 1
             self.reported = {c.claim: c.inflight for c in req.claims}
-            if req.wait > 0 and not self.recalls:
+            if req.wait > 0 and not self._untold:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._park, ident, req)
             else:

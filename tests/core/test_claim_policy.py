@@ -1,0 +1,116 @@
+"""The claim protocol's pure decisions: reconciliation, idle recalls, the paused sweeper."""
+
+from __future__ import annotations
+
+from ktd import protocol as p
+from ktd.core import claims as c
+from ktd.core import states as S
+
+URL = "http://127.0.0.1:30001"
+RUN = "run-b"
+READY = {"m": c.EngineSide(state=S.READY, url=URL)}
+
+
+def state(claim: str, **kw: object) -> p.ClaimState:
+    return p.ClaimState(claim=claim, alias="m", url=URL, **kw)  # type: ignore[arg-type]
+
+
+def report(*claims: p.ClaimState, daemon: str = RUN, seen: int = 0) -> p.Sync:
+    return p.Sync(client="fe", claims=list(claims), daemon=daemon, seen=seen)
+
+
+def rec(claim: str, grant: int = 1, **kw: object) -> c.ClaimRec:
+    return c.ClaimRec(id=claim, client="fe", alias="m", grant=grant, **kw)  # type: ignore[arg-type]
+
+
+def test_a_reported_claim_is_confirmed() -> None:
+    held = {"a": rec("a")}
+    out = c.reconcile(report(state("a", inflight=2)), held, READY, RUN)
+    assert [(r.id, st.inflight) for r, st in out.confirm] == [("a", 2)]
+    assert not out.gone and not out.dropped and not out.take_over
+
+
+def test_a_claim_granted_while_the_report_travelled_is_not_taken_for_given_back() -> None:
+    held = {"a": rec("a", grant=5)}
+    # The report was built before grant 5 reached the frontend.
+    assert c.reconcile(report(seen=4), held, READY, RUN).gone == []
+    # Once the frontend has seen grant 5, a report without it means it went back.
+    assert [r.id for r in c.reconcile(report(seen=5), held, READY, RUN).gone] == ["a"]
+
+
+def test_grant_numbers_of_another_daemon_run_prove_nothing() -> None:
+    held = {"a": rec("a", grant=2)}
+    assert c.reconcile(report(daemon="run-a", seen=99), held, READY, RUN).gone == []
+
+
+def test_a_restored_claim_not_reported_is_gone() -> None:
+    held = {"a": rec("a", grant=0, confirmed=False)}
+    assert [r.id for r in c.reconcile(report(daemon="run-a"), held, READY, RUN).gone] == ["a"]
+
+
+def test_a_restarted_daemon_takes_over_claims_on_the_same_engine() -> None:
+    out = c.reconcile(report(state("x", inflight=1), daemon="run-a"), {}, READY, RUN)
+    assert [st.claim for st in out.take_over] == ["x"] and not out.dropped
+
+
+def test_claims_on_another_engine_or_a_stopped_one_are_dropped() -> None:
+    moved = {"m": c.EngineSide(state=S.READY, url="http://127.0.0.1:30002")}
+    stopped = {"m": c.EngineSide(state=S.STOPPED, url=None)}
+    for engines in (moved, stopped, {}):
+        out = c.reconcile(report(state("x"), daemon="run-a"), {}, engines, RUN)
+        assert out.dropped == ["x"] and not out.take_over
+
+
+def test_an_unknown_claim_in_a_report_of_this_run_is_dropped() -> None:
+    # This daemon granted it and took it back (revoked): never resurrected.
+    out = c.reconcile(report(state("x")), {}, READY, RUN)
+    assert out.dropped == ["x"] and not out.take_over
+
+
+def test_claims_survive_an_adoption() -> None:
+    adopting = {"m": c.EngineSide(state=S.STARTING, url=URL, adopting=True)}
+    assert c.may_hold(adopting["m"])
+    assert not c.may_hold(c.EngineSide(state=S.STARTING, url=URL))
+    assert not c.may_hold(c.EngineSide(state=S.STOPPING, url=URL))
+    out = c.reconcile(report(state("x"), daemon="run-a"), {}, adopting, RUN)
+    assert [st.claim for st in out.take_over] == ["x"]
+
+
+def test_an_idle_recall_is_answered_by_a_busier_report() -> None:
+    ttl = p.Recall(claim="a", alias="m", kind="idle", idle=60)
+    assert c.answered(ttl, state("a", inflight=1))
+    assert c.answered(ttl, state("a", idle=5))
+    assert not c.answered(ttl, state("a", idle=61))
+    restart = p.Recall(claim="a", alias="m", kind="idle", idle=0)
+    assert not c.answered(restart, state("a", inflight=3))  # given back at its first idle
+    drain = p.Recall(claim="a", alias="m")
+    assert not c.answered(drain, state("a", inflight=1))
+
+
+def test_a_drain_recall_is_never_weakened() -> None:
+    drain = p.Recall(claim="a", alias="m")
+    ttl = p.Recall(claim="a", alias="m", kind="idle", idle=60)
+    soon = p.Recall(claim="a", alias="m", kind="idle", idle=0)
+    assert c.stronger(ttl, None) and c.stronger(drain, ttl) and c.stronger(soon, ttl)
+    assert not c.stronger(ttl, drain) and not c.stronger(ttl, ttl)
+
+
+def test_sweep_expires_silent_clients() -> None:
+    out = c.sweep({"alive": 99.0, "dead": 80.0}, now=100.0, ttl=15.0, last_sweep=95.0)
+    assert out.dead == {"dead"} and not out.paused
+
+
+def test_a_sweep_after_the_daemon_did_not_run_expires_nobody() -> None:
+    # SIGSTOP for 60 s: everyone looks silent, but their heartbeats are unread.
+    out = c.sweep({"a": 40.0, "b": 41.0}, now=100.0, ttl=15.0, last_sweep=40.0)
+    assert out.paused and out.dead == frozenset()
+
+
+def test_queued_adds_up_the_frontends_reports() -> None:
+    assert c.queued_for("m", [{"m": 2}, {"m": 1, "n": 4}, {}]) == 3
+
+
+def test_an_unconfirmed_claim_counts_as_busy() -> None:
+    assert rec("a", confirmed=False).busy == 1
+    assert rec("a", confirmed=False, inflight=3).busy == 3
+    assert rec("a").busy == 0

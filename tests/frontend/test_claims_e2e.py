@@ -1,0 +1,257 @@
+"""The claim protocol's races, with the real ``ktd serve``, ``ktd frontend`` and sim engines.
+
+Each test is one race of ``ktd.daemon.claims``'s analysis. Nothing depends on a
+timing margin: streams are paced so that they outlive the step that races them,
+and every wait is for a state the test can see (a phase, a count in status).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests.conftest import sim_model, wait_for
+
+CHAT: Any = [{"role": "user", "content": "hi"}]
+
+
+def status(daemon: Any) -> dict[str, dict[str, Any]]:
+    res = daemon.ktctl("status", "--json")
+    assert res.returncode == 0, res.stderr
+    return {e["alias"]: e for e in json.loads(res.stdout)["engines"]}
+
+
+class Stream:
+    """A chat stream read in a thread: its content events counted, its end recorded."""
+
+    def __init__(self, url: str, model: str, tokens: int) -> None:
+        self.tokens = 0
+        self.done = False
+        self.started = threading.Event()
+        self.error: BaseException | None = None
+        body = {"model": model, "messages": CHAT, "max_tokens": tokens, "stream": True}
+        self._thread = threading.Thread(target=self._run, args=(url, body), daemon=True)
+        self._thread.start()
+
+    def _run(self, url: str, body: dict[str, Any]) -> None:
+        try:
+            with (
+                httpx.Client(base_url=url, timeout=120) as c,
+                c.stream("POST", "/v1/chat/completions", json=body) as r,
+            ):
+                assert r.status_code == 200, r.read()
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        self.done = True
+                    elif line.startswith("data: {"):
+                        event = json.loads(line[6:])
+                        assert "error" not in event, event
+                        if event["choices"] and event["choices"][0]["delta"].get("content"):
+                            self.tokens += 1
+                            self.started.set()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.started.set()
+
+    def join(self, timeout: float = 120, *, check: bool = True) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "stream did not end"
+        if check and self.error is not None:
+            raise self.error
+
+
+def chat(url: str, model: str = "m") -> int:
+    body = {"model": model, "messages": CHAT, "max_tokens": 1}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).status_code
+
+
+def start(write_config: Any, daemon_factory: Any, frontend_factory: Any, models: Any, **d: Any):  # type: ignore[no-untyped-def]
+    cfg = write_config(models, daemon=d or None)
+    return daemon_factory(cfg), frontend_factory(cfg)
+
+
+def test_evict_lets_a_running_stream_end_and_queues_the_next_request(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    daemon, fe = start(
+        write_config,
+        daemon_factory,
+        frontend_factory,
+        [sim_model("m", env={"KTD_SIM_TOKEN_RATE": 20})],
+        drain_timeout=120,
+    )
+    stream = Stream(fe.url, "m", 60)  # 3 s
+    assert stream.started.wait(60) and stream.error is None
+    evicted: list[Any] = []
+    evicting = threading.Thread(target=lambda: evicted.append(daemon.ktctl("evict", "m")))
+    evicting.start()
+    wait_for(lambda: status(daemon)["m"]["state"] == "draining", what="draining")
+    # Arrived after the recall: not routed to the draining engine; it waits, reloads.
+    assert chat(fe.url) == 200
+    stream.join()
+    evicting.join(60)
+    assert evicted[0].returncode == 0, evicted[0].stderr
+    assert stream.done and stream.tokens == 60  # the stream was never cut
+    assert status(daemon)["m"]["loads"] == 2
+
+
+def test_ttl_never_fires_between_back_to_back_requests(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    daemon, fe = start(
+        write_config, daemon_factory, frontend_factory, [sim_model("m", ttl=1)], lease_ttl=3
+    )
+    with httpx.Client(base_url=fe.url, timeout=60) as c:
+        until = time.monotonic() + 4  # four TTLs of traffic with no gap a TTL long
+        while time.monotonic() < until:
+            body = {"model": "m", "messages": CHAT, "max_tokens": 2}
+            assert c.post("/v1/chat/completions", json=body).status_code == 200
+    e = status(daemon)["m"]
+    assert e["loads"] == 1 and e["evictions"] == 0
+    # Idle now: the frontend gives the claim back when the TTL recall asks, and it goes.
+    wait_for(lambda: status(daemon)["m"]["state"] == "stopped", timeout=30, what="ttl evict")
+    assert "ttl" in (status(daemon)["m"]["reason"] or "")
+
+
+def test_daemon_kill9_with_a_stream_running_keeps_the_stream_and_its_claim(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    daemon, fe = start(
+        write_config,
+        daemon_factory,
+        frontend_factory,
+        [sim_model("m", env={"KTD_SIM_TOKEN_RATE": 10})],
+        drain_timeout=120,
+        lease_ttl=6,
+    )
+    stream = Stream(fe.url, "m", 100)  # 10 s
+    assert stream.started.wait(60) and stream.error is None
+    wait_for(lambda: status(daemon)["m"]["leases"] == 1, what="in flight reported")
+    pid = status(daemon)["m"]["pid"]
+    daemon.stop(signal.SIGKILL)
+    daemon.start()
+    e = status(daemon)["m"]
+    assert e["pid"] == pid and e["claims"] == 1 and e["leases"] >= 1  # restored: busy
+    # A non-forced evict right away must wait for the stream, which was never cut.
+    res = daemon.ktctl("evict", "m", timeout=120)
+    assert res.returncode == 0, res.stderr
+    stream.join()
+    assert stream.done and stream.tokens == 100
+
+
+def test_a_daemon_stopped_past_lease_ttl_expires_no_claim(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    daemon, fe = start(
+        write_config,
+        daemon_factory,
+        frontend_factory,
+        # ttl 1: were the claim expired, the idle TTL would kill the engine mid-stream.
+        [sim_model("m", ttl=1, env={"KTD_SIM_TOKEN_RATE": 10})],
+        lease_ttl=2,
+    )
+    stream = Stream(fe.url, "m", 100)  # 10 s
+    assert stream.started.wait(60) and stream.error is None
+    wait_for(lambda: status(daemon)["m"]["leases"] == 1, what="in flight reported")
+    assert daemon.proc is not None
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(3 * 2)  # three lease_ttl: the pause is the point of the test
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+    e = status(daemon)["m"]
+    assert e["state"] == "ready" and e["claims"] == 1
+    stream.join()
+    assert stream.done and stream.tokens == 100
+    assert status(daemon)["m"]["evictions"] == 0
+
+
+def test_a_dead_frontend_s_claims_expire_and_the_engine_stays(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    daemon, fe = start(
+        write_config,
+        daemon_factory,
+        frontend_factory,
+        [sim_model("m", env={"KTD_SIM_TOKEN_RATE": 5})],
+        lease_ttl=2,
+    )
+    stream = Stream(fe.url, "m", 1000)
+    assert stream.started.wait(60)
+    wait_for(lambda: status(daemon)["m"]["claims"] == 1, what="claim")
+    fe.stop(signal.SIGKILL)
+    wait_for(
+        lambda: (lambda e: e["claims"] == 0 and e["leases"] == 0)(status(daemon)["m"]),
+        timeout=20,
+        what="the dead frontend's claim expired",
+    )
+    assert status(daemon)["m"]["state"] == "ready"
+    stream.join(check=False)  # cut by the frontend's death, not by ktd
+
+
+def test_the_frontend_serves_held_engines_while_the_daemon_is_down(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    daemon, fe = start(
+        write_config,
+        daemon_factory,
+        frontend_factory,
+        [sim_model("m"), sim_model("n")],
+        lease_ttl=3,
+    )
+    assert chat(fe.url) == 200
+    pid = status(daemon)["m"]["pid"]
+    daemon.stop(signal.SIGKILL)  # a restart or an upgrade: engines keep running
+    for _ in range(5):
+        assert chat(fe.url) == 200
+    assert chat(fe.url, "n") == 503  # needs the daemon: a load
+    daemon.start()
+    assert status(daemon)["m"]["pid"] == pid
+    wait_for(lambda: status(daemon)["m"]["claims"] == 1, timeout=20, what="re-registered")
+    assert chat(fe.url, "n") == 200
+
+
+def test_a_burst_for_a_cold_model_leaves_nothing_held(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    daemon, fe = start(
+        write_config,
+        daemon_factory,
+        frontend_factory,
+        [sim_model("m", env={"KTD_SIM_LOAD_TIME": 2})],
+    )
+    n = 4000
+    host, port = fe.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "m", "messages": CHAT, "max_tokens": 1}).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    socks = []
+    for _ in range(n):  # all sent before the model is loaded: one burst
+        s = socket.create_connection((host, int(port)))
+        s.sendall(request)
+        socks.append(s)
+    statuses = []
+    for s in socks:
+        s.settimeout(300)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        s.close()
+        statuses.append(data.split(b" ", 2)[1])
+    assert statuses.count(b"200") == n, {x: statuses.count(x) for x in set(statuses)}
+    # Afterwards: nothing in flight, one idle claim, and nothing in the way of an evict.
+    wait_for(lambda: status(daemon)["m"]["leases"] == 0, what="nothing in flight")
+    assert status(daemon)["m"]["claims"] == 1
+    res = daemon.ktctl("evict", "m")
+    assert res.returncode == 0, res.stderr
+    assert status(daemon)["m"]["claims"] == 0

@@ -1,0 +1,175 @@
+"""The frontend's claims against a fake daemon: recalls, local admission, bursts, ktd away.
+
+In-process (Hypercorn + the app), so the fake daemon sees every control message.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import trio
+from frontend_fakes import FakeDaemon, FakeEngine
+from frontend_helpers import StartFrontend, wait_for
+
+CHAT = "/v1/chat/completions"
+
+
+def body(model: str = "m", stream: bool = False) -> bytes:
+    return json.dumps({"model": model, "stream": stream, "messages": []}).encode()
+
+
+async def test_requests_on_a_held_claim_send_nothing_to_the_daemon(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fe = await start_frontend(heartbeat_interval=30.0)
+    async with fe.client() as c:
+        assert (await c.post(CHAT, content=body())).status_code == 200
+        before = len(fake_daemon.requests)
+        for _ in range(20):
+            assert (await c.post(CHAT, content=body())).status_code == 200
+    # Only reports (rate-limited, off the request path) may have gone out meanwhile.
+    later = fake_daemon.requests[before:]
+    assert fake_daemon.acquires == 1
+    assert all(type(r).__name__ == "Sync" for r in later), later
+
+
+async def test_a_burst_for_a_cold_model_costs_one_claim(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    model = fake_daemon.add("m", url=fake_engine.url, load_delay=0.5)
+    fe = await start_frontend()
+    statuses: list[int] = []
+    async with fe.client(limits=httpx.Limits(max_connections=100)) as c:
+
+        async def one() -> None:
+            statuses.append((await c.post(CHAT, content=body())).status_code)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(300):
+                nursery.start_soon(one)
+    assert statuses == [200] * 300
+    assert fake_daemon.acquires == 1 and model.loads == 1
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="all ended (reported)")
+
+
+async def test_a_drain_recall_stops_routing_at_once_and_waits_for_the_request_there(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fake_engine.chunks = 10_000
+    fake_engine.chunk_delay = 0.01
+    fe = await start_frontend()
+    broker = fe.state.broker
+    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as held:
+        chunks = held.aiter_raw()  # kept: a dropped iterator closes the stream
+        async for chunk in chunks:
+            if chunk.startswith(b"data: {"):
+                break
+        [claim] = list(broker.claims)
+        assert broker.claims[claim].inflight == 1
+        fake_daemon.recall("m")
+        await wait_for(lambda: not broker.claims[claim].routing, what="routing stopped")
+        assert fake_daemon.returns == 0  # its request still runs there
+        # A new request asks for a new claim (here: granted at once).
+        fake_engine.chunks = 2
+        assert (await c.post(CHAT, content=body())).status_code == 200
+        assert fake_daemon.acquires == 2
+        assert fake_daemon.returns == 0
+    # The stream ended: the recalled claim goes back.
+    await wait_for(lambda: fake_daemon.returns == 1 and claim not in fake_daemon.claims, what="ret")
+    assert claim not in broker.claims
+
+
+async def test_an_idle_recall_is_refused_while_busy_and_answered_when_idle(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fake_engine.chunks = 10_000
+    fake_engine.chunk_delay = 0.01
+    fe = await start_frontend()
+    broker = fe.state.broker
+    async with fe.client() as c:
+        async with c.stream("POST", CHAT, content=body(stream=True)) as held:
+            chunks = held.aiter_raw()  # kept: a dropped iterator closes the stream
+            async for chunk in chunks:
+                if chunk.startswith(b"data: {"):
+                    break
+            [claim] = list(broker.claims)
+            reports = fake_daemon.heartbeats
+            fake_daemon.recall("m", kind="idle", idle=60.0)  # a TTL of 60 s
+            await wait_for(lambda: fake_daemon.heartbeats > reports + 1, what="reports")
+            assert broker.claims[claim].routing and fake_daemon.returns == 0
+        # Idle now, but for less than 60 s: still kept.
+        fake_daemon.recalls.clear()
+        fake_daemon.recall("m", kind="idle", idle=0.0)  # restart-when-idle: back at once
+        await wait_for(lambda: fake_daemon.returns == 1, what="given back")
+        assert claim not in broker.claims
+
+
+async def test_local_admission_applies_max_concurrent_and_max_queue(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fe = await start_frontend()
+    broker = fe.state.broker
+    async with fe.client() as c:
+        assert (await c.post(CHAT, content=body())).status_code == 200
+    entry = broker.entries["m"]
+    entry.max_concurrent, entry.max_queue = 1, 1  # as a ClaimReply carries them
+    fake_engine.chunks = 10_000
+    fake_engine.chunk_delay = 0.01
+    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as held:
+        chunks = held.aiter_raw()  # kept: a dropped iterator closes the stream
+        async for chunk in chunks:
+            if chunk.startswith(b"data: {"):
+                break
+        done: list[int] = []
+
+        async def second() -> None:
+            done.append((await c.post(CHAT, content=body())).status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(second)
+            await wait_for(lambda: len(entry.waiters) == 1, what="second one waits")
+            over = await c.post(CHAT, content=body())
+            assert over.status_code == 429 and over.headers["retry-after"]
+            assert "max_queue 1" in over.json()["error"]["message"]
+            fake_engine.chunks = 2
+            await held.aclose()
+    assert done == [200]
+
+
+async def test_held_engines_are_served_while_the_daemon_is_away(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fake_daemon.add("n", url=fake_engine.url)
+    fe = await start_frontend(heartbeat_interval=0.2)
+    async with fe.client() as c:
+        assert (await c.post(CHAT, content=body())).status_code == 200
+        fake_daemon.mute = True  # ktd stops answering (a restart, an upgrade)
+        await wait_for(lambda: fe.state.broker._alive is False, timeout=15, what="ktd seen down")
+        for _ in range(5):
+            assert (await c.post(CHAT, content=body())).status_code == 200
+        # What needs the daemon (a model without a claim here) is a quick 503.
+        with trio.fail_after(5):
+            resp = await c.post(CHAT, content=body("n"))
+        assert resp.status_code == 503
+        fake_daemon.mute = False
+        await wait_for(lambda: fe.state.broker._alive is True, what="ktd back")
+        assert (await c.post(CHAT, content=body("n"))).status_code == 200
+
+
+async def test_absurd_model_names_are_a_400(
+    fake_daemon: FakeDaemon, start_frontend: StartFrontend
+) -> None:
+    fe = await start_frontend()
+    async with fe.client() as c:
+        for name, stream in (("x" * 1_000_000, False), ("x" * 257, True), ("a\nb", False)):
+            resp = await c.post(CHAT, content=body(name, stream=stream))
+            assert resp.status_code == 400, resp.text
+            err = resp.json()["error"]
+            assert err["param"] == "model" and len(resp.content) < 1000
+    assert fake_daemon.acquires == 0
