@@ -27,6 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from ktctl import Client  # noqa: E402
+from ktd.sim.model import make_model  # noqa: E402
 
 SHIM = REPO / "ktd" / "sim" / "shim"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -155,12 +156,14 @@ def sim_model(alias: str, **env: object) -> dict[str, Any]:
         "KTD_SIM_LOAD_TIME": "0.1",
     }
     full.update({k: str(v) for k, v in env.items()})
+    # Real directories: the daemon's preflight checks both paths before a launch.
+    path, weights = make_model(Path(tempfile.gettempdir()) / "ktd-bench-models", alias)
     return {
-        "path": f"/models/{alias}",
+        "path": path,
         "backend": "kt",
         "alias": alias,
         "numa": "none",  # one NUMA node here: two engines must not evict each other
-        "kt": {"kt_weight_path": f"/models/{alias}-kt", "extra_env": full},
+        "kt": {"kt_weight_path": weights, "extra_env": full},
     }
 
 

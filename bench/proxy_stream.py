@@ -7,7 +7,7 @@ then puts the same SSE load on four targets, alternating them each round:
 * ``direct``  - the sim's own port;
 * ``nginx``   - nginx in front of the sim (config generated here: one upstream
   with HTTP/1.1 keep-alive, ``proxy_buffering off``), when nginx is installed;
-* ``ktd``     - the ktd frontend (which asks the daemon for a lease per request);
+* ``ktd``     - the ktd frontend (on its standing claim: no daemon round trip per request);
 * ``litellm`` - LiteLLM's proxy with the sim as an OpenAI-compatible endpoint,
   when ``--litellm`` names a working ``litellm`` executable (a separate venv:
   ``python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install
@@ -412,21 +412,24 @@ def report(targets: list[Target], skipped: dict[str, str]) -> None:
     by = {t.name: t for t in targets}
     ktd = by["ktd"]
     print()
+    # Issue 15's targets (the earlier ones were 3x nginx, 0.8 of direct, +1 ms p50).
     checks: list[tuple[str, bool | None, str]] = []
     if "nginx" in by:
         r = ktd.cpu_per_k / by["nginx"].cpu_per_k
-        checks.append(("ktd CPU/chunk within 3x nginx", r <= 3, f"{r:.2f}x nginx"))
+        checks.append(("ktd CPU/chunk within 2x nginx", r <= 2, f"{r:.2f}x nginx"))
     else:
-        checks.append(("ktd CPU/chunk within 3x nginx", None, "nginx skipped"))
+        checks.append(("ktd CPU/chunk within 2x nginx", None, "nginx skipped"))
     if "litellm" in by:
         r = by["litellm"].cpu_per_k / ktd.cpu_per_k
         checks.append(("ktd CPU/chunk >= 10x better than LiteLLM", r >= 10, f"{r:.1f}x better"))
     else:
         checks.append(("ktd CPU/chunk >= 10x better than LiteLLM", None, "litellm skipped"))
     ratio = ktd.cps / direct.cps
-    checks.append(("ktd throughput >= 0.8 of direct", ratio >= 0.8, f"{ratio:.2f}"))
+    checks.append(("ktd throughput >= 0.95 of direct", ratio >= 0.95, f"{ratio:.2f}"))
     added = (pct(ktd.ttfb, 0.5) - d50) * 1e3
-    checks.append(("ktd added TTFB p50 < 1 ms", added < 1, f"+{added:.2f} ms"))
+    checks.append(("ktd added TTFB p50 < 0.3 ms", added < 0.3, f"{added:+.2f} ms"))
+    added99 = (pct(ktd.ttfb, 0.99) - d99) * 1e3
+    checks.append(("ktd added TTFB p99 < 1 ms", added99 < 1, f"{added99:+.2f} ms"))
     for what, ok, figure in checks:
         verdict = "skipped" if ok is None else ("MET" if ok else "MISSED")
         print(f"  {verdict:<8} {what}: {figure}")
