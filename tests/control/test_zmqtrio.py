@@ -108,3 +108,37 @@ async def test_unreachable_times_out(tmp_path: Path) -> None:
         else:
             raise AssertionError("expected Unreachable")
         n.cancel_scope.cancel()
+
+
+async def test_a_frame_over_the_limit_is_refused_before_it_is_sent(tmp_path: Path) -> None:
+    # Nobody listens: were it sent, the caller would wait out its timeout.
+    client = AsyncClient(f"ipc://{tmp_path}/none.sock", timeout=30)
+    async with trio.open_nursery() as n:
+        await n.start(client.run)
+        with trio.fail_after(5):
+            try:
+                await client.request(p.Status(alias="x" * (p.MAX_FRAME + 1)))
+            except ControlError as exc:
+                assert exc.code == p.ErrorCode.BAD_REQUEST and "exceeds" in exc.message
+            else:
+                raise AssertionError("sent")
+        n.cancel_scope.cancel()
+
+
+async def test_undeliverable_messages_are_reported_not_lost_silently(tmp_path: Path) -> None:
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.bind(f"ipc://{tmp_path}/r.sock")
+    dropped: list[list[bytes]] = []
+    sock = TrioSocket(router, lambda frames: None, on_drop=dropped.append)
+    async with trio.open_nursery() as n:
+        n.start_soon(sock.run)
+        sock.send([b"no-such-peer", b"reply"])  # a client that went away
+        with trio.fail_after(5):
+            while not dropped:
+                await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    sock.close()
+    assert dropped == [[b"no-such-peer", b"reply"]] and sock.dropped == 1
