@@ -125,7 +125,12 @@ class ClaimTable:
     def grant(self, engine: Engine, client: str) -> str:
         """The client's claim on ``engine``: its routing one if it has it, else a new one."""
         for rec in engine.claims.values():
-            if rec.client == client and rec.routing and rec.recall is None:
+            if (
+                rec.client == client
+                and rec.routing
+                and (rec.recall is None or rec.recall.kind == "idle")
+            ):
+                rec.recall = None  # wanted again: not idle any more
                 return rec.id
         rec = ClaimRec(
             id=secrets.token_hex(8), client=client, alias=engine.alias, grant=next(self._grants)
