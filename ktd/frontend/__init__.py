@@ -10,4 +10,5 @@ from __future__ import annotations
 
 __all__ = ["FrontendOptions", "create_app"]
 
-from ktd.frontend.app import FrontendOptions, create_app
+from ktd.frontend.app import create_app
+from ktd.frontend.state import FrontendOptions

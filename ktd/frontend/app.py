@@ -13,8 +13,6 @@ wraps ``app.asgi_app``, as any ASGI middleware would.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -25,52 +23,16 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.core.config import FrontendSection
 from ktd.frontend import catalog, errors, gateway_metrics, worker_info
-from ktd.frontend.auth import ApiKeys
-from ktd.frontend.catalog import ResponseBook
-from ktd.frontend.claims import ClaimBroker
 from ktd.frontend.errors import ApiError
 from ktd.frontend.fastpath import ProxyRoutes
-from ktd.frontend.metrics import Metrics
 from ktd.frontend.promtext import merge
 from ktd.frontend.proxy import control_error
 from ktd.frontend.routes import EXACT
 from ktd.frontend.scrape import scrape_engines
-from ktd.frontend.upstream import Pool
+from ktd.frontend.state import FrontendOptions, State
 
 _JSON = "application/json"
-
-
-@dataclass
-class FrontendOptions:
-    """Everything the app needs; main.py fills it from config.json and flags."""
-
-    frontend: FrontendSection
-    control_endpoint: str
-    heartbeat_interval: float = 5.0  # daemon.lease_ttl / 3
-    loading_interval: float = 2.0  # seconds between ``: loading`` comments
-    stream_grace: float = 0.5  # how long a stream may wait before committing to 200
-    client_id: str | None = None
-    body_timeout: float = 60.0
-
-
-class State:
-    """Per-app runtime objects, created at startup inside trio."""
-
-    def __init__(self, options: FrontendOptions) -> None:
-        self.options = options
-        self.keys = ApiKeys(options.frontend.api_keys)
-        self.metrics = Metrics()
-        self.broker = ClaimBroker(
-            options.control_endpoint,
-            client_id=options.client_id,
-            heartbeat_interval=options.heartbeat_interval,
-            on_unreachable=self.metrics.daemon_errors.inc,
-        )
-        self.upstream = Pool(read_timeout=options.frontend.read_timeout)
-        self.created = int(time.time())
-        self.responses = ResponseBook()
 
 
 def _json_response(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:

@@ -70,7 +70,7 @@ from ktd.frontend.routes import MODEL_HEADER, Match, match, normalise, response_
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from ktd.frontend.app import State
+    from ktd.frontend.state import State
 
 log = logging.getLogger("ktd.frontend")
 

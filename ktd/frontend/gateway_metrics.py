@@ -23,7 +23,7 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 
 if TYPE_CHECKING:
-    from ktd.frontend.app import State
+    from ktd.frontend.state import State
 
 log = logging.getLogger("ktd.frontend.gateway")
 

@@ -22,7 +22,8 @@ from hypercorn.trio import serve
 
 from ktd import paths
 from ktd.core.config import Config
-from ktd.frontend.app import FrontendOptions, create_app
+from ktd.frontend.app import create_app
+from ktd.frontend.state import FrontendOptions
 from ktd.runtime import add_common_options, load_or_report, setup_logging
 
 log = logging.getLogger("ktd.frontend")

@@ -26,7 +26,7 @@ from ktd.frontend import errors, h2guard
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from ktd.frontend.app import State
+    from ktd.frontend.state import State
 
 _JSON = "application/json"
 _IDLE_LOAD = {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}

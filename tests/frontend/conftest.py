@@ -19,7 +19,8 @@ from frontend_helpers import Frontend, StartFrontend, free_port
 from hypercorn.trio import serve
 
 from ktd.core.config import FrontendSection
-from ktd.frontend.app import FrontendOptions, create_app
+from ktd.frontend.app import create_app
+from ktd.frontend.state import FrontendOptions
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import trio
 
-from ktd.frontend.app import State
+from ktd.frontend.state import State
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "ktd" / "sim" / "shim"

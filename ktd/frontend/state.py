@@ -1,0 +1,45 @@
+"""The frontend's options and per-app runtime objects (one place: the app, the request
+flow and the metrics collectors all read them, and none of them imports another)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ktd.core.config import FrontendSection
+from ktd.frontend.auth import ApiKeys
+from ktd.frontend.catalog import ResponseBook
+from ktd.frontend.claims import ClaimBroker
+from ktd.frontend.metrics import Metrics
+from ktd.frontend.upstream import Pool
+
+
+@dataclass
+class FrontendOptions:
+    """Everything the app needs; main.py fills it from config.json and flags."""
+
+    frontend: FrontendSection
+    control_endpoint: str
+    heartbeat_interval: float = 5.0  # daemon.lease_ttl / 3
+    loading_interval: float = 2.0  # seconds between ``: loading`` comments
+    stream_grace: float = 0.5  # how long a stream may wait before committing to 200
+    client_id: str | None = None
+    body_timeout: float = 60.0
+
+
+class State:
+    """Per-app runtime objects, created at startup inside trio."""
+
+    def __init__(self, options: FrontendOptions) -> None:
+        self.options = options
+        self.keys = ApiKeys(options.frontend.api_keys)
+        self.metrics = Metrics()
+        self.broker = ClaimBroker(
+            options.control_endpoint,
+            client_id=options.client_id,
+            heartbeat_interval=options.heartbeat_interval,
+            on_unreachable=self.metrics.daemon_errors.inc,
+        )
+        self.upstream = Pool(read_timeout=options.frontend.read_timeout)
+        self.created = int(time.time())
+        self.responses = ResponseBook()
