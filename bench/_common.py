@@ -8,6 +8,7 @@ imports it from its own directory. Everything a benchmark starts is stopped in
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -27,8 +28,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from ktctl import Client  # noqa: E402
+from ktd.sim.model import make_model  # noqa: E402
 
 SHIM = REPO / "ktd" / "sim" / "shim"
+SIM_MODELS = Path(tempfile.gettempdir()) / f"ktdb-models-{os.getpid()}"
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -155,12 +158,16 @@ def sim_model(alias: str, **env: object) -> dict[str, Any]:
         "KTD_SIM_LOAD_TIME": "0.1",
     }
     full.update({k: str(v) for k, v in env.items()})
+    # Preflight refuses model paths that do not exist: stand-in dirs, removed at exit.
+    if not SIM_MODELS.exists():
+        atexit.register(shutil.rmtree, SIM_MODELS, ignore_errors=True)
+    path, weights = make_model(SIM_MODELS, alias)
     return {
-        "path": f"/models/{alias}",
+        "path": path,
         "backend": "kt",
         "alias": alias,
         "numa": "none",  # one NUMA node here: two engines must not evict each other
-        "kt": {"kt_weight_path": f"/models/{alias}-kt", "extra_env": full},
+        "kt": {"kt_weight_path": weights, "extra_env": full},
     }
 
 
