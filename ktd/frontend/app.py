@@ -37,7 +37,7 @@ from ktd.frontend.promtext import merge
 from ktd.frontend.proxy import control_error
 from ktd.frontend.routes import EXACT
 from ktd.frontend.scrape import scrape_engines
-from ktd.frontend.upstream import Pool
+from ktd.frontend.upstream import UpstreamPool
 
 _JSON = "application/json"
 
@@ -68,7 +68,7 @@ class State:
             heartbeat_interval=options.heartbeat_interval,
             on_unreachable=self.metrics.daemon_errors.inc,
         )
-        self.upstream = Pool(read_timeout=options.frontend.read_timeout)
+        self.upstream = UpstreamPool(read_timeout=options.frontend.read_timeout)
         self.created = int(time.time())
         self.responses = ResponseBook()
 

@@ -30,7 +30,7 @@ from ktd.frontend import errors
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.leases import AcquireHandle, Lease, LeaseBroker
 from ktd.frontend.metrics import UNKNOWN_MODEL, Metrics
-from ktd.frontend.upstream import Pool, Response, UpstreamError, UpstreamTimeout
+from ktd.frontend.upstream import Response, UpstreamError, UpstreamPool, UpstreamTimeout
 
 log = logging.getLogger("ktd.frontend")
 
@@ -172,7 +172,7 @@ class Exchange:
         self,
         *,
         broker: LeaseBroker,
-        pool: Pool,
+        pool: UpstreamPool,
         metrics: Metrics,
         endpoint: str,
         model: str,
