@@ -270,3 +270,31 @@ async def test_unfinished_response_closes_its_connection(nursery: trio.Nursery) 
     assert pool.counts() == (0, 0)
     with trio.fail_after(2):
         await hung_up.wait()
+
+
+async def test_head_request_and_connection_close(nursery: trio.Nursery) -> None:
+    """HEAD: no body whatever the length says (reused); ``connection: close``: not pooled."""
+
+    async def handler(stream: trio.SocketStream, n: int) -> None:
+        await read_request(stream)
+        await stream.send_all(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n"
+        )
+        await read_request(stream)
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+        )
+        await trio.sleep(1)
+
+    server = await serve(nursery, handler)
+    pool = UpstreamPool(read_timeout=5)
+    resp = await pool.request(server.url, b"/", [], b"", method=b"HEAD")
+    assert resp.status == 200 and resp.done
+    assert await resp.read() == b""
+    resp.close()
+    assert pool.counts() == (0, 1)
+    resp = await pool.request(server.url, b"/", [], b"", method=b"GET")
+    assert await resp.read() == b"ok"
+    resp.close()
+    assert pool.counts() == (0, 0)
+    assert server.connections == 1
