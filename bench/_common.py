@@ -8,6 +8,7 @@ imports it from its own directory. Everything a benchmark starts is stopped in
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from ktctl import Client  # noqa: E402
 from ktd.sim.model import make_model  # noqa: E402
 
 SHIM = REPO / "ktd" / "sim" / "shim"
+SIM_MODELS = Path(tempfile.gettempdir()) / f"ktdb-models-{os.getpid()}"
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -156,8 +158,10 @@ def sim_model(alias: str, **env: object) -> dict[str, Any]:
         "KTD_SIM_LOAD_TIME": "0.1",
     }
     full.update({k: str(v) for k, v in env.items()})
-    # Real directories: the daemon's preflight checks both paths before a launch.
-    path, weights = make_model(Path(tempfile.gettempdir()) / "ktd-bench-models", alias)
+    # Preflight refuses model paths that do not exist: stand-in dirs, removed at exit.
+    if not SIM_MODELS.exists():
+        atexit.register(shutil.rmtree, SIM_MODELS, ignore_errors=True)
+    path, weights = make_model(SIM_MODELS, alias)
     return {
         "path": path,
         "backend": "kt",

@@ -62,7 +62,7 @@ from _common import (
     wait_for,
 )
 
-from ktd.frontend.upstream import Pool
+from ktd.frontend.upstream import UpstreamPool
 
 ALIAS = "bench"
 DEFAULT_LITELLM = "/tmp/litellm-venv/bin/litellm"
@@ -291,7 +291,7 @@ def run_wrk(t: Target, root: Path, args: argparse.Namespace) -> None:
 
 async def ttfb_run(t: Target, n: int, tokens: int) -> None:
     """``n`` sequential streams on one keep-alive connection; TTFB of each."""
-    pool = Pool(read_timeout=30)
+    pool = UpstreamPool(read_timeout=30)
     body = chat_body(ALIAS, tokens)
     headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
     try:

@@ -46,7 +46,7 @@ from _common import (
     time_limit,
 )
 
-from ktd.frontend.upstream import Pool
+from ktd.frontend.upstream import UpstreamPool
 
 ALIAS = "slow"  # each phase gets its own fresh sim: "slow-direct", "slow-ktd"
 
@@ -67,7 +67,9 @@ class Phase:
     seconds: float = 0.0
 
 
-async def one_stream(pool: Pool, url: str, body: bytes, phase: Phase, live: list[int]) -> None:
+async def one_stream(
+    pool: UpstreamPool, url: str, body: bytes, phase: Phase, live: list[int]
+) -> None:
     headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
     times: list[float] = []
     live[0] += 1
@@ -106,7 +108,7 @@ async def one_stream(pool: Pool, url: str, body: bytes, phase: Phase, live: list
 async def run_phase(
     phase: Phase, url: str, args: argparse.Namespace, watch_pid: int | None, model: str
 ) -> None:
-    pool = Pool(read_timeout=60, connect_timeout=30)
+    pool = UpstreamPool(read_timeout=60, connect_timeout=30)
     body = chat_body(model, args.tokens)
     live = [0]
     t0 = time.monotonic()

@@ -21,13 +21,15 @@ from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.frontend.claims import ClaimBroker
-from ktd.frontend.upstream import Pool, UpstreamError
+from ktd.frontend.upstream import UpstreamError, UpstreamPool
 
 CARD_TTL = 3.0
 _cards: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
 
-async def engine_cards(pool: Pool, url: str, timeout: float = 5.0) -> list[dict[str, Any]] | None:
+async def engine_cards(
+    pool: UpstreamPool, url: str, timeout: float = 5.0
+) -> list[dict[str, Any]] | None:
     """The engine's ``/v1/models`` cards, or None if it could not be asked."""
     hit = _cards.get(url)
     now = time.monotonic()
@@ -58,7 +60,7 @@ async def engine_cards(pool: Pool, url: str, timeout: float = 5.0) -> list[dict[
     return good
 
 
-async def engine_adapters(pool: Pool, url: str, alias: str) -> list[str] | None:
+async def engine_adapters(pool: UpstreamPool, url: str, alias: str) -> list[str] | None:
     """Names of the LoRA adapters the engine serves for ``alias`` (None: unknown)."""
     cards = await engine_cards(pool, url)
     if cards is None:

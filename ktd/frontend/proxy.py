@@ -31,7 +31,7 @@ from ktd.frontend import errors
 from ktd.frontend.claims import Admission, ClaimBroker, Slot
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.metrics import UNKNOWN_MODEL, Metrics
-from ktd.frontend.upstream import Pool, Response, UpstreamError, UpstreamTimeout
+from ktd.frontend.upstream import Response, UpstreamError, UpstreamPool, UpstreamTimeout
 
 log = logging.getLogger("ktd.frontend")
 
@@ -173,7 +173,7 @@ class Exchange:
         self,
         *,
         broker: ClaimBroker,
-        pool: Pool,
+        pool: UpstreamPool,
         metrics: Metrics,
         endpoint: str,
         model: str,

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 import trio
 
 from ktd import protocol as p
-from ktd.frontend.upstream import Pool, UpstreamError
+from ktd.frontend.upstream import UpstreamError, UpstreamPool
 
 MAX_BYTES = 8 << 20
 
 
 async def scrape_engines(
-    pool: Pool, engines: Sequence[p.EngineInfo], timeout: float = 2.0
+    pool: UpstreamPool, engines: Sequence[p.EngineInfo], timeout: float = 2.0
 ) -> list[tuple[str, str]]:
     """``[(alias, exposition text), ...]`` for ready engines that answered 200."""
     results: dict[str, str] = {}

@@ -11,7 +11,7 @@ from ktd.frontend.auth import ApiKeys
 from ktd.frontend.catalog import ResponseBook
 from ktd.frontend.claims import ClaimBroker
 from ktd.frontend.metrics import Metrics
-from ktd.frontend.upstream import Pool
+from ktd.frontend.upstream import UpstreamPool
 
 
 @dataclass
@@ -40,6 +40,6 @@ class State:
             heartbeat_interval=options.heartbeat_interval,
             on_unreachable=self.metrics.daemon_errors.inc,
         )
-        self.upstream = Pool(read_timeout=options.frontend.read_timeout)
+        self.upstream = UpstreamPool(read_timeout=options.frontend.read_timeout)
         self.created = int(time.time())
         self.responses = ResponseBook()

@@ -1,12 +1,12 @@
-"""The engine hop: a small pooled HTTP/1.1 client on raw trio socket streams.
+"""The engine hop: sockets and a keep-alive pool around the HTTP/1.1 codec (h1.py).
 
 Why not httpx: the frontend talks to exactly one kind of server (SGLang's
 uvicorn, or the sim) on 127.0.0.1, sends one POST and reads one response; the
 general client cost more per chunk (anyio, httpcore's state machine, its pool
-scan per request) than the whole rest of the proxy. This client parses only the
-status line, the headers and the chunked framing, and reads with
-``recv(65536)``: chunks that arrived together are handed on together
-(coalescing costs no latency: it never waits for more data).
+scan per request) than the whole rest of the proxy. Framing lives in the
+sans-IO codec ``ktd.frontend.h1``; this module only moves bytes: it reads with
+``recv(65536)`` and feeds the codec, so chunks that arrived together are handed
+on together (coalescing costs no latency: it never waits for more data).
 
 Connections are kept alive and reused (LIFO, so a few hot ones stay warm); an
 idle one is dropped after ``idle_expiry`` seconds (below uvicorn's 5 s
@@ -40,9 +40,17 @@ from urllib.parse import urlsplit
 import trio
 from trio.lowlevel import notify_closing, wait_readable, wait_writable
 
+from ktd.frontend.h1 import (
+    END,
+    NEED_DATA,
+    Head,
+    IncompleteMessage,
+    ProtocolError,
+    ResponseParser,
+    build_request,
+)
+
 RECV_SIZE = 65536
-MAX_HEAD = 64 * 1024  # status line + headers
-MAX_CHUNK_LINE = 4096
 
 
 class UpstreamError(Exception):
@@ -63,25 +71,18 @@ class _Retry(Exception):
     """A reused connection died before answering: try a fresh one."""
 
 
-# Body framing
-_CHUNKED = 1
-_LENGTH = 2
-_EOF = 3  # no length, no chunking: the body ends when the server closes
-
-# Chunked decoder states
-_SIZE = 0
-_DATA = 1
-_CRLF = 2
-_TRAILER = 3
+def _bad_response(exc: ProtocolError) -> UpstreamError:
+    if isinstance(exc, IncompleteMessage):
+        return UpstreamError("the engine closed the connection before the response was complete")
+    return UpstreamError(f"bad response from the engine: {exc}")
 
 
 class _Conn:
-    __slots__ = ("buf", "idle_since", "key", "reused", "sock", "timed_out", "wait_until", "watched")
+    __slots__ = ("idle_since", "key", "reused", "sock", "timed_out", "wait_until", "watched")
 
     def __init__(self, key: tuple[str, int], sock: socket.socket) -> None:
         self.key = key
         self.sock = sock
-        self.buf = bytearray()
         self.idle_since = 0.0
         self.reused = False
         # Read timeouts: with the pool's watchdog running (``watched``), a wait only
@@ -154,40 +155,27 @@ class _Conn:
 class Response:
     """The engine's answer: status and headers read, body read on demand."""
 
-    __slots__ = (
-        "_conn",
-        "_keep",
-        "_pool",
-        "_remaining",
-        "_state",
-        "_timeout",
-        "done",
-        "framing",
-        "headers",
-        "status",
-    )
+    __slots__ = ("_conn", "_parser", "_pool", "_timeout", "_unread", "done", "headers", "status")
 
     def __init__(
         self,
-        pool: Pool,
+        pool: UpstreamPool,
         conn: _Conn,
-        status: int,
-        headers: list[tuple[bytes, bytes]],
-        framing: int,
-        length: int,
-        keep: bool,
+        parser: ResponseParser,
+        head: Head,
         timeout: float | None,
     ) -> None:
         self._pool = pool
         self._conn: _Conn | None = conn
-        self.status = status
-        self.headers = headers  # names lower-cased, values as sent
-        self.framing = framing
-        self._remaining = length
-        self._state = _SIZE
-        self._keep = keep
+        self._parser = parser
+        self.status = head.status
+        self.headers = head.headers  # names lower-cased, values as sent
         self._timeout = timeout
-        self.done = framing == _LENGTH and length == 0
+        # Bytes that came with the head and the codec has not decoded yet. Once
+        # it returned body data it has consumed all it could: the next read goes
+        # straight to the socket (no decode call that can only say NEED_DATA).
+        self._unread = True
+        self.done = parser.complete
 
     @property
     def closed(self) -> bool:
@@ -201,37 +189,35 @@ class Response:
 
     # ------------------------------------------------------------ reading
 
-    async def _fill(self, conn: _Conn) -> bool:
-        """Read more bytes into the buffer; False on EOF."""
-        data = await conn.recv(self._timeout)
-        if not data:
-            return False
-        conn.buf += data
-        return True
-
     async def receive(self) -> bytes:
         """The next body bytes available (everything buffered, decoded); b"" at the end.
 
         Returns as soon as there is anything to return: it never waits to fill.
         After a call, ``done`` tells whether the body is complete.
         """
-        while not self.done:
-            conn = self._conn
-            if conn is None:
-                raise UpstreamError("response already closed")
-            if conn.buf:
-                out = self._decode(conn.buf)
-                if out or self.done:
-                    return out
-            if not await self._fill(conn):
-                if self.framing == _EOF:
-                    self.done = True
-                    self._keep = False
-                    return b""
-                raise UpstreamError(
-                    "the engine closed the connection before the response was complete"
-                )
-        return b""
+        if self.done:
+            return b""
+        conn = self._conn
+        if conn is None:
+            raise UpstreamError("response already closed")
+        parser = self._parser
+        try:
+            if self._unread:
+                self._unread = False
+                event = parser.next_event()
+            else:
+                event = NEED_DATA
+            while event is NEED_DATA:
+                parser.feed(await conn.recv(self._timeout))
+                event = parser.next_event()
+        except ProtocolError as exc:
+            raise _bad_response(exc) from None
+        if event is END:
+            self.done = True
+            return b""
+        self.done = parser.complete
+        # Past its head the codec yields only bytes, END or NEED_DATA: no check per chunk.
+        return event  # type: ignore[return-value]
 
     async def read(self) -> bytes:
         """The whole body (for non-streaming answers)."""
@@ -242,83 +228,6 @@ class Response:
                 parts.append(data)
         return b"".join(parts)
 
-    def _decode(self, buf: bytearray) -> bytes:
-        """Consume what ``buf`` holds; return the body bytes in it."""
-        if self.framing != _CHUNKED:
-            if self.framing == _EOF:
-                out = bytes(buf)
-                buf.clear()
-                return out
-            n = min(self._remaining, len(buf))
-            out = bytes(buf[:n])
-            del buf[:n]
-            self._remaining -= n
-            if not self._remaining:
-                self.done = True
-                if buf:  # the server sent more than it announced: do not reuse
-                    self._keep = False
-            return out
-        parts: list[bytes | bytearray] = []
-        pos = 0
-        end = len(buf)
-        state = self._state
-        while pos < end:
-            if state == _DATA:
-                n = min(self._remaining, end - pos)
-                parts.append(buf[pos : pos + n])
-                pos += n
-                self._remaining -= n
-                if self._remaining:
-                    break
-                state = _CRLF
-            elif state == _CRLF:
-                if end - pos < 2:
-                    break
-                if buf[pos] != 13 or buf[pos + 1] != 10:
-                    raise UpstreamError("bad chunked encoding from the engine (no CRLF)")
-                pos += 2
-                state = _SIZE
-            elif state == _SIZE:
-                i = buf.find(b"\r\n", pos)
-                if i < 0:
-                    if end - pos > MAX_CHUNK_LINE:
-                        raise UpstreamError("bad chunked encoding from the engine (size line)")
-                    break
-                line = bytes(buf[pos:i]).split(b";", 1)[0].strip()
-                try:
-                    size = int(line, 16)
-                except ValueError:
-                    size = -1
-                if size < 0 or not line or len(line) > 16:
-                    raise UpstreamError(f"bad chunk size from the engine: {line[:20]!r}")
-                pos = i + 2
-                if size:
-                    self._remaining = size
-                    state = _DATA
-                else:
-                    state = _TRAILER
-            else:  # trailers until an empty line
-                i = buf.find(b"\r\n", pos)
-                if i < 0:
-                    if end - pos > MAX_HEAD:
-                        raise UpstreamError("trailers from the engine are too large")
-                    break
-                if i == pos:
-                    pos += 2
-                    self.done = True
-                    break
-                pos = i + 2
-        self._state = state
-        if pos == end:
-            buf.clear()
-        else:
-            del buf[:pos]
-            if self.done:
-                self._keep = False  # bytes after the end: not ours to guess
-        if not parts:
-            return b""
-        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
-
     # ------------------------------------------------------------ end
 
     def close(self) -> None:
@@ -327,11 +236,11 @@ class Response:
         if conn is None:
             return
         self._conn = None
-        self._pool._release(conn, reuse=self.done and self._keep)
+        self._pool.checkin(conn, reusable=self.done and self._parser.keep_alive)
 
 
-class Pool:
-    """Keep-alive connections per (host, port)."""
+class UpstreamPool:
+    """Keep-alive connections to the engines, per (host, port)."""
 
     def __init__(
         self,
@@ -387,10 +296,16 @@ class Pool:
             conn.close()
         return None
 
-    def _release(self, conn: _Conn, *, reuse: bool) -> None:
+    def checkin(self, conn: _Conn, *, reusable: bool) -> None:
+        """Take back a connection a response is done with: keep it idle, or close it.
+
+        ``reusable``: the response was read to its end and the codec saw
+        nothing that rules out another request (``Connection: close``, extra
+        bytes). Sync, so a cancelled request cannot leak its socket.
+        """
         self.active -= 1
         self._busy.discard(conn)
-        if reuse and not self.closed and not conn.buf:
+        if reusable and not self.closed:
             idle = self._idle.setdefault(conn.key, [])
             if len(idle) < self.max_idle_per_host:
                 conn.idle_since = time.monotonic()
@@ -487,32 +402,28 @@ class Pool:
         if self.closed:
             raise ConnectFailed("upstream pool is closed")
         key, netloc = self._target(base_url)
-        lines = [method, b" ", target, b" HTTP/1.1\r\nhost: ", netloc]
-        lines.append(b"\r\ncontent-length: ")
-        lines.append(str(len(body)).encode())
-        lines.append(b"\r\naccept-encoding: identity")
-        for name, value in headers:
-            lines += (b"\r\n", name, b": ", value)
-        lines.append(b"\r\n\r\n")
-        head = b"".join(lines)
+        try:
+            head = build_request(method, target, netloc, headers, len(body))
+        except ValueError as exc:
+            raise UpstreamError(f"cannot send that request to the engine: {exc}") from None
         # A small body travels in the same segment as the head.
         payload = head + body if len(body) < 65536 else None
         conn = self._checkout(key)
         if conn is not None:
             self._busy_add(conn)
             try:
-                return await self._exchange(conn, head, body, payload)
+                return await self._exchange(conn, head, body, payload, method)
             except _Retry:
                 pass
         conn = await self._connect(key)
         self._busy_add(conn)
         try:
-            return await self._exchange(conn, head, body, payload)
+            return await self._exchange(conn, head, body, payload, method)
         except _Retry:
             raise UpstreamError("the engine closed the connection without answering") from None
 
     async def _exchange(
-        self, conn: _Conn, head: bytes, body: bytes, payload: bytes | None
+        self, conn: _Conn, head: bytes, body: bytes, payload: bytes | None, method: bytes
     ) -> Response:
         ok = False
         try:
@@ -529,60 +440,40 @@ class Pool:
                 if conn.reused:
                     raise _Retry from None
                 raise UpstreamError(f"sending to the engine failed: {exc}") from None
-            response = await self._read_head(conn)
+            response = await self._read_head(conn, ResponseParser(method))
             ok = True
             return response
         finally:
             if not ok:
-                self._release(conn, reuse=False)
+                self.checkin(conn, reusable=False)
 
-    async def _read_head(self, conn: _Conn) -> Response:
+    async def _read_head(self, conn: _Conn, parser: ResponseParser) -> Response:
+        """Wait for the final head (1xx interim answers are skipped)."""
         timeout = self.read_timeout
-        buf = conn.buf
+        answered = False  # any byte at all: after one, a failure is no keep-alive race
         while True:
-            end = buf.find(b"\r\n\r\n")
-            if end >= 0:
-                head = bytes(buf[:end])
-                del buf[: end + 4]
-                status, headers = _parse_head(head)
-                if 100 <= status < 200:
-                    continue  # 100 Continue and friends: the real answer follows
-                break
-            if len(buf) > MAX_HEAD:
-                raise UpstreamError("response head from the engine is too large")
+            try:
+                event = parser.next_event()
+            except ProtocolError as exc:  # EOF is never fed here: it is handled below
+                raise _bad_response(exc) from None
+            if isinstance(event, Head):
+                return Response(self, conn, parser, event, timeout)
+            if event is not NEED_DATA:
+                continue  # 100 Continue and friends: the real answer follows
             try:
                 data = await conn.recv(timeout)
             except UpstreamTimeout:
                 raise UpstreamTimeout(f"no answer from the engine for {timeout:g}s") from None
             except UpstreamError:
-                if conn.reused and not buf:
+                if conn.reused and not answered:
                     raise _Retry from None
                 raise
             if not data:
-                if conn.reused and not buf:
+                if conn.reused and not answered:
                     raise _Retry
                 raise UpstreamError("the engine closed the connection without answering")
-            buf += data
-        framing = _EOF
-        length = 0
-        keep = True
-        for name, value in headers:
-            if name == b"transfer-encoding":
-                if value.strip().lower().endswith(b"chunked"):
-                    framing = _CHUNKED
-            elif name == b"content-length" and framing != _CHUNKED:
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise UpstreamError(f"bad content-length from the engine: {value!r}") from None
-                framing = _LENGTH
-            elif name == b"connection" and b"close" in value.lower():
-                keep = False
-        if status in (204, 304):
-            framing, length = _LENGTH, 0
-        if framing == _EOF:
-            keep = False
-        return Response(self, conn, status, headers, framing, length, keep, timeout)
+            answered = True
+            parser.feed(data)
 
     def aclose_sync(self) -> None:
         self.closed = True
@@ -594,23 +485,3 @@ class Pool:
     async def aclose(self) -> None:
         self.aclose_sync()
         await trio.lowlevel.checkpoint()
-
-
-def _parse_head(head: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-        raise UpstreamError(f"bad status line from the engine: {lines[0][:80]!r}")
-    try:
-        status = int(parts[1])
-    except ValueError:
-        raise UpstreamError(f"bad status line from the engine: {lines[0][:80]!r}") from None
-    headers: list[tuple[bytes, bytes]] = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise UpstreamError(f"bad header line from the engine: {line[:80]!r}")
-        headers.append((name.lower(), value.strip()))
-    if parts[0] == b"HTTP/1.0":
-        headers.append((b"connection", b"close"))
-    return status, headers

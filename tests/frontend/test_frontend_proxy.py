@@ -16,12 +16,12 @@ import trio
 from frontend_fakes import FakeDaemon, FakeEngine
 from frontend_helpers import Frontend, StartFrontend, wait_for
 
-from ktd.frontend.upstream import Pool
+from ktd.frontend.upstream import UpstreamPool
 
 CHAT = "/v1/chat/completions"
 
 
-def _pool(fe: Frontend) -> Pool:
+def _pool(fe: Frontend) -> UpstreamPool:
     return fe.state.upstream
 
 

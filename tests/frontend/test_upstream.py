@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from ktd.frontend.upstream import ConnectFailed, Pool, UpstreamError, UpstreamTimeout
+from ktd.frontend.upstream import ConnectFailed, UpstreamError, UpstreamPool, UpstreamTimeout
 
 Handler = Callable[[trio.SocketStream, int], Awaitable[None]]
 
@@ -96,7 +96,7 @@ async def test_chunked_body_split_boundaries(nursery: trio.Nursery) -> None:
             await stream.send_all(raw[cut:])
 
     server = await serve(nursery, handler)
-    pool = Pool(read_timeout=5)
+    pool = UpstreamPool(read_timeout=5)
     for _ in cuts:
         resp = await pool.request(server.url, b"/v1/x", HEADERS, b"{}")
         got = []
@@ -114,7 +114,7 @@ async def test_chunks_that_arrived_together_come_out_together(nursery: trio.Nurs
         await stream.send_all(HEAD_CHUNKED + chunked(*[b"data: %d\n\n" % i for i in range(50)]))
 
     server = await serve(nursery, handler)
-    pool = Pool(read_timeout=5)
+    pool = UpstreamPool(read_timeout=5)
     resp = await pool.request(server.url, b"/v1/x", HEADERS, b"{}")
     first = await resp.receive()
     assert first.count(b"data: ") == 50 and resp.done
@@ -130,7 +130,7 @@ async def test_content_length_and_request_bytes(nursery: trio.Nursery) -> None:
             await stream.send_all(b"HTTP/1.1 400 Bad\r\ncontent-length: 5\r\nx-a: 1\r\n\r\nnope!")
 
     server = await serve(nursery, handler)
-    pool = Pool(read_timeout=5)
+    pool = UpstreamPool(read_timeout=5)
     resp = await pool.request(
         server.url, b"/v1/chat/completions?x=1", [(b"x-request-id", b"r1")], b'{"a": 1}'
     )
@@ -152,7 +152,7 @@ async def test_stale_keepalive_connection_is_retried_once(nursery: trio.Nursery)
         # ... and then the server drops the kept-alive connection (its idle timeout)
 
     server = await serve(nursery, handler)
-    pool = Pool(read_timeout=5)
+    pool = UpstreamPool(read_timeout=5)
     for _ in range(3):
         resp = await pool.request(server.url, b"/", HEADERS, b"{}")
         assert await resp.read() == b"ok"
@@ -171,7 +171,7 @@ async def test_server_closing_after_reading_the_request_on_reuse(nursery: trio.N
             await read_request(stream)  # swallow the second request, answer nothing
 
     server = await serve(nursery, handler)
-    pool = Pool(read_timeout=5)
+    pool = UpstreamPool(read_timeout=5)
     for _ in range(2):
         resp = await pool.request(server.url, b"/", HEADERS, b"{}")
         assert await resp.read() == b"ok"
@@ -185,7 +185,7 @@ async def test_engine_dying_mid_body_is_an_upstream_error(nursery: trio.Nursery)
         await stream.send_all(HEAD_CHUNKED + b"9\r\ndata: one\r\n5\r\ndata:\r\n")
 
     server = await serve(nursery, handler)
-    pool = Pool(read_timeout=5)
+    pool = UpstreamPool(read_timeout=5)
     resp = await pool.request(server.url, b"/", HEADERS, b"{}")
     got = b""
     with pytest.raises(UpstreamError) as info:
@@ -204,7 +204,7 @@ async def test_bad_framing_is_an_upstream_error(nursery: trio.Nursery) -> None:
         await trio.sleep(1)
 
     server = await serve(nursery, handler)
-    resp = await Pool(read_timeout=5).request(server.url, b"/", HEADERS, b"{}")
+    resp = await UpstreamPool(read_timeout=5).request(server.url, b"/", HEADERS, b"{}")
     with pytest.raises(UpstreamError, match="chunk size"):
         await resp.read()
     resp.close()
@@ -219,7 +219,7 @@ async def test_read_timeout_enforced_by_the_watchdog(nursery: trio.Nursery) -> N
         await trio.sleep(5)
 
     server = await serve(nursery, handler)
-    pool = Pool(read_timeout=2.0)
+    pool = UpstreamPool(read_timeout=2.0)
     nursery.start_soon(pool.watchdog)
     await trio.testing.wait_all_tasks_blocked()
     assert pool._watchdog  # reads now only write their deadline, no cancel scope
@@ -241,7 +241,7 @@ async def test_read_timeout_and_connect_failure(nursery: trio.Nursery) -> None:
         await trio.sleep(5)
 
     server = await serve(nursery, handler)
-    pool = Pool(read_timeout=0.2)
+    pool = UpstreamPool(read_timeout=0.2)
     resp = await pool.request(server.url, b"/", HEADERS, b"{}")
     assert await resp.receive() == b"data: x\n\n"
     with pytest.raises(UpstreamTimeout):
@@ -262,7 +262,7 @@ async def test_unfinished_response_closes_its_connection(nursery: trio.Nursery) 
             hung_up.set()
 
     server = await serve(nursery, handler)
-    pool = Pool(read_timeout=5)
+    pool = UpstreamPool(read_timeout=5)
     resp = await pool.request(server.url, b"/", HEADERS, b"{}")
     assert await resp.receive() == b"data: one"
     assert pool.counts() == (1, 0)
@@ -270,3 +270,31 @@ async def test_unfinished_response_closes_its_connection(nursery: trio.Nursery) 
     assert pool.counts() == (0, 0)
     with trio.fail_after(2):
         await hung_up.wait()
+
+
+async def test_head_request_and_connection_close(nursery: trio.Nursery) -> None:
+    """HEAD: no body whatever the length says (reused); ``connection: close``: not pooled."""
+
+    async def handler(stream: trio.SocketStream, n: int) -> None:
+        await read_request(stream)
+        await stream.send_all(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n"
+        )
+        await read_request(stream)
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+        )
+        await trio.sleep(1)
+
+    server = await serve(nursery, handler)
+    pool = UpstreamPool(read_timeout=5)
+    resp = await pool.request(server.url, b"/", [], b"", method=b"HEAD")
+    assert resp.status == 200 and resp.done
+    assert await resp.read() == b""
+    resp.close()
+    assert pool.counts() == (0, 1)
+    resp = await pool.request(server.url, b"/", [], b"", method=b"GET")
+    assert await resp.read() == b"ok"
+    resp.close()
+    assert pool.counts() == (0, 0)
+    assert server.connections == 1
