@@ -4,7 +4,7 @@ Quart serves ``/v1/models`` (and ``/v1/models/{id}``), ``/health``,
 ``/metrics`` and renders errors for unknown routes and methods. The proxied
 routes (routes.py: chat, completions, embeddings, Responses, Anthropic
 Messages, SGLang's native and scoring routes, audio) are answered by a raw ASGI
-layer in front of Quart (fastpath.py), which also reads any request body before
+layer in front of Quart (flow.py: the request flow), which also reads any request body before
 Quart sees it, so no per-request or per-chunk Quart work sits on the hot path;
 the upstream hop is a small pooled HTTP/1.1 client on trio (upstream.py). The
 app is still one QuartTrio object served by ``hypercorn.trio.serve``: the layer
@@ -25,7 +25,7 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.frontend import catalog, errors, gateway_metrics, worker_info
 from ktd.frontend.errors import ApiError
-from ktd.frontend.fastpath import ProxyRoutes
+from ktd.frontend.flow import ProxyRoutes
 from ktd.frontend.promtext import merge
 from ktd.frontend.proxy import control_error
 from ktd.frontend.routes import EXACT

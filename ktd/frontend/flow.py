@@ -1,4 +1,4 @@
-"""The proxied routes as a raw ASGI layer in front of Quart.
+"""The request flow of every proxied route: a raw ASGI layer in front of Quart.
 
 Every route of routes.py (chat, completions, embeddings, Responses, Anthropic
 Messages, SGLang's native and scoring routes, audio) is answered here, straight
