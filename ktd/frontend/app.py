@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.frontend import catalog, errors, gateway_metrics, worker_info
+from ktd.frontend import catalog, errors, gateway_metrics, transport, worker_info
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ProxyRoutes
 from ktd.frontend.promtext import merge
@@ -48,6 +48,7 @@ def error_response(err: ApiError) -> Response:
 
 def create_app(options: FrontendOptions) -> QuartTrio:
     """Build the app. Background tasks (control client, heartbeats) start with it."""
+    transport.install()  # Hypercorn's writes: the fast path, and the HTTP/2 close race
     app = QuartTrio("ktd.frontend")
     app.config["MAX_CONTENT_LENGTH"] = None  # counted by read_limited, OpenAI-shaped 413
     app.config["BODY_TIMEOUT"] = options.body_timeout

@@ -22,7 +22,7 @@ from ktd import __version__
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.frontend import errors, h2guard
+from ktd.frontend import errors
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -75,7 +75,6 @@ def sum_loads(per_engine: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def install(app: QuartTrio, state: State) -> None:
     """Add the worker-info routes to ``app``."""
-    h2guard.install()  # the router's gRPC probe is an HTTP/2 connection
 
     def check_key() -> None:
         value = None
