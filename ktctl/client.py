@@ -30,6 +30,7 @@ import zmq
 
 from ktd import paths
 from ktd import protocol as p
+from ktd.control.endpoint import check_reply, control_path, dealer
 from ktd.control.errors import ControlError
 
 __all__ = [
@@ -95,14 +96,8 @@ class KtdError(KtctlError, ControlError):
 
 
 def resolve_socket(socket: str | Path | None = None) -> Path:
-    """The control socket path: the argument, else ``$KTD_SOCKET``, else the runtime dir.
-
-    An ``ipc://`` prefix is accepted because that is how the path appears in
-    ktd's own messages and in zmq endpoints people copy around.
-    """
-    if socket is None:
-        return paths.control_path()
-    return Path(str(socket).removeprefix("ipc://"))
+    """The control socket path: the argument, else ``$KTD_SOCKET``, else the runtime dir."""
+    return control_path(socket)
 
 
 def probe(path: Path, what: str = "control") -> None:
@@ -306,11 +301,7 @@ class Client:
             probe(self.socket_path)
             self._probed = True
         if self._sock is None or self._monitor is None:
-            sock: zmq.Socket[bytes] = self._context().socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.RECONNECT_IVL, 100)
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            sock = dealer(self._context())
             # Disconnects are watched so that a wait with no overall limit (a
             # long load) ends when the daemon dies instead of hanging forever.
             self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -387,9 +378,7 @@ class Client:
             if sock in ready:
                 reply = self._read_reply(sock, req.id)
                 if reply is not None:
-                    if isinstance(reply, p.Error):
-                        raise KtdError.from_reply(reply)
-                    return reply
+                    return check_reply(reply, KtdError)
             if monitor in ready and self._drain_monitor(monitor):
                 # A daemon that exited (not restarted) is "not running", however late
                 # zmq noticed the disconnect: say that, precisely, if it is so.
