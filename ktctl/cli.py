@@ -23,6 +23,7 @@ from ktctl import render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktd import __version__
 from ktd import protocol as p
+from ktd.core import states as S
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -175,7 +176,7 @@ def cmd_load(client: Client, args: argparse.Namespace) -> int:
         if progress is not None:
             progress.clear()
     elapsed = time.monotonic() - started
-    if engine.state == "failed" or (wait and engine.state != "ready"):
+    if engine.state == S.FAILED or (wait and engine.state != S.READY):
         why = f": {engine.reason}" if engine.reason else ""
         raise KtdError(
             p.ErrorCode.LOAD_FAILED,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from ktd.core import states as S
 from ktd.core.topology import Topology, format_cpulist
 
 __all__ = [
@@ -55,7 +56,7 @@ class Holding:
     leases: int = 0
     pinned: bool = False
     last_used: float = 0.0
-    state: str = "ready"
+    state: str = S.READY
 
     @property
     def evictable(self) -> bool:
@@ -64,7 +65,7 @@ class Holding:
         A starting engine is never evicted for another: killing a half-loaded
         model throws away minutes of work and invites load ping-pong.
         """
-        return self.leases == 0 and not self.pinned and self.state == "ready"
+        return self.leases == 0 and not self.pinned and self.state == S.READY
 
     def describe(self, allow_evict: bool = True) -> str:
         """Why this holder stays, for ``blocked_by`` reasons."""
@@ -73,7 +74,7 @@ class Holding:
             parts.append(f"{self.leases} lease" + ("" if self.leases == 1 else "s"))
         if self.pinned:
             parts.append("pinned")
-        if self.state != "ready":
+        if self.state != S.READY:
             parts.append(self.state)
         if not parts:
             parts.append("idle" if allow_evict else "idle; eviction not allowed")
@@ -454,7 +455,7 @@ def _plan(
     uflags = user_flags(extra_args)
     node_need = _numa_need(numa, topo, uflags, single_engine, notes)
     gpu_need = _gpu_need(gpus, topo, _tp_size(tp_size, uflags), notes)
-    others = [h for h in holdings if h.alias != alias and h.state != "stopped"]
+    others = [h for h in holdings if h.alias != alias and h.state != S.STOPPED]
 
     usable_nodes = [n.id for n in topo.nodes if n.cpus]
     mem_free = {n.id: n.mem_free_kb for n in topo.nodes}

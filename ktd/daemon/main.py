@@ -22,6 +22,7 @@ import zmq
 
 from ktd import paths
 from ktd.control.errors import ControlError
+from ktd.core import states as S
 from ktd.core.command import LaunchError
 from ktd.core.config import Config, ConfigError, load_config
 from ktd.core.exits import signal_name
@@ -250,7 +251,7 @@ class Daemon:
     async def _escalate(self, pool: Pool) -> None:
         """A second SIGTERM/SIGINT during shutdown skips the drains."""
         while not self.force_stop:
-            if all(e.state in ("stopped", "failed") for e in pool.engines.values()):
+            if all(e.state in (S.STOPPED, S.FAILED) for e in pool.engines.values()):
                 return
             await trio.sleep(0.1)
         for e in pool.engines.values():
