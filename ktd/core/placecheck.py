@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ktd.core.config import Config, ConfigError, ModelSpec
 from ktd.core.placement import NUMA_FLAG, POOL_FLAG, TP_FLAGS, plan, user_flags
-from ktd.topology import Topology
+from ktd.core.topology import Topology
 
 
 def _where(spec: ModelSpec) -> tuple[str, str]:
