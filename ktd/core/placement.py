@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from ktd.core import states as S
 from ktd.core.topology import Topology, format_cpulist
+from ktd.core.userflags import user_flags
 
 __all__ = [
     "PLACEMENT_FLAGS",
@@ -147,46 +148,6 @@ class Plan:
 
 
 # ---------------------------------------------------------------- user flags
-
-
-def _is_flag(token: str) -> bool:
-    """``--x``/``-x`` start a flag; ``-1`` or ``-0.5`` are values (negative numbers)."""
-    if not token.startswith("-") or token == "-":
-        return False
-    try:
-        float(token)
-    except ValueError:
-        return True
-    return False
-
-
-def user_flags(extra_args: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """The flags the user gave, as argparse would read them: ``{flag: values}``.
-
-    ``--flag value``, ``--flag=value`` and multi-value ``--kt-numa-nodes 0 1``
-    are all understood; a bare ``--switch`` maps to ``()``. A value never starts
-    with ``-`` unless it is a number. ``--flag=value`` takes exactly that one
-    value (as argparse does). A repeated flag keeps the last occurrence, which
-    is the one SGLang's argparse would use.
-    """
-    out: dict[str, tuple[str, ...]] = {}
-    args = list(extra_args)
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        i += 1
-        if not _is_flag(tok):
-            continue  # a stray positional; SGLang would reject it, not our job here
-        name, eq, value = tok.partition("=")
-        if eq and name.startswith("--"):
-            out[name] = (value,)
-            continue
-        values: list[str] = []
-        while i < len(args) and not _is_flag(args[i]):
-            values.append(args[i])
-            i += 1
-        out[tok] = tuple(values)
-    return out
 
 
 def _int_values(values: Sequence[str]) -> list[int] | None:

@@ -22,7 +22,7 @@ import trio
 from ktd.core import states as S
 from ktd.core.config import FrontendSection, GatewaySection
 from ktd.core.doctor import Check
-from ktd.core.placement import user_flags
+from ktd.core.userflags import user_flags
 from ktd.gateway import plan
 from ktd.gateway.client import RouterClient, RouterError
 from ktd.gateway.host import EngineLike, PoolLike
