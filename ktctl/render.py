@@ -16,6 +16,7 @@ import msgspec
 
 from ktd import protocol as p
 from ktd.core import states as S
+from ktd.core.topology import format_cpulist
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -69,16 +70,7 @@ def duration(seconds: float) -> str:
 
 def ranges(values: Iterable[int]) -> str:
     """``[0,1,2,3,8]`` -> ``0-3,8``: CPU lists of big servers stay readable."""
-    nums = sorted(set(values))
-    if not nums:
-        return "-"
-    runs: list[list[int]] = []
-    for n in nums:
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return format_cpulist(values) or "-"
 
 
 def clock(ts: float) -> str:
