@@ -463,20 +463,24 @@ _Assignment = tuple[tuple[int, ...], tuple[int, ...]]  # (NUMA nodes, GPUs)
 def _pick(
     need: _Need,
     avail: Sequence[int],
-    held: set[int],
-    freed: set[int],
+    live: Sequence[Holding],
+    gone: Sequence[Holding],
+    ids_of: Callable[[Holding], tuple[int, ...]],
     free_amount: Mapping[int, int],
 ) -> tuple[int, ...] | None:
-    """``need``'s ids (fixed, or the best ``count`` of ``avail``), or None if held.
+    """``need``'s ids (fixed, or the best ``count`` of ``avail``), or None if ``live``
+    engines hold them (``ids_of``: a holding's NUMA nodes, or its GPUs).
 
-    Prefer ids free right now (one about to be vacated still shows the evicted
-    engine's memory as used), then most free memory, then lowest id.
+    Prefer ids free right now (one about to be vacated by ``gone`` still shows the
+    evicted engine's memory as used), then most free memory, then lowest id.
     """
+    held = {i for h in live for i in ids_of(h)}
     if need.fixed is not None:
         return None if held & set(need.fixed) else need.fixed
     left = [i for i in avail if i not in held]
     if len(left) < need.count:
         return None
+    freed = {i for h in gone for i in ids_of(h)}
     left.sort(key=lambda i: (i in freed, -free_amount.get(i, 0), i))
     return tuple(sorted(left[: need.count]))
 
@@ -487,22 +491,10 @@ def _assign(req: _Request, gone: Sequence[Holding]) -> _Assignment | None:
     live = [h for h in req.others if h.alias not in gone_aliases]
     if req.single_engine and live:
         return None
-    nodes = _pick(
-        req.nodes,
-        req.usable_nodes,
-        {n for h in live for n in h.numa_nodes},
-        {n for h in gone for n in h.numa_nodes},
-        req.mem_free,
-    )
+    nodes = _pick(req.nodes, req.usable_nodes, live, gone, _held_nodes, req.mem_free)
     if nodes is None:
         return None
-    chosen_gpus = _pick(
-        req.gpus,
-        req.gpu_ids,
-        {g for h in live for g in h.gpus},
-        {g for h in gone for g in h.gpus},
-        req.gpu_free_mib,
-    )
+    chosen_gpus = _pick(req.gpus, req.gpu_ids, live, gone, _held_gpus, req.gpu_free_mib)
     if chosen_gpus is None:
         return None
     return nodes, chosen_gpus
