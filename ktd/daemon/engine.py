@@ -149,9 +149,7 @@ class Engine:
         self.load_seconds_total = 0.0
         self._changed = trio.Event()
         self._poke = trio.Event()
-        self._healthy = False
-        self._hung = False
-        self._ready_line = trio.Event()
+        self._health = health.Watch()
         d = host.settings
         self.log = EngineLog(
             host.log_dir / f"{spec.alias}.log",
@@ -572,9 +570,7 @@ class Engine:
         return now + max(0.0, self.spec.health_timeout - elapsed)
 
     async def _supervise(self, run: Running) -> Outcome:
-        self._healthy = False
-        self._hung = False
-        self._ready_line = trio.Event()
+        self._health = health.Watch()
         deadline = self._deadline(run)
         try:
             async with trio.open_nursery() as n:
@@ -610,7 +606,7 @@ class Engine:
                 lines = self.log.poll()
                 if lines and self.state == S.STARTING:
                     if any(READY_LINE in line for line in lines):
-                        self._ready_line.set()
+                        self._health.ready_line.set()
                     self._note_progress(lines)
                 if watch is None:
                     await trio.sleep(0.05 if self.state == S.STARTING else 1.0)
@@ -639,41 +635,23 @@ class Engine:
             while data := await stream.receive_some(65536):
                 lines = self.log.feed(bytes(data))
                 if self.state == S.STARTING and any(READY_LINE in ln for ln in lines):
-                    self._ready_line.set()
+                    self._health.ready_line.set()
 
     async def _health_loop(self, run: Running) -> None:
-        interval = 0.05
-        last_ok = trio.current_time()
-        while True:
-            if self.state == S.STARTING and not self._healthy:
-                if await self._check_ready(run):
-                    self._healthy = True
-                    self._wake()
-                    continue
-                with trio.move_on_after(interval):
-                    await self._ready_line.wait()
-                interval = min(interval * 1.5, 0.5)
-            elif self.state == S.READY:
-                await trio.sleep(self.host.settings.health_interval)
-                if self.state != S.READY:
-                    continue
-                if await health.answers_health(
-                    self.host.http, self.url_for(run), timeout=self.host.settings.hang_timeout
-                ):
-                    last_ok = trio.current_time()
-                elif trio.current_time() - last_ok >= self.host.settings.hang_timeout:
-                    self._hung = True
-                    self._wake()
-                    return
-            else:
-                await trio.sleep(0.2)
+        d = self.host.settings
+        await self._health.run(
+            self.host.http,
+            lambda: self.url_for(run),
+            self.alias,
+            state=lambda: self.state,
+            wake=self._wake,
+            health_interval=d.health_interval,
+            hang_timeout=d.hang_timeout,
+        )
 
     def url_for(self, run: Running) -> str:
         """Where to reach the engine: a wildcard bind is reached on loopback."""
         return health.engine_url(self.spec.host, run.port)
-
-    async def _check_ready(self, run: Running) -> bool:
-        return await health.is_ready(self.host.http, self.url_for(run), self.alias)
 
     async def _decide(self, run: Running, deadline: float) -> Outcome:
         while True:
@@ -682,7 +660,7 @@ class Engine:
             if not self.want_up:
                 await self._stop(run)
                 return Outcome("stopped")
-            if self.state == S.STARTING and self._healthy:
+            if self.state == S.STARTING and self._health.healthy:
                 took = time.time() - run.started_at
                 self.log.note(f"ready on {self.url_for(run)} (pid {run.pid}) after {took:.1f}s")
                 self.loads += 1
@@ -709,7 +687,7 @@ class Engine:
                 )
                 await self._kill_everything(run, grace=self.host.settings.stop_grace)
                 return Outcome("failed", reason)
-            if self.state == S.READY and self._hung:
+            if self.state == S.READY and self._health.hung:
                 reason = (
                     f"hung: /health did not answer 200 for {self.host.settings.hang_timeout:g}s"
                 )

@@ -8,11 +8,15 @@ Every path goes through ``loglines.probe_path`` so the engine log can hide probe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
+import trio
 
 from ktd.core import loglines
+from ktd.core import states as S
 
-__all__ = ["answers_health", "engine_url", "is_ready"]
+__all__ = ["Watch", "answers_health", "engine_url", "is_ready"]
 
 
 def engine_url(host: str, port: int) -> str:
@@ -46,3 +50,52 @@ async def is_ready(http: httpx.AsyncClient, base: str, alias: str) -> bool:
         return h.status_code == 200
     except (httpx.HTTPError, OSError, ValueError, AttributeError):
         return False
+
+
+class Watch:
+    """One run's health as the supervisor reads it: ``healthy`` once a starting engine
+    answers as ready, ``hung`` once a ready one stopped answering ``/health`` for
+    ``hang_timeout``. ``ready_line`` is set when the log says SGLang is up, so the
+    next readiness probe goes at once instead of at the backoff's pace."""
+
+    def __init__(self) -> None:
+        self.healthy = False
+        self.hung = False
+        self.ready_line = trio.Event()
+
+    async def run(
+        self,
+        http: httpx.AsyncClient,
+        base: Callable[[], str],
+        alias: str,
+        *,
+        state: Callable[[], str],
+        wake: Callable[[], None],
+        health_interval: float,
+        hang_timeout: float,
+    ) -> None:
+        """Probe the engine at ``base()`` until hung (``wake`` is called on each
+        verdict); ``state`` is the engine's current state, which says what to ask."""
+        interval = 0.05
+        last_ok = trio.current_time()
+        while True:
+            if state() == S.STARTING and not self.healthy:
+                if await is_ready(http, base(), alias):
+                    self.healthy = True
+                    wake()
+                    continue
+                with trio.move_on_after(interval):
+                    await self.ready_line.wait()
+                interval = min(interval * 1.5, 0.5)
+            elif state() == S.READY:
+                await trio.sleep(health_interval)
+                if state() != S.READY:
+                    continue
+                if await answers_health(http, base(), timeout=hang_timeout):
+                    last_ok = trio.current_time()
+                elif trio.current_time() - last_ok >= hang_timeout:
+                    self.hung = True
+                    wake()
+                    return
+            else:
+                await trio.sleep(0.2)
