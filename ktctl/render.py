@@ -16,7 +16,7 @@ import msgspec
 
 from ktd import protocol as p
 from ktd.core import states as S
-from ktd.core.topology import format_cpulist
+from ktd.core.cpulist import format_cpulist
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
