@@ -23,6 +23,7 @@ from ktctl import render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktd import __version__
 from ktd import protocol as p
+from ktd.core import states as S
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -175,7 +176,7 @@ def cmd_load(client: Client, args: argparse.Namespace) -> int:
         if progress is not None:
             progress.clear()
     elapsed = time.monotonic() - started
-    if engine.state == "failed" or (wait and engine.state != "ready"):
+    if engine.state == S.FAILED or (wait and engine.state != S.READY):
         why = f": {engine.reason}" if engine.reason else ""
         raise KtdError(
             p.ErrorCode.LOAD_FAILED,
@@ -236,7 +237,7 @@ def cmd_reload(client: Client, args: argparse.Namespace) -> int:
 def _local_doctor(args: argparse.Namespace, why: DaemonUnreachable) -> dict[str, Any]:
     """Run the checks in this process when the daemon cannot (it may be why it is down).
 
-    ``ktd.doctor_run`` is imported only here: it may pull in heavier modules,
+    ``ktd.daemon.doctor`` is imported only here: it may pull in heavier modules,
     and ktctl's other commands must not pay for them.
     """
     import importlib
@@ -244,7 +245,7 @@ def _local_doctor(args: argparse.Namespace, why: DaemonUnreachable) -> dict[str,
     from ktd.paths import default_config_path
 
     try:
-        module = importlib.import_module("ktd.doctor_run")
+        module = importlib.import_module("ktd.daemon.doctor")
         local_report = module.local_report
     except (ImportError, AttributeError) as exc:
         raise DaemonUnreachable(

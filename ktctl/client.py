@@ -23,13 +23,14 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, Self, TypeVar, overload
 
 import msgspec
 import zmq
 
 from ktd import paths
 from ktd import protocol as p
+from ktd.control.endpoint import check_reply, control_path, dealer
 from ktd.control.errors import ControlError
 
 __all__ = [
@@ -95,14 +96,8 @@ class KtdError(KtctlError, ControlError):
 
 
 def resolve_socket(socket: str | Path | None = None) -> Path:
-    """The control socket path: the argument, else ``$KTD_SOCKET``, else the runtime dir.
-
-    An ``ipc://`` prefix is accepted because that is how the path appears in
-    ktd's own messages and in zmq endpoints people copy around.
-    """
-    if socket is None:
-        return paths.control_path()
-    return Path(str(socket).removeprefix("ipc://"))
+    """The control socket path: the argument, else ``$KTD_SOCKET``, else the runtime dir."""
+    return control_path(socket)
 
 
 def probe(path: Path, what: str = "control") -> None:
@@ -120,10 +115,7 @@ def probe(path: Path, what: str = "control") -> None:
             f"ktd is not running: no {what} socket at {path} ({START_HINT})"
         ) from None
     except PermissionError:
-        raise DaemonUnreachable(
-            f"cannot reach ktd: permission denied on {path} "
-            "(run as root or as a member of ktd's group)"
-        ) from None
+        raise _denied(path) from None
     except OSError as exc:
         raise DaemonUnreachable(f"cannot reach ktd at {path}: {exc.strerror or exc}") from None
     if not stat.S_ISSOCK(st.st_mode):
@@ -139,10 +131,7 @@ def probe(path: Path, what: str = "control") -> None:
             f"ktd is not running: {path} is a stale socket, nothing listens on it ({START_HINT})"
         ) from None
     except PermissionError:
-        raise DaemonUnreachable(
-            f"cannot reach ktd: permission denied on {path} "
-            "(run as root or as a member of ktd's group)"
-        ) from None
+        raise _denied(path) from None
     except (TimeoutError, BlockingIOError):
         return
     except OSError as exc:
@@ -151,6 +140,12 @@ def probe(path: Path, what: str = "control") -> None:
         raise DaemonUnreachable(f"cannot reach ktd at {path}: {exc.strerror or exc}") from None
     finally:
         sock.close()
+
+
+def _denied(path: Path) -> DaemonUnreachable:
+    return DaemonUnreachable(
+        f"cannot reach ktd: permission denied on {path} (run as root or as a member of ktd's group)"
+    )
 
 
 def _ms(seconds: float) -> int:
@@ -165,10 +160,28 @@ def _decode_event(frames: list[bytes]) -> p.Event | None:
         return None  # a newer daemon's event shape, or garbage: never fatal for a viewer
 
 
+class _Closing:
+    """``with`` closes it: subscriptions and clients hold zmq sockets (LINGER 0)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
 # ---------------------------------------------------------------- events
 
 
-class Subscription:
+class Subscription(_Closing):
     """A SUB socket on ktd's events socket. Iterate it, or ``get(timeout)``.
 
     With ``exact=True`` only events whose topic is exactly one of ``topics`` are
@@ -239,22 +252,11 @@ class Subscription:
     def close(self) -> None:
         self.socket.close(linger=0)
 
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 # ---------------------------------------------------------------- client
 
 
-class Client:
+class Client(_Closing):
     """The Python API of ktd for local tools: one synchronous connection to the daemon.
 
     Every method sends one request and waits for its reply. Error replies raise
@@ -306,11 +308,7 @@ class Client:
             probe(self.socket_path)
             self._probed = True
         if self._sock is None or self._monitor is None:
-            sock: zmq.Socket[bytes] = self._context().socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.RECONNECT_IVL, 100)
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            sock = dealer(self._context())
             # Disconnects are watched so that a wait with no overall limit (a
             # long load) ends when the daemon dies instead of hanging forever.
             self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -387,9 +385,7 @@ class Client:
             if sock in ready:
                 reply = self._read_reply(sock, req.id)
                 if reply is not None:
-                    if isinstance(reply, p.Error):
-                        raise KtdError.from_reply(reply)
-                    return reply
+                    return check_reply(reply, KtdError)
             if monitor in ready and self._drain_monitor(monitor):
                 # A daemon that exited (not restarted) is "not running", however late
                 # zmq noticed the disconnect: say that, precisely, if it is so.
@@ -679,17 +675,6 @@ class Client:
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
         self._ctx = self._sock = self._monitor = None
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Client({str(self.socket_path)!r}, timeout={self.timeout!r})"

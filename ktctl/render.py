@@ -15,6 +15,8 @@ from typing import Any
 import msgspec
 
 from ktd import protocol as p
+from ktd.core import states as S
+from ktd.core.cpulist import format_cpulist
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -68,16 +70,7 @@ def duration(seconds: float) -> str:
 
 def ranges(values: Iterable[int]) -> str:
     """``[0,1,2,3,8]`` -> ``0-3,8``: CPU lists of big servers stay readable."""
-    nums = sorted(set(values))
-    if not nums:
-        return "-"
-    runs: list[list[int]] = []
-    for n in nums:
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return format_cpulist(values) or "-"
 
 
 def clock(ts: float) -> str:
@@ -106,16 +99,16 @@ def state_text(state: str | None, phase: str | None = None) -> str:
 
 def engine_line(engine: p.EngineInfo, elapsed: float | None = None) -> str:
     """``deepseek-v4-kt ready on 127.0.0.1:30000 (pid 1234) in 12.3s`` and its variants."""
-    phase = engine.phase if engine.state != "ready" else None
+    phase = engine.phase if engine.state != S.READY else None
     out = f"{engine.alias} {state_text(engine.state, phase)}"
     where = address(engine)
-    if where and engine.state in ("starting", "ready", "draining"):
+    if where and engine.state in (S.STARTING, S.READY, S.DRAINING):
         out += f" on {where}"
     if engine.pid:
         out += f" (pid {engine.pid})"
     if elapsed is not None:
         out += f" in {duration(elapsed)}"
-    if engine.reason and engine.state != "ready":
+    if engine.reason and engine.state != S.READY:
         out += f": {one_line(engine.reason)}"
     return out
 
@@ -143,19 +136,19 @@ def eta_text(elapsed: float, eta: float | None) -> str:
 
 def phase_cell(e: p.EngineInfo, now: float) -> str:
     """What the engine is doing, never a raw log line: phase (+ elapsed/expected load)."""
-    if e.state == "starting":
-        text = e.phase or "starting"
+    if e.state == S.STARTING:
+        text = e.phase or S.STARTING
         if e.load_started:
             text += " " + eta_text(now - e.load_started, e.load_eta)
         return truncate(one_line(text), PHASE_WIDTH)
-    if e.state in ("draining", "stopping") and e.phase:
+    if e.state in (S.DRAINING, S.STOPPING) and e.phase:
         return truncate(one_line(e.phase), PHASE_WIDTH)
     return "-"
 
 
 def until_cell(e: p.EngineInfo, now: float) -> str:
     """When the idle TTL evicts it (``ollama ps``'s UNTIL)."""
-    if e.state != "ready" or not e.ttl:
+    if e.state != S.READY or not e.ttl:
         return "-"
     if e.leases:
         return "busy"
@@ -172,7 +165,7 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
         state = e.state or "?"
         if e.stale:
             state += " [stale]"
-        running = e.state in ("starting", "ready", "draining", "stopping")
+        running = e.state in S.HAS_PROCESSES
         uptime = duration(now - e.started_at) if running and e.started_at else "-"
         rows.append(
             [
@@ -512,7 +505,7 @@ class LoadProgress:
                     break
 
     def line(self, now: float, width: int) -> str:
-        elapsed = eta_text(now - self.started, self.eta if self.state != "ready" else None)
+        elapsed = eta_text(now - self.started, self.eta if self.state != S.READY else None)
         text = f"{self.alias} {state_text(self.state, self.phase)} {elapsed}"
         if self.last_line and one_line(self.phase or "") != self.last_line:
             text += f" | {self.last_line}"

@@ -16,6 +16,7 @@ import msgspec
 import ktctl
 from ktd import protocol as p
 from ktd.core import states
+from tests.fixtures.contract import STATUS_FIELDS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -113,18 +114,7 @@ def test_protocol_names_for_clients() -> None:
 
 def test_status_contract_fields() -> None:
     fields = {f.name for f in msgspec.structs.fields(p.EngineInfo)}
-    assert fields >= {
-        "alias",
-        "state",
-        "pid",
-        "port",
-        "argv",
-        "numa_nodes",
-        "gpus",
-        "since",
-        "reason",
-        "leases",
-    }
+    assert fields >= STATUS_FIELDS
 
 
 def test_protocol_engine_states_are_the_state_machine_s() -> None:

@@ -15,6 +15,7 @@ import trio
 import zmq
 
 from ktd import protocol as p
+from ktd.control.endpoint import check_reply, dealer
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, TrioSocket
 
@@ -53,12 +54,7 @@ class AsyncClient:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the socket pump until cancelled. Start with ``nursery.start(client.run)``."""
-        raw = self._ctx.socket(zmq.DEALER)
-        raw.setsockopt(zmq.LINGER, 0)
-        raw.setsockopt(zmq.IMMEDIATE, 1)
-        raw.setsockopt(zmq.RECONNECT_IVL, 100)
-        raw.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        raw.setsockopt(zmq.RCVHWM, 0)  # replies are never dropped on our side either
+        raw = dealer(self._ctx)
         raw.connect(self.endpoint)
         self._sock = TrioSocket(raw, self._on_message)
         task_status.started()
@@ -90,6 +86,4 @@ class AsyncClient:
                 raise Unreachable(f"no reply from ktd at {self.endpoint} within {limit:g}s")
         finally:
             self._waiting.pop(msg.id, None)
-        if isinstance(reply, p.Error):
-            raise ControlError.from_reply(reply)
-        return reply
+        return check_reply(reply, ControlError)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ktd.core.config import ModelSpec
 from ktd.core.sglang_options import Catalog, Option, OptionError, UserFlag, parse_user_args
+from ktd.core.userflags import flag_names
 
 # Set on every engine so the daemon can recognise its own processes (and a
 # re-started daemon its predecessor's) from /proc/<pid>/environ.
@@ -67,7 +68,7 @@ class Launch:
 
 def user_flag_names(extra_args: Sequence[str]) -> set[str]:
     """Flags the user wrote in extra_args, exactly as written (no SGLang catalogue known)."""
-    return {a.split("=", 1)[0] for a in extra_args if a.startswith("--")}
+    return flag_names(extra_args)
 
 
 def read_user_args(extra_args: Sequence[str], catalog: Catalog) -> list[UserFlag]:

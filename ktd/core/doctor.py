@@ -21,9 +21,10 @@ from typing import Any, Literal
 
 from ktd.core.command import LaunchError, build_launch, planner_args
 from ktd.core.config import ModelSpec
-from ktd.core.placement import plan, user_flags
+from ktd.core.placement import plan
 from ktd.core.sglang_options import Catalog
 from ktd.core.topology import Topology, format_cpulist
+from ktd.core.userflags import user_flags
 
 __all__ = [
     "Check",

@@ -19,12 +19,14 @@ Ground rules, from how kt-kernel behaves (see NOTES.md "kt-kernel"):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from ktd.core import states as S
 from ktd.core.topology import Topology, format_cpulist
+from ktd.core.userflags import user_flags
 
 __all__ = [
     "PLACEMENT_FLAGS",
@@ -55,7 +57,7 @@ class Holding:
     leases: int = 0
     pinned: bool = False
     last_used: float = 0.0
-    state: str = "ready"
+    state: str = S.READY
 
     @property
     def evictable(self) -> bool:
@@ -64,7 +66,7 @@ class Holding:
         A starting engine is never evicted for another: killing a half-loaded
         model throws away minutes of work and invites load ping-pong.
         """
-        return self.leases == 0 and not self.pinned and self.state == "ready"
+        return self.leases == 0 and not self.pinned and self.state == S.READY
 
     def describe(self, allow_evict: bool = True) -> str:
         """Why this holder stays, for ``blocked_by`` reasons."""
@@ -73,7 +75,7 @@ class Holding:
             parts.append(f"{self.leases} lease" + ("" if self.leases == 1 else "s"))
         if self.pinned:
             parts.append("pinned")
-        if self.state != "ready":
+        if self.state != S.READY:
             parts.append(self.state)
         if not parts:
             parts.append("idle" if allow_evict else "idle; eviction not allowed")
@@ -146,46 +148,6 @@ class Plan:
 
 
 # ---------------------------------------------------------------- user flags
-
-
-def _is_flag(token: str) -> bool:
-    """``--x``/``-x`` start a flag; ``-1`` or ``-0.5`` are values (negative numbers)."""
-    if not token.startswith("-") or token == "-":
-        return False
-    try:
-        float(token)
-    except ValueError:
-        return True
-    return False
-
-
-def user_flags(extra_args: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """The flags the user gave, as argparse would read them: ``{flag: values}``.
-
-    ``--flag value``, ``--flag=value`` and multi-value ``--kt-numa-nodes 0 1``
-    are all understood; a bare ``--switch`` maps to ``()``. A value never starts
-    with ``-`` unless it is a number. ``--flag=value`` takes exactly that one
-    value (as argparse does). A repeated flag keeps the last occurrence, which
-    is the one SGLang's argparse would use.
-    """
-    out: dict[str, tuple[str, ...]] = {}
-    args = list(extra_args)
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        i += 1
-        if not _is_flag(tok):
-            continue  # a stray positional; SGLang would reject it, not our job here
-        name, eq, value = tok.partition("=")
-        if eq and name.startswith("--"):
-            out[name] = (value,)
-            continue
-        values: list[str] = []
-        while i < len(args) and not _is_flag(args[i]):
-            values.append(args[i])
-            i += 1
-        out[tok] = tuple(values)
-    return out
 
 
 def _int_values(values: Sequence[str]) -> list[int] | None:
@@ -436,6 +398,20 @@ def _ids(ids: Iterable[int]) -> str:
     return ",".join(str(i) for i in sorted(set(ids))) or "none"
 
 
+@dataclass(frozen=True)
+class _Request:
+    """What one plan asks for, against the engines that hold resources now."""
+
+    nodes: _Need
+    gpus: _Need
+    others: tuple[Holding, ...]  # the other engines whose processes may exist
+    usable_nodes: tuple[int, ...]  # the NUMA nodes with online CPUs
+    mem_free: Mapping[int, int]  # per node, kB
+    gpu_free_mib: Mapping[int, int]
+    gpu_ids: tuple[int, ...]
+    single_engine: bool
+
+
 def _plan(
     alias: str,
     numa: NumaRequest,
@@ -452,118 +428,20 @@ def _plan(
     notes: list[str],
 ) -> Plan:
     uflags = user_flags(extra_args)
-    node_need = _numa_need(numa, topo, uflags, single_engine, notes)
-    gpu_need = _gpu_need(gpus, topo, _tp_size(tp_size, uflags), notes)
-    others = [h for h in holdings if h.alias != alias and h.state != "stopped"]
-
-    usable_nodes = [n.id for n in topo.nodes if n.cpus]
-    mem_free = {n.id: n.mem_free_kb for n in topo.nodes}
-    gpu_free_mib = {g.index: g.memory_total_mib - g.memory_used_mib for g in topo.gpus}
-
-    def assign(gone: Sequence[Holding]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """Nodes and GPUs for the request if ``gone`` were evicted, else None."""
-        gone_aliases = {h.alias for h in gone}
-        live = [h for h in others if h.alias not in gone_aliases]
-        if single_engine and live:
-            return None
-        held_nodes = {n for h in live for n in h.numa_nodes}
-        held_gpus = {g for h in live for g in h.gpus}
-        freed_nodes = {n for h in gone for n in h.numa_nodes}
-        freed_gpus = {g for h in gone for g in h.gpus}
-        if node_need.fixed is not None:
-            if held_nodes & set(node_need.fixed):
-                return None
-            nodes = node_need.fixed
-        else:
-            avail = [n for n in usable_nodes if n not in held_nodes]
-            if len(avail) < node_need.count:
-                return None
-            # Prefer nodes free right now (a node about to be vacated still shows the
-            # evicted engine's RAM as used), then most free memory, then lowest id.
-            avail.sort(key=lambda n: (n in freed_nodes, -mem_free.get(n, 0), n))
-            nodes = tuple(sorted(avail[: node_need.count]))
-        if gpu_need.fixed is not None:
-            if held_gpus & set(gpu_need.fixed):
-                return None
-            chosen_gpus = gpu_need.fixed
-        else:
-            gavail = [g.index for g in topo.gpus if g.index not in held_gpus]
-            if len(gavail) < gpu_need.count:
-                return None
-            gavail.sort(key=lambda g: (g in freed_gpus, -gpu_free_mib.get(g, 0), g))
-            chosen_gpus = tuple(sorted(gavail[: gpu_need.count]))
-        return nodes, chosen_gpus
-
-    def relevant(h: Holding) -> bool:
-        """Could evicting ``h`` free something this request can use?"""
-        if single_engine:
-            return True
-        if node_need.fixed is not None:
-            node_hit = bool(set(h.numa_nodes) & set(node_need.fixed))
-        else:
-            node_hit = bool(set(h.numa_nodes) & set(usable_nodes))
-        if gpu_need.fixed is not None:
-            gpu_hit = bool(set(h.gpus) & set(gpu_need.fixed))
-        else:
-            gpu_hit = gpu_need.count > 0 and bool(h.gpus)
-        return node_hit or gpu_hit
-
-    evict: list[Holding] = []
-    got = assign(())
-    if got is None:
-        candidates = (
-            sorted(
-                (h for h in others if h.evictable and relevant(h)),
-                key=lambda h: (h.last_used, h.alias),
-            )
-            if allow_evict
-            else []
-        )
-        for h in candidates:
-            evict.append(h)
-            got = assign(evict)
-            if got is not None:
-                break
-        if got is None:
-            reason, blockers = _busy_reason(
-                node_need,
-                gpu_need,
-                others,
-                candidates,
-                usable_nodes,
-                topo,
-                single_engine,
-                allow_evict,
-            )
-            raise _Blocked(reason, blockers)
-        # Keep the eviction minimal: drop any victim (most recently used first)
-        # whose eviction turns out unnecessary given the later ones.
-        for h in reversed(list(evict)):
-            trial = [x for x in evict if x is not h]
-            if assign(trial) is not None:
-                evict = trial
-        got = assign(evict)
-        assert got is not None
-
-    nodes, chosen_gpus = got
-    evict.sort(key=lambda h: (h.last_used, h.alias))
-
-    reserved = set(reserved_cpus)
-    node_cpus = topo.node_cpus(nodes)
-    cpus = tuple(c for c in node_cpus if c not in reserved)
-    if node_cpus and not cpus:
-        notes.append(f"every CPU of NUMA nodes {_ids(nodes)} is reserved")
-    reserved_cores = {topo.core_of.get(c, (-1, -1 - c)) for c in reserved}
-    cores = [c for c in topo.physical_cores(node_cpus) if _core(topo, c) not in reserved_cores]
-    cpuinfer = max(1, len(cores) - max(0, cpu_reserve))
-
-    flags = _flags(uflags, nodes, cpuinfer, len(topo.physical_cores(node_cpus)), notes)
-    env: dict[str, str] = {}
-    if chosen_gpus:
-        # nvidia-smi numbers GPUs in PCI bus order, CUDA by default "fastest
-        # first": without this the indices we planned are not the ones CUDA opens.
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in chosen_gpus)
+    req = _Request(
+        nodes=_numa_need(numa, topo, uflags, single_engine, notes),
+        gpus=_gpu_need(gpus, topo, _tp_size(tp_size, uflags), notes),
+        others=tuple(h for h in holdings if h.alias != alias and h.state != S.STOPPED),
+        usable_nodes=tuple(n.id for n in topo.nodes if n.cpus),
+        mem_free={n.id: n.mem_free_kb for n in topo.nodes},
+        gpu_free_mib={g.index: g.memory_total_mib - g.memory_used_mib for g in topo.gpus},
+        gpu_ids=tuple(g.index for g in topo.gpus),
+        single_engine=single_engine,
+    )
+    (nodes, chosen_gpus), evict = _place(req, topo, allow_evict)
+    cpus, cpuinfer = _cpus(topo, nodes, reserved_cpus, cpu_reserve, notes)
+    node_cores = len(topo.physical_cores(topo.node_cpus(nodes)))
+    flags = _flags(uflags, nodes, cpuinfer, node_cores, notes)
     for h in evict:
         notes.append(f"evicts {h.alias} (idle, least recently used) to free its resources")
     return Plan(
@@ -573,10 +451,137 @@ def _plan(
         cpus=cpus,
         gpus=chosen_gpus,
         flags=flags,
-        env=MappingProxyType(env),
+        env=MappingProxyType(_gpu_env(chosen_gpus)),
         evict=tuple(h.alias for h in evict),
         notes=tuple(notes),
     )
+
+
+_Assignment = tuple[tuple[int, ...], tuple[int, ...]]  # (NUMA nodes, GPUs)
+
+
+def _pick(
+    need: _Need,
+    avail: Sequence[int],
+    live: Sequence[Holding],
+    gone: Sequence[Holding],
+    ids_of: Callable[[Holding], tuple[int, ...]],
+    free_amount: Mapping[int, int],
+) -> tuple[int, ...] | None:
+    """``need``'s ids (fixed, or the best ``count`` of ``avail``), or None if ``live``
+    engines hold them (``ids_of``: a holding's NUMA nodes, or its GPUs).
+
+    Prefer ids free right now (one about to be vacated by ``gone`` still shows the
+    evicted engine's memory as used), then most free memory, then lowest id.
+    """
+    held = {i for h in live for i in ids_of(h)}
+    if need.fixed is not None:
+        return None if held & set(need.fixed) else need.fixed
+    left = [i for i in avail if i not in held]
+    if len(left) < need.count:
+        return None
+    freed = {i for h in gone for i in ids_of(h)}
+    left.sort(key=lambda i: (i in freed, -free_amount.get(i, 0), i))
+    return tuple(sorted(left[: need.count]))
+
+
+def _assign(req: _Request, gone: Sequence[Holding]) -> _Assignment | None:
+    """Nodes and GPUs for the request if ``gone`` were evicted, else None."""
+    gone_aliases = {h.alias for h in gone}
+    live = [h for h in req.others if h.alias not in gone_aliases]
+    if req.single_engine and live:
+        return None
+    nodes = _pick(req.nodes, req.usable_nodes, live, gone, _held_nodes, req.mem_free)
+    if nodes is None:
+        return None
+    chosen_gpus = _pick(req.gpus, req.gpu_ids, live, gone, _held_gpus, req.gpu_free_mib)
+    if chosen_gpus is None:
+        return None
+    return nodes, chosen_gpus
+
+
+def _relevant(req: _Request, h: Holding) -> bool:
+    """Could evicting ``h`` free something this request can use?"""
+    if req.single_engine:
+        return True
+    if req.nodes.fixed is not None:
+        node_hit = bool(set(h.numa_nodes) & set(req.nodes.fixed))
+    else:
+        node_hit = bool(set(h.numa_nodes) & set(req.usable_nodes))
+    if req.gpus.fixed is not None:
+        gpu_hit = bool(set(h.gpus) & set(req.gpus.fixed))
+    else:
+        gpu_hit = req.gpus.count > 0 and bool(h.gpus)
+    return node_hit or gpu_hit
+
+
+def _place(req: _Request, topo: Topology, allow_evict: bool) -> tuple[_Assignment, list[Holding]]:
+    """The assignment, and whom it evicts (least recently used first, as few as
+    will do). Raises ``_Blocked`` when no eviction allowed would make room."""
+    got = _assign(req, ())
+    if got is not None:
+        return got, []
+    candidates = (
+        sorted(
+            (h for h in req.others if h.evictable and _relevant(req, h)),
+            key=lambda h: (h.last_used, h.alias),
+        )
+        if allow_evict
+        else []
+    )
+    evict: list[Holding] = []
+    for h in candidates:
+        evict.append(h)
+        if _assign(req, evict) is not None:
+            break
+    else:
+        reason, blockers = _busy_reason(req, candidates, allow_evict)
+        raise _Blocked(reason, blockers)
+    evict = _minimal(req, evict)
+    got = _assign(req, evict)
+    assert got is not None
+    evict.sort(key=lambda h: (h.last_used, h.alias))
+    return got, evict
+
+
+def _minimal(req: _Request, evict: list[Holding]) -> list[Holding]:
+    """Keep the eviction minimal: drop any victim (most recently used first) whose
+    eviction turns out unnecessary given the later ones."""
+    for h in reversed(list(evict)):
+        trial = [x for x in evict if x is not h]
+        if _assign(req, trial) is not None:
+            evict = trial
+    return evict
+
+
+def _cpus(
+    topo: Topology,
+    nodes: tuple[int, ...],
+    reserved_cpus: Sequence[int],
+    cpu_reserve: int,
+    notes: list[str],
+) -> tuple[tuple[int, ...], int]:
+    """The CPUs of ``nodes`` the engine may use, and its ``--kt-cpuinfer`` (physical
+    cores not reserved, less ``cpu_reserve`` for SGLang's own threads)."""
+    reserved = set(reserved_cpus)
+    node_cpus = topo.node_cpus(nodes)
+    cpus = tuple(c for c in node_cpus if c not in reserved)
+    if node_cpus and not cpus:
+        notes.append(f"every CPU of NUMA nodes {_ids(nodes)} is reserved")
+    reserved_cores = {topo.core_of.get(c, (-1, -1 - c)) for c in reserved}
+    cores = [c for c in topo.physical_cores(node_cpus) if _core(topo, c) not in reserved_cores]
+    return cpus, max(1, len(cores) - max(0, cpu_reserve))
+
+
+def _gpu_env(gpus: tuple[int, ...]) -> dict[str, str]:
+    """nvidia-smi numbers GPUs in PCI bus order, CUDA by default "fastest first":
+    without CUDA_DEVICE_ORDER the indices we planned are not the ones CUDA opens."""
+    if not gpus:
+        return {}
+    return {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+    }
 
 
 def _core(topo: Topology, cpu: int) -> tuple[int, int]:
@@ -623,15 +628,23 @@ def _flags(
     return flags
 
 
+def _held_nodes(h: Holding) -> tuple[int, ...]:
+    return h.numa_nodes
+
+
+def _held_gpus(h: Holding) -> tuple[int, ...]:
+    return h.gpus
+
+
+def _short(need: _Need, wanted: Sequence[int], held: set[int]) -> bool:
+    """Do the holders of ``held`` keep ``need`` from being met out of ``wanted``?"""
+    if need.fixed is not None:
+        return bool(held & set(need.fixed))
+    return len([i for i in wanted if i not in held]) < need.count
+
+
 def _busy_reason(
-    node_need: _Need,
-    gpu_need: _Need,
-    others: Sequence[Holding],
-    evictable: Sequence[Holding],
-    usable_nodes: Sequence[int],
-    topo: Topology,
-    single_engine: bool,
-    allow_evict: bool,
+    req: _Request, evictable: Sequence[Holding], allow_evict: bool
 ) -> tuple[str, tuple[str, ...]]:
     """Name every holder that keeps a contested resource: ``NUMA node 1 held by x (2 leases)``.
 
@@ -639,7 +652,7 @@ def _busy_reason(
     to know whom to wait for or ``ktctl evict``, not the whole pool.
     """
     going = {h.alias for h in evictable}
-    stay = [h for h in others if h.alias not in going]
+    stay = [h for h in req.others if h.alias not in going]
     parts: list[str] = []
     blockers: list[Holding] = []
 
@@ -648,36 +661,23 @@ def _busy_reason(
         if h not in blockers:
             blockers.append(h)
 
-    if single_engine:
+    if req.single_engine:
         for h in stay:
             blame("the machine (one engine per machine)", h)
     else:
-        held_nodes = {n for h in stay for n in h.numa_nodes}
-        wanted = node_need.fixed if node_need.fixed is not None else tuple(usable_nodes)
-        short_nodes = (
-            bool(held_nodes & set(wanted))
-            if node_need.fixed is not None
-            else len([n for n in usable_nodes if n not in held_nodes]) < node_need.count
+        kinds: tuple[tuple[str, _Need, Sequence[int], Callable[[Holding], tuple[int, ...]]], ...]
+        kinds = (
+            ("NUMA node", req.nodes, req.usable_nodes, _held_nodes),
+            ("GPU", req.gpus, req.gpu_ids, _held_gpus),
         )
-        if short_nodes:
-            for n in sorted(wanted):
-                for h in stay:
-                    if n in h.numa_nodes:
-                        blame(f"NUMA node {n}", h)
-        held_gpus = {g for h in stay for g in h.gpus}
-        wanted_g = (
-            gpu_need.fixed if gpu_need.fixed is not None else tuple(g.index for g in topo.gpus)
-        )
-        short_gpus = (
-            bool(held_gpus & set(wanted_g))
-            if gpu_need.fixed is not None
-            else len([g for g in wanted_g if g not in held_gpus]) < gpu_need.count
-        )
-        if short_gpus:
-            for g in sorted(wanted_g):
-                for h in stay:
-                    if g in h.gpus:
-                        blame(f"GPU {g}", h)
+        for what, need, every, held_by in kinds:
+            held = {i for h in stay for i in held_by(h)}
+            wanted = need.fixed if need.fixed is not None else every
+            if _short(need, wanted, held):
+                for i in sorted(wanted):
+                    for h in stay:
+                        if i in held_by(h):
+                            blame(f"{what} {i}", h)
     if not parts:  # unreachable by construction; keep the reason honest if it ever is
         parts.append("the requested resources are held by other engines")
     return "busy: " + "; ".join(parts), tuple(h.alias for h in blockers)

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -27,22 +24,22 @@ import trio
 from ktd.core import loglines
 from ktd.core import states as S
 from ktd.core.claims import ClaimRec
-from ktd.core.command import ENGINE_MARK, LaunchError, build_env, build_launch
+from ktd.core.command import LaunchError, build_env, build_launch
 from ktd.core.config import DaemonSection, ModelSpec
 from ktd.core.eviction import ttl_due
-from ktd.core.exits import CLEAN_STOP, Outcome, classify_exit
+from ktd.core.exits import Outcome, classify_exit
 from ktd.core.restart import GiveUp, RestartBudget, retry_delay
 from ktd.core.sglang_options import Catalog
-from ktd.daemon import preflight, proctree
+from ktd.daemon import health, kill, preflight, proctree, spawn
 from ktd.daemon.enginelog import EngineLog
 from ktd.daemon.inotify import FileWatch
 from ktd.daemon.probe import KT_FORK, Prober, missing_message
+from ktd.daemon.running import Running as Running  # pool.py imports it from here
 from ktd.protocol import EngineInfo
 
 log = logging.getLogger("ktd.engine")
 
 READY_LINE = "The server is fired up and ready to roll"
-KTD_ROOT = str(Path(__file__).resolve().parents[2])
 _GOING_DOWN = frozenset({S.DRAINING, S.STOPPING, S.STOPPED})
 
 
@@ -111,43 +108,6 @@ class Lease:
     since: float = field(default_factory=time.time)
 
 
-@dataclass
-class Running:
-    """One spawned (or adopted) engine process tree."""
-
-    pid: int
-    start: int
-    engine_id: str
-    port: int
-    argv: list[str]
-    proc: trio.Process | None = None
-    pidfd: int | None = None
-    returncode: int | None = None
-    exited: trio.Event = field(default_factory=trio.Event)
-    started_at: float = field(default_factory=time.time)
-    digest: str = ""  # the spec's launch digest when it was started
-    adopted_state: str | None = None  # state recorded by the daemon that started it
-
-    async def wait(self) -> None:
-        if self.proc is not None:
-            self.returncode = await self.proc.wait()
-        elif self.pidfd is not None:
-            try:
-                await trio.lowlevel.wait_readable(self.pidfd)
-            except trio.ClosedResourceError:
-                pass  # close() after _kill_everything saw the tree gone (e.g. a forced evict)
-        else:  # no pidfd (old kernel): poll
-            while proctree.alive((self.pid, self.start)):
-                await trio.sleep(0.5)
-        self.exited.set()
-
-    def close(self) -> None:
-        if self.pidfd is not None:
-            trio.lowlevel.notify_closing(self.pidfd)
-            os.close(self.pidfd)
-            self.pidfd = None
-
-
 class Engine:
     def __init__(self, spec: ModelSpec, host: EngineHost) -> None:
         self.spec = spec
@@ -193,9 +153,7 @@ class Engine:
         self.load_seconds_total = 0.0
         self._changed = trio.Event()
         self._poke = trio.Event()
-        self._healthy = False
-        self._hung = False
-        self._ready_line = trio.Event()
+        self._health = health.Watch()
         d = host.settings
         self.log = EngineLog(
             host.log_dir / f"{spec.alias}.log",
@@ -572,22 +530,19 @@ class Engine:
         return await self._supervise(run)
 
     async def _spawn(self, argv: list[str], env: dict[str, str], port: int, eid: str) -> Running:
-        cmd = list(argv)
         plan = self.plan
-        if plan is not None and (plan.cpus or plan.numa_nodes):
-            pin = [sys.executable, "-m", "ktd.pin"]
-            if plan.cpus:
-                pin += ["--cpus", ",".join(map(str, plan.cpus))]
-            if plan.numa_nodes:
-                pin += ["--mems", ",".join(map(str, plan.numa_nodes))]
-            cmd = [*pin, "--", *argv]
-            env = dict(env)
-            # ktd.pin must import from where ktd lives, whatever the engine's PYTHONPATH.
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (env.get("PYTHONPATH", ""), KTD_ROOT) if p
-            )
-        proc = await self._open_logged(
-            cmd, env, note=f"starting: {subprocess.list2cmdline(argv)}", no_log=subprocess.PIPE
+        cmd, env = spawn.pinned(
+            argv,
+            env,
+            cpus=plan.cpus if plan else (),
+            mems=plan.numa_nodes if plan else (),
+        )
+        proc = await spawn.open_logged(
+            self.log,
+            cmd,
+            env,
+            note=f"starting: {subprocess.list2cmdline(argv)}",
+            no_log=subprocess.PIPE,
         )
         info = proctree.read_stat(proc.pid)
         run = Running(
@@ -602,38 +557,16 @@ class Engine:
         self.host.state_changed(self)
         return run
 
-    async def _open_logged(
-        self, cmd: list[str], env: dict[str, str], *, note: str, no_log: int
-    ) -> trio.Process:
-        """Start ``cmd`` in a new session, stdout+stderr to the engine's log file (to
-        ``no_log`` when the file cannot be opened), followed from ``note`` on."""
-        fd = self.log.open_for_engine()
-        self.log.start_following(from_end=True)
-        self.log.note(note)
-        try:
-            return await trio.lowlevel.open_process(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=fd if fd is not None else no_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            if fd is not None:
-                os.close(fd)
-
     async def _pip_install_sglang(self, env: dict[str, str], kt_kernel: str | None) -> bool:
-        """``auto_build``: the kt fork (``sglang-kt``), never upstream ``sglang``, whose kt
-        wrapper does not match kt-kernel's API. The installed kt-kernel is pinned so pip
-        cannot replace it: ktd never installs kt-kernel."""
+        """``auto_build`` (see ``spawn.pip_install_argv``), the log followed meanwhile."""
         self._set_phase(f"pip install {KT_FORK}")
-        cmd = [self.spec.python, "-m", "pip", "install", KT_FORK]
-        if kt_kernel and re.fullmatch(r"\d+(\.\d+)*", kt_kernel):
-            cmd.append(f"kt-kernel=={kt_kernel}")
-        proc = await self._open_logged(
-            cmd, env, note=f"auto_build: {subprocess.list2cmdline(cmd)}", no_log=subprocess.DEVNULL
+        cmd = spawn.pip_install_argv(self.spec.python, kt_kernel)
+        proc = await spawn.open_logged(
+            self.log,
+            cmd,
+            env,
+            note=f"auto_build: {subprocess.list2cmdline(cmd)}",
+            no_log=subprocess.DEVNULL,
         )
         try:
             async with trio.open_nursery() as n:
@@ -661,9 +594,7 @@ class Engine:
         return now + max(0.0, self.spec.health_timeout - elapsed)
 
     async def _supervise(self, run: Running) -> Outcome:
-        self._healthy = False
-        self._hung = False
-        self._ready_line = trio.Event()
+        self._health = health.Watch()
         deadline = self._deadline(run)
         try:
             async with trio.open_nursery() as n:
@@ -699,7 +630,7 @@ class Engine:
                 lines = self.log.poll()
                 if lines and self.state == S.STARTING:
                     if any(READY_LINE in line for line in lines):
-                        self._ready_line.set()
+                        self._health.ready_line.set()
                     self._note_progress(lines)
                 if watch is None:
                     await trio.sleep(0.05 if self.state == S.STARTING else 1.0)
@@ -728,65 +659,23 @@ class Engine:
             while data := await stream.receive_some(65536):
                 lines = self.log.feed(bytes(data))
                 if self.state == S.STARTING and any(READY_LINE in ln for ln in lines):
-                    self._ready_line.set()
+                    self._health.ready_line.set()
 
     async def _health_loop(self, run: Running) -> None:
-        interval = 0.05
-        last_ok = trio.current_time()
-        while True:
-            if self.state == S.STARTING and not self._healthy:
-                if await self._check_ready(run):
-                    self._healthy = True
-                    self._wake()
-                    continue
-                with trio.move_on_after(interval):
-                    await self._ready_line.wait()
-                interval = min(interval * 1.5, 0.5)
-            elif self.state == S.READY:
-                await trio.sleep(self.host.settings.health_interval)
-                if self.state != S.READY:
-                    continue
-                if await self._get_ok(
-                    run, loglines.probe_path("/health"), timeout=self.host.settings.hang_timeout
-                ):
-                    last_ok = trio.current_time()
-                elif trio.current_time() - last_ok >= self.host.settings.hang_timeout:
-                    self._hung = True
-                    self._wake()
-                    return
-            else:
-                await trio.sleep(0.2)
-
-    async def _get_ok(self, run: Running, path: str, *, timeout: float) -> bool:
-        try:
-            r = await self.host.http.get(f"{self.url_for(run)}{path}", timeout=timeout)
-        except (httpx.HTTPError, OSError):
-            return False
-        return r.status_code == 200
+        d = self.host.settings
+        await self._health.run(
+            self.host.http,
+            lambda: self.url_for(run),
+            self.alias,
+            state=lambda: self.state,
+            wake=self._wake,
+            health_interval=d.health_interval,
+            hang_timeout=d.hang_timeout,
+        )
 
     def url_for(self, run: Running) -> str:
         """Where to reach the engine: a wildcard bind is reached on loopback."""
-        host = self.spec.host
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{run.port}"
-
-    async def _check_ready(self, run: Running) -> bool:
-        """SGLang answers /v1/models before warm-up ends; /health says when it really is up."""
-        try:
-            base = self.url_for(run)
-            r = await self.host.http.get(base + loglines.probe_path("/v1/models"), timeout=2.0)
-            if r.status_code != 200:
-                return False
-            ids = [m.get("id") for m in r.json().get("data", [])]
-            if self.alias not in ids:
-                return False
-            h = await self.host.http.get(base + loglines.probe_path("/health"), timeout=20.0)
-            return h.status_code == 200
-        except (httpx.HTTPError, OSError, ValueError, AttributeError):
-            return False
+        return health.engine_url(self.spec.host, run.port)
 
     async def _decide(self, run: Running, deadline: float) -> Outcome:
         while True:
@@ -795,7 +684,7 @@ class Engine:
             if not self.want_up:
                 await self._stop(run)
                 return Outcome("stopped")
-            if self.state == S.STARTING and self._healthy:
+            if self.state == S.STARTING and self._health.healthy:
                 took = time.time() - run.started_at
                 self.log.note(f"ready on {self.url_for(run)} (pid {run.pid}) after {took:.1f}s")
                 self.loads += 1
@@ -822,7 +711,7 @@ class Engine:
                 )
                 await self._kill_everything(run, grace=self.host.settings.stop_grace)
                 return Outcome("failed", reason)
-            if self.state == S.READY and self._hung:
+            if self.state == S.READY and self._health.hung:
                 reason = (
                     f"hung: /health did not answer 200 for {self.host.settings.hang_timeout:g}s"
                 )
@@ -864,99 +753,8 @@ class Engine:
         self._set(S.STOPPING, phase="terminating")
         await self._kill_everything(run, grace=0.0 if self.force else self.host.settings.stop_grace)
 
-    def _members(self, run: Running) -> set[tuple[int, int]]:
-        """Every process of this engine: its main process and descendants (while the main
-        process is the one we started or verified), and any process carrying its marker
-        (a descendant that escaped with setsid and was orphaned). Never a process by its
-        group or session alone: a recycled pid's group is someone else's."""
-        procs = proctree.all_procs()
-        found: set[tuple[int, int]] = set()
-        root = procs.get(run.pid)
-        if root is not None and root.start == run.start:
-            found.add((root.pid, root.start))
-            found.update((d.pid, d.start) for d in proctree.descendants(run.pid, procs))
-        me = os.getpid()
-        for info in procs.values():
-            if (
-                info.pid != me
-                and proctree.environ_has(info.pid, ENGINE_MARK, run.engine_id)
-                and proctree.owned_by_us(info.pid)
-            ):
-                found.add((info.pid, info.start))
-        return found
-
-    @staticmethod
-    def _signal_group(run: Running, sig: int) -> None:
-        """The engine's process group, only while its verified main process leads it."""
-        if proctree.alive((run.pid, run.start)):
-            proctree.signal_group(run.pid, sig)
-
     async def _kill_everything(self, run: Running, *, grace: float) -> None:
-        members = self._members(run)
-        terminated = killed = False
-        if members or not run.exited.is_set():
-            if grace > 0 and not run.exited.is_set():
-                terminated = True
-                # SGLang's designed shutdown: SIGTERM to the main process only. It drains,
-                # exits, and its scheduler/detokenizer follow by PDEATHSIG. SIGTERM to the
-                # whole group kills the scheduler first, and SGLang then reports a crash,
-                # SIGQUITs itself and sleeps 5 s "before crash diagnostics".
-                self.log.note(f"SIGTERM to the engine's main process {run.pid}")
-                if run.proc is not None and run.proc.returncode is None:
-                    run.proc.send_signal(signal.SIGTERM)
-                else:
-                    proctree.signal_ident((run.pid, run.start), signal.SIGTERM)
-                # The main process's exit is an event; the known rest is polled cheaply
-                # (a full /proc scan with environ reads costs ms on a busy box).
-                with trio.move_on_after(grace):
-                    await run.exited.wait()
-                    while any(map(proctree.alive, members)):
-                        await trio.sleep(0.01)
-            members |= self._members(run)
-            leftover = {m for m in members if proctree.alive(m)}
-            if leftover or not run.exited.is_set():
-                killed = True
-                if grace > 0:
-                    self.log.note(f"SIGKILL to {len(leftover)} process(es) left after {grace:g}s")
-                self._signal_group(run, signal.SIGKILL)
-                for ident in leftover:
-                    proctree.signal_ident(ident, signal.SIGKILL)
-            with trio.move_on_after(10):
-                while True:
-                    proctree.reap(pid for pid, _ in members if pid != run.pid)
-                    left = [m for m in members if proctree.alive(m)]
-                    # Not the exited event alone: from _supervise's finally the task
-                    # that sets it is gone (a zombie main process counts as gone).
-                    main_gone = run.exited.is_set() or not proctree.alive((run.pid, run.start))
-                    if not left and main_gone:
-                        # Confirm with a full scan: a process forked meanwhile is not
-                        # in ``members`` yet.
-                        late = {m for m in self._members(run) if proctree.alive(m)} - members
-                        if not late:
-                            break
-                        members |= late
-                        left = list(late)
-                    for ident in left:
-                        proctree.signal_ident(ident, signal.SIGKILL)
-                    await trio.sleep(0.01)
-        if run.proc is not None and run.returncode is None:
-            with trio.move_on_after(5):
-                run.returncode = await run.proc.wait()
-        run.exited.set()
-        run.close()
-        with trio.move_on_after(10):
-            while not proctree.port_free(self.spec.host, run.port):
-                await trio.sleep(0.01)
-        # An adopted engine is not our child: its exit status is not ours to read, and
-        # that it exited on SIGTERM before the grace ran out is all there is to know.
-        code = run.returncode
-        clean = terminated and not killed and (code is None or code in CLEAN_STOP)
-        self.log.note(
-            ("stopped cleanly by SIGTERM" if clean else "stopped")
-            + f" (pid {run.pid}"
-            + (f", exit {code}" if code is not None else ", adopted: exit status not ours")
-            + ")"
-        )
+        await kill.kill_tree(run, grace=grace, host=self.spec.host, note=self.log.note)
         self.log.stop_following()
         self.run = None
         self.plan = None

@@ -22,15 +22,17 @@ import zmq
 
 from ktd import paths
 from ktd.control.errors import ControlError
+from ktd.core import states as S
 from ktd.core.command import LaunchError
 from ktd.core.config import Config, ConfigError, load_config
 from ktd.core.exits import signal_name
+from ktd.core.placecheck import check_placements
 from ktd.daemon import proctree, safedir, sdnotify, statefile, statelock
+from ktd.daemon.doctor import daemon_report, dry_run_plan
 from ktd.daemon.pool import Pool
 from ktd.daemon.server import ControlServer
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
-from ktd.placecheck import check_placements
 from ktd.protocol import HARD_MAX_FRAME, ErrorCode
 from ktd.runtime import add_common_options, load_or_report, setup_logging
 from ktd.topology import read_topology
@@ -171,15 +173,11 @@ class Daemon:
         return summary
 
     async def doctor(self) -> dict[str, Any]:
-        from ktd.doctor_run import daemon_report
-
         assert self.pool is not None
         self.pool.prober.forget()  # doctor looks afresh; the next launch probes again too
         return await daemon_report(self.config, self.pool, self.gateway)
 
     async def dry_run(self, alias: str) -> dict[str, Any]:
-        from ktd.doctor_run import dry_run_plan
-
         assert self.pool is not None
         engine = self.pool.engine(alias)
         probe = await self.pool.probe(engine.spec)
@@ -256,7 +254,7 @@ class Daemon:
     async def _escalate(self, pool: Pool) -> None:
         """A second SIGTERM/SIGINT during shutdown skips the drains."""
         while not self.force_stop:
-            if all(e.state in ("stopped", "failed") for e in pool.engines.values()):
+            if all(e.state in (S.STOPPED, S.FAILED) for e in pool.engines.values()):
                 return
             await trio.sleep(0.1)
         for e in pool.engines.values():

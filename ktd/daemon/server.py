@@ -88,31 +88,22 @@ class ControlServer:
     def _reply(self, envelope: Frames, reply: p.Reply) -> None:
         self.control.send([*envelope, self._encoder.encode(reply)])
 
+    def _bad_request(self, envelope: Frames, rid: int, message: str) -> None:
+        """Answer a frame that is no request (too big, undecodable), by the id it carries."""
+        self._reply(envelope, p.Error(id=rid, code=p.ErrorCode.BAD_REQUEST, message=message))
+
     def _on_message(self, frames: Frames) -> None:
         if len(frames) < 2:
             return  # no identity: nobody to answer
         envelope, payload = frames[:-1], frames[-1]
         if len(payload) > p.MAX_FRAME:
-            self._reply(
-                envelope,
-                p.Error(
-                    id=p.skim_id(payload),
-                    code=p.ErrorCode.BAD_REQUEST,
-                    message=f"frame of {len(payload)} bytes exceeds {p.MAX_FRAME}",
-                ),
-            )
+            msg = f"frame of {len(payload)} bytes exceeds {p.MAX_FRAME}"
+            self._bad_request(envelope, p.skim_id(payload), msg)
             return
         try:
             req = p.decode_request(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._reply(
-                envelope,
-                p.Error(
-                    id=p.peek_id(payload),
-                    code=p.ErrorCode.BAD_REQUEST,
-                    message=f"malformed request: {exc}",
-                ),
-            )
+            self._bad_request(envelope, p.peek_id(payload), f"malformed request: {exc}")
             return
         try:
             reply = self._answer_now(req)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK
 from ktd.daemon import proctree
 
@@ -49,7 +50,7 @@ class EngineRecord(msgspec.Struct, kw_only=True):
     gpus: list[int] = []
     env: dict[str, str] = {}
     since: float = 0.0
-    state: str = "ready"
+    state: str = S.READY
     started_at: float = 0.0
     digest: str = ""  # ModelSpec.launch_digest() of the spec it was started with
     claims: list[ClaimRecord] = []

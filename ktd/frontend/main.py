@@ -21,6 +21,7 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
 from ktd import paths
+from ktd.control import endpoint
 from ktd.core.config import Config
 from ktd.frontend.app import create_app
 from ktd.frontend.state import FrontendOptions
@@ -32,11 +33,9 @@ log = logging.getLogger("ktd.frontend")
 def control_endpoint(config: Config, socket_override: str | None) -> str:
     """The daemon's control socket, resolved exactly as ``ktd serve`` resolves it."""
     env = dict(os.environ)
-    if socket_override:
-        env["KTD_SOCKET"] = socket_override
     if config.daemon.runtime_dir and not env.get("KTD_RUNTIME_DIR"):
         env["KTD_RUNTIME_DIR"] = config.daemon.runtime_dir
-    return paths.endpoint(paths.control_path(env))
+    return paths.endpoint(endpoint.control_path(socket_override, env))
 
 
 def raise_nofile_limit() -> tuple[int, int]:

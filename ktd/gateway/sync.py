@@ -14,7 +14,6 @@ import math
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import httpx
@@ -23,14 +22,11 @@ import trio
 from ktd.core import states as S
 from ktd.core.config import FrontendSection, GatewaySection
 from ktd.core.doctor import Check
-from ktd.core.placement import user_flags
+from ktd.core.userflags import user_flags
 from ktd.gateway import plan
 from ktd.gateway.client import RouterClient, RouterError
+from ktd.gateway.host import EngineLike, PoolLike
 from ktd.protocol import EngineInfo, GatewayInfo, Registration, RouterInfo
-
-if TYPE_CHECKING:
-    from ktd.daemon.engine import Engine
-    from ktd.daemon.pool import Pool
 
 log = logging.getLogger("ktd.gateway")
 
@@ -95,7 +91,7 @@ class GatewaySync:
         self,
         config: GatewaySection,
         frontend: FrontendSection,
-        pool: Pool,
+        pool: PoolLike,
         *,
         instance: str,
         host_name: str | None = None,
@@ -214,13 +210,13 @@ class GatewaySync:
     def poke(self) -> None:
         self._poke.set()
 
-    def engine_changed(self, engine: Engine) -> None:
+    def engine_changed(self, engine: EngineLike) -> None:
         if engine.state in (S.STOPPED, S.FAILED, S.STARTING):
             self.leaving.discard(engine.alias)  # gone: a later ready registers it afresh
         if self.enabled:
             self.poke()
 
-    async def before_drain(self, engine: Engine) -> None:
+    async def before_drain(self, engine: EngineLike) -> None:
         """Deregister ``engine`` everywhere, then let what the routers sent finish.
 
         Runs in the engine's owner task before it drains: once every reachable
@@ -251,11 +247,12 @@ class GatewaySync:
                 engine.alias,
                 self.config.deregister_timeout,
             )
-        if not engine.force and url is not None and engine.run is not None:
+        engine_url = engine.url
+        if not engine.force and url is not None and engine_url is not None:
             timeout = engine.drain_timeout
             if timeout is None:
                 timeout = self.pool.settings.drain_timeout
-            await self._wait_idle(engine, engine.url_for(engine.run), timeout)
+            await self._wait_idle(engine, engine_url, timeout)
 
     def _gone_everywhere(self, url: str, marks: dict[str, int]) -> bool:
         """Every reachable router re-read since ``marks`` and does not list ``url``.
@@ -273,7 +270,7 @@ class GatewaySync:
                 return False
         return True
 
-    async def _wait_idle(self, engine: Engine, engine_url: str, timeout: float) -> None:
+    async def _wait_idle(self, engine: EngineLike, engine_url: str, timeout: float) -> None:
         """Until SGLang's ``/get_load`` counts no request (no endpoint: nothing to wait for).
 
         A forced evict (or a second SIGTERM to ktd) during the wait ends it at once.

@@ -3,22 +3,7 @@
 from __future__ import annotations
 
 from ktd.core.command import ENGINE_MARK, build_argv, build_env, user_flag_names
-from ktd.core.config import ModelSpec
-
-
-def spec(**kw: object) -> ModelSpec:
-    base: dict[str, object] = dict(
-        alias="deepseek-v4-kt",
-        backend="kt",
-        path="/m/ds",
-        served=True,
-        source="t",
-        kt_weight_path="/m/ds-kt",
-        ctx=32768,
-        python="/venv/bin/python",
-    )
-    base.update(kw)
-    return ModelSpec(**base)  # type: ignore[arg-type]
+from tests.fixtures.specs import kt_spec as spec
 
 
 def test_seed_argv_exactly() -> None:

@@ -12,6 +12,7 @@ import pytest
 from ktd.core.command import LaunchError, build_launch, planner_args
 from ktd.core.config import ModelSpec
 from ktd.core.sglang_options import Catalog, Option, OptionError, parse_user_args
+from tests.fixtures.specs import kt_spec
 
 
 def _opt(*flags: str, dest: str, nargs: int | str | None = None, **kw: object) -> Option:
@@ -47,19 +48,8 @@ UPSTREAM = Catalog("sglang", "0.5.23", COMMON)
 FORK = Catalog("sglang-kt", "0.7.2", COMMON + FORK_ONLY)
 
 
-def spec(**kw: object) -> ModelSpec:
-    base: dict[str, object] = dict(
-        alias="ds",
-        backend="kt",
-        path="/m/ds",
-        served=True,
-        source="t",
-        kt_weight_path="/m/ds-kt",
-        ctx=4096,
-        python="/py",
-    )
-    base.update(kw)
-    return ModelSpec(**base)  # type: ignore[arg-type]
+def spec(**fields: object) -> ModelSpec:
+    return kt_spec(**{"alias": "ds", "ctx": 4096, "python": "/py", **fields})
 
 
 def test_lookup_follows_argparse() -> None:

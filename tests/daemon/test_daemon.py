@@ -28,6 +28,7 @@ from tests.conftest import (
     sim_paths,
     wait_for,
 )
+from tests.fixtures.contract import STATUS_FIELDS
 
 
 def engine_procs() -> list[tuple[int, list[str]]]:
@@ -62,19 +63,7 @@ def test_load_status_evict_end_to_end(
     assert r.returncode == 0, r.stderr
     engines = json.loads(r.stdout)["engines"]
     [e] = engines
-    for key in (
-        "alias",
-        "state",
-        "pid",
-        "port",
-        "argv",
-        "numa_nodes",
-        "gpus",
-        "since",
-        "reason",
-        "leases",
-    ):
-        assert key in e
+    assert set(e) >= STATUS_FIELDS
     assert e["state"] == "ready" and e["leases"] == 0
     pid, port = e["pid"], e["port"]
     rec = json.loads(record.read_text())

@@ -87,8 +87,9 @@ class FakeEngine:
     phase: str | None = None
     spec: FakeSpec = field(default_factory=FakeSpec)
 
-    def url_for(self, run: FakeRun) -> str:
-        return f"http://127.0.0.1:{run.port}"
+    @property
+    def url(self) -> str | None:
+        return None if self.run is None else f"http://127.0.0.1:{self.run.port}"
 
     def notify_changed(self) -> None:
         pass

@@ -310,27 +310,40 @@ def make_venv(d):
     subprocess.run([sys.executable, "-m", "venv", os.path.join(d, "venv")], check=True)
 
 
-def install_upstream():
-    d = upstream_dir()
+def install_into(d, what, label, steps, smoke, prepare=None, finish=None):
+    """Both installs' frame: lock, fresh venv, ``prepare(cons)`` (write the
+    constraints file), the pip ``steps``, ``finish()``, the ``smoke`` test, then the
+    marker that makes the next run skip it all."""
     if is_complete(d):
         return d
     with locked(d):
         if is_complete(d):
             return d
         t0 = time.monotonic()
-        log(f"installing upstream sglang into {d}")
+        log(f"installing {what} into {d}")
         make_venv(d)
         cons = os.path.join(d, "constraints.txt")
-        with open(cons, "w") as f:
-            f.write(TORCH + "\n")
+        prepare(cons)
         py = venv_python(d)
         with open(os.path.join(d, "install.log"), "w") as logf:
-            for step in steps_upstream():
+            for step in steps():
                 run([py, "-m", "pip", *step[:1], "-c", cons, *step[1:]], logf, pip_env())
-            run([py, "-c", SMOKE_UPSTREAM], logf, smoke_env())
-        write_marker(d, steps_upstream(), time.monotonic() - t0)
-        log(f"upstream venv ready in {time.monotonic() - t0:.0f}s")
+            if finish is not None:
+                finish()
+            run([py, "-c", smoke], logf, smoke_env())
+        write_marker(d, steps(), time.monotonic() - t0)
+        log(f"{label} venv ready in {time.monotonic() - t0:.0f}s")
     return d
+
+
+def install_upstream():
+    def prepare(cons):
+        with open(cons, "w") as f:
+            f.write(TORCH + "\n")
+
+    return install_into(
+        upstream_dir(), "upstream sglang", "upstream", steps_upstream, SMOKE_UPSTREAM, prepare
+    )
 
 
 def site_packages(d):
@@ -357,30 +370,19 @@ def make_view(base_sp, view):
 def install_kt():
     base = install_upstream()
     d = kt_dir()
-    if is_complete(d):
-        return d
-    with locked(d):
-        if is_complete(d):
-            return d
-        t0 = time.monotonic()
-        log(f"installing the kt fork into {d}")
-        make_venv(d)
-        cons = os.path.join(d, "constraints.txt")
+    view = os.path.join(d, "upstream-deps")
+
+    def prepare(cons):
         shutil.copy(os.path.join(base, "constraints.txt"), cons)
-        py = venv_python(d)
-        view = os.path.join(d, "upstream-deps")
         make_view(site_packages(base), view)
-        with open(os.path.join(d, "install.log"), "w") as logf:
-            for step in steps_kt():
-                run([py, "-m", "pip", *step[:1], "-c", cons, *step[1:]], logf, pip_env())
-            # Appended after the venv's own site-packages, so the fork wins;
-            # addsitedir also runs the .pth files of the upstream packages.
-            with open(os.path.join(site_packages(d), "ktd-real-upstream-deps.pth"), "w") as f:
-                f.write(f"import site; site.addsitedir({view!r})\n")
-            run([py, "-c", SMOKE_KT], logf, smoke_env())
-        write_marker(d, steps_kt(), time.monotonic() - t0)
-        log(f"kt venv ready in {time.monotonic() - t0:.0f}s")
-    return d
+
+    def finish():
+        # Appended after the venv's own site-packages, so the fork wins;
+        # addsitedir also runs the .pth files of the upstream packages.
+        with open(os.path.join(site_packages(d), "ktd-real-upstream-deps.pth"), "w") as f:
+            f.write(f"import site; site.addsitedir({view!r})\n")
+
+    return install_into(d, "the kt fork", "kt", steps_kt, SMOKE_KT, prepare, finish)
 
 
 def write_marker(d, steps, seconds):

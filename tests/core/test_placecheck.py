@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from ktd.core.config import ConfigError, ConfigFile, ModelEntry, resolve_models
+from ktd.core.placecheck import check_spec
 from ktd.core.placement import plan
-from ktd.placecheck import check_spec
 from ktd.topology import Topology, read_topology
 from tests.conftest import ConfigWriter, sim_model
 from tests.fixtures.topology import TWO_H100, FakeRun, build, smi_csv, xeon_machine

@@ -15,8 +15,9 @@ the launch is left to try. Pure given the topology.
 from __future__ import annotations
 
 from ktd.core.config import Config, ConfigError, ModelSpec
-from ktd.core.placement import NUMA_FLAG, POOL_FLAG, TP_FLAGS, plan, user_flags
-from ktd.topology import Topology
+from ktd.core.placement import NUMA_FLAG, POOL_FLAG, TP_FLAGS, plan
+from ktd.core.topology import Topology
+from ktd.core.userflags import user_flags
 
 
 def _where(spec: ModelSpec) -> tuple[str, str]:
