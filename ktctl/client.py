@@ -199,18 +199,17 @@ class Subscription(_Closing):
         self.socket.setsockopt(zmq.LINGER, 0)
         for topic in self.topics:
             self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        try:
-            self.socket.connect(paths.endpoint(path))
-            if monitor.poll(int(SUBSCRIBE_SETTLE * 1000)):
-                # Let the SUB attach the new pipe (it happens when the socket
-                # processes commands) and send its subscriptions, then give the
-                # bytes a moment to cross the ipc connection.
-                self.socket.poll(0)
-                time.sleep(0.02)
-        finally:
-            self.socket.disable_monitor()
-            monitor.close(linger=0)
+        # ktd greets each subscription (p.WELCOME): once that is in, so is the
+        # subscription, and every event published from now on reaches us.
+        self.socket.setsockopt(zmq.SUBSCRIBE, p.WELCOME)
+        self.socket.connect(paths.endpoint(path))
+        deadline = time.monotonic() + SUBSCRIBE_SETTLE
+        self._early: list[list[bytes]] = []
+        while (left := deadline - time.monotonic()) > 0 and self.socket.poll(_ms(left)):
+            frames = self.socket.recv_multipart()
+            if frames[0] == p.WELCOME:
+                break
+            self._early.append(frames)  # an event that overtook the greeting
 
     def get(self, timeout: float | None = None) -> p.Event | None:
         """The next event, or None after ``timeout`` seconds (None: wait forever)."""
@@ -233,10 +232,15 @@ class Subscription(_Closing):
 
     def _recv_nowait(self) -> p.Event | None:
         while True:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return None
+            if self._early:
+                frames = self._early.pop(0)
+            else:
+                try:
+                    frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    return None
+            if frames[0] == p.WELCOME:
+                continue
             if self._exact is not None and frames[0] not in self._exact:
                 continue
             ev = _decode_event(frames)

@@ -22,6 +22,11 @@ import msgspec
 MAX_FRAME = 1 << 20
 HARD_MAX_FRAME = 16 << 20
 
+# The events socket is an XPUB that greets every new subscription with this
+# one-frame message (zmq's XPUB_WELCOME_MSG): a subscriber that has it knows its
+# subscription is in place, so nothing published from then on is missed.
+WELCOME = b"ktd.welcome"
+
 # Seconds: finite and not negative (NaN, inf and -1 are bad_request, never a load
 # started with a deadline nobody can reason about). 0 keeps its meaning: no limit.
 MAX_SECONDS = 1e9

@@ -79,6 +79,17 @@ class EngineLog:
             os.close(fd)
             return False
         self._set_source(fd)
+        if self.backups > 0:
+            # Rotation may have just emptied the file: what came before is in the backup.
+            try:
+                bfd = os.open(self.path.with_name(f"{self.path.name}.1"), os.O_RDONLY)
+            except OSError:
+                pass
+            else:
+                try:
+                    self._backfill(bfd, os.fstat(bfd).st_size)
+                finally:
+                    os.close(bfd)
         self._backfill(fd, st.st_size)
         return True
 

@@ -33,7 +33,7 @@ from ktd.daemon.pool import Pool
 from ktd.daemon.server import ControlServer
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
-from ktd.protocol import HARD_MAX_FRAME, ErrorCode
+from ktd.protocol import HARD_MAX_FRAME, WELCOME, ErrorCode
 from ktd.runtime import add_common_options, load_or_report, setup_logging
 from ktd.topology import read_topology
 
@@ -114,7 +114,7 @@ def check_not_running(path: Path) -> None:
 def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     control = ctx.socket(zmq.ROUTER)
-    events = ctx.socket(zmq.PUB)
+    events = ctx.socket(zmq.XPUB)
     for s in (control, events):
         s.setsockopt(zmq.LINGER, 0)
     control.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_FRAME)
@@ -126,6 +126,7 @@ def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
     control.setsockopt(zmq.SNDHWM, 0)
     control.setsockopt(zmq.ROUTER_MANDATORY, 1)
     events.setsockopt(zmq.SNDHWM, 10_000)
+    events.setsockopt(zmq.XPUB_WELCOME_MSG, WELCOME)
     # Never chmod after bind (racy): the umask decides the mode at creation.
     old = os.umask(0o007 if setup.group else 0o077)
     try:

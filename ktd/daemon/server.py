@@ -48,7 +48,8 @@ class ControlServer:
     ) -> None:
         self.pool = pool
         self.control = TrioSocket(control, self._on_message, on_drop=self._undelivered)
-        self.events = TrioSocket(events, None, max_outbox=10_000)
+        # An XPUB: subscriptions come in as messages, read and dropped (zmq keeps them).
+        self.events = TrioSocket(events, lambda frames: None, max_outbox=10_000)
         self._reload = reload
         self._doctor = doctor
         self._dry_run = dry_run

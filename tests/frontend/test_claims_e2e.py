@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import sim_model, wait_for
 
@@ -73,23 +74,30 @@ def chat(url: str, model: str = "m") -> int:
     return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).status_code
 
 
-def start(write_config: Any, daemon_factory: Any, frontend_factory: Any, models: Any, **d: Any):  # type: ignore[no-untyped-def]
-    cfg = write_config(models, daemon=d or None)
-    return daemon_factory(cfg), frontend_factory(cfg)
+@pytest.fixture
+def launch(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any:
+    """``launch(models, **daemon)``: a real daemon and frontend on one config."""
+
+    def start(models: Any, **daemon: Any) -> tuple[Any, Any]:
+        cfg = write_config(models, daemon=daemon or None)
+        return daemon_factory(cfg), frontend_factory(cfg)
+
+    return start
 
 
-def test_evict_lets_a_running_stream_end_and_queues_the_next_request(
-    write_config: Any, daemon_factory: Any, frontend_factory: Any
-) -> None:
-    daemon, fe = start(
-        write_config,
-        daemon_factory,
-        frontend_factory,
-        [sim_model("m", env={"KTD_SIM_TOKEN_RATE": 20})],
-        drain_timeout=120,
-    )
-    stream = Stream(fe.url, "m", 60)  # 3 s
+def streaming(launch: Any, rate: int, tokens: int, **daemon: Any) -> tuple[Any, Any, Stream]:
+    """One model ``m`` (``ttl`` from ``daemon`` goes to the model) and one stream on it,
+    running and reported in flight when this returns."""
+    model = {"ttl": daemon.pop("ttl")} if "ttl" in daemon else {}
+    d, fe = launch([sim_model("m", env={"KTD_SIM_TOKEN_RATE": rate}, **model)], **daemon)
+    stream = Stream(fe.url, "m", tokens)
     assert stream.started.wait(60) and stream.error is None
+    wait_for(lambda: status(d)["m"]["leases"] == 1, what="in flight reported")
+    return d, fe, stream
+
+
+def test_evict_lets_a_running_stream_end_and_queues_the_next_request(launch: Any) -> None:
+    daemon, fe, stream = streaming(launch, 20, 60, drain_timeout=120)  # 3 s
     evicted: list[Any] = []
     evicting = threading.Thread(target=lambda: evicted.append(daemon.ktctl("evict", "m")))
     evicting.start()
@@ -103,12 +111,8 @@ def test_evict_lets_a_running_stream_end_and_queues_the_next_request(
     assert status(daemon)["m"]["loads"] == 2
 
 
-def test_ttl_never_fires_between_back_to_back_requests(
-    write_config: Any, daemon_factory: Any, frontend_factory: Any
-) -> None:
-    daemon, fe = start(
-        write_config, daemon_factory, frontend_factory, [sim_model("m", ttl=1)], lease_ttl=3
-    )
+def test_ttl_never_fires_between_back_to_back_requests(launch: Any) -> None:
+    daemon, fe = launch([sim_model("m", ttl=1)], lease_ttl=3)
     with httpx.Client(base_url=fe.url, timeout=60) as c:
         until = time.monotonic() + 4  # four TTLs of traffic with no gap a TTL long
         while time.monotonic() < until:
@@ -122,19 +126,9 @@ def test_ttl_never_fires_between_back_to_back_requests(
 
 
 def test_daemon_kill9_with_a_stream_running_keeps_the_stream_and_its_claim(
-    write_config: Any, daemon_factory: Any, frontend_factory: Any
+    launch: Any,
 ) -> None:
-    daemon, fe = start(
-        write_config,
-        daemon_factory,
-        frontend_factory,
-        [sim_model("m", env={"KTD_SIM_TOKEN_RATE": 10})],
-        drain_timeout=120,
-        lease_ttl=6,
-    )
-    stream = Stream(fe.url, "m", 100)  # 10 s
-    assert stream.started.wait(60) and stream.error is None
-    wait_for(lambda: status(daemon)["m"]["leases"] == 1, what="in flight reported")
+    daemon, _, stream = streaming(launch, 10, 100, drain_timeout=120, lease_ttl=6)  # 10 s
     pid = status(daemon)["m"]["pid"]
     daemon.stop(signal.SIGKILL)
     daemon.start()
@@ -147,20 +141,9 @@ def test_daemon_kill9_with_a_stream_running_keeps_the_stream_and_its_claim(
     assert stream.done and stream.tokens == 100
 
 
-def test_a_daemon_stopped_past_lease_ttl_expires_no_claim(
-    write_config: Any, daemon_factory: Any, frontend_factory: Any
-) -> None:
-    daemon, fe = start(
-        write_config,
-        daemon_factory,
-        frontend_factory,
-        # ttl 1: were the claim expired, the idle TTL would kill the engine mid-stream.
-        [sim_model("m", ttl=1, env={"KTD_SIM_TOKEN_RATE": 10})],
-        lease_ttl=2,
-    )
-    stream = Stream(fe.url, "m", 100)  # 10 s
-    assert stream.started.wait(60) and stream.error is None
-    wait_for(lambda: status(daemon)["m"]["leases"] == 1, what="in flight reported")
+def test_a_daemon_stopped_past_lease_ttl_expires_no_claim(launch: Any) -> None:
+    # ttl 1: were the claim expired, the idle TTL would kill the engine mid-stream.
+    daemon, _, stream = streaming(launch, 10, 100, ttl=1, lease_ttl=2)  # 10 s
     assert daemon.proc is not None
     os.kill(daemon.proc.pid, signal.SIGSTOP)
     try:
@@ -174,19 +157,9 @@ def test_a_daemon_stopped_past_lease_ttl_expires_no_claim(
     assert status(daemon)["m"]["evictions"] == 0
 
 
-def test_a_dead_frontend_s_claims_expire_and_the_engine_stays(
-    write_config: Any, daemon_factory: Any, frontend_factory: Any
-) -> None:
-    daemon, fe = start(
-        write_config,
-        daemon_factory,
-        frontend_factory,
-        [sim_model("m", env={"KTD_SIM_TOKEN_RATE": 5})],
-        lease_ttl=2,
-    )
-    stream = Stream(fe.url, "m", 1000)
-    assert stream.started.wait(60)
-    wait_for(lambda: status(daemon)["m"]["claims"] == 1, what="claim")
+def test_a_dead_frontend_s_claims_expire_and_the_engine_stays(launch: Any) -> None:
+    daemon, fe, stream = streaming(launch, 5, 1000, lease_ttl=2)
+    assert status(daemon)["m"]["claims"] == 1
     fe.stop(signal.SIGKILL)
     wait_for(
         lambda: (lambda e: e["claims"] == 0 and e["leases"] == 0)(status(daemon)["m"]),
@@ -197,16 +170,8 @@ def test_a_dead_frontend_s_claims_expire_and_the_engine_stays(
     stream.join(check=False)  # cut by the frontend's death, not by ktd
 
 
-def test_the_frontend_serves_held_engines_while_the_daemon_is_down(
-    write_config: Any, daemon_factory: Any, frontend_factory: Any
-) -> None:
-    daemon, fe = start(
-        write_config,
-        daemon_factory,
-        frontend_factory,
-        [sim_model("m"), sim_model("n")],
-        lease_ttl=3,
-    )
+def test_the_frontend_serves_held_engines_while_the_daemon_is_down(launch: Any) -> None:
+    daemon, fe = launch([sim_model("m"), sim_model("n")], lease_ttl=3)
     assert chat(fe.url) == 200
     pid = status(daemon)["m"]["pid"]
     daemon.stop(signal.SIGKILL)  # a restart or an upgrade: engines keep running
@@ -219,15 +184,8 @@ def test_the_frontend_serves_held_engines_while_the_daemon_is_down(
     assert chat(fe.url, "n") == 200
 
 
-def test_a_burst_for_a_cold_model_leaves_nothing_held(
-    write_config: Any, daemon_factory: Any, frontend_factory: Any
-) -> None:
-    daemon, fe = start(
-        write_config,
-        daemon_factory,
-        frontend_factory,
-        [sim_model("m", env={"KTD_SIM_LOAD_TIME": 2})],
-    )
+def test_a_burst_for_a_cold_model_leaves_nothing_held(launch: Any) -> None:
+    daemon, fe = launch([sim_model("m", env={"KTD_SIM_LOAD_TIME": 2})])
     n = 4000
     host, port = fe.url.removeprefix("http://").split(":")
     body = json.dumps({"model": "m", "messages": CHAT, "max_tokens": 1}).encode()

@@ -6,17 +6,32 @@ In-process (Hypercorn + the app), so the fake daemon sees every control message.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 import trio
 from frontend_fakes import FakeDaemon, FakeEngine
-from frontend_helpers import StartFrontend, wait_for
+from frontend_helpers import Frontend, StartFrontend, wait_for
 
 CHAT = "/v1/chat/completions"
 
 
 def body(model: str = "m", stream: bool = False) -> bytes:
     return json.dumps({"model": model, "stream": stream, "messages": []}).encode()
+
+
+@asynccontextmanager
+async def held_stream(fe: Frontend, fake_engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
+    """A slow stream on ``m`` under way (its first event seen) for the block's duration."""
+    fake_engine.chunks = 10_000
+    fake_engine.chunk_delay = 0.01
+    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as held:
+        chunks = held.aiter_raw()  # kept: a dropped iterator closes the stream
+        async for chunk in chunks:
+            if chunk.startswith(b"data: {"):
+                break
+        yield c
 
 
 async def test_requests_on_a_held_claim_send_nothing_to_the_daemon(
@@ -58,15 +73,9 @@ async def test_a_drain_recall_stops_routing_at_once_and_waits_for_the_request_th
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
     fake_daemon.add("m", url=fake_engine.url, state="ready")
-    fake_engine.chunks = 10_000
-    fake_engine.chunk_delay = 0.01
     fe = await start_frontend()
     broker = fe.state.broker
-    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as held:
-        chunks = held.aiter_raw()  # kept: a dropped iterator closes the stream
-        async for chunk in chunks:
-            if chunk.startswith(b"data: {"):
-                break
+    async with held_stream(fe, fake_engine) as c:
         [claim] = list(broker.claims)
         assert broker.claims[claim].inflight == 1
         fake_daemon.recall("m")
@@ -86,26 +95,26 @@ async def test_an_idle_recall_is_refused_while_busy_and_answered_when_idle(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
     fake_daemon.add("m", url=fake_engine.url, state="ready")
-    fake_engine.chunks = 10_000
-    fake_engine.chunk_delay = 0.01
     fe = await start_frontend()
     broker = fe.state.broker
-    async with fe.client() as c:
-        async with c.stream("POST", CHAT, content=body(stream=True)) as held:
-            chunks = held.aiter_raw()  # kept: a dropped iterator closes the stream
-            async for chunk in chunks:
-                if chunk.startswith(b"data: {"):
-                    break
-            [claim] = list(broker.claims)
-            reports = fake_daemon.heartbeats
-            fake_daemon.recall("m", kind="idle", idle=60.0)  # a TTL of 60 s
-            await wait_for(lambda: fake_daemon.heartbeats > reports + 1, what="reports")
-            assert broker.claims[claim].routing and fake_daemon.returns == 0
-        # Idle now, but for less than 60 s: still kept.
+
+    async def ttl_recall_is_kept() -> None:
         fake_daemon.recalls.clear()
-        fake_daemon.recall("m", kind="idle", idle=0.0)  # restart-when-idle: back at once
-        await wait_for(lambda: fake_daemon.returns == 1, what="given back")
-        assert claim not in broker.claims
+        reports = fake_daemon.heartbeats
+        fake_daemon.recall("m", kind="idle", idle=60.0)  # a TTL of 60 s
+        await wait_for(lambda: fake_daemon.heartbeats > reports + 1, what="reports")
+        assert claim in broker.claims and broker.claims[claim].routing
+        assert fake_daemon.returns == 0
+
+    async with held_stream(fe, fake_engine):
+        [claim] = list(broker.claims)
+        await ttl_recall_is_kept()  # busy
+    await wait_for(lambda: fake_daemon.in_flight == 0, what="stream ended")
+    await ttl_recall_is_kept()  # idle, but for less than 60 s
+    fake_daemon.recalls.clear()
+    fake_daemon.recall("m", kind="idle", idle=0.0)  # restart-when-idle: back at once
+    await wait_for(lambda: fake_daemon.returns == 1, what="given back")
+    assert claim not in broker.claims
 
 
 async def test_local_admission_applies_max_concurrent_and_max_queue(

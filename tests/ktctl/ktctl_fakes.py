@@ -36,8 +36,9 @@ class FakeDaemon:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.bind(f"ipc://{self.path}")
-        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub = self.ctx.socket(zmq.XPUB)  # as ktd's: it greets each subscription
         self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.XPUB_WELCOME_MSG, p.WELCOME)
         self.pub.bind(f"ipc://{directory / 'events.sock'}")
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -49,6 +50,8 @@ class FakeDaemon:
         while not self._stop.is_set():
             while not self.outbox.empty():
                 self.publish(self.outbox.get())
+            while self.pub.poll(0):
+                self.pub.recv()  # subscriptions: zmq keeps them, nobody reads them
             if not self.router.poll(20):
                 continue
             ident, data = self.router.recv_multipart()

@@ -452,8 +452,9 @@ def test_deleted_engine_log_is_still_rotated_and_shown_after_restart(
         wait_for(lambda: os.stat(engine_file).st_size < 4096, what="rotation of the deleted file")
         assert not log_path.exists()
         assert (log_path.parent / "rm-kt.log.1").exists()
-        logs = "\n".join(c.logs("rm-kt", 2000))
-        assert "before-399" in logs and "was removed or replaced" in logs
+        # The engine writes its access line after the answer: wait for the last one.
+        wait_for(lambda: "before-399" in "\n".join(c.logs("rm-kt", 2000)), what="last line")
+        assert "was removed or replaced" in "\n".join(c.logs("rm-kt", 2000))
     d1.stop(signal.SIGKILL)
     d2 = daemon_factory(cfg)
     with d2.client(timeout=60) as c:
