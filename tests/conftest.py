@@ -28,7 +28,10 @@ from ktd.daemon import proctree
 REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "ktd" / "sim" / "shim"
 MARK = "KTD_TEST_RUN"
-RUN_ID = os.environ.setdefault(MARK, uuid.uuid4().hex)
+# One id per pytest process: with ``-n 2`` each xdist worker checks (and kills) only
+# what it started itself, never its sibling's engines.
+RUN_ID = f"{uuid.uuid4().hex}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+os.environ[MARK] = RUN_ID
 # Nothing in the tests may talk to a daemon of the machine's own.
 for _var in ("KTD_SOCKET", "KTD_CONFIG", "KTD_RUNTIME_DIR", "KTD_STATE_DIR", "NOTIFY_SOCKET"):
     os.environ.pop(_var, None)

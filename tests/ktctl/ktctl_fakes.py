@@ -1,4 +1,4 @@
-"""An in-test ktd for ktctl's unit tests: a ROUTER + PUB served by one thread."""
+"""An in-test ktd for ktctl's unit tests: a ROUTER + XPUB served by one thread."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ Handler = Callable[[p.Request, "FakeDaemon"], Answer]
 
 
 class FakeDaemon:
-    """A ROUTER (control.sock) and a PUB (events.sock) served by one thread.
+    """A ROUTER (control.sock) and an XPUB (events.sock) served by one thread.
 
     ``handler(request, daemon)`` returns the frames to send back (structs or raw
     bytes), None to stay silent, or ``"die"`` to close both sockets at once (a

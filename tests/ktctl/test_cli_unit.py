@@ -561,7 +561,7 @@ def test_events_against_a_live_publisher(
     def two_then_stop(self: Client, topics: Any = ("",)) -> Iterator[p.Event]:
         it = real(self, topics)
         ev = p.Event(topic="lease.deepseek-v4-kt", time=0.0, alias="deepseek-v4-kt", leases=3)
-        d.pub.send_multipart([ev.topic.encode(), msgspec.msgpack.encode(ev)])
+        d.outbox.put(ev)  # published by the fake's own thread: one socket, one thread
         yield next(it)
         raise KeyboardInterrupt
 
