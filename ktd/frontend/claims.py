@@ -435,13 +435,13 @@ class ClaimBroker:
         if reply.daemon and reply.daemon != self.daemon_run:
             # A restarted daemon: our report told it what we hold; its grants count anew.
             self.daemon_run, self.seen = reply.daemon, 0
-        for model, limits in reply.limits.items():
-            entry = self.entries.get(model)
-            if entry is not None and entry.held is None:
-                entry.max_concurrent, entry.max_queue = limits.max_concurrent, limits.max_queue
+        # The daemon's current limits (a reload may have changed them), per model.
         for model, entry in self.entries.items():
-            if model not in reply.limits and entry.held is None:
+            limits = reply.limits.get(model)
+            if limits is None:
                 entry.max_concurrent = entry.max_queue = None
+            else:
+                entry.max_concurrent, entry.max_queue = limits.max_concurrent, limits.max_queue
         for claim in reply.dropped:
             held = self.claims.pop(claim, None)
             if held is not None:

@@ -34,6 +34,8 @@ class FakeModel:
     loads: int = 0
     loaded: trio.Event = field(default_factory=trio.Event)
     loading: bool = False
+    max_concurrent: int | None = None
+    max_queue: int | None = None
 
 
 class FakeDaemon:
@@ -96,7 +98,12 @@ class FakeDaemon:
         live = [r for r in self.recalls if r.claim in self.claims]
         self.recalls = live
         self._untold = 0
-        return p.SyncReply(id=rid, daemon="fake", recalls=list(live))
+        limits = {
+            m.alias: p.Limits(max_concurrent=m.max_concurrent, max_queue=m.max_queue)
+            for m in self.models.values()
+            if m.max_concurrent is not None or m.max_queue is not None
+        }
+        return p.SyncReply(id=rid, daemon="fake", recalls=list(live), limits=limits)
 
     async def _park(self, ident: bytes, req: p.Sync) -> None:
         with trio.move_on_after(req.wait):
@@ -183,7 +190,16 @@ class FakeDaemon:
         self.claims[claim] = m.alias
         self._reply(
             ident,
-            p.ClaimReply(id=req.id, claim=claim, alias=m.alias, url=m.url, daemon="fake", grant=n),
+            p.ClaimReply(
+                id=req.id,
+                claim=claim,
+                alias=m.alias,
+                url=m.url,
+                daemon="fake",
+                grant=n,
+                max_concurrent=m.max_concurrent,
+                max_queue=m.max_queue,
+            ),
         )
 
 

@@ -120,13 +120,13 @@ async def test_an_idle_recall_is_refused_while_busy_and_answered_when_idle(
 async def test_local_admission_applies_max_concurrent_and_max_queue(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
-    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fake_daemon.add("m", url=fake_engine.url, state="ready", max_concurrent=1, max_queue=1)
     fe = await start_frontend()
     broker = fe.state.broker
     async with fe.client() as c:
         assert (await c.post(CHAT, content=body())).status_code == 200
     entry = broker.entries["m"]
-    entry.max_concurrent, entry.max_queue = 1, 1  # as a ClaimReply carries them
+    assert (entry.max_concurrent, entry.max_queue) == (1, 1)  # from the claim's grant
     fake_engine.chunks = 10_000
     fake_engine.chunk_delay = 0.01
     async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as held:
