@@ -76,10 +76,12 @@ def claim_side(engine: Engine) -> policy.EngineSide:
 
 
 class ClaimTable:
-    def __init__(self, *, on_change: Callable[[Engine], None]) -> None:
+    def __init__(self, *, on_change: Callable[[Engine, bool], None]) -> None:
         self.run = secrets.token_hex(6)  # this daemon run: reports name the one they saw
         self._grants = itertools.count(1)
-        self._on_change = on_change  # events, TTL re-check, state file
+        # on_change(engine, persist): events and TTL re-check; the state file only when
+        # the set of claims changed (``persist``), not for a report's new counts.
+        self._on_change = on_change
         self.by_id: dict[str, tuple[Engine, ClaimRec]] = {}
         self.queued: dict[str, dict[str, int]] = {}  # client -> alias -> waiting requests
         self._tell: dict[str, set[str]] = {}  # client -> claims to tell it to drop
@@ -141,7 +143,7 @@ class ClaimTable:
     def _add(self, engine: Engine, rec: ClaimRec) -> None:
         engine.claims[rec.id] = rec
         self.by_id[rec.id] = (engine, rec)
-        self._on_change(engine)
+        self._on_change(engine, True)
 
     def give_back(self, client: str, claim_id: str) -> bool:
         found = self.by_id.get(claim_id)
@@ -154,7 +156,7 @@ class ClaimTable:
         self.by_id.pop(rec.id, None)
         if engine.claims.pop(rec.id, None) is not None:
             engine.touch()
-            self._on_change(engine)
+            self._on_change(engine, True)
 
     def report(self, msg: p.Sync, engines: Mapping[str, Engine]) -> None:
         """A frontend's report: confirm, take over, forget, and answer idle recalls."""
@@ -191,7 +193,7 @@ class ClaimTable:
             self._tell.setdefault(msg.client, set()).update(result.dropped)
         for alias in changed:
             if alias in engines:
-                self._on_change(engines[alias])
+                self._on_change(engines[alias], False)
 
     def recall(
         self,

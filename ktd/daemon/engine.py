@@ -294,8 +294,7 @@ class Engine:
         if self.leases.pop(lease_id, None) is None:
             return False
         self.last_used = time.time()
-        self._wake()
-        self.notify_changed()  # waiters on "no leases" (drain, restart-when-idle)
+        self.touch()  # waiters on "no leases" (drain, restart-when-idle)
         return True
 
     def notify_changed(self) -> None:

@@ -341,10 +341,11 @@ class Pool:
         self._ttl_wake.set()
         self._poke_all()
 
-    def _claim_changed(self, engine: Engine) -> None:
+    def _claim_changed(self, engine: Engine, persist: bool) -> None:
         self._lease_event(engine)
         engine.notify_changed()
-        self.save_state()  # claims are rare (one per engine and frontend): persisted at once
+        if persist:
+            self.save_state()  # claims are rare (one per engine and frontend): at once
 
     # ------------------------------------------------------------ state file and adoption
 
@@ -737,10 +738,11 @@ class Pool:
         return engine
 
     def _grant(self, engine: Engine, client: str, claim: bool) -> str:
-        if claim:
-            self.heartbeat(client)
-            return self.claims.grant(engine, client)
-        return self.grant(engine, client)
+        return self.grant_claim(engine, client) if claim else self.grant(engine, client)
+
+    def grant_claim(self, engine: Engine, client: str) -> str:
+        self.heartbeat(client)
+        return self.claims.grant(engine, client)
 
     def grant(self, engine: Engine, client: str) -> str:
         # Seen now: during a long load the sweeper may have dropped the client, and a

@@ -156,8 +156,7 @@ class ControlServer:
                 engine = pool.ready_engine(model, claim=True)
                 if engine is None:
                     return None
-                pool.heartbeat(client)
-                return pool.claims.reply_for(pool.claims.grant(engine, client))
+                return pool.claims.reply_for(pool.grant_claim(engine, client))
             case p.Sync():
                 # Recorded here, in the pass that read it: a heartbeat is never judged late
                 # because its task had not run yet. None: parked (the long poll).

@@ -457,9 +457,10 @@ class ClaimBroker:
             return
         idle = held.inflight == 0 and trio.current_time() - held.last_end >= recall.idle
         if recall.kind == "drain":
-            self._stop_routing(held)
             if held.inflight == 0:
-                self._give_back(held)
+                self._give_back(held)  # which stops routing there too
+            else:
+                self._stop_routing(held)  # given back when its last request ends
         elif idle:
             self._give_back(held)
         elif recall.idle <= 0:

@@ -22,8 +22,11 @@ def body(model: str = "m", stream: bool = False) -> bytes:
 
 
 @asynccontextmanager
-async def held_stream(fe: Frontend, fake_engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
-    """A slow stream on ``m`` under way (its first event seen) for the block's duration."""
+async def held_stream(
+    fe: Frontend, fake_engine: FakeEngine
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.Response]]:
+    """A slow stream on ``m`` under way (its first event seen) for the block's duration:
+    the client, and the stream (``aclose()`` it to end it early)."""
     fake_engine.chunks = 10_000
     fake_engine.chunk_delay = 0.01
     async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as held:
@@ -31,7 +34,7 @@ async def held_stream(fe: Frontend, fake_engine: FakeEngine) -> AsyncIterator[ht
         async for chunk in chunks:
             if chunk.startswith(b"data: {"):
                 break
-        yield c
+        yield c, held
 
 
 async def test_requests_on_a_held_claim_send_nothing_to_the_daemon(
@@ -75,7 +78,7 @@ async def test_a_drain_recall_stops_routing_at_once_and_waits_for_the_request_th
     fake_daemon.add("m", url=fake_engine.url, state="ready")
     fe = await start_frontend()
     broker = fe.state.broker
-    async with held_stream(fe, fake_engine) as c:
+    async with held_stream(fe, fake_engine) as (c, _):
         [claim] = list(broker.claims)
         assert broker.claims[claim].inflight == 1
         fake_daemon.recall("m")
@@ -127,13 +130,7 @@ async def test_local_admission_applies_max_concurrent_and_max_queue(
         assert (await c.post(CHAT, content=body())).status_code == 200
     entry = broker.entries["m"]
     assert (entry.max_concurrent, entry.max_queue) == (1, 1)  # from the claim's grant
-    fake_engine.chunks = 10_000
-    fake_engine.chunk_delay = 0.01
-    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as held:
-        chunks = held.aiter_raw()  # kept: a dropped iterator closes the stream
-        async for chunk in chunks:
-            if chunk.startswith(b"data: {"):
-                break
+    async with held_stream(fe, fake_engine) as (c, held):
         done: list[int] = []
 
         async def second() -> None:
