@@ -7,10 +7,10 @@
            "--served-model-name", "tiny", *ee.ENGINE_FLAGS]
     subprocess.Popen(cmd, env=ee.engine_env(), start_new_session=True)
 
-Nothing here installs anything unless asked: ``venv_python()`` and
-``model_dir()`` raise EngineNotInstalled (with the command to run) when the
-cache is missing; pass ``install=True`` (or set KTD_REAL_INSTALL=1) to run
-tests/real/install.py / make_model.py on demand.
+Every path here comes from tests/real/install.py (its ``artefacts()``), the one step
+that makes them all. Nothing here installs anything unless asked: ``venv_python()`` and
+``model_dir()`` raise EngineNotInstalled (with the command to run) when the cache is
+missing; pass ``install=True`` (or set KTD_REAL_INSTALL=1) to run install.py on demand.
 """
 
 import os
@@ -19,7 +19,6 @@ import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _INSTALL = os.path.join(_HERE, "install.py")
-_MAKE_MODEL = os.path.join(_HERE, "make_model.py")
 
 # CPU-only flags that the real server needs on this machine (no GPU, no
 # CUDA graphs, no flashinfer).  --skip-server-warmup: the ready line is still
@@ -59,20 +58,28 @@ def _want_install(install):
     return install if install is not None else os.environ.get("KTD_REAL_INSTALL") == "1"
 
 
+def _ensure(kt: bool, install: bool | None) -> object:
+    """install.py's module, once every artefact the tier opens exists (installed on demand
+    when asked), else EngineNotInstalled naming what is missing and the command."""
+    inst = _install_module()
+    gaps = inst.missing(kt)
+    if gaps and _want_install(install):
+        cmd = [sys.executable, _INSTALL] + (["--kt"] if kt else [])
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        gaps = inst.missing(kt)
+    if gaps:
+        raise EngineNotInstalled(
+            "not installed: "
+            + "; ".join(f"{what} (expected {path})" for what, path in gaps)
+            + f"; run: python3 {os.path.relpath(_INSTALL)}{' --kt' if kt else ''}"
+        )
+    return inst
+
+
 def venv_dir(kt: bool = False, install=None) -> str:
     """The cache directory of the venv (upstream, or the kt fork's)."""
-    inst = _install_module()
-    d = inst.kt_dir() if kt else inst.upstream_dir()
-    if inst.is_complete(d):
-        return d
-    if not _want_install(install):
-        raise EngineNotInstalled(
-            f"the real SGLang{' kt fork' if kt else ''} venv is not installed "
-            f"(expected {d}); run: python3 {os.path.relpath(_INSTALL)}{' --kt' if kt else ''}"
-        )
-    cmd = [sys.executable, _INSTALL] + (["--kt"] if kt else [])
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return d
+    inst = _ensure(kt, install)
+    return inst.kt_dir() if kt else inst.upstream_dir()
 
 
 def venv_python(kt: bool = False, install=None) -> str:
@@ -104,16 +111,5 @@ def engine_env(base=None) -> dict:
 
 
 def model_dir(install=None) -> str:
-    """The tiny Qwen2 model, cached next to the upstream venv."""
-    d = os.path.join(venv_dir(False, install), "model-tiny-qwen2")
-    if os.path.exists(os.path.join(d, ".ktd-tiny-model-complete")):
-        return d
-    if not _want_install(install):
-        raise EngineNotInstalled(
-            f"the tiny model is not made (expected {d}); run: "
-            f"{venv_python()} {os.path.relpath(_MAKE_MODEL)} {d}"
-        )
-    subprocess.run(
-        [venv_python(), _MAKE_MODEL, d], check=True, env=engine_env(), stdout=subprocess.DEVNULL
-    )
-    return d
+    """The tiny Qwen2 model (tests/real/make_model.py), made by install.py beside the venv."""
+    return _ensure(False, install).model_dir()

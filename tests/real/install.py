@@ -3,6 +3,11 @@
 
     python3 tests/real/install.py          # upstream sglang 0.5.23, CPU torch
     python3 tests/real/install.py --kt     # + the kt fork (sglang-kt 0.7.2)
+    python3 tests/real/install.py --kt --check   # install nothing; list what is missing
+
+Everything the tier opens is made here, the tiny model included (``artefacts()``
+lists it; tests/real/engine_env.py takes its paths from there, and an install
+that ends with any of them missing exits non-zero).
 
 The last stdout line is the path of the venv's python (with --kt: the fork's
 venv's python).  Stdlib only.  The venvs live outside the repo, under
@@ -176,6 +181,8 @@ NO_DEPS = [
 ]
 
 MARKER = ".ktd-real-complete"
+MODEL_MARKER = ".ktd-tiny-model-complete"  # written by make_model.py once the model is whole
+MAKE_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_model.py")
 
 
 def steps_upstream():
@@ -218,6 +225,27 @@ def venv_python(d):
 
 def is_complete(d):
     return os.path.exists(os.path.join(d, MARKER)) and os.path.exists(venv_python(d))
+
+
+def model_dir():
+    """The tiny Qwen2 model the tier serves; made with (and kept beside) the upstream venv."""
+    return os.path.join(upstream_dir(), "model-tiny-qwen2")
+
+
+def artefacts(kt):
+    """Every file the tier opens, as (what, path): tests/real/engine_env.py hands the tier
+    these paths and no others, and an install is complete only when all of them exist."""
+    out = [
+        ("upstream sglang venv", venv_python(upstream_dir())),
+        ("tiny model", os.path.join(model_dir(), MODEL_MARKER)),
+    ]
+    if kt:
+        out.append(("sglang-kt venv", venv_python(kt_dir())))
+    return out
+
+
+def missing(kt):
+    return [(what, path) for what, path in artefacts(kt) if not os.path.exists(path)]
 
 
 def log(msg):
@@ -341,9 +369,27 @@ def install_upstream():
         with open(cons, "w") as f:
             f.write(TORCH + "\n")
 
-    return install_into(
+    d = install_into(
         upstream_dir(), "upstream sglang", "upstream", steps_upstream, SMOKE_UPSTREAM, prepare
     )
+    make_model()
+    return d
+
+
+def make_model():
+    """The tiny model, made by the venv's own python (torch, transformers); idempotent:
+    make_model.py builds beside the target and renames it into place once whole."""
+    out = model_dir()
+    if os.path.exists(os.path.join(out, MODEL_MARKER)):
+        return out
+    with locked(out):
+        if not os.path.exists(os.path.join(out, MODEL_MARKER)):
+            t0 = time.monotonic()
+            log(f"making the tiny model in {out}")
+            with open(os.path.join(upstream_dir(), "model.log"), "w") as logf:
+                run([venv_python(upstream_dir()), MAKE_MODEL, out], logf, smoke_env())
+            log(f"tiny model made in {time.monotonic() - t0:.0f}s")
+    return out
 
 
 def site_packages(d):
@@ -400,12 +446,25 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kt", action="store_true", help="also install the kt fork (sglang-kt)")
     p.add_argument(
+        "--check",
+        action="store_true",
+        help="install nothing: list what the tier needs and is missing (exit 1 if anything is)",
+    )
+    p.add_argument(
         "--print-dir",
         action="store_true",
         help="print the cache directory instead of the python path",
     )
     a = p.parse_args(argv)
+    if a.check:
+        gaps = missing(a.kt)
+        for what, path in artefacts(a.kt):
+            print(f"{'MISSING' if (what, path) in gaps else 'ok':8} {what}: {path}")
+        sys.exit(1 if gaps else 0)
     d = install_kt() if a.kt else install_upstream()
+    gaps = missing(a.kt)  # the post-condition: everything the tier opens is there
+    if gaps:
+        sys.exit("install finished but the tier would miss: " + "; ".join(map(": ".join, gaps)))
     print(d if a.print_dir else venv_python(d))
 
 
