@@ -118,7 +118,7 @@ class Heartbeat(Request, tag="heartbeat"):
     client: str
 
 
-# The claim protocol (the frontend's; ``ktd.daemon.claims`` has the race analysis).
+# The claim protocol (the frontend's; ``ktd.daemon.claimtable`` has the race analysis).
 # A frontend holds one standing claim per engine it has traffic for and counts its
 # requests itself; the daemon is off the per-request path.
 
@@ -278,6 +278,10 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     load_eta: float | None = None  # expected load duration (median of recent loads)
     last_log: str | None = None  # the engine's last log line (never in ``state``/``phase``)
     claims: int = 0  # frontends' standing claims on it (issue 15)
+    # The phase as data (``phase`` is its text): programs act on these, never on prose.
+    step: str | None = None  # ktd.core.states.Step: "loading", "waiting", "draining", ...
+    waiting_for: list[str] = []  # step "waiting": the busy engines this load waits for
+    made_room: list[str] = []  # engines this load stopped to make room (kept while it runs)
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
@@ -422,6 +426,8 @@ class Event(msgspec.Struct, kw_only=True):
     phase: str | None = None
     load_started: float | None = None
     load_eta: float | None = None
+    step: str | None = None  # as ``EngineInfo.step``
+    waiting_for: list[str] = []
 
 
 EngineState = Literal["stopped", "starting", "ready", "draining", "stopping", "failed"]

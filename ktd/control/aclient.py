@@ -3,16 +3,21 @@
 One DEALER socket pumped by one task (``TrioSocket``); many concurrent callers
 each wait on their own request id. A daemon restart is survived for free: zmq
 reconnects the ipc socket, and requests in flight time out with ``Unreachable``.
+With ``on_connect``, the socket's monitor (a PAIR socket, pumped by a task of its
+own) says each time the connection is made again, so a caller whose request went
+to a daemon that is gone need not wait out its timeout to send it anew.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import msgspec
 import trio
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from ktd import protocol as p
 from ktd.control.endpoint import check_reply, dealer
@@ -25,9 +30,16 @@ class Unreachable(Exception):
 
 
 class AsyncClient:
-    def __init__(self, endpoint: str, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout: float = 5.0,
+        on_connect: Callable[[], object] | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        self._on_connect = on_connect
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._ids = itertools.count(1)
         self._waiting: dict[int, trio.MemorySendChannel[p.Reply]] = {}
@@ -55,14 +67,32 @@ class AsyncClient:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the socket pump until cancelled. Start with ``nursery.start(client.run)``."""
         raw = dealer(self._ctx)
+        monitor = None
+        if self._on_connect is not None:
+            pair = raw.get_monitor_socket(zmq.EVENT_CONNECTED)
+            monitor = TrioSocket(pair, self._on_monitor)
         raw.connect(self.endpoint)
         self._sock = TrioSocket(raw, self._on_message)
         task_status.started()
         try:
-            await self._sock.run()
+            async with trio.open_nursery() as nursery:
+                if monitor is not None:
+                    nursery.start_soon(monitor.run)
+                await self._sock.run()
         finally:
+            if monitor is not None:
+                raw.disable_monitor()
+                monitor.close()
             self._sock.close()
             self._sock = None
+
+    def _on_monitor(self, frames: Frames) -> None:
+        try:
+            event = parse_monitor_message(frames)["event"]
+        except (ValueError, KeyError, IndexError):
+            return
+        if event == zmq.EVENT_CONNECTED and self._on_connect is not None:
+            self._on_connect()
 
     async def request(self, msg: p.Request, *, timeout: float | None = None) -> p.Reply:
         """Send and wait. ``timeout=math.inf`` waits forever (loads take minutes)."""

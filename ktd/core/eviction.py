@@ -1,10 +1,13 @@
-"""Eviction and idleness (pure): what a launch does about the engines in its way,
-and when an idle engine's TTL evicts it.
+"""Swaps (pure): what a launch does about the engines in its way, and what a failed
+one brings back.
 
 ``place_step`` reads a placement plan and the holders it names and answers one
 of: use the plan, evict these idle engines, wait for engines already leaving,
-wait for busy holders to go idle (they yield meanwhile), or refuse (busy, or
-impossible on this machine). The pool carries the answer out.
+wait for busy holders to go idle (they yield meanwhile: ``ktd.core.admission``'s
+cutoff), or refuse (busy, or impossible on this machine). ``ktd.daemon.placer``
+carries the answer out. A launch that stopped engines to make room and then
+failed before it was ready brings back those that still fit (``bring_back``):
+a crash of the new model must not leave the box serving nothing.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ __all__ = [
     "Use",
     "WaitIdle",
     "WaitLeaving",
+    "bring_back",
     "idle_for",
     "place_step",
-    "ttl_due",
     "waitable",
 ]
 
@@ -127,17 +130,10 @@ def place_step(plan: PlanView, holders: Mapping[str, HolderView], *, swap: bool)
     return WaitIdle(tuple(h.alias for h in blocking))
 
 
-def ttl_due(
-    *,
-    ttl: float,
-    state: str,
-    leases: int,
-    want_up: bool,
-    last_used: float | None,
-    since: float,
-) -> float | None:
-    """When the idle TTL evicts an engine (wall clock), counted from the end of its
-    last request; None without a TTL, or while it is busy, loading or going."""
-    if ttl <= 0 or state != S.READY or leases or not want_up:
-        return None
-    return (last_used or since) + ttl
+def bring_back(
+    made_room: tuple[str, ...], *, stopped: Mapping[str, bool], fits: Mapping[str, bool]
+) -> tuple[str, ...]:
+    """Of the engines a failed launch stopped to make room, those to start again: still
+    stopped and unwanted (nobody loaded or evicted them since), and placeable now
+    without stopping anything."""
+    return tuple(a for a in made_room if stopped.get(a, False) and fits.get(a, False))

@@ -1,22 +1,43 @@
-"""The engine state machine (pure): states, legal moves, and what each state allows.
+"""The engine state machine (pure): states, legal moves, what each state allows, and phases.
 
 ``stopped → starting → ready → draining → stopping → stopped``, plus ``failed``.
 Only an engine's own supervisor task moves it; a move not listed here is a bug,
 so ``check`` raises instead of letting the pool drift from the processes.
+
+States are a ``StrEnum``: they go on the wire and into the state file as their
+plain names (``"ready"``), and compare equal to them, so scripts that read
+``ktctl status --json`` see what they always saw.
+
+A *phase* says which step of a state the engine is in. It is structured
+(``Phase.step`` from a fixed set, plus the engines it names) so that programs act
+on the step, never on its wording; ``Phase.text`` is for people.
 """
 
 from __future__ import annotations
 
-STOPPED = "stopped"
-STARTING = "starting"
-READY = "ready"
-DRAINING = "draining"
-STOPPING = "stopping"
-FAILED = "failed"
+from dataclasses import dataclass
+from enum import StrEnum
 
-ALL = (STOPPED, STARTING, READY, DRAINING, STOPPING, FAILED)
 
-TRANSITIONS: dict[str, frozenset[str]] = {
+class State(StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+STOPPED = State.STOPPED
+STARTING = State.STARTING
+READY = State.READY
+DRAINING = State.DRAINING
+STOPPING = State.STOPPING
+FAILED = State.FAILED
+
+ALL: tuple[State, ...] = tuple(State)
+
+TRANSITIONS: dict[State, frozenset[State]] = {
     STOPPED: frozenset({STARTING, FAILED}),
     # starting → starting: a retry (port taken at bind, crash backoff).
     STARTING: frozenset({STARTING, READY, STOPPING, FAILED, STOPPED}),
@@ -31,12 +52,62 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 HOLDS_RESOURCES = frozenset({STARTING, READY, DRAINING, STOPPING})
 # States in which processes may exist.
 HAS_PROCESSES = HOLDS_RESOURCES
+# States on the way down (a reason given by whoever asked for the stop applies).
+GOING_DOWN = frozenset({DRAINING, STOPPING, STOPPED})
 
 
 class IllegalTransition(RuntimeError):
     pass
 
 
-def check(old: str, new: str) -> None:
+def check(old: State, new: State) -> None:
     if new not in TRANSITIONS.get(old, frozenset()):
         raise IllegalTransition(f"engine state {old} -> {new} is not allowed")
+
+
+class Step(StrEnum):
+    """The steps a phase can name (``EngineInfo.step``; stable strings)."""
+
+    PROBING = "probing"  # asking the engine's Python what SGLang it has
+    INSTALLING = "installing"  # auto_build's pip install
+    PREFLIGHT = "preflight"  # paths, imports, port, memory fit
+    PLACING = "placing"
+    WAITING = "waiting"  # for busy holders of its NUMA nodes/GPUs to go idle (a swap)
+    MAKING_ROOM = "making_room"  # stopping idle holders
+    LOADING = "loading"  # the engine process runs and loads (log milestones refine the text)
+    ADOPTING = "adopting"  # a previous daemon's engine, taken over
+    RESTARTING = "restarting"  # crash backoff before the next launch
+    DRAINING = "draining"  # requests in flight finish before the stop
+    DEREGISTERING = "deregistering"  # off the gateway before the drain
+    TERMINATING = "terminating"
+
+
+@dataclass(frozen=True)
+class Phase:
+    step: Step
+    text: str
+    engines: tuple[str, ...] = ()  # the holders waited for, or stopped to make room
+
+    @classmethod
+    def of(cls, step: Step, text: str | None = None, engines: tuple[str, ...] = ()) -> Phase:
+        return cls(step, text or _TEXT[step].format(", ".join(engines)), engines)
+
+    def waiting_for(self) -> tuple[str, ...]:
+        """The engines a load waits for (a swap), else nothing."""
+        return self.engines if self.step == Step.WAITING else ()
+
+
+_TEXT = {
+    Step.PROBING: "probing engine Python",
+    Step.INSTALLING: "pip install",
+    Step.PREFLIGHT: "preflight",
+    Step.PLACING: "placing",
+    Step.WAITING: "waiting for {}",
+    Step.MAKING_ROOM: "stopping {} to make room",
+    Step.LOADING: "loading",
+    Step.ADOPTING: "adopting",
+    Step.RESTARTING: "restarting",
+    Step.DRAINING: "draining",
+    Step.DEREGISTERING: "deregistering from the gateway",
+    Step.TERMINATING: "terminating",
+}

@@ -140,12 +140,11 @@ class ControlServer:
             case p.Logs(alias=alias, lines=lines, probes=probes):
                 return p.LogsReply(alias=alias, lines=pool.logs(alias, lines, probes=probes))
             case p.Acquire(model=model, client=client):
-                engine = pool.ready_engine(model)
-                if engine is None:
+                now = pool.grant_now(model, client, claim=False)
+                if now is None:
                     return None
-                return p.AcquireReply(
-                    lease=pool.grant(engine, client), alias=engine.alias, url=engine.url or ""
-                )
+                lease, engine = now
+                return p.AcquireReply(lease=lease, alias=engine.alias, url=engine.url or "")
             case p.Release(lease=lease):
                 found = pool.release(lease)
                 return p.Ok(message="released" if found else "unknown lease (already expired)")
@@ -153,10 +152,8 @@ class ControlServer:
                 pool.heartbeat(client)
                 return p.Ok()
             case p.Claim(model=model, client=client):
-                engine = pool.ready_engine(model, claim=True)
-                if engine is None:
-                    return None
-                return pool.claims.reply_for(pool.grant_claim(engine, client))
+                now = pool.grant_now(model, client, claim=True)
+                return None if now is None else pool.claims.reply_for(now[0])
             case p.Sync():
                 # Recorded here, in the pass that read it: a heartbeat is never judged late
                 # because its task had not run yet. None: parked (the long poll).

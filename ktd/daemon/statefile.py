@@ -32,7 +32,7 @@ from ktd.daemon import proctree
 
 class ClaimRecord(msgspec.Struct, kw_only=True):
     """A frontend's standing claim: a restarted daemon must not take the engine away
-    before that frontend has reported (``ktd.daemon.claims``)."""
+    before that frontend has reported (``ktd.daemon.claimtable``)."""
 
     id: str
     client: str

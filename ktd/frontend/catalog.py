@@ -20,7 +20,7 @@ import trio
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.frontend.claims import ClaimBroker
+from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.upstream import UpstreamError, UpstreamPool
 
 CARD_TTL = 3.0

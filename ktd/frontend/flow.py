@@ -21,7 +21,7 @@ Request flow:
 2. API key, then the body (size-limited), then the routing fields only
    (``model``/``stream`` of JSON, the ``model`` form field of multipart audio;
    routes.py says what routes a request without one).
-3. A slot on the model's claim (``claims.py``): at once when this frontend
+3. A slot on the model's claim (``broker.py``): at once when this frontend
    holds the claim and has room under ``max_concurrent``, with no message to the
    daemon; otherwise in line (``max_queue``), while one ``Claim`` asks the daemon,
    which loads on demand and queues behind busy engines.
@@ -50,14 +50,17 @@ import trio
 from ktd import multipart
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
+from ktd.core import states as S
 from ktd.frontend import catalog, errors
 from ktd.frontend.body import check_declared_length, check_model, parse_head, read_limited
+from ktd.frontend.broker import Admission
 from ktd.frontend.errors import ApiError
 from ktd.frontend.metrics import NO_MODEL
 from ktd.frontend.proxy import (
     SSE_CONTENT_TYPE,
     STREAM_HEADERS,
     Exchange,
+    StaleClaim,
     backward_headers,
     control_error,
     forward_headers,
@@ -373,10 +376,9 @@ class ProxyRoutes:
         async def progress(elapsed: float) -> bytes:
             info = await catalog.engine_status(broker, alias)
             if info is not None:
-                phase = info.phase or ""
-                if info.state == "starting" and phase.startswith("waiting for "):
-                    return waiting_comment(phase[len("waiting for ") :], elapsed)
-                if info.state == "ready":
+                if info.state == S.STARTING and info.waiting_for:  # a swap
+                    return waiting_comment(", ".join(info.waiting_for), elapsed)
+                if info.state == S.READY:
                     return waiting_comment(alias, elapsed)  # queued for a slot
                 if info.load_started:  # the load's own age, and what loads took before
                     ran = max(elapsed, time.time() - info.load_started)
@@ -388,23 +390,35 @@ class ProxyRoutes:
     async def _exchange(self, ex: Exchange, base: str, stream: bool, send: Send) -> None:
         state = self.state
         options = state.options
-        try:
-            ex.handle = await state.broker.start_acquire(
-                base,
-                autoload=options.frontend.autoload,
-                load_timeout=options.frontend.load_timeout,
+        grace = options.stream_grace if stream else math.inf
+
+        async def acquire() -> Admission:
+            return await state.broker.start_acquire(
+                base, autoload=options.frontend.autoload, load_timeout=options.frontend.load_timeout
             )
-            slot = await ex.handle.wait(options.stream_grace if stream else math.inf)
+
+        ex.reacquire = acquire
+        try:
+            ex.handle = await acquire()
         except (ControlError, Unreachable) as exc:
             raise ex.failed(control_error(ex.model, exc)) from None
-        if slot is None:
-            # Still loading or queued: answer 200 now, and wait inside the body.
-            headers = [SSE_CONTENT_TYPE, *STREAM_HEADERS]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await relay(ex, send, interval=options.loading_interval)
-            return
-        ex.got_slot(slot, trio.current_time() - ex.started)
-        upstream = await ex.open_upstream()
+        while True:
+            try:
+                slot = await ex.handle.wait(grace)
+            except (ControlError, Unreachable) as exc:
+                raise ex.failed(control_error(ex.model, exc)) from None
+            if slot is None:
+                # Still loading or queued: answer 200 now, and wait inside the body.
+                headers = [SSE_CONTENT_TYPE, *STREAM_HEADERS]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await relay(ex, send, interval=options.loading_interval)
+                return
+            ex.got_slot(slot, trio.current_time() - ex.started)
+            try:
+                upstream = await ex.open_upstream()
+                break
+            except StaleClaim:
+                continue  # its engine was gone: the new slot, as for the first
         if stream and upstream.status == 200:
             headers = stream_headers(upstream.headers)
             await send({"type": "http.response.start", "status": 200, "headers": headers})

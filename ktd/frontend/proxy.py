@@ -28,10 +28,16 @@ import trio
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.frontend import errors
-from ktd.frontend.claims import Admission, ClaimBroker, Slot
+from ktd.frontend.broker import Admission, ClaimBroker, Slot
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.metrics import UNKNOWN_MODEL, Metrics
-from ktd.frontend.upstream import Response, UpstreamError, UpstreamPool, UpstreamTimeout
+from ktd.frontend.upstream import (
+    ConnectFailed,
+    Response,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamTimeout,
+)
 
 log = logging.getLogger("ktd.frontend")
 
@@ -161,6 +167,7 @@ class Exchange:
         "model",
         "pool",
         "progress",
+        "reacquire",
         "remember",
         "response",
         "slot",
@@ -201,6 +208,8 @@ class Exchange:
         self.adapter: str | None = None  # LoRA: checked against the engine before sending
         self.remember: Callable[[str, bytes], None] | None = None  # (alias, first bytes)
         self.progress: Callable[[float], Awaitable[bytes]] | None = None  # waiting comments
+        # Asks for a slot again (the flow's terms) when a held claim proved stale; once.
+        self.reacquire: Callable[[], Awaitable[Admission]] | None = None
         metrics.in_flight.inc()
 
     # ------------------------------------------------------------ steps
@@ -228,9 +237,28 @@ class Exchange:
             self.response = await self.pool.request(
                 self.slot.url, self.target, self.headers, self.body, method=self.method
             )
+        except ConnectFailed as exc:
+            if self.reacquire is None:
+                raise self.upstream_error(exc) from None
+            await self._ask_again()
+            raise StaleClaim from None
         except UpstreamError as exc:
             raise self.upstream_error(exc) from None
         return self.response
+
+    async def _ask_again(self) -> None:
+        """The engine of the claim refused the connection: nothing was sent, so the
+        request may go elsewhere. The claim is given up and a slot asked for anew (the
+        daemon reloads the engine, or says why not); at most once per request."""
+        assert self.slot is not None and self.reacquire is not None
+        reacquire, self.reacquire = self.reacquire, None
+        self.broker.stale(self.slot)
+        self.slot.leave()
+        self.slot = None
+        try:
+            self.handle = await reacquire()
+        except (ControlError, Unreachable) as exc:
+            raise self.failed(control_error(self.model, exc)) from None
 
     async def _check_adapter(self, slot: Slot, adapter: str) -> None:
         """``alias:adapter`` reaches the engine only if it lists the adapter (its /v1/models)."""
@@ -273,6 +301,10 @@ class Exchange:
         self.metrics.requests.labels(self.endpoint, self.label, str(self.status)).inc()
 
 
+class StaleClaim(Exception):
+    """Raised by ``open_upstream`` once it asked for a slot anew (``Exchange.handle``)."""
+
+
 def loading_comment(alias: str, elapsed: float, expected: float | None = None) -> bytes:
     """An SSE comment: OpenAI clients skip it, proxies see traffic, humans see progress.
 
@@ -297,18 +329,15 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
     tail = b""
     try:
         if ex.response is None:
-            assert ex.handle is not None
             await _body(send, await _comment(ex))
             while True:
+                slot = await _next_slot(ex, send, interval)
+                ex.got_slot(slot, trio.current_time() - ex.started)
                 try:
-                    slot = await ex.handle.wait(interval)
-                except (ControlError, Unreachable) as exc:
-                    raise ex.failed(control_error(ex.model, exc)) from None
-                if slot is not None:
+                    opened = await ex.open_upstream()
                     break
-                await _body(send, await _comment(ex))
-            ex.got_slot(slot, trio.current_time() - ex.started)
-            opened = await ex.open_upstream()
+                except StaleClaim:
+                    continue  # asked anew: wait (with comments) for the new slot
             if opened.status != 200:
                 data = await opened.read()
                 raise ex.failed(errors.from_upstream_body(opened.status, data))
@@ -344,6 +373,19 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
         ex.failed(err)
         tail = err.sse() + SSE_DONE
     await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+async def _next_slot(ex: Exchange, send: Send, interval: float) -> Slot:
+    """Wait for the exchange's slot, a ``: loading`` comment every ``interval`` seconds."""
+    assert ex.handle is not None
+    while True:
+        try:
+            slot = await ex.handle.wait(interval)
+        except (ControlError, Unreachable) as exc:
+            raise ex.failed(control_error(ex.model, exc)) from None
+        if slot is not None:
+            return slot
+        await _body(send, await _comment(ex))
 
 
 async def _comment(ex: Exchange) -> bytes:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from ktd.core.config import FrontendSection
 from ktd.frontend.auth import ApiKeys
+from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.catalog import ResponseBook
-from ktd.frontend.claims import ClaimBroker
 from ktd.frontend.metrics import Metrics
 from ktd.frontend.upstream import UpstreamPool
 

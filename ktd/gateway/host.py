@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ktd.core.config import DaemonSection
+from ktd.core.states import Phase
 
 __all__ = ["EngineLike", "PoolLike"]
 
@@ -40,8 +41,6 @@ class _Placement(Protocol):
 class EngineLike(Protocol):
     """One engine of the pool (``ktd.daemon.engine.Engine``)."""
 
-    phase: str | None  # set by the sync while it deregisters the engine
-
     @property
     def alias(self) -> str: ...
     @property
@@ -62,6 +61,8 @@ class EngineLike(Protocol):
     def url(self) -> str | None: ...  # where the running engine answers
 
     def notify_changed(self) -> None: ...
+
+    def set_phase(self, phase: Phase) -> None: ...  # the sync's step while it deregisters
 
 
 class PoolLike(Protocol):

@@ -22,6 +22,7 @@ import trio
 from ktd.core import states as S
 from ktd.core.config import FrontendSection, GatewaySection
 from ktd.core.doctor import Check
+from ktd.core.states import Phase, Step
 from ktd.core.userflags import user_flags
 from ktd.gateway import plan
 from ktd.gateway.client import RouterClient, RouterError
@@ -230,8 +231,7 @@ class GatewaySync:
         self.leaving.add(engine.alias)
         marks = {url: r.generation for url, r in self.routers.items()}
         self.poke()
-        engine.phase = "deregistering from the gateway"
-        engine.notify_changed()
+        engine.set_phase(Phase.of(Step.DEREGISTERING))
         view = next((v for v in self.views() if v.alias == engine.alias), None)
         url = None
         if view is not None and view.port is not None:

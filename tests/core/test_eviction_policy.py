@@ -14,7 +14,6 @@ from ktd.core.eviction import (
     WaitLeaving,
     idle_for,
     place_step,
-    ttl_due,
     waitable,
 )
 
@@ -85,24 +84,3 @@ def test_idle_for_counts_only_requests_before_the_cutoff() -> None:
     assert not idle_for(holder("a", S.STARTING), cutoff=5)
     assert idle_for(holder("a", S.STOPPED), cutoff=5)
     assert idle_for(holder("a", S.STARTING, want_up=False), cutoff=5)
-
-
-def due(**kw: object) -> float | None:
-    args: dict[str, object] = {
-        "ttl": 60.0,
-        "state": S.READY,
-        "leases": 0,
-        "want_up": True,
-        "last_used": None,
-        "since": 100.0,
-    }
-    return ttl_due(**{**args, **kw})  # type: ignore[arg-type]
-
-
-def test_ttl_counts_from_the_last_request_and_never_while_busy() -> None:
-    assert due() == 160.0
-    assert due(last_used=500.0) == 560.0
-    assert due(leases=1) is None
-    assert due(ttl=0.0) is None
-    assert due(state=S.STARTING) is None
-    assert due(want_up=False) is None

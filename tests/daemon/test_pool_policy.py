@@ -41,6 +41,29 @@ def test_ttl_evicts_idle_engine_never_one_in_flight(
         assert "ttl" in "\n".join(c.logs("t-kt", 50))
 
 
+def test_a_swap_whose_new_engine_crashes_brings_back_what_it_stopped(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """Regression: a load that evicted ``acc-main`` to make room and then crashed left the
+    box serving nothing. It now starts ``acc-main`` again (it still fits) and says so."""
+    crash = {"KTD_SIM_CRASH_DURING_LOAD": 1}
+    cfg = write_config(
+        [sim_model("acc-main", numa=[0]), sim_model("acc-second", numa=[0], env=crash)]
+    )
+    d = daemon_factory(cfg)
+    from ktctl import KtdError
+
+    with d.client(timeout=60) as c:
+        c.load("acc-main")
+        with pytest.raises(KtdError) as err:
+            c.load("acc-second")
+        assert err.value.code == "load_failed" and "started acc-main again" in err.value.message
+        wait_for(lambda: state(c, "acc-main") == "ready", timeout=30, what="acc-main back")
+        main = c.status("acc-main")[0]
+        assert main.evictions == 1 and main.loads == 2
+        assert "started again: acc-second" in d.ktctl("logs", "acc-main", "-n", "500").stdout
+
+
 def test_evict_to_fit_takes_lru_idle_not_busy_or_pinned(
     write_config: ConfigWriter, daemon_factory: Any
 ) -> None:
@@ -69,7 +92,9 @@ def test_evict_to_fit_takes_lru_idle_not_busy_or_pinned(
             c.load("old-kt", timeout=0.5)
         assert err.value.code == "timeout"
         assert state(c, "new-kt") == "ready"
-        assert c.status("old-kt")[0].phase == "waiting for new-kt"
+        waiting = c.status("old-kt")[0]
+        assert waiting.phase == "waiting for new-kt"
+        assert (waiting.step, waiting.waiting_for) == ("waiting", ["new-kt"])  # as data
         # ...and swaps as soon as the holder is idle (the load went on after the timeout).
         c.release(lease.lease)
         wait_for(lambda: state(c, "old-kt") == "ready", timeout=30, what="swap")

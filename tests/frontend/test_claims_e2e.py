@@ -1,6 +1,6 @@
 """The claim protocol's races, with the real ``ktd serve``, ``ktd frontend`` and sim engines.
 
-Each test is one race of ``ktd.daemon.claims``'s analysis. Nothing depends on a
+Each test is one race of ``ktd.daemon.claimtable``'s analysis. Nothing depends on a
 timing margin: streams are paced so that they outlive the step that races them,
 and every wait is for a state the test can see (a phase, a count in status).
 """
@@ -213,3 +213,63 @@ def test_a_burst_for_a_cold_model_leaves_nothing_held(launch: Any) -> None:
     res = daemon.ktctl("evict", "m")
     assert res.returncode == 0, res.stderr
     assert status(daemon)["m"]["claims"] == 0
+
+
+def test_a_claim_whose_engine_is_gone_is_given_up_and_the_request_served(launch: Any) -> None:
+    """Regression: a restarted daemon that did not hear from the frontend in time (here:
+    the frontend is stopped meanwhile) expires its claim and may evict the engine; the
+    frontend, back, still routed to the dead engine's port (503 "cannot connect"). A held
+    claim whose engine refuses the connection is now given up and the request asks the
+    daemon again (nothing was sent, so it is safe), which loads the model."""
+    daemon, fe = launch([sim_model("m")], lease_ttl=2)
+    assert chat(fe.url) == 200
+    assert fe.proc is not None
+    os.kill(fe.proc.pid, signal.SIGSTOP)
+    try:
+        daemon.stop(signal.SIGKILL)
+        daemon.start()
+        wait_for(lambda: status(daemon)["m"]["claims"] == 0, timeout=30, what="claim expired")
+        assert daemon.ktctl("evict", "m").returncode == 0
+    finally:
+        os.kill(fe.proc.pid, signal.SIGCONT)
+    assert chat(fe.url) == 200
+    assert status(daemon)["m"]["state"] == "ready"
+
+
+def test_a_fresh_load_counts_its_ttl_from_ready(launch: Any) -> None:
+    """Regression: an engine loaded again long after its last request kept that request's
+    time, so the TTL evicted it the moment it was ready."""
+    daemon, fe = launch([sim_model("m", ttl=2)])
+    assert chat(fe.url) == 200
+    assert daemon.ktctl("evict", "m").returncode == 0
+    time.sleep(2.5)  # longer than the TTL since the last request: the point of the test
+    assert daemon.ktctl("load", "m").returncode == 0
+    e = status(daemon)["m"]
+    assert e["state"] == "ready" and e["last_used"] >= e["since"]
+    assert e["expires_at"] >= e["since"] + 2
+
+
+def test_a_daemon_paused_after_a_restart_and_a_reload_never_ttl_evicts_a_stream(
+    launch: Any,
+) -> None:
+    """The issue's case: ``kill -9`` and restart of ktd, an evict and a new load of the
+    model, then SIGSTOP for 7 s with ``lease_ttl`` 5 and ``ttl`` 3 while a stream runs."""
+    daemon, fe = launch([sim_model("m", env={"KTD_SIM_TOKEN_RATE": 10}, ttl=3)], lease_ttl=5)
+    assert chat(fe.url) == 200
+    daemon.stop(signal.SIGKILL)
+    daemon.start()
+    assert daemon.ktctl("evict", "m").returncode == 0
+    assert daemon.ktctl("load", "m").returncode == 0
+    stream = Stream(fe.url, "m", 150)  # 15 s
+    assert stream.started.wait(60) and stream.error is None
+    wait_for(lambda: status(daemon)["m"]["leases"] == 1, what="in flight reported")
+    assert daemon.proc is not None
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(7)  # longer than lease_ttl and the TTL: the pause is the point
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+    stream.join()
+    assert stream.done and stream.tokens == 150
+    e = status(daemon)["m"]
+    assert e["state"] == "ready" and e["evictions"] == 0

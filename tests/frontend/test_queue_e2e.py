@@ -172,3 +172,21 @@ def test_a_failed_engine_is_retried_by_a_request_after_its_backoff(
         assert ok.status_code == 200, ok.text
     m = status(daemon)["m"]
     assert m["state"] == "ready" and m["failures"] == 0 and m["loads"] == 1
+
+
+def test_max_queue_0_loads_a_cold_model_after_an_evict_as_on_a_fresh_frontend(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    """Regression: after one evict, every request got 429 "0 request(s) already waiting"
+    for as long as the frontend ran. ``max_queue: 0`` means no request waits behind
+    another; the request that finds the model cold loads it, fresh or after an evict."""
+    models = [sim_model("m", max_queue=0)]
+    daemon, fe = start(write_config, daemon_factory, frontend_factory, models)
+    body = {"model": "m", "messages": CHAT, "max_tokens": 1}
+    with httpx.Client(base_url=fe.url, timeout=60) as c:
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+        for _ in range(2):
+            assert daemon.ktctl("evict", "m").returncode == 0
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+    assert status(daemon)["m"]["loads"] == 3

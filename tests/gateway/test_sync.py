@@ -17,6 +17,7 @@ import trio
 
 from ktd.core import states as S
 from ktd.core.config import FrontendSection, GatewaySection
+from ktd.core.states import Phase
 from ktd.gateway.plan import OWNER_LABEL
 from ktd.gateway.sync import GatewaySync
 from ktd.protocol import EngineInfo
@@ -84,7 +85,7 @@ class FakeEngine:
     plan: Any = None
     force: bool = False
     drain_timeout: float | None = None
-    phase: str | None = None
+    phase: Phase | None = None
     spec: FakeSpec = field(default_factory=FakeSpec)
 
     @property
@@ -93,6 +94,9 @@ class FakeEngine:
 
     def notify_changed(self) -> None:
         pass
+
+    def set_phase(self, phase: Phase) -> None:
+        self.phase = phase
 
 
 @dataclass

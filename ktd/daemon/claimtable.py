@@ -5,7 +5,7 @@ to the daemon (0.3-0.6 ms, the largest part of the frontend's added latency),
 and the lease table lived only in the daemon's memory. A frontend now holds one
 claim per engine it has traffic for, counts its requests itself and reports
 them; the daemon decides from the reports and asks for a claim back before it
-takes the engine away. The decisions are pure (``ktd.core.claims``); this module
+takes the engine away. The decisions are pure (``ktd.core.claimsync``); this module
 keeps the table, wakes parked ``Sync`` replies and persists the claims with the
 engines (``engines.json``) so a restarted daemon knows them.
 
@@ -40,7 +40,8 @@ Races, and why each ends well:
   (busy), and an evict or reload waits for the frontend to answer the recall.
 * *Daemon SIGSTOP past ``lease_ttl``.* On continue, heartbeats wait unread in
   the socket while the sweeper may run first. The sweeper sees that it woke far
-  too late and expires nobody that round (``ktd.core.claims.sweep``).
+  too late and expires nobody that round, and judges no TTL until the reports
+  queued during the pause are read (``ktd.core.expiry``).
 * *Recall lost* (a parked reply to a frontend that just died, a restart):
   recalls stay outstanding and ride on every reply to that frontend until the
   claim is given back or the report answers them.
@@ -59,20 +60,16 @@ from typing import TYPE_CHECKING, Literal
 import trio
 
 from ktd import protocol as p
-from ktd.core import claims as policy
+from ktd.core import claimsync as policy
 from ktd.core import states as S
-from ktd.core.claims import ClaimRec
+from ktd.core.claimsync import ClaimRec
 
 if TYPE_CHECKING:
     from ktd.daemon.engine import Engine
 
 
 def claim_side(engine: Engine) -> policy.EngineSide:
-    return policy.EngineSide(
-        state=engine.state,
-        url=engine.url,
-        adopting=engine.state == S.STARTING and engine.phase == "adopting",
-    )
+    return policy.EngineSide(state=engine.state, url=engine.url, adopting=engine.adopting())
 
 
 class ClaimTable:
@@ -155,7 +152,6 @@ class ClaimTable:
     def _remove(self, engine: Engine, rec: ClaimRec) -> None:
         self.by_id.pop(rec.id, None)
         if engine.claims.pop(rec.id, None) is not None:
-            engine.touch()
             self._on_change(engine, True)
 
     def report(self, msg: p.Sync, engines: Mapping[str, Engine]) -> None:

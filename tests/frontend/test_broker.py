@@ -14,6 +14,8 @@ import trio
 from frontend_fakes import FakeDaemon, FakeEngine
 from frontend_helpers import Frontend, StartFrontend, wait_for
 
+from ktd.core.admission import Limits
+
 CHAT = "/v1/chat/completions"
 
 
@@ -79,10 +81,10 @@ async def test_a_drain_recall_stops_routing_at_once_and_waits_for_the_request_th
     fe = await start_frontend()
     broker = fe.state.broker
     async with held_stream(fe, fake_engine) as (c, _):
-        [claim] = list(broker.claims)
-        assert broker.claims[claim].inflight == 1
+        [claim] = list(broker.desk.claims)
+        assert broker.desk.claims[claim].inflight == 1
         fake_daemon.recall("m")
-        await wait_for(lambda: not broker.claims[claim].routing, what="routing stopped")
+        await wait_for(lambda: not broker.desk.claims[claim].routing, what="routing stopped")
         assert fake_daemon.returns == 0  # its request still runs there
         # A new request asks for a new claim (here: granted at once).
         fake_engine.chunks = 2
@@ -91,7 +93,7 @@ async def test_a_drain_recall_stops_routing_at_once_and_waits_for_the_request_th
         assert fake_daemon.returns == 0
     # The stream ended: the recalled claim goes back.
     await wait_for(lambda: fake_daemon.returns == 1 and claim not in fake_daemon.claims, what="ret")
-    assert claim not in broker.claims
+    assert claim not in broker.desk.claims
 
 
 async def test_an_idle_recall_is_refused_while_busy_and_answered_when_idle(
@@ -106,18 +108,18 @@ async def test_an_idle_recall_is_refused_while_busy_and_answered_when_idle(
         reports = fake_daemon.heartbeats
         fake_daemon.recall("m", kind="idle", idle=60.0)  # a TTL of 60 s
         await wait_for(lambda: fake_daemon.heartbeats > reports + 1, what="reports")
-        assert claim in broker.claims and broker.claims[claim].routing
+        assert claim in broker.desk.claims and broker.desk.claims[claim].routing
         assert fake_daemon.returns == 0
 
     async with held_stream(fe, fake_engine):
-        [claim] = list(broker.claims)
+        [claim] = list(broker.desk.claims)
         await ttl_recall_is_kept()  # busy
     await wait_for(lambda: fake_daemon.in_flight == 0, what="stream ended")
     await ttl_recall_is_kept()  # idle, but for less than 60 s
     fake_daemon.recalls.clear()
     fake_daemon.recall("m", kind="idle", idle=0.0)  # restart-when-idle: back at once
     await wait_for(lambda: fake_daemon.returns == 1, what="given back")
-    assert claim not in broker.claims
+    assert claim not in broker.desk.claims
 
 
 async def test_local_admission_applies_max_concurrent_and_max_queue(
@@ -128,8 +130,8 @@ async def test_local_admission_applies_max_concurrent_and_max_queue(
     broker = fe.state.broker
     async with fe.client() as c:
         assert (await c.post(CHAT, content=body())).status_code == 200
-    entry = broker.entries["m"]
-    assert (entry.max_concurrent, entry.max_queue) == (1, 1)  # from the claim's grant
+    line = broker.desk.lines["m"]
+    assert line.limits == Limits(1, 1)  # from the claim's grant
     async with held_stream(fe, fake_engine) as (c, held):
         done: list[int] = []
 
@@ -138,7 +140,7 @@ async def test_local_admission_applies_max_concurrent_and_max_queue(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(second)
-            await wait_for(lambda: len(entry.waiters) == 1, what="second one waits")
+            await wait_for(lambda: len(line.waiting) == 1, what="second one waits")
             over = await c.post(CHAT, content=body())
             assert over.status_code == 429 and over.headers["retry-after"]
             assert "max_queue 1" in over.json()["error"]["message"]

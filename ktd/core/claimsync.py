@@ -2,7 +2,7 @@
 
 A frontend holds one standing *claim* per engine it has traffic for, counts its
 own requests on it and reports them (``Sync``); the daemon grants claims, asks
-for them back (``Recall``) and believes the reports. ``ktd.daemon.claims`` has
+for them back (``Recall``) and believes the reports. ``ktd.daemon.claimtable`` has
 the race analysis and carries these decisions out; this module decides:
 
 * what a report means for the claims the daemon holds (``reconcile``): which it
@@ -10,9 +10,8 @@ the race analysis and carries these decisions out; this module decides:
   holds, and which it tells the frontend to drop;
 * when an ``idle`` recall is answered by a report (the frontend was busier than
   the recall asked) and must not be repeated;
-* whether a late sweep means the clients went silent or the daemon itself did not
-  run (``sweep``): a daemon that was stopped (SIGSTOP) or starved must not expire
-  frontends whose heartbeats queued up meanwhile.
+
+Whether a client went silent is ``ktd.core.expiry``'s question.
 """
 
 from __future__ import annotations
@@ -131,26 +130,6 @@ def stronger(new: p.Recall, old: p.Recall | None) -> bool:
     if old.kind == "drain":
         return False
     return new.kind == "drain" or new.idle < old.idle
-
-
-@dataclass(frozen=True)
-class Sweep:
-    dead: frozenset[str]
-    paused: bool  # the daemon itself did not run: nobody expires this round
-
-
-def sweep(seen: Mapping[str, float], now: float, ttl: float, last_sweep: float) -> Sweep:
-    """Which clients' heartbeats stopped, judged only if the daemon kept running.
-
-    The sweeper wakes every ``ttl / 3``. Waking later than ``ttl / 2`` past its
-    last run means the daemon was stopped or starved: the heartbeats sent in the
-    meantime sit unread in the socket, and silence measured across the gap says
-    nothing about the clients. Such a sweep expires nobody (the caller forgives
-    every client: a fresh ``ttl`` from now).
-    """
-    if now - last_sweep > ttl / 3 + ttl / 2:
-        return Sweep(frozenset(), True)
-    return Sweep(frozenset(c for c, t in seen.items() if now - t > ttl), False)
 
 
 def queued_for(alias: str, reports: Iterable[Mapping[str, int]]) -> int:

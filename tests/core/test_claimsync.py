@@ -1,9 +1,9 @@
-"""The claim protocol's pure decisions: reconciliation, idle recalls, the paused sweeper."""
+"""The claim protocol's pure decisions: reconciliation, idle recalls, and what a report answers."""
 
 from __future__ import annotations
 
 from ktd import protocol as p
-from ktd.core import claims as c
+from ktd.core import claimsync as c
 from ktd.core import states as S
 
 URL = "http://127.0.0.1:30001"
@@ -93,17 +93,6 @@ def test_a_drain_recall_is_never_weakened() -> None:
     soon = p.Recall(claim="a", alias="m", kind="idle", idle=0)
     assert c.stronger(ttl, None) and c.stronger(drain, ttl) and c.stronger(soon, ttl)
     assert not c.stronger(ttl, drain) and not c.stronger(ttl, ttl)
-
-
-def test_sweep_expires_silent_clients() -> None:
-    out = c.sweep({"alive": 99.0, "dead": 80.0}, now=100.0, ttl=15.0, last_sweep=95.0)
-    assert out.dead == {"dead"} and not out.paused
-
-
-def test_a_sweep_after_the_daemon_did_not_run_expires_nobody() -> None:
-    # SIGSTOP for 60 s: everyone looks silent, but their heartbeats are unread.
-    out = c.sweep({"a": 40.0, "b": 41.0}, now=100.0, ttl=15.0, last_sweep=40.0)
-    assert out.paused and out.dead == frozenset()
 
 
 def test_queued_adds_up_the_frontends_reports() -> None:

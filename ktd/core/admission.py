@@ -1,0 +1,561 @@
+"""Admission (pure): which waiting request goes next, which is turned away, and why.
+
+Two machines, one rule book. The daemon's ``Gate`` (one per engine) admits acquire
+leases and the frontends' claim requests, in one line ordered by arrival tickets
+that count across engines, and holds back the requests that arrived after a swap
+began (*yielding*). The frontend's ``Desk`` admits its own requests onto the
+standing claims it holds, asks for a claim when it has none, and decides what a
+recall, a request's end or a lost daemon means. Both are fed events and the clock
+and answer with actions; ``ktd.daemon.gate`` and ``ktd.frontend.broker`` carry them out.
+
+The limits, with one meaning on both sides and in every situation (a fresh
+frontend, after an evict, while loading):
+
+* ``max_concurrent``: requests in flight on the engine at once (unset: no limit).
+* ``max_queue``: how many requests may wait *behind other requests* for a slot.
+  The first ``max_concurrent - in flight`` waiting requests (all of them without
+  ``max_concurrent``) are not queued: they will be served the moment the engine
+  is up, and only wait for its load or swap. ``0``: no request ever waits for
+  another request to end; a cold model is still loaded by the request that wants it.
+
+Why a line and not a free-for-all: requests are served in arrival order, and a
+request that cannot be served now is answered as soon as anything decides its
+fate (granted, refused, timed out); none is left waiting with nothing to wake it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ktd.core.states import FAILED, READY, STARTING, STOPPED, State
+
+__all__ = [
+    "Answer",
+    "ClaimGrant",
+    "Desk",
+    "EngineView",
+    "Fetch",
+    "Gate",
+    "GiveBack",
+    "Grant",
+    "Launch",
+    "Limits",
+    "Outcome",
+    "Refuse",
+    "Tell",
+    "Waiter",
+]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_concurrent: int | None = None
+    max_queue: int | None = None
+
+    def free(self, in_flight: int) -> float:
+        """Slots free now (inf without ``max_concurrent``)."""
+        if self.max_concurrent is None:
+            return math.inf
+        return max(0, self.max_concurrent - in_flight)
+
+    def may_join(self, *, in_flight: int, waiting: int) -> bool:
+        """Whether one more request may wait, ``waiting`` already doing so."""
+        if self.max_queue is None:
+            return True
+        return waiting < self.free(in_flight) + self.max_queue
+
+    def full_message(self, waiting: int) -> str:
+        return f"{waiting} request(s) already waiting (max_queue {self.max_queue})"
+
+
+class Outcome(StrEnum):
+    """How a wait ended (the daemon renders each as a reply, ``ktd.daemon.gate``)."""
+
+    GRANTED = "granted"
+    TIMEOUT = "timeout"
+    QUEUE_FULL = "queue_full"
+    NOT_LOADED = "not_loaded"  # not loaded and the request may not load it (autoload off)
+    RETRY_LATER = "retry_later"  # failed, and its retry backoff has not run out
+    ATTEMPT_ENDED = "attempt_ended"  # the load it waited for ended without ready
+    REMOVED = "removed"  # the model left the config while it waited
+    CLOSED = "closed"  # the daemon shuts down
+
+
+# ---------------------------------------------------------------- the daemon's gate
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What the gate reads of its engine."""
+
+    state: State
+    want_up: bool
+    in_flight: int = 0  # acquire leases plus what the claims' holders report
+    retry_in: float = 0.0  # failed: seconds until a request may retry it
+    retired: bool = False
+    closing: bool = False
+
+
+@dataclass
+class Waiter:
+    """One waiting acquire (``claim`` False: it needs a slot) or claim request."""
+
+    ticket: int
+    claim: bool = False
+    autoload: bool = True
+    deadline: float = math.inf
+    riding: bool = False  # waits for a load under way: that load's end answers it
+
+
+@dataclass(frozen=True)
+class Answer:
+    ticket: int
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Ask the engine's supervisor for the engine (a load)."""
+
+
+GateAction = Answer | Launch
+
+
+class Gate:
+    """One engine's line: leases need a free slot, claims do not (their frontend counts).
+
+    ``cutoff``: while the engine yields to another engine's swap, tickets from it on
+    wait, and those before it are served, so the engine goes idle and the swap happens.
+    """
+
+    def __init__(self) -> None:
+        self.line: list[Waiter] = []
+        self.cutoff: int | None = None
+
+    def leases_waiting(self) -> int:
+        return sum(not w.claim for w in self.line)
+
+    def claims_waiting(self) -> int:
+        return sum(w.claim for w in self.line)
+
+    def waits_before(self, cutoff: int) -> bool:
+        return any(w.ticket < cutoff for w in self.line)
+
+    def may_pass(self, *, claim: bool, view: EngineView, limits: Limits) -> bool:
+        """Granted at once, without joining the line: nobody ahead, nothing held back."""
+        return (
+            view.state == READY
+            and not view.closing
+            and not self.line
+            and self.cutoff is None
+            and (claim or limits.free(view.in_flight) > 0)
+        )
+
+    def arrive(self, w: Waiter, view: EngineView, limits: Limits, now: float) -> list[GateAction]:
+        if view.closing:
+            return [Answer(w.ticket, Outcome.CLOSED)]
+        if self.may_pass(claim=w.claim, view=view, limits=limits):
+            return [Answer(w.ticket, Outcome.GRANTED)]
+        if not w.claim and not limits.may_join(
+            in_flight=view.in_flight, waiting=self.leases_waiting()
+        ):
+            return [Answer(w.ticket, Outcome.QUEUE_FULL)]
+        w.riding = view.state == STARTING or (view.state == STOPPED and view.want_up)
+        self.line.append(w)
+        self.line.sort(key=lambda x: x.ticket)
+        return self.update(view, limits, now)
+
+    def leave(self, ticket: int) -> None:
+        """A waiter that went away (cancelled, its client gone)."""
+        self.line = [w for w in self.line if w.ticket != ticket]
+
+    def hold_back(self, cutoff: int) -> bool:
+        """Start yielding from ``cutoff``; False if already yielding (the first cut stands)."""
+        if self.cutoff is not None:
+            return False
+        self.cutoff = cutoff
+        return True
+
+    def release(self, cutoff: int) -> None:
+        if self.cutoff == cutoff:
+            self.cutoff = None
+
+    def update(self, view: EngineView, limits: Limits, now: float) -> list[GateAction]:
+        """Everything the line can decide now (call on every change of the engine,
+        a lease's end, a yield's end, and at the next deadline)."""
+        out: list[GateAction] = []
+        keep: list[Waiter] = []
+        for w in self.line:
+            if w.deadline <= now:
+                out.append(Answer(w.ticket, Outcome.TIMEOUT))
+            else:
+                keep.append(w)
+        self.line = keep
+        if view.closing or view.retired:
+            end = Outcome.CLOSED if view.closing else Outcome.REMOVED
+            out += [Answer(w.ticket, end) for w in self.line]
+            self.line = []
+        elif view.state == READY:
+            out += self._grant(view, limits)
+        elif view.state in (STOPPED, FAILED) and not view.want_up:
+            out += self._settle(view)
+        return out
+
+    def next_deadline(self) -> float:
+        return min((w.deadline for w in self.line), default=math.inf)
+
+    def _grant(self, view: EngineView, limits: Limits) -> list[GateAction]:
+        out: list[GateAction] = []
+        in_flight = view.in_flight
+        while self.line:
+            w = self.line[0]
+            if self.cutoff is not None and w.ticket >= self.cutoff:
+                break
+            if not w.claim and limits.free(in_flight) <= 0:
+                break  # in arrival order: nobody overtakes the head
+            self.line.pop(0)
+            in_flight += not w.claim
+            out.append(Answer(w.ticket, Outcome.GRANTED))
+        return out
+
+    def _settle(self, view: EngineView) -> list[GateAction]:
+        """Stopped (or failed) and nobody wants it up: each waiter's fate."""
+        out: list[GateAction] = []
+        keep: list[Waiter] = []
+        launched = False
+        for w in self.line:
+            if w.riding:
+                out.append(Answer(w.ticket, Outcome.ATTEMPT_ENDED))
+            elif launched:
+                w.riding = True
+                keep.append(w)
+            elif not w.autoload:
+                out.append(Answer(w.ticket, Outcome.NOT_LOADED))
+            elif view.state == FAILED and view.retry_in > 0:
+                out.append(Answer(w.ticket, Outcome.RETRY_LATER))
+            else:
+                launched = True
+                w.riding = True
+                keep.append(w)
+                out.append(Launch())
+        self.line = keep
+        return out
+
+
+# ---------------------------------------------------------------- the frontend's desk
+
+
+@dataclass(frozen=True)
+class ClaimGrant:
+    """A claim as the daemon granted it (``ClaimReply``'s fields the desk needs)."""
+
+    claim: str
+    alias: str
+    url: str
+    limits: Limits = Limits()
+
+
+@dataclass
+class Held:
+    """A standing claim held here: where its engine is and how busy it is."""
+
+    id: str
+    alias: str
+    url: str
+    last_end: float
+    inflight: int = 0
+    routing: bool = True
+    return_when_idle: bool = False  # an ``idle 0`` recall: give back when next idle
+
+
+@dataclass
+class Line:
+    """One model name at this frontend: its claim, the claim being asked for, who waits."""
+
+    model: str
+    held: Held | None = None
+    fetching: bool = False
+    waiting: deque[int] = field(default_factory=deque)  # request ids, in arrival order
+    limits: Limits = Limits()
+
+    def has_slot(self) -> bool:
+        held = self.held
+        return held is not None and held.routing and self.limits.free(held.inflight) > 0
+
+    def in_flight(self) -> int:
+        held = self.held
+        return held.inflight if held is not None and held.routing else 0
+
+
+@dataclass
+class Ask:
+    """One request at the desk."""
+
+    rid: int
+    model: str
+    deadline: float
+    autoload: bool
+    load_timeout: float  # 0: none (what the Claim asks the daemon to wait)
+    slot: Held | None = None
+    done: bool = False  # answered (granted or refused) or gone
+
+
+@dataclass(frozen=True)
+class Grant:
+    rid: int
+    held: Held
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """``reason`` is the desk's own (``queue_full``, ``timeout``) or the daemon's error."""
+
+    rid: int
+    reason: object
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Send one ``Claim`` for ``model`` on the first waiter's terms."""
+
+    model: str
+    autoload: bool
+    timeout: float  # 0: none
+    asked: tuple[int, ...]  # the requests it answers if it times out
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    """Send ``Return`` for the claim (no longer routed here)."""
+
+    claim: str
+
+
+@dataclass(frozen=True)
+class Tell:
+    """Something the daemon should hear soon: a claim turned busy or idle, the queue."""
+
+
+DeskAction = Grant | Refuse | Fetch | GiveBack | Tell
+
+
+class QueueFull(Exception):
+    def __init__(self, message: str, waiting: int) -> None:
+        super().__init__(message)
+        self.waiting = waiting
+
+
+class Timeout(Exception):
+    pass
+
+
+class Desk:
+    """Every model line and claim of one frontend."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, Line] = {}
+        self.claims: dict[str, Held] = {}
+        self.asks: dict[int, Ask] = {}
+        self.limits_known = False  # the daemon's limits heard (first report's reply)
+        self._rids = 0
+
+    # ------------------------------------------------------------ queries
+
+    def line(self, model: str) -> Line:
+        found = self.lines.get(model)
+        if found is None:
+            found = self.lines[model] = Line(model)
+        return found
+
+    def queued(self) -> dict[str, int]:
+        return {m: len(line.waiting) for m, line in self.lines.items() if line.waiting}
+
+    def routed(self) -> list[str]:
+        return sorted({h.alias for h in self.claims.values() if h.routing})
+
+    def needs_daemon(self, model: str) -> bool:
+        """A request for ``model`` now cannot be served on a claim held here."""
+        line = self.lines.get(model)
+        return line is None or line.held is None or not line.held.routing
+
+    def next_deadline(self) -> float:
+        return min((a.deadline for a in self.asks.values() if not a.done), default=math.inf)
+
+    # ------------------------------------------------------------ requests
+
+    def arrive(
+        self, model: str, now: float, *, autoload: bool = True, load_timeout: float = 0.0
+    ) -> tuple[int, list[DeskAction]]:
+        """A new request: granted at once, refused (queue full), or in line."""
+        self._rids += 1
+        rid = self._rids
+        deadline = now + load_timeout if load_timeout > 0 else math.inf
+        ask = Ask(rid, model, deadline, autoload, load_timeout)
+        line = self.line(model)
+        if not line.waiting and line.has_slot():
+            assert line.held is not None
+            return rid, self._give_slot(ask, line.held)
+        if not line.limits.may_join(in_flight=line.in_flight(), waiting=len(line.waiting)):
+            message = line.limits.full_message(len(line.waiting))
+            return rid, [Refuse(rid, QueueFull(message, len(line.waiting)))]
+        self.asks[rid] = ask
+        line.waiting.append(rid)
+        return rid, [Tell(), *self._serve(line)]
+
+    def leave(self, rid: int) -> list[DeskAction]:
+        """A request gave up (client gone, or it took an answer): out of line."""
+        ask = self.asks.pop(rid, None)
+        if ask is None or ask.done:
+            return []
+        ask.done = True
+        line = self.lines[ask.model]
+        if rid in line.waiting:
+            line.waiting.remove(rid)
+        return [Tell()]
+
+    def ended(self, held: Held, now: float) -> list[DeskAction]:
+        """A request on ``held`` ended: the next waiter in, or the claim back if due."""
+        held.inflight -= 1
+        if held.inflight:
+            return self._serve_claim(held)
+        held.last_end = now
+        if not held.routing or held.return_when_idle:
+            return [Tell(), *self._give_back(held)]
+        return [Tell(), *self._serve_claim(held)]
+
+    def tick(self, now: float) -> list[DeskAction]:
+        """Requests whose ``load_timeout`` ran out are refused."""
+        out: list[DeskAction] = []
+        for ask in list(self.asks.values()):
+            if not ask.done and ask.slot is None and ask.deadline <= now:
+                out += self.leave(ask.rid)
+                out.append(Refuse(ask.rid, Timeout(ask.model)))
+        return out
+
+    # ------------------------------------------------------------ the daemon's answers
+
+    def granted(self, model: str, grant: ClaimGrant, now: float) -> list[DeskAction]:
+        line = self.line(model)
+        line.fetching = False
+        held = self.claims.get(grant.claim)
+        if held is None:
+            held = self.claims[grant.claim] = Held(grant.claim, grant.alias, grant.url, now)
+        line.held = held
+        line.limits = grant.limits
+        return [Tell(), *self._serve(line)]
+
+    def fetch_failed(
+        self, model: str, reason: object, *, only: Iterable[int] | None = None
+    ) -> list[DeskAction]:
+        """The Claim failed: its waiters (or only ``only``, a timeout) are refused; any
+        left ask again on their own terms."""
+        line = self.line(model)
+        line.fetching = False
+        failing = list(line.waiting) if only is None else [r for r in only if r in line.waiting]
+        out: list[DeskAction] = []
+        for rid in failing:
+            out += self.leave(rid)
+            out.append(Refuse(rid, reason))
+        return out + self._serve(line)
+
+    def daemon_lost(self, reason: object) -> list[DeskAction]:
+        """The daemon stopped answering: requests waiting for it are refused now. Held
+        claims keep serving (the engines still run)."""
+        out: list[DeskAction] = []
+        for line in self.lines.values():
+            if line.fetching:
+                out += self.fetch_failed(line.model, reason)
+        return out
+
+    def limits(self, limits: dict[str, Limits]) -> list[DeskAction]:
+        """The daemon's current limits for every model (absent: none); a raised limit
+        lets waiters in at once."""
+        self.limits_known = True
+        out: list[DeskAction] = []
+        for model, line in self.lines.items():
+            line.limits = limits.get(model, Limits())
+            out += self._serve(line)
+        return out
+
+    def dropped(self, claim: str) -> list[DeskAction]:
+        """The daemon does not hold this claim for us: stop using it, nothing to return."""
+        held = self.claims.pop(claim, None)
+        return [] if held is None else self._stop_routing(held)
+
+    def recall(self, claim: str, *, drain: bool, idle: float, now: float) -> list[DeskAction]:
+        held = self.claims.get(claim)
+        if held is None:
+            return [GiveBack(claim)]  # not ours (any more): say so, or it keeps asking
+        quiet = held.inflight == 0 and now - held.last_end >= idle
+        if drain:
+            return self._give_back(held) if held.inflight == 0 else self._stop_routing(held)
+        if quiet:
+            return self._give_back(held)
+        if idle <= 0:
+            held.return_when_idle = True
+            return []
+        return [Tell()]  # busier than asked: the report answers the recall
+
+    def give_back_all(self) -> list[DeskAction]:
+        """Shutting down: nothing new is routed; idle claims go back now, busy ones at
+        their last request's end."""
+        out: list[DeskAction] = []
+        for held in list(self.claims.values()):
+            out += self._give_back(held) if held.inflight == 0 else self._stop_routing(held)
+        return out
+
+    # ------------------------------------------------------------ inside
+
+    def _give_slot(self, ask: Ask, held: Held) -> list[DeskAction]:
+        ask.slot = held
+        ask.done = True
+        self.asks.pop(ask.rid, None)
+        held.inflight += 1
+        out: list[DeskAction] = [Grant(ask.rid, held)]
+        if held.inflight == 1:
+            out.append(Tell())
+        return out
+
+    def _serve(self, line: Line) -> list[DeskAction]:
+        """Free slots to waiters in arrival order; a claim asked for if there is none."""
+        out: list[DeskAction] = []
+        while line.waiting:
+            held = line.held
+            if held is None or not held.routing:
+                if not line.fetching:
+                    line.fetching = True
+                    first = self.asks[line.waiting[0]]
+                    out.append(
+                        Fetch(line.model, first.autoload, first.load_timeout, tuple(line.waiting))
+                    )
+                break
+            if not line.has_slot():
+                break
+            ask = self.asks[line.waiting.popleft()]
+            out += self._give_slot(ask, held)
+        return out
+
+    def _serve_claim(self, held: Held) -> list[DeskAction]:
+        out: list[DeskAction] = []
+        for line in self.lines.values():
+            if line.held is held:
+                out += self._serve(line)
+        return out
+
+    def _stop_routing(self, held: Held) -> list[DeskAction]:
+        held.routing = False
+        out: list[DeskAction] = [Tell()]
+        for line in self.lines.values():
+            if line.held is held:
+                line.held = None
+                out += self._serve(line)  # its waiters ask the daemon for a new claim
+        return out
+
+    def _give_back(self, held: Held) -> list[DeskAction]:
+        if self.claims.pop(held.id, None) is None:
+            return []
+        return [*self._stop_routing(held), GiveBack(held.id)]

@@ -1,0 +1,177 @@
+"""The state file and adoption: what a restarted daemon learns of the engines it left.
+
+Ownership is the engine marker in each process's environment
+(``ktd.daemon.adoption``), never the state file alone; the file adds how each
+engine was placed, its state, and the claims the frontends held on it, so that a
+``kill -9`` of ktd with streams running loses neither an engine nor a claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from ktd.core import states as S
+from ktd.core.command import ENGINE_MARK
+from ktd.daemon import adoption, proctree, statefile
+from ktd.daemon.engine import Engine, Running
+
+if TYPE_CHECKING:
+    from ktd.daemon.pool import Pool
+
+log = logging.getLogger("ktd")
+
+
+class FixedPlacement:
+    """The placement an adopted engine was started with (from the state file)."""
+
+    def __init__(
+        self,
+        *,
+        numa_nodes: tuple[int, ...],
+        cpus: tuple[int, ...],
+        gpus: tuple[int, ...],
+        env: dict[str, str],
+    ) -> None:
+        self.numa_nodes = numa_nodes
+        self.cpus = cpus
+        self.gpus = gpus
+        self.env = env
+
+    def argv_flags(self) -> list[str]:
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "numa_nodes": list(self.numa_nodes),
+            "cpus": list(self.cpus),
+            "gpus": list(self.gpus),
+            "env": self.env,
+            "adopted": True,
+        }
+
+
+def snapshot(engines: list[Engine]) -> statefile.StateFile:
+    records = []
+    for e in engines:
+        run = e.run
+        if run is None or e.state not in S.HOLDS_RESOURCES:
+            continue
+        plan = e.plan
+        records.append(
+            statefile.EngineRecord(
+                alias=e.alias,
+                pid=run.pid,
+                start=run.start,
+                engine_id=run.engine_id,
+                port=run.port,
+                argv=run.argv,
+                numa_nodes=list(plan.numa_nodes) if plan else [],
+                cpus=list(plan.cpus) if plan else [],
+                gpus=list(plan.gpus) if plan else [],
+                env=dict(plan.env) if plan else {},
+                since=e.since,
+                state=e.state,
+                started_at=run.started_at,
+                digest=run.digest,
+                claims=[statefile.ClaimRecord(id=c.id, client=c.client) for c in e.claims.values()],
+            )
+        )
+    return statefile.StateFile(daemon_pid=os.getpid(), engines=records)
+
+
+def adopt(pool: Pool) -> tuple[list[str], list[int]]:
+    """Take over the engines a previous daemon left running; kill what cannot be adopted.
+
+    Call before the pool runs. Returns (adopted aliases, killed pids).
+    """
+    records: list[statefile.EngineRecord] = []
+    if pool.state_path is not None:
+        loaded = statefile.load(pool.state_path)
+        if loaded.problem:
+            log.error("%s; engines are recognised by their marker alone this time", loaded.problem)
+        records = loaded.state.engines
+    found = adoption.scan(pool.instance)
+    decision = adoption.decide(records, found, set(pool.engines))
+    for ignored, why in decision.ignored:
+        log.warning(
+            "state file names %s (pid %d) but %s: not adopted, not signalled",
+            ignored.alias,
+            ignored.pid,
+            why,
+        )
+    adopted: list[str] = []
+    for f, rec in decision.adopt:
+        if _adopt_one(pool, pool.engines[f.alias], f, rec):
+            adopted.append(f.alias)
+    killed: list[int] = []
+    for f, why in decision.kill:
+        pids = adoption.kill(f)
+        if pids:
+            log.warning("killed engine %s (pids %s): %s", f.engine_id, pids, why)
+        killed += pids
+    return adopted, killed
+
+
+def _adopt_one(
+    pool: Pool, engine: Engine, f: adoption.Found, rec: statefile.EngineRecord | None
+) -> bool:
+    try:
+        pidfd: int | None = os.pidfd_open(f.pid)
+    except OSError:
+        pidfd = None
+    if not (proctree.owned_by_us(f.pid) and proctree.environ_has(f.pid, ENGINE_MARK, f.engine_id)):
+        # Gone (or replaced) since the scan: nothing to adopt, nothing to kill.
+        if pidfd is not None:
+            os.close(pidfd)
+        return False
+    if rec is not None:
+        digest, state = rec.digest, rec.state
+        started_at = rec.started_at or rec.since
+        port, argv = rec.port, list(rec.argv)
+        plan = FixedPlacement(
+            numa_nodes=tuple(rec.numa_nodes),
+            cpus=tuple(rec.cpus),
+            gpus=tuple(rec.gpus),
+            env=dict(rec.env),
+        )
+    else:
+        # No record (lost to a failed write, or corrupt): what the process itself says.
+        # Unknown state: it gets a fresh health_timeout to answer (a ready one does at
+        # once), rather than being judged by a deadline computed from a guess.
+        digest = f.digest or engine.spec.launch_digest()
+        state, started_at = None, time.time()
+        port, argv = f.port or 0, list(f.argv)
+        plan = FixedPlacement(
+            numa_nodes=f.numa_nodes,
+            cpus=f.cpus,
+            gpus=f.gpus,
+            env={} if f.gpus_env is None else {"CUDA_VISIBLE_DEVICES": f.gpus_env},
+        )
+        log.warning(
+            "recovered engine %s (pid %d, port %d) without a state record", f.alias, f.pid, port
+        )
+    engine.log.adopt_output(f.pid)
+    engine.adopt = Running(
+        digest=digest,
+        adopted_state=state,
+        started_at=started_at,
+        pid=f.pid,
+        start=f.start,
+        engine_id=f.engine_id,
+        port=port,
+        argv=argv,
+        pidfd=pidfd,
+    )
+    engine.plan = plan
+    if rec is not None and rec.claims:
+        for client in pool.claims.restore(engine, ((c.id, c.client) for c in rec.claims)):
+            pool.sweeper.heard(client)  # its holder has lease_ttl from now to report
+    if digest != engine.spec.launch_digest():
+        # The config changed while no ktd watched: restart it when idle, as a reload would.
+        engine.pending_spec = engine.spec
+        engine.stale = True
+        pool.restart_after_adoption.append(engine)
+    return True

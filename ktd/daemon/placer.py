@@ -1,0 +1,238 @@
+"""Placement and swaps: where a launch goes, and what the engines in its way do about it.
+
+The plan is pure (``ktd.core.placement``, given the machine and every other engine's
+holdings) and so is the step taken on it (``ktd.core.eviction.place_step``): launch,
+evict idle holders, wait for holders already leaving, wait for busy holders to go
+idle, or refuse. This module carries the step out. While busy holders go idle they
+*yield*: their gates hold back the requests that arrive from then on
+(``ktd.core.admission``), so they finish the earlier ones and the swap happens, and
+the later ones bring them back the same way once the new engine is idle in turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import trio
+
+from ktd.core import eviction, fit, placement
+from ktd.core import states as S
+from ktd.core.command import LaunchError, planner_args
+from ktd.core.config import DaemonSection, ModelSpec
+from ktd.core.placement import Holding, Plan
+from ktd.core.sglang_options import Catalog
+from ktd.core.states import Phase, Step
+from ktd.core.topology import Topology
+from ktd.daemon import weights
+from ktd.daemon.engine import Busy, Engine, PlacementLike, Unplaceable
+from ktd.daemon.preflight import Refused
+from ktd.topology import read_topology
+
+log = logging.getLogger("ktd")
+
+
+def holder_view(engine: Engine) -> eviction.HolderView:
+    """What the swap policy reads of an engine."""
+    return eviction.HolderView(
+        alias=engine.alias,
+        state=engine.state,
+        want_up=engine.want_up,
+        pinned=engine.spec.pinned,
+        leases=engine.busy(),
+        queue=tuple(w.ticket for w in engine.gate.line),
+    )
+
+
+class Placer:
+    def __init__(
+        self,
+        engines: Mapping[str, Engine],
+        settings: Callable[[], DaemonSection],
+        *,
+        ticket: Callable[[], int],
+        update: Callable[[Engine], None],
+        recall: Callable[[Engine, str], object],
+    ) -> None:
+        self.engines = engines
+        self._settings = settings
+        self._ticket = ticket  # the gates' arrival order: a swap's cutoff is one
+        self._update = update  # an engine's gate looks again (a yield began or ended)
+        self._recall = recall  # frontends stop routing to a yielding holder now
+        self._lock = trio.Lock()
+        self._topology: Topology | None = None
+        self._changed = trio.Event()  # any engine's state or holders changed
+
+    def poke(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    @property
+    def topology(self) -> Topology:
+        if self._topology is None:
+            self._topology = read_topology(
+                weights.machine_root(), nvidia_smi=weights.nvidia_smi_cmd()
+            )
+        return self._topology
+
+    def refresh_topology(self, topo: Topology) -> None:
+        self._topology = topo
+
+    def holdings(self, exclude: Engine | None = None) -> list[Holding]:
+        out = []
+        for e in self.engines.values():
+            if e is exclude or e.plan is None or e.state not in S.HOLDS_RESOURCES:
+                continue
+            out.append(
+                Holding(
+                    alias=e.alias,
+                    numa_nodes=tuple(e.plan.numa_nodes),
+                    gpus=tuple(e.plan.gpus),
+                    leases=e.busy(),
+                    pinned=e.spec.pinned,
+                    last_used=e.idle_since if e.idle_since is not None else 0.0,
+                    state=e.state,
+                )
+            )
+        return out
+
+    def make_plan(
+        self, spec: ModelSpec, *, exclude: Engine | None = None, catalog: Catalog | None = None
+    ) -> Plan:
+        """The placement of ``spec`` given every other engine's holdings (pure given those).
+
+        With ``catalog`` the user's flags are read as SGLang reads them (prefixes
+        included); raises :class:`~ktd.core.command.LaunchError` for ones it would refuse.
+        """
+        d = self._settings()
+        return placement.plan(
+            spec.alias,
+            spec.numa,
+            spec.gpus,
+            planner_args(spec.extra_args, catalog),
+            self.topology,
+            self.holdings(exclude),
+            tp_size=spec.tp_size,
+            reserved_cpus=tuple(d.cpus or ()),
+            cpu_reserve=d.cpu_reserve,
+            single_engine=d.one_engine_per_machine or len(self.engines) == 1,
+            allow_evict=spec.swap,
+        )
+
+    async def fit(self, spec: ModelSpec, plan: Plan) -> tuple[fit.Estimate, fit.Fit]:
+        """The memory estimate of ``spec`` on ``plan``, counting what its evictions free."""
+        victims = [
+            (v.spec, tuple(v.plan.numa_nodes), tuple(v.plan.gpus))
+            for v in (self.engines.get(a) for a in plan.evict)
+            if v is not None and v.plan is not None
+        ]
+        return await trio.to_thread.run_sync(
+            weights.verdict,
+            spec,
+            tuple(plan.numa_nodes),
+            tuple(plan.gpus),
+            victims,
+            tuple(plan.evict),
+        )
+
+    async def place(self, engine: Engine) -> PlacementLike | None:
+        """Plan, evict idle engines in the way, or wait for busy ones to become idle.
+
+        Pinned holders, or ``swap: false`` on ``engine``, make it a plain ``Busy``.
+        Returns None when ``engine`` stopped being wanted while it waited.
+        """
+        yielded: list[tuple[Engine, int]] = []
+        fitted = engine.spec.fit == "ignore"
+        try:
+            while True:
+                async with self._lock:
+                    plan = self.make_plan(engine.spec, exclude=engine, catalog=engine.catalog)
+                    if plan.ok and not fitted:
+                        # Once, before anything is evicted: after an eviction the victim's
+                        # memory may take a while to show up as free.
+                        fitted = True
+                        _, verdict = await self.fit(engine.spec, plan)
+                        if not verdict.ok:
+                            raise Refused(f"{verdict.reason}; no engine was stopped")
+                    views = {
+                        a: holder_view(self.engines[a])
+                        for a in plan.blocked_by
+                        if a in self.engines
+                    }
+                    step = eviction.place_step(plan, views, swap=engine.spec.swap)
+                    if isinstance(step, eviction.Use):
+                        result: PlacementLike = plan
+                        return result
+                    if isinstance(step, eviction.Evict):
+                        await self._evict_for(engine, step.aliases)
+                        continue
+                    if isinstance(step, eviction.WaitLeaving):
+                        for alias in step.aliases:
+                            await self.engines[alias].wait_stopped()
+                        continue
+                    if isinstance(step, eviction.Refuse):
+                        if step.impossible:
+                            raise Unplaceable(step.reason)
+                        raise Busy(step.reason, step.blocked_by)
+                    holders = [self.engines[a] for a in step.aliases]
+                    cutoff = self._ticket()
+                    for h in holders:
+                        if h.gate.hold_back(cutoff):
+                            yielded.append((h, cutoff))
+                            self._update(h)
+                        # Frontends stop routing there now; their requests under way finish.
+                        self._recall(h, f"yielding to {engine.alias}")
+                engine.set_phase(Phase.of(Step.WAITING, engines=tuple(h.alias for h in holders)))
+                engine.log.note(f"waiting for {', '.join(h.alias for h in holders)} to become idle")
+                while engine.want_up and not all(
+                    eviction.idle_for(holder_view(h), cutoff) for h in holders
+                ):
+                    changed = self._changed
+                    with trio.move_on_after(1.0):  # belt and braces: re-check now and then
+                        await changed.wait()
+                if not engine.want_up:
+                    return None
+        finally:
+            for h, cut in yielded:
+                h.gate.release(cut)
+                self._update(h)
+                h.notify_changed()
+
+    async def _evict_for(self, engine: Engine, aliases: tuple[str, ...]) -> None:
+        engine.set_phase(Phase.of(Step.MAKING_ROOM, engines=aliases))
+        for alias in aliases:
+            victim = self.engines[alias]
+            why = f"evicted to make room for {engine.alias}"
+            victim.log.note(why)
+            victim.stats.evictions += 1
+            victim.request_down(reason=why)
+        engine.stats.made_room += aliases
+        for alias in aliases:
+            await self.engines[alias].wait_stopped()
+
+    def bring_back(self, engine: Engine) -> tuple[str, ...]:
+        """``engine``'s launch failed before ready: start again what it stopped for room,
+        when it still fits without stopping anything. Returns what was started."""
+        made = engine.stats.made_room
+        if not made:
+            return ()
+        stopped: dict[str, bool] = {}
+        fits: dict[str, bool] = {}
+        for alias in made:
+            victim = self.engines.get(alias)
+            if victim is None or victim.retired:
+                continue
+            stopped[alias] = victim.state in (S.STOPPED, S.FAILED) and not victim.want_up
+            if stopped[alias]:
+                try:
+                    plan = self.make_plan(victim.spec, exclude=victim, catalog=victim.catalog)
+                except LaunchError:  # its own load will say so
+                    continue
+                fits[alias] = plan.ok and not plan.evict
+        back = eviction.bring_back(made, stopped=stopped, fits=fits)
+        for alias in back:
+            victim = self.engines[alias]
+            victim.log.note(f"started again: {engine.alias}, which it was stopped for, failed")
+            victim.request_up()
+        engine.stats.made_room = ()
+        return back

@@ -1,0 +1,71 @@
+"""Idle expiry, carried out: silent clients lose their leases and claims, idle engines go.
+
+The decisions are ``ktd.core.expiry``'s (pause-aware, on the monotonic clock); this
+task wakes when the next one is due (the client sweep every ``lease_ttl / 3``, the
+soonest TTL) or when an engine changed, and carries them out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import trio
+
+from ktd.core.expiry import EvictIdle, Expiry
+from ktd.daemon.engine import Engine
+
+log = logging.getLogger("ktd")
+
+
+class Sweeper:
+    def __init__(
+        self,
+        engines: Mapping[str, Engine],
+        lease_ttl: float,
+        *,
+        expire: Callable[[frozenset[str]], None],
+        recall_idle: Callable[[Engine, float], object],
+    ) -> None:
+        self.engines = engines
+        self.expiry = Expiry(lease_ttl, trio.current_time())
+        self._expire = expire  # the leases and claims of clients that went silent
+        self._recall_idle = recall_idle  # ask claim holders back if idle that long
+        self._wake = trio.Event()
+
+    def heard(self, client: str) -> None:
+        self.expiry.heard(client, trio.current_time())
+
+    def wake(self) -> None:
+        """An engine changed: a TTL may be due sooner, or no longer."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake = trio.Event()  # a change from here on makes another pass
+            now = trio.current_time()
+            if now >= self.expiry.next_sweep():
+                paused = self.expiry.paused
+                verdict = self.expiry.sweep(now)
+                if self.expiry.paused != paused:
+                    log.warning(
+                        "the daemon did not run for a while (stopped or starved): every "
+                        "client gets a fresh lease_ttl before its leases or claims expire"
+                    )
+                if verdict is not None:
+                    self._expire(verdict.clients)
+            views = [e.idle_view() for e in self.engines.values()]
+            actions, next_due = self.expiry.idle(views, now)
+            for action in actions:
+                engine = self.engines.get(action.alias)
+                if engine is None:
+                    continue
+                if isinstance(action, EvictIdle):
+                    why = f"idle for {action.ttl:g}s (ttl)"
+                    engine.log.note(f"{why}: evicting")
+                    engine.request_down(reason=why)
+                else:
+                    self._recall_idle(engine, action.idle)
+            until = min(self.expiry.next_sweep(), next_due)  # the sweep's time is finite
+            with trio.move_on_at(max(until, now + 0.01)):
+                await self._wake.wait()
