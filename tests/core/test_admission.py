@@ -299,8 +299,8 @@ TestGate.settings = settings(max_examples=400, stateful_step_count=50, deadline=
 # ---------------------------------------------------------------- the desk
 
 
-def grant(claim: str = "c1", limits: Limits = Limits()) -> adm.ClaimGrant:
-    return adm.ClaimGrant(claim=claim, alias="m", url="http://e", limits=limits)
+def grant(claim: str = "c1", limits: Limits | None = None) -> adm.ClaimGrant:
+    return adm.ClaimGrant(claim=claim, alias="m", url="http://e", limits=limits or Limits())
 
 
 def kinds(actions: list[adm.DeskAction]) -> list[str]:
@@ -309,7 +309,7 @@ def kinds(actions: list[adm.DeskAction]) -> list[str]:
 
 def test_a_cold_model_asks_one_claim_for_any_number_of_requests() -> None:
     d = adm.Desk()
-    rid1, acts = d.arrive("m", 0.0)
+    _, acts = d.arrive("m", 0.0)
     assert kinds(acts) == ["Fetch"]
     _, acts = d.arrive("m", 0.0)
     assert kinds(acts) == []  # rides the same Claim
