@@ -1,4 +1,4 @@
-"""``ktctl``: the command line of ktd (DESIGN.md, "ktctl").
+"""``ktctl``: the command line of ktd (README, "Operate").
 
 Exit codes are a contract for scripts: 0 ok, 1 the operation failed, 2 usage
 (argparse), 3 ktd unreachable, 4 unknown model (``unknown_model``/``not_kt``).

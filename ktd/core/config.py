@@ -245,7 +245,7 @@ class Config(msgspec.Struct, kw_only=True):
         return [m for m in self.models.values() if m.served]
 
     def route(self, model: str) -> ModelSpec | None:
-        """DESIGN.md's routing rule: exact alias match only, never substring or family."""
+        """The routing rule: exact alias match only, never substring or family."""
         spec = self.models.get(model)
         return spec if spec is not None and spec.served else None
 

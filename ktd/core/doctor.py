@@ -6,7 +6,7 @@ look-ups are injectable callables. The part that runs the probe subprocess in
 the engine's interpreter lives elsewhere, so everything here is testable on a
 laptop against fixture machines.
 
-The checks target what users of kt-kernel actually trip over (NOTES.md):
+The checks target what users of kt-kernel actually trip over (docs/sglang.md):
 illegal instruction on CPUs without AMX, an SGLang that is not the kt fork, no
 ``--kt-num-gpu-experts`` (kt is silently off and the GPU runs out of memory),
 NUMA off in the BIOS, and a fixed port that is already taken.

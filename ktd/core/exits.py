@@ -28,7 +28,7 @@ OutcomeKind = Literal["stopped", "exited", "failed", "crashed", "port_taken", "b
 
 PORT_TAKEN_MARKERS = ("address already in use", "errno 98")
 
-# SGLang's own exit statuses after ktd's SIGTERM (NOTES, "Shutdown as designed"): 0 after
+# SGLang's own exit statuses after ktd's SIGTERM (docs/sglang.md, "Processes and shutdown"): 0 after
 # a drain (upstream), -15 (a shell's 143) when no request was ever served, -9 when the kt
 # fork SIGKILLs its own tree once drained. None of them is a crash.
 CLEAN_STOP = frozenset({0, -signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGKILL})

@@ -5,7 +5,7 @@ the current holdings. The daemon asks for a plan before every launch, and
 ``ktctl load --dry-run`` shows the same plan, so an operator sees exactly what
 would happen (and who would be evicted) before committing minutes of loading.
 
-Ground rules, from how kt-kernel behaves (see NOTES.md "kt-kernel"):
+Ground rules, from how kt-kernel behaves (see docs/sglang.md, "kt-kernel"):
 
 * kt-kernel binds expert thread *i* of pool *p* to the *i*-th CPU of node
   ``numa_nodes[p]``, whatever affinity the parent set. Two engines on one node

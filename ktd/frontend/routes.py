@@ -5,7 +5,7 @@ the same proxy (lease, bytes up, bytes back); routes differ only in where the
 model name comes from and what the body is:
 
 * ``model: "required"``: the JSON (or multipart form) ``model`` field names the
-  engine, exactly (DESIGN.md's routing rule); missing -> 400, as OpenAI does.
+  engine, exactly (the routing rule: README, "Configure"); missing -> 400, as OpenAI does.
 * ``model: "optional"``: SGLang's native and scoring routes, whose ``model``
   field is optional or absent (``/generate`` has none). When the body names no
   model, the ``X-Ktd-Model`` header does; without it the request goes to the

@@ -1,6 +1,6 @@
 """The sim's life, in SGLang's order: parse, spawn the scheduler, load, bind, warm up, serve, drain.
 
-Why this order matters to ktd (NOTES.md, "SGLang as the engine"):
+Why this order matters to ktd (docs/sglang.md, "Start-up and readiness"):
 
 1. The scheduler child is spawned first and "loads" the model; the HTTP port
    is *not* bound during the load, so a busy port is found only afterwards
@@ -196,7 +196,7 @@ class Lifecycle:
         self._nursery.start_soon(self._drain)
 
     async def _drain(self) -> None:
-        """SGLang's exit statuses after SIGTERM (NOTES, "Shutdown as designed"): its drain
+        """SGLang's exit statuses after SIGTERM (docs/sglang.md, "Processes and shutdown"): its drain
         handler is installed at the first request through the tokenizer manager (a /health
         is one), so before that uvicorn's shutdown re-raises SIGTERM (the process dies of
         it: -15, a shell's 143); after it, upstream drains and exits 0, and the kt fork

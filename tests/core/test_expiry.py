@@ -124,7 +124,10 @@ class ClientsMachine(RuleBasedStateMachine):
             self.expiry.heard(c, 0.0)
 
     def sweep(self, at: float) -> None:
+        paused = self.expiry.paused
         verdict = self.expiry.sweep(at)
+        if self.expiry.paused != paused:  # a pause forgives everyone: a fresh lease_ttl
+            self.dead_for = dict.fromkeys(self.dead_for, 0.0)
         if verdict is not None:
             assert all(not self.clients[c] for c in verdict.clients), "a live client expired"
             self.expired |= verdict.clients
@@ -141,7 +144,9 @@ class ClientsMachine(RuleBasedStateMachine):
 
     @rule(steps=st.integers(1, 12))
     def run_for(self, steps: int) -> None:
-        """The daemon runs: heartbeats arrive as sent, the sweep runs on time."""
+        """The daemon runs: heartbeats arrive as sent, the sweep runs on time. (A dead
+        client's clock counts the daemon's running time since the later of its death and
+        the last pause the daemon forgave.)"""
         for _ in range(steps):
             self.now += self.expiry.interval / 2
             self.beat(paused=False)

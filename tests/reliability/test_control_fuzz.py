@@ -1,6 +1,6 @@
 """Fuzzing the control socket: whatever clients send, ktd answers and nothing changes.
 
-DESIGN.md: "A malformed frame gets a ``bad_request`` reply (or is dropped when it
+The control API's promise: "A malformed frame gets a ``bad_request`` reply (or is dropped when it
 has no identity); the daemon never dies of a message." Hypothesis builds batches
 of hostile messages (random bytes, valid requests with fields of the wrong type,
 unknown ops, huge and truncated ints and lengths, deep nesting, frames over the

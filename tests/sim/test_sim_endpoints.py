@@ -219,7 +219,7 @@ def test_sglang_error_shapes(sim: SimProc) -> None:
     assert r.json()["type"] == "BadRequestError"
 
     # Streaming or not, the real server answers a plain JSON 400, not an SSE error event
-    # (measured on sglang 0.5.23: NOTES, "Real SGLang, measured here").
+    # (measured on sglang 0.5.23: tests/real/README.md).
     streamed = httpx.post(url, json={**too_long, "stream": True})
     assert streamed.status_code == 400
     assert streamed.headers["content-type"] == "application/json"

@@ -1,0 +1,257 @@
+"""The daemon's admission and expiry drivers in-process: real ``Engine`` records, the real
+``Gatekeeper``, ``ClaimTable`` and ``Sweeper``, on trio's virtual clock; a test plays the
+supervisor (it moves the engine's state) and the clients. No process, no socket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from ktd import protocol as p
+from ktd.control.errors import ControlError
+from ktd.core import states as S
+from ktd.core.config import DaemonSection
+from ktd.daemon.claimtable import ClaimTable
+from ktd.daemon.engine import Engine
+from ktd.daemon.gate import Gatekeeper
+from ktd.daemon.sweeper import Sweeper
+from tests.fixtures.specs import kt_spec
+
+
+@dataclass
+class Host:
+    """The pool around the engines, as narrow as ``EngineHost``: the drivers are real."""
+
+    log_dir: Path
+    settings: DaemonSection = field(default_factory=DaemonSection)
+    closing: bool = False
+    keeping_engines: bool = False
+    instance: str = "test"
+    base_env: dict[str, str] = field(default_factory=dict)
+    engines: dict[str, Engine] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+    gate: Any = None
+    sweeper: Any = None
+
+    prober: Any = None
+    http: Any = None
+
+    def state_changed(self, engine: Engine) -> None:
+        self.events.append(f"{engine.alias}:{engine.state}")
+
+    def engine_changed(self, engine: Engine) -> None:
+        if self.gate is not None:
+            self.gate.update(engine)
+        if self.sweeper is not None:
+            self.sweeper.wake()
+
+    def log_lines(self, engine: Engine, lines: list[str]) -> None:
+        pass
+
+    def expected_load(self, alias: str) -> float | None:
+        return None
+
+
+@dataclass
+class Daemon:
+    host: Host
+    claims: ClaimTable
+    gate: Gatekeeper
+    sweeper: Sweeper
+
+    def engine(self, alias: str, **spec: Any) -> Engine:
+        e = Engine(kt_spec(alias=alias, **spec), self.host)  # type: ignore[arg-type]
+        self.host.engines[alias] = e
+        return e
+
+
+def move(e: Engine, state: S.State, *, want_up: bool | None = None) -> None:
+    """What the supervisor does: the only place a state moves."""
+    e.state = state
+    if want_up is not None:
+        e.want_up = want_up
+    if state == S.READY:
+        e.idle_since = trio.current_time()
+    e.notify_changed()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Any]:
+    def make(**settings: Any) -> Daemon:
+        host = Host(log_dir=tmp_path, settings=DaemonSection(**settings))
+        claims = ClaimTable(on_change=lambda e, persist: e.notify_changed())
+
+        def expire(clients: frozenset[str]) -> None:
+            gate.release_clients(clients)
+            claims.expire(clients)
+
+        def settle(e: Engine) -> None:  # the pool's: the error an ended load deserves
+            raise ControlError(p.ErrorCode.LOAD_FAILED, str(e.reason))
+
+        sweeper = Sweeper(
+            host.engines,
+            host.settings.lease_ttl,
+            expire=expire,
+            recall_idle=lambda e, ttl: claims.recall(e, kind="idle", idle=ttl, reason="ttl"),
+        )
+        gate = Gatekeeper(
+            claims,
+            heard=sweeper.heard,
+            on_lease=lambda e: e.notify_changed(),
+            settle=settle,
+            known=lambda: sorted(host.engines),
+        )
+        host.gate, host.sweeper = gate, sweeper
+        return Daemon(host, claims, gate, sweeper)
+
+    yield make
+
+
+async def test_leases_wait_for_a_slot_in_arrival_order(daemon: Any) -> None:
+    d = daemon()
+    e = d.engine("m", max_concurrent=1)
+    move(e, S.READY, want_up=True)
+    first = d.gate.grant_now(e, "a", claim=False)
+    assert first is not None and e.busy() == 1
+    order: list[str] = []
+
+    async def want(client: str) -> None:
+        await d.gate.acquire(e, client)
+        order.append(client)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(want, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        n.start_soon(want, "c")
+        await trio.testing.wait_all_tasks_blocked()
+        assert e.queued() == 2 and order == []
+        d.gate.release(first)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == ["b"]
+        d.gate.release(next(iter(d.gate.leases)))
+    assert order == ["b", "c"]
+
+
+async def test_a_cold_engine_is_loaded_once_for_a_burst(daemon: Any) -> None:
+    d = daemon()
+    e = d.engine("m")
+    got: list[str] = []
+
+    async def want(i: int) -> None:
+        got.append(await d.gate.acquire(e, f"c{i}"))
+
+    async with trio.open_nursery() as n:
+        for i in range(3000):
+            n.start_soon(want, i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert e.want_up and e.queued() == 3000  # one launch asked for, all waiting
+        move(e, S.STARTING)
+        move(e, S.READY)
+    assert len(set(got)) == 3000 and e.busy() == 3000
+
+
+async def test_a_failed_load_answers_its_waiters_with_its_reason(daemon: Any) -> None:
+    d = daemon()
+    e = d.engine("m")
+    errors: list[ControlError] = []
+
+    async def want() -> None:
+        try:
+            await d.gate.acquire(e, "c")
+        except ControlError as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(want)
+        await trio.testing.wait_all_tasks_blocked()
+        move(e, S.STARTING)
+        e.reason = "crashed during load"
+        move(e, S.FAILED, want_up=False)
+    assert [x.message for x in errors] == ["crashed during load"]
+
+
+async def test_a_timed_out_or_cancelled_request_leaves_the_line(
+    daemon: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    d = daemon()
+    e = d.engine("m")
+    move(e, S.STARTING, want_up=True)
+    with pytest.raises(ControlError) as err:
+        await d.gate.acquire(e, "c", timeout=5)
+    assert err.value.code == p.ErrorCode.TIMEOUT and not e.gate.line
+    with trio.move_on_after(1):
+        await d.gate.acquire(e, "c")
+    assert not e.gate.line
+
+
+async def test_claims_need_no_slot_and_their_reports_count(daemon: Any) -> None:
+    d = daemon()
+    e = d.engine("m", max_concurrent=1)
+    move(e, S.READY, want_up=True)
+    lease = d.gate.grant_now(e, "tool", claim=False)
+    assert lease is not None
+    claim = d.gate.grant_now(e, "fe", claim=True)  # full for leases, not for a claim
+    assert claim is not None and claim in e.claims
+    report = p.Sync(
+        client="fe",
+        claims=[p.ClaimState(claim=claim, alias="m", url=e.url or "", inflight=3)],
+        daemon=d.claims.run,
+        seen=1,
+    )
+    d.claims.report(report, d.host.engines)
+    assert e.busy() == 4
+
+
+async def test_the_ttl_recalls_a_claimed_engine_and_evicts_an_unheld_one(
+    daemon: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    d = daemon(lease_ttl=30)
+    held, free = d.engine("held", ttl=3), d.engine("free", ttl=3)
+    move(held, S.READY, want_up=True)
+    move(free, S.READY, want_up=True)
+    claim = d.gate.grant_now(held, "fe", claim=True)
+    assert claim is not None
+    async with trio.open_nursery() as n:
+        n.start_soon(d.sweeper.run)
+        await trio.sleep(2.9)
+        assert free.want_up and held.claims[claim].recall is None
+        await trio.sleep(0.2)
+        assert not free.want_up and free.down_reason == "idle for 3s (ttl)"
+        recall = held.claims[claim].recall
+        assert held.want_up and recall is not None and recall.kind == "idle"
+        n.cancel_scope.cancel()
+
+
+async def test_a_paused_daemon_expires_no_client_and_judges_no_ttl_until_it_hears(
+    daemon: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """SIGSTOP, as the virtual clock sees it: time jumps while no task runs."""
+    d = daemon(lease_ttl=6)
+    e = d.engine("m", ttl=3)
+    move(e, S.READY, want_up=True)
+    claim = d.gate.grant_now(e, "fe", claim=True)
+    assert claim is not None
+    busy = p.Sync(
+        client="fe",
+        claims=[p.ClaimState(claim=claim, alias="m", url=e.url or "", inflight=1)],
+        daemon=d.claims.run,
+        seen=1,
+    )
+    d.claims.report(busy, d.host.engines)
+    async with trio.open_nursery() as n:
+        n.start_soon(d.sweeper.run)
+        await trio.sleep(1)
+        autojump_clock.jump(20)  # the daemon was stopped for 20 s: longer than lease_ttl
+        await trio.sleep(0.01)
+        assert claim in e.claims and d.sweeper.expiry.paused == 1
+        d.sweeper.heard("fe")  # the backlog: the frontend's heartbeats, read late
+        await trio.sleep(1.9)
+        assert claim in e.claims and e.want_up
+        n.cancel_scope.cancel()
+
