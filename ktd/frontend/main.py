@@ -2,7 +2,8 @@
 
 SIGTERM/SIGINT start Hypercorn's graceful shutdown: stop accepting, give
 in-flight requests ``--graceful-timeout`` seconds, cancel the rest (their
-claims are given back on the way out), then stop the control client.
+claims are given back on the way out), then stop the control client. The
+dashboard's live streams end at once (they would otherwise hold the whole wait).
 """
 
 from __future__ import annotations

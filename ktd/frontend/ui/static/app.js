@@ -204,7 +204,7 @@ function renderMachine() {
 
 function renderPlots() {
   if (!UI.view) return;
-  K.plots.render($("plots"), UI.view.models, UI.series, UI.view.loads || {});
+  K.plots.render($("plots"), UI.view.models, UI.series, UI.view.loads || {}, UI.interval);
 }
 
 function appendLog(lines) {

@@ -4,9 +4,9 @@ K.cards = {};
 
 const HOLDING = new Set(["starting", "ready", "draining", "stopping"]);
 
-function stat(label, value, kind, extra) {
-  return K.h("div", { class: "stat" },
-    K.h("b", Object.assign({ dataset: kind ? { kind, ...extra } : undefined }), value),
+function stat(label, value, kind, extra, title) {
+  return K.h("div", { class: "stat", title },
+    K.h("b", { dataset: kind ? { kind, ...extra } : undefined }, value),
     K.h("span", {}, label));
 }
 
@@ -65,8 +65,10 @@ K.cards.render = function (card, ctx) {
       h("div", { class: "progress" + (c.load_eta ? "" : " unknown") }, h("div", { style: { background: colour } })),
       h("div", { class: "progress-text" })));
   }
-  if (c.state === "failed" || (c.reason && c.state !== "ready")) {
-    el.append(h("div", { class: "reason" }, c.reason || "failed",
+  if (c.state === "failed" || c.reason) {
+    const last = c.state === "ready" || c.state === "starting";
+    el.append(h("div", { class: last ? "reason muted" : "reason" },
+      last ? "last: " : "", c.reason || "failed",
       c.retry_in ? h("span", { class: "muted" }, " · retried by the next request in ",
         h("span", { dataset: { kind: "retry", at: ctx.now + c.retry_in } })) : null));
   }
@@ -79,12 +81,16 @@ K.cards.render = function (card, ctx) {
     stat("queued", `${c.queued}${c.max_queue !== null && c.max_queue !== undefined ? " / " + c.max_queue : ""}`),
     stat("req/s", rate ? K.fmtNum(rate[1]) : "–"),
     stat("tokens/s", rate ? K.fmtNum(rate[2]) : "–"),
-    stat("TTFB · TTFT", rate ? `${K.fmtSeconds(rate[3])} · ${K.fmtSeconds(rate[4])}` : "–"),
+    stat("TTFB", rate ? K.fmtSeconds(rate[3]) : "–", null, null,
+      "time to first byte at the frontend (load waits included), last sample"),
+    stat("TTFT", rate ? K.fmtSeconds(rate[4]) : "–", null, null,
+      "the engine's own time to first token (needs --enable-metrics), last sample"),
     stat("restarts", String(c.restarts)),
+    stat("loads", String(c.loads)),
+    stat("last load", c.load_seconds ? K.fmtDuration(c.load_seconds) : "–"),
+    stat("evictions", String(c.evictions)),
   ));
-  el.append(h("div", { class: "url" }, c.url || (c.state === "stopped" ? "not loaded" : ""),
-    c.loads ? h("span", {}, ` · ${c.loads} load${c.loads > 1 ? "s" : ""}, last ${K.fmtDuration(c.load_seconds)}`) : null,
-    c.evictions ? ` · evicted ${c.evictions}×` : ""));
+  el.append(h("div", { class: "url" }, c.url || (c.state === "stopped" ? "not loaded" : "")));
   const open = ctx.opened.has(c.alias);
   const more = h("details", { class: "more", open: open || null,
     ontoggle: (e) => ctx.setOpen(c.alias, e.target.open), onclick: (e) => e.stopPropagation() },

@@ -54,10 +54,11 @@ K.machine.render = function (root, machine, models, plan, selected) {
     const planned = plannedGpus.has(g.index);
     return h("div", { class: "part" + (planned ? " planned" : ""), "data-gpu": g.index,
       style: planned && planColour ? { borderColor: planColour } : {} },
-    h("div", { class: "part-head" }, h("b", {}, `GPU ${g.index}`), h("span", { class: "muted" }, g.name),
+    h("div", { class: "part-head" }, h("b", {}, `GPU ${g.index}`), h("span", { class: "muted" }, ""),
       holderChips(g.holders, colours)),
     memBar(g.memory_total, g.memory_used, one),
-    h("div", { class: "mem-text" }, `${K.fmtBytes(g.memory_used)} used of ${K.fmtBytes(g.memory_total)}`));
+    h("div", { class: "mem-text" },
+      `${g.name} · ${K.fmtBytes(g.memory_used)} used of ${K.fmtBytes(g.memory_total)}`));
   });
   root.replaceChildren(
     h("div", { class: "nodes" }, nodes),

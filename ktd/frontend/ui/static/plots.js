@@ -13,6 +13,14 @@ K.plots.ticks = function (max) {
   return out;
 };
 
+// Seconds before "now" to label on a time axis spanning ``span`` seconds (at most 5 labels).
+K.plots.timeTicks = function (span) {
+  const step = [10, 30, 60, 120, 300, 600, 900].find((s) => span / s <= 4) || 900;
+  const out = [];
+  for (let ago = 0; ago <= span + 0.001; ago += step) out.push(ago);
+  return out.reverse();
+};
+
 const PLOT_W = 600, PLOT_H = 170, PAD_L = 52, PAD_R = 10, PAD_T = 10, PAD_B = 22;
 
 // lines: [{colour, label, points: [[t, value|null], ...]}] over [t0, t1].
@@ -29,10 +37,9 @@ K.plots.line = function (lines, t0, t1, format, metric) {
     svg.append(h("svg:line", { class: "axis", x1: PAD_L, x2: PLOT_W - PAD_R, y1: y(v), y2: y(v) }));
     svg.append(h("svg:text", { class: "tick", x: PAD_L - 6, y: y(v) + 3, "text-anchor": "end" }, format(v)));
   }
-  for (const ago of [60, 45, 30, 15, 0]) {
-    const t = t1 - ago * 60;
-    svg.append(h("svg:text", { class: "tick", x: x(t), y: PLOT_H - 6, "text-anchor": "middle" },
-      ago ? `-${ago}m` : "now"));
+  for (const ago of K.plots.timeTicks(t1 - t0)) {
+    svg.append(h("svg:text", { class: "tick", x: x(t1 - ago), y: PLOT_H - 6, "text-anchor": "middle" },
+      ago ? `-${ago >= 60 ? ago / 60 + "m" : ago + "s"}` : "now"));
   }
   for (const l of lines) {
     // A null is a gap (no reading): the line is broken there, never drawn through.
@@ -92,9 +99,13 @@ K.plots.legend = function (entries) {
 };
 
 // The whole plots panel: requests/s, tokens/s, TTFT per model, and the load durations.
-K.plots.render = function (root, models, series, loads) {
+// The time axis is the last hour, or less while the frontend has not been up that long.
+K.plots.render = function (root, models, series, loads, interval) {
   const h = K.h;
-  const t1 = K.now(), t0 = t1 - 3600;
+  const t1 = K.now();
+  let first = t1;
+  for (const points of Object.values(series)) if (points.length) first = Math.min(first, points[0][0]);
+  const t0 = Math.max(t1 - 3600, Math.min(first - interval, t1 - 60));
   const served = models.filter((m) => m.served);
   const lines = (col) => served.map((m) => ({
     colour: K.colour(m.colour),
