@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Stack, cpu_seconds, pct, sim_model, time_limit, wait_for
 
 from ktctl import Subscription
+from tests.frontend.ui.chrome import start_chrome
 
 ALIAS = "ui-lat"
 RECORDER = """
@@ -44,26 +45,6 @@ new MutationObserver(look).observe(document.getElementById('cards'),
   {subtree: true, childList: true, attributes: true});
 look();
 """
-
-
-def browser(profile: str):  # type: ignore[no-untyped-def]
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    o = webdriver.ChromeOptions()
-    o.binary_location = "/usr/bin/chromium"
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        f"--user-data-dir={profile}",
-    ):
-        o.add_argument(flag)
-    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=o)
 
 
 def _event_time(sub: Subscription, state: str) -> float | None:
@@ -101,7 +82,7 @@ def main() -> None:
     stack = Stack([sim_model(ALIAS)])
     driver = None
     try:
-        driver = browser(tempfile.mkdtemp(prefix="ktdb-chrome-"))
+        driver = start_chrome(Path(tempfile.mkdtemp(prefix="ktdb-chrome-")))
         driver.get(stack.url + "/ui")
         wait_for(
             lambda: (

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 
 from ktctl import Client  # noqa: E402
+from tests.frontend.ui.chrome import start_chrome  # noqa: E402
 from tests.frontend.ui.uienv import box_models, machine_env  # noqa: E402
 
 TRAFFIC_SECONDS = 95.0
@@ -96,25 +97,7 @@ def main() -> None:
             t.start()
         started = time.monotonic()
 
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-
-        o = webdriver.ChromeOptions()
-        o.binary_location = "/usr/bin/chromium"
-        for flag in (
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--hide-scrollbars",
-            "--window-size=1400,1400",
-            f"--user-data-dir={root / 'chrome'}",
-        ):
-            o.add_argument(flag)
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=o)
+        driver = start_chrome(root / "chrome", "--hide-scrollbars", "--window-size=1400,1400")
         driver.get(url + "/ui")
         time.sleep(3)
         driver.execute_script("document.querySelector(\".card[data-alias='alpha']\").click()")

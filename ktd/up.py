@@ -235,7 +235,8 @@ def _banner(
     ]
     if not bind.startswith("unix:"):  # a browser reaches a TCP bind only (docs/ui.md)
         token = "?token=<key>" if api_keys else ""
-        lines.insert(lines.index("Try it:") + 1, f"  {url}/ui{token}   (the dashboard, in a browser)")
+        dashboard = f"  {url}/ui{token}   (the dashboard, in a browser)"
+        lines.insert(lines.index("Try it:") + 1, dashboard)
     if demo and root is not None:
         lines.append(f"(demo files in {root}; removed on exit)")
     return "\n".join(lines) + "\n"

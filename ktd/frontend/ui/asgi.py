@@ -180,6 +180,16 @@ class Dashboard:
             await handler(req)
         except ApiError as err:
             await req.error(err)
+        except Exception:
+            log.exception("dashboard: unexpected error on %s %s", scope["method"], path)
+            try:  # a 500 if nothing was sent yet; Hypercorn closes the connection otherwise
+                await req.error(
+                    ApiError(
+                        500, "internal frontend error", type=errors.SERVER_ERROR, code="internal"
+                    )
+                )
+            except Exception:
+                pass
 
     # ------------------------------------------------------------ page, session
 

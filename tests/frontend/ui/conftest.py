@@ -1,10 +1,8 @@
 """Fixtures for the dashboard: the two-node box (a real daemon and frontend), a real browser.
 
 The browser is Debian's chromium driven through its own chromedriver (both from apt:
-``tests/ui_install.sh``); selenium is given the driver's path, so Selenium Manager
-never runs and nothing is downloaded. The flags keep Chromium off the network (this
-machine refuses its background connections) and a fresh profile per test keeps
-cookies from leaking between tests.
+``tests/ui_install.sh``; how it is started: chrome.py), with a fresh profile per test
+so that no cookie leaks from one test to the next.
 """
 
 from __future__ import annotations
@@ -22,21 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.frontend.ui.chrome import start_chrome
 from tests.frontend.ui.uienv import box_models, machine_env
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROME_FLAGS = (
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-dev-shm-usage",
-    "--window-size=1400,1400",
-)
 
 
 @dataclass
@@ -85,15 +70,7 @@ def box_factory(
 
 class Browser:
     def __init__(self, profile: Path) -> None:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
-            options.add_argument(flag)
-        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-        self.driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        self.driver = start_chrome(profile, "--window-size=1400,1400", console=True)
         self.logs: list[dict[str, Any]] = []
 
     def open(self, url: str) -> None:

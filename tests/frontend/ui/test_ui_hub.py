@@ -21,8 +21,10 @@ import trio
 from frontend_helpers import Frontend, StartFrontend
 
 from ktd.frontend import ui
+from ktd.frontend.flow import ProxyRoutes
 from ktd.frontend.ui import hub as hubmod
 from ktd.frontend.ui.access import COOKIE, cookie_value
+from ktd.frontend.ui.asgi import Dashboard
 from tests.frontend.ui.conftest import Box, sse_events
 from tests.frontend.ui.uienv import box_models
 
@@ -49,6 +51,17 @@ async def test_traffic_history_from_the_frontends_and_the_engines_counters(
     daemon: Any, start_frontend: StartFrontend
 ) -> None:
     fe = await frontend(start_frontend, daemon, ui_sample_interval=0.2)
+    # Proxied requests never pass through the dashboard's layer (it sits inside the proxy's).
+    proxy = fe.app.asgi_app
+    assert isinstance(proxy, ProxyRoutes) and isinstance(proxy.app, Dashboard)
+    seen: list[str] = []
+    dashboard = proxy.app
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope.get("path", ""))
+        await dashboard(scope, receive, send)
+
+    proxy.app = counting
     await ktctl(daemon, "load", "alpha")
     async with fe.client() as c:
         for _ in range(4):
@@ -63,6 +76,7 @@ async def test_traffic_history_from_the_frontends_and_the_engines_counters(
             while not (busy := await traffic()):
                 await c.post("/v1/chat/completions", json=CHAT)
                 await trio.sleep(0.1)
+    assert seen and not [path for path in seen if path.startswith("/v1/")], seen
     t, rps, tps, ttfb, ttft = busy[-1]
     assert abs(t - time.time()) < 60 and rps > 0 and tps > 0 and ttfb > 0 and ttft >= 0
     body = (await fe.client().get("/ui/api/series")).json()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ktd.sim.model import make_model
-from tests.fixtures.topology import BASE_FLAGS, GIB_KB, FakeMachine, build, smi_csv
+from tests.fixtures.topology import BASE_FLAGS, GIB_KB, FakeMachine, build, smi_script
 
 REPO = Path(__file__).resolve().parents[3]
 SHIM = REPO / "ktd" / "sim" / "shim"
@@ -36,9 +36,7 @@ def two_node_box(root: Path) -> Path:
 def machine_env(root: Path, env: dict[str, str]) -> dict[str, str]:
     """``env`` with the daemon pointed at the fixture box and the fake nvidia-smi."""
     sysfs = two_node_box(root / "machine")
-    smi = root / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{smi_csv(GPUS)}EOF\n")
-    smi.chmod(0o755)
+    smi = smi_script(root / "nvidia-smi", GPUS)
     return {**env, "KTD_SYSFS_ROOT": str(sysfs), "KTD_NVIDIA_SMI": str(smi)}
 
 
