@@ -272,7 +272,7 @@ class Dashboard:
             alias = _alias(body.get("alias") if isinstance(body.get("alias"), str) else None)
             msg = p.Load(alias=alias, wait=False) if action == "load" else p.Evict(alias=alias)
         broker = self.hub.broker
-        log.info("dashboard: %s %s", action, alias or "(config)")
+        log.info("dashboard: %s %r", action, alias or "(config)")
         reply: p.Reply | None = None
         try:
             await broker.ping()  # a daemon that is away is a 503 now, not "under way"
