@@ -32,6 +32,7 @@ from ktd import paths
 from ktd import protocol as p
 from ktd.control.endpoint import check_reply, control_path, dealer
 from ktd.control.errors import ControlError
+from ktd.core.loglines import overlap
 
 __all__ = [
     "Client",
@@ -59,6 +60,7 @@ SUBSCRIBE_SETTLE = 1.0
 
 START_HINT = "start it with `ktd serve` or `systemctl start ktd`"
 DRY_RUN_BUDGET = 130.0  # seconds: the daemon's engine probe is bounded at 120 s
+MACHINE_BUDGET = 20.0  # seconds: the daemon runs nvidia-smi, bounded at 15 s
 
 R = TypeVar("R", bound=p.Reply)
 
@@ -606,6 +608,12 @@ class Client(_Closing):
         """Re-read config.json and models.json; returns the daemon's reply (``Ok`` usually)."""
         return self._call(p.Reload(), self.timeout)
 
+    def machine(self) -> p.MachineReply:
+        """The machine as ktd places on it, read now: NUMA nodes and GPUs with their free
+        memory, which engine holds which, and each alias's recent load durations."""
+        budget = max(self.timeout, MACHINE_BUDGET)
+        return self._expect(self._call(p.Machine(), budget), p.MachineReply)
+
     def doctor(self) -> dict[str, Any]:
         """The daemon's health report: ``{"checks": [{name, status, detail, advice}, ...]}``."""
         return self._expect(self._call(p.Doctor(), self.timeout), p.DoctorReply).report
@@ -682,11 +690,3 @@ class Client(_Closing):
 
     def __repr__(self) -> str:
         return f"Client({str(self.socket_path)!r}, timeout={self.timeout!r})"
-
-
-def overlap(tail: list[str], extra: list[str]) -> int:
-    """How many leading ``extra`` lines repeat the end of ``tail`` (longest such run)."""
-    for k in range(min(len(tail), len(extra)), 0, -1):
-        if tail[-k:] == extra[:k]:
-            return k
-    return 0

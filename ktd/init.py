@@ -57,7 +57,8 @@ config.json (JSON allows no comments, so they live here):
                   interpreter of SGLang's venv (default: the one running ktd).
   models_file     models.json, relative to config.json.
   daemon          health_timeout (s a load may take), drain_timeout, state_dir, ...
-  frontend        bind (HOST:PORT of the OpenAI endpoint), api_keys (Bearer keys).
+  frontend        bind (HOST:PORT of the OpenAI endpoint), api_keys (Bearer keys),
+                  ui_control (the dashboard at /ui may load/evict/reload; needs api_keys).
 
 models.json: one entry per model.
   path            the Hugging Face model dir (SGLang --model)

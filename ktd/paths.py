@@ -1,4 +1,7 @@
-"""Where ktd's files live (docs/architecture.md, "Files and paths"). Pure: everything comes from the env mapping."""
+"""Where ktd's files live (docs/architecture.md, "Files and paths").
+
+Pure: everything comes from the env mapping.
+"""
 
 from __future__ import annotations
 

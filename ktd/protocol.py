@@ -180,6 +180,12 @@ class Shutdown(Request, tag="shutdown"):
     pass
 
 
+class Machine(Request, tag="machine"):
+    """The machine now, as placement sees it: NUMA nodes and GPUs with their free memory,
+    which engine holds which, and each alias's recent load durations (the dashboard's
+    picture; read afresh each time, nvidia-smi included)."""
+
+
 AnyRequest = (
     Ping
     | Status
@@ -196,6 +202,7 @@ AnyRequest = (
     | Return
     | Doctor
     | Shutdown
+    | Machine
 )
 
 # ---------------------------------------------------------------- replies
@@ -377,6 +384,45 @@ class DoctorReply(Reply, tag="doctor"):
     report: dict[str, Any]
 
 
+class NodeInfo(msgspec.Struct, kw_only=True):
+    """One NUMA node; memory in bytes. ``mem_available`` counts reclaimable page cache."""
+
+    id: int
+    cpus: list[int] = []
+    mem_total: int = 0
+    mem_free: int = 0
+    mem_available: int = 0
+
+
+class GpuInfo(msgspec.Struct, kw_only=True):
+    """One GPU as nvidia-smi numbers it; memory in bytes."""
+
+    index: int
+    name: str = ""
+    memory_total: int = 0
+    memory_used: int = 0
+
+
+class Holder(msgspec.Struct, kw_only=True):
+    """An engine holding NUMA nodes, CPUs and GPUs (starting, ready, draining, stopping)."""
+
+    alias: str
+    state: str
+    numa_nodes: list[int] = []
+    cpus: list[int] = []
+    gpus: list[int] = []
+
+
+class MachineReply(Reply, tag="machine"):
+    cpu_model: str = ""
+    nodes: list[NodeInfo] = []
+    gpus: list[GpuInfo] = []
+    gpu_error: str | None = None  # why no GPU is listed (no nvidia-smi, ...)
+    reserved_cpus: list[int] = []  # daemon.cpus: kept off engines
+    holders: list[Holder] = []
+    load_history: dict[str, list[float]] = {}  # alias -> recent load durations (s), oldest first
+
+
 class Ok(Reply, tag="ok"):
     message: str = ""
 
@@ -399,6 +445,7 @@ AnyReply = (
     | ClaimReply
     | SyncReply
     | DoctorReply
+    | MachineReply
     | Ok
     | Error
 )

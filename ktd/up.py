@@ -233,6 +233,10 @@ def _banner(
         "",
         "Ctrl-C stops the frontend, then the daemon and its engines.",
     ]
+    if not bind.startswith("unix:"):  # a browser reaches a TCP bind only (docs/ui.md)
+        token = "?token=<key>" if api_keys else ""
+        dashboard = f"  {url}/ui{token}   (the dashboard, in a browser)"
+        lines.insert(lines.index("Try it:") + 1, dashboard)
     if demo and root is not None:
         lines.append(f"(demo files in {root}; removed on exit)")
     return "\n".join(lines) + "\n"

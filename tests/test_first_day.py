@@ -71,8 +71,10 @@ def test_banner_curl_carries_the_api_key_header() -> None:
     curls = [ln for ln in text.splitlines() if ln.strip().startswith("curl")]
     assert curls and all('-H "Authorization: Bearer $KTD_API_KEY"' in ln for ln in curls)
     assert "export KTD_API_KEY" in text
+    assert "http://127.0.0.1:8000/ui?token=<key>" in text  # the dashboard; the key not printed
     plain = _banner("127.0.0.1:8000", Path("/s"), True, None)
     assert "Authorization" not in plain
+    assert "http://127.0.0.1:8000/ui   (the dashboard" in plain
 
 
 def test_doctor_without_config_or_daemon_runs_machine_checks(

@@ -124,6 +124,9 @@ class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Seconds a client connection may sit idle (before its first request, or
     # between keep-alive requests) before the frontend closes it.
     idle_timeout: float = 15.0
+    # The dashboard at /ui may load, evict and reload (for a holder of one of api_keys);
+    # off: the dashboard is read-only.
+    ui_control: bool = False
 
 
 GatewayMode = Literal["engines", "frontend"]
@@ -418,6 +421,12 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
     for i, key in enumerate(f.api_keys):
         if not key:
             raise ConfigError(name, f"$.frontend.api_keys[{i}]", "must not be empty")
+    if f.ui_control and not f.api_keys:
+        raise ConfigError(
+            name,
+            "$.frontend.ui_control",
+            "needs frontend.api_keys: the dashboard's actions are only for a holder of a key",
+        )
     _validate_gateway(file, name)
 
 

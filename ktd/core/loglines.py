@@ -12,7 +12,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["PROBE_QUERY", "is_probe_access", "phase_of", "probe_path", "split_probe_access"]
+__all__ = [
+    "PROBE_QUERY",
+    "is_probe_access",
+    "overlap",
+    "phase_of",
+    "probe_path",
+    "split_probe_access",
+]
 
 #: (substring of an SGLang line, the phase it starts), checked in order.
 _MILESTONES = (
@@ -57,3 +64,15 @@ def split_probe_access(lines: Iterable[str]) -> tuple[list[str], list[str]]:
     for line in lines:
         (probes if is_probe_access(line) else keep).append(line)
     return keep, probes
+
+
+def overlap(tail: list[str], extra: list[str]) -> int:
+    """How many leading ``extra`` lines repeat the end of ``tail`` (longest such run).
+
+    A follower subscribes to new lines before it asks for the tail, so the lines
+    written in between arrive twice: once at the tail's end, once as new.
+    """
+    for k in range(min(len(tail), len(extra)), 0, -1):
+        if tail[-k:] == extra[:k]:
+            return k
+    return 0

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ktd.core import doctor
 from ktd.core.command import LaunchError, build_env, build_launch, env_additions
 from ktd.core.config import Config, ModelSpec, load_config
-from ktd.daemon import proctree
+from ktd.daemon import proctree, weights
 from ktd.daemon.probe import PROBE_CODE, ProbeResult, parse_probe_output
 from ktd.topology import Topology, read_topology
 
@@ -116,7 +116,7 @@ async def daemon_report(
     import trio
 
     extra = await gateway.doctor_checks() if gateway is not None else []
-    topo = await trio.to_thread.run_sync(read_topology)
+    topo = await trio.to_thread.run_sync(weights.read_machine)  # the one the pool places on
     pool.placer.refresh_topology(topo)
     running = {e.alias: e.run.port for e in pool.engines.values() if e.run is not None}
     return await trio.to_thread.run_sync(

@@ -27,15 +27,15 @@ from ktd.core.command import LaunchError
 from ktd.core.config import Config, ConfigError, load_config
 from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
-from ktd.daemon import proctree, safedir, sdnotify, statefile, statelock
+from ktd.daemon import proctree, safedir, sdnotify, statefile, statelock, weights
 from ktd.daemon.doctor import daemon_report, dry_run_plan
+from ktd.daemon.machine import MachineReader
 from ktd.daemon.pool import Pool
 from ktd.daemon.server import ControlServer
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
 from ktd.protocol import HARD_MAX_FRAME, WELCOME, ErrorCode
 from ktd.runtime import add_common_options, load_or_report, setup_logging
-from ktd.topology import read_topology
 
 log = logging.getLogger("ktd")
 
@@ -225,6 +225,7 @@ class Daemon:
                 dry_run=self.dry_run,
                 shutdown=self.request_stop,
                 gateway=gateway.info,
+                machine=MachineReader(pool).reply,
             )
             self.server = server
             # Signal handlers first: a SIGHUP before them would kill the daemon.
@@ -298,7 +299,7 @@ def main(argv: list[str]) -> int:
     if config is None:
         return 2
     try:
-        check_placements(config, read_topology())
+        check_placements(config, weights.read_machine())  # the machine the pool places on
     except ConfigError as exc:
         print(f"ktd: config error: {exc}", file=sys.stderr)
         return 2

@@ -27,7 +27,6 @@ from ktd.core.topology import Topology
 from ktd.daemon import weights
 from ktd.daemon.engine import Busy, Engine, PlacementLike, Unplaceable
 from ktd.daemon.preflight import Refused
-from ktd.topology import read_topology
 
 log = logging.getLogger("ktd")
 
@@ -70,9 +69,7 @@ class Placer:
     @property
     def topology(self) -> Topology:
         if self._topology is None:
-            self._topology = read_topology(
-                weights.machine_root(), nvidia_smi=weights.nvidia_smi_cmd()
-            )
+            self._topology = weights.read_machine()
         return self._topology
 
     def refresh_topology(self, topo: Topology) -> None:

@@ -45,6 +45,7 @@ class ControlServer:
         dry_run: Callable[[str], Awaitable[dict[str, Any]]],
         shutdown: Callable[[], None],
         gateway: Callable[[], p.GatewayInfo | None] = lambda: None,
+        machine: Callable[[], Awaitable[p.MachineReply]] | None = None,
     ) -> None:
         self.pool = pool
         self.control = TrioSocket(control, self._on_message, on_drop=self._undelivered)
@@ -55,6 +56,7 @@ class ControlServer:
         self._dry_run = dry_run
         self._shutdown = shutdown
         self._gateway = gateway
+        self._machine = machine
         self._nursery: trio.Nursery | None = None
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -194,4 +196,6 @@ class ControlServer:
                 return pool.sync_reply(client)
             case p.Doctor():
                 return p.DoctorReply(report=await self._doctor())
+            case p.Machine() if self._machine is not None:
+                return await self._machine()
         raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ktd.core import fit
 from ktd.core.config import ModelSpec
+from ktd.core.topology import Topology
 from ktd.daemon.preflight import read_model_config
 
 __all__ = ["apparent_size", "estimate_spec", "non_expert_bytes"]
@@ -117,11 +118,17 @@ def nvidia_smi_cmd() -> tuple[str, ...] | None:
     return words or None
 
 
-def free_memory() -> tuple[dict[int, int], dict[int, int] | None]:
-    """(available bytes per NUMA node, free bytes per GPU or None when unreadable)."""
+def read_machine() -> Topology:
+    """The machine as the daemon places on it: ``$KTD_SYSFS_ROOT`` and ``$KTD_NVIDIA_SMI``
+    (blocking: nvidia-smi runs; call it in a thread from trio)."""
     from ktd.topology import read_topology
 
-    topo = read_topology(machine_root(), nvidia_smi=nvidia_smi_cmd())
+    return read_topology(machine_root(), nvidia_smi=nvidia_smi_cmd())
+
+
+def free_memory() -> tuple[dict[int, int], dict[int, int] | None]:
+    """(available bytes per NUMA node, free bytes per GPU or None when unreadable)."""
+    topo = read_machine()
     nodes = {n.id: n.available_kb * 1024 for n in topo.nodes}
     if not topo.gpus:
         return nodes, None

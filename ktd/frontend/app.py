@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.frontend import catalog, errors, gateway_metrics, transport, worker_info
+from ktd.frontend import catalog, errors, gateway_metrics, transport, ui, worker_info
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ProxyRoutes
 from ktd.frontend.promtext import merge
@@ -55,6 +55,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     state = State(options)
     app.extensions["ktd"] = state
+    ui.install(app, state)  # /ui: inside the proxy layer, so proxied requests never reach it
     app.asgi_app = ProxyRoutes(app.asgi_app, state)  # type: ignore[method-assign,assignment,arg-type]
     state.metrics.add_pool_gauge(state.upstream.counts)
 

@@ -2,7 +2,8 @@
 
 SIGTERM/SIGINT start Hypercorn's graceful shutdown: stop accepting, give
 in-flight requests ``--graceful-timeout`` seconds, cancel the rest (their
-claims are given back on the way out), then stop the control client.
+claims are given back on the way out), then stop the control client. The
+dashboard's live streams end at once (they would otherwise hold the whole wait).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hypercorn.trio import serve
 from ktd import paths
 from ktd.control import endpoint
 from ktd.core.config import Config
+from ktd.frontend import ui
 from ktd.frontend.app import create_app
 from ktd.frontend.state import FrontendOptions
 from ktd.runtime import add_common_options, load_or_report, setup_logging
@@ -82,6 +84,10 @@ async def _serve(options: FrontendOptions, hc: HyperConfig) -> None:
     app = create_app(options)
     stop = trio.Event()
 
+    async def stopping() -> None:
+        await stop.wait()
+        ui.close(app)  # live dashboard streams end now: the graceful wait is for requests
+
     async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             task_status.started()
@@ -93,7 +99,7 @@ async def _serve(options: FrontendOptions, hc: HyperConfig) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(on_signals)
         binds: list[str] = await nursery.start(
-            functools.partial(serve, app, hc, shutdown_trigger=stop.wait)
+            functools.partial(serve, app, hc, shutdown_trigger=stopping)
         )
         _freeze_startup_objects()
         print(

@@ -19,15 +19,23 @@ MAX_BYTES = 8 << 20
 
 
 async def scrape_engines(
-    pool: UpstreamPool, engines: Sequence[p.EngineInfo], timeout: float = 2.0
+    pool: UpstreamPool,
+    engines: Sequence[p.EngineInfo],
+    timeout: float = 2.0,
+    *,
+    path: bytes = b"/metrics",
 ) -> list[tuple[str, str]]:
-    """``[(alias, exposition text), ...]`` for ready engines that answered 200."""
+    """``[(alias, exposition text), ...]`` for ready engines that answered 200.
+
+    ``path``: the dashboard's sampler asks ``/metrics?ktd=probe``, so its requests
+    count among ktd's own probes in the engine's log (hidden by default).
+    """
     results: dict[str, str] = {}
 
     async def one(alias: str, url: str) -> None:
         with trio.move_on_after(timeout):
             try:
-                resp = await pool.request(url, b"/metrics", [], b"", method=b"GET")
+                resp = await pool.request(url, path, [], b"", method=b"GET")
                 try:
                     data = await resp.read() if resp.status == 200 else b""
                 finally:

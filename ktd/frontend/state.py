@@ -25,6 +25,7 @@ class FrontendOptions:
     stream_grace: float = 0.5  # how long a stream may wait before committing to 200
     client_id: str | None = None
     body_timeout: float = 60.0
+    ui_sample_interval: float = 10.0  # the dashboard's traffic history: one point per this
 
 
 class State:

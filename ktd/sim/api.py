@@ -162,19 +162,29 @@ class OpenAIServing:
             )
         return None
 
-    async def _generate(self, n_tokens: int) -> None:
-        """Non-streaming generation time: the same pacing as a stream."""
+    async def _generate(
+        self, n_tokens: int, *, started: float | None = None, prompt: int = 0, choices: int = 1
+    ) -> None:
+        """Non-streaming generation time: the same pacing as a stream, counted as SGLang
+        counts it (tokens, and the time to the first one from ``started``)."""
+        if started is None:
+            started = trio.current_time()
         if not self.knobs.token_rate and not self.state.hung:
-            return
-        pacer = Pacer(self.knobs.token_rate, self.state)
-        for _ in range(n_tokens):
-            await pacer.tick()
+            self.state.first_token(trio.current_time() - started)
+        else:
+            pacer = Pacer(self.knobs.token_rate, self.state)
+            for i in range(n_tokens):
+                await pacer.tick()
+                if i == 0:
+                    self.state.first_token(trio.current_time() - started)
+        self.state.tokens(prompt, n_tokens * choices)
 
     # -- /v1/chat/completions
     async def chat(self, req: Request) -> Reply:
         return await self._run(req, lambda rid: self._chat(req, rid))
 
     async def _chat(self, req: Request, rid: str) -> Reply:
+        started = trio.current_time()
         f = self._fields(req)
         if isinstance(f, Reply):
             return f
@@ -214,9 +224,10 @@ class OpenAIServing:
                 prompt_tokens,
                 bool(options.get("include_usage")),
                 bool(options.get("continuous_usage_stats")),
+                started,
             )
             return Reply(200, content_type=SSE, stream=events)
-        await self._generate(plan.n_tokens)
+        await self._generate(plan.n_tokens, started=started, prompt=prompt_tokens, choices=n)
         text = plan.text()
         choices = [chat_choice(i, text, plan.finish_reason, plan.matched_stop) for i in range(n)]
         resp = chat_response(
@@ -233,8 +244,10 @@ class OpenAIServing:
         prompt_tokens: int,
         include_usage: bool,
         continuous_usage: bool,
+        started: float,
     ) -> AsyncGenerator[bytes, None]:
         created = int(time.time())
+        self.state.tokens(prompt_tokens)
         for i in range(n):
             yield sse(
                 chat_chunk(rid, created, model, [delta_choice(i, role="assistant", content="")])
@@ -243,7 +256,10 @@ class OpenAIServing:
         generated = 0
         for piece in plan.pieces():
             await pacer.tick()
+            if not generated:
+                self.state.first_token(trio.current_time() - started)
             generated += 1
+            self.state.tokens(generated=n)
             if not piece:
                 continue
             for i in range(n):
@@ -265,6 +281,7 @@ class OpenAIServing:
         return await self._run(req, lambda rid: self._completions(req, rid))
 
     async def _completions(self, req: Request, rid: str) -> Reply:
+        started = trio.current_time()
         f = self._fields(req)
         if isinstance(f, Reply):
             return f
@@ -307,9 +324,12 @@ class OpenAIServing:
                 plan,
                 prompt_tokens,
                 bool(options.get("include_usage")),
+                started,
             )
             return Reply(200, content_type=SSE, stream=events)
-        await self._generate(plan.n_tokens)
+        await self._generate(
+            plan.n_tokens, started=started, prompt=prompt_tokens, choices=len(echoes)
+        )
         text = plan.text()
         choices = [
             text_choice(i, e + text, plan.finish_reason, plan.matched_stop)
@@ -333,12 +353,17 @@ class OpenAIServing:
         plan: gen.Plan,
         prompt_tokens: int,
         include_usage: bool,
+        started: float,
     ) -> AsyncGenerator[bytes, None]:
         created = int(time.time())
+        self.state.tokens(prompt_tokens)
         pacer = Pacer(self.knobs.token_rate, self.state)
         last = plan.n_tokens - 1
         for step, piece in enumerate(plan.pieces()):
             await pacer.tick()
+            if step == 0:
+                self.state.first_token(trio.current_time() - started)
+            self.state.tokens(generated=len(echoes))
             final = step == last
             if not piece and not final:
                 continue

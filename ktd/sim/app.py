@@ -196,7 +196,7 @@ class Lifecycle:
         self._nursery.start_soon(self._drain)
 
     async def _drain(self) -> None:
-        """SGLang's exit statuses after SIGTERM (docs/sglang.md, "Processes and shutdown"): its drain
+        """SGLang's exit statuses after SIGTERM (docs/sglang.md, "Processes"): its drain
         handler is installed at the first request through the tokenizer manager (a /health
         is one), so before that uvicorn's shutdown re-raises SIGTERM (the process dies of
         it: -15, a shell's 143); after it, upstream drains and exits 0, and the kt fork

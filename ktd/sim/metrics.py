@@ -8,7 +8,7 @@ from the sim's own request accounting.
 
 from __future__ import annotations
 
-from ktd.sim.state import ServerState
+from ktd.sim.state import TTFT_BUCKETS, ServerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -42,4 +42,21 @@ def render(model: str, state: ServerState) -> bytes:
     lines.append(f'sglang:e2e_request_latency_seconds_bucket{{le="+Inf",{label}}} {done}.0')
     lines.append(f"sglang:e2e_request_latency_seconds_sum{{{label}}} 0.0")
     lines.append(f"sglang:e2e_request_latency_seconds_count{{{label}}} {done}.0")
+    lines += [
+        "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.",
+        "# TYPE sglang:prompt_tokens_total counter",
+        f"sglang:prompt_tokens_total{{{label}}} {s.prompt_tokens}.0",
+        "# HELP sglang:generation_tokens_total Number of generation tokens processed.",
+        "# TYPE sglang:generation_tokens_total counter",
+        f"sglang:generation_tokens_total{{{label}}} {s.generation_tokens}.0",
+        "# HELP sglang:time_to_first_token_seconds Histogram of time to first token in seconds.",
+        "# TYPE sglang:time_to_first_token_seconds histogram",
+    ]
+    for bound, count in zip(TTFT_BUCKETS, s.ttft_counts, strict=True):
+        lines.append(f'sglang:time_to_first_token_seconds_bucket{{le="{bound}",{label}}} {count}.0')
+    lines += [
+        f'sglang:time_to_first_token_seconds_bucket{{le="+Inf",{label}}} {s.ttft_count}.0',
+        f"sglang:time_to_first_token_seconds_sum{{{label}}} {s.ttft_sum}",
+        f"sglang:time_to_first_token_seconds_count{{{label}}} {s.ttft_count}.0",
+    ]
     return ("\n".join(lines) + "\n").encode()

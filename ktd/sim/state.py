@@ -8,13 +8,16 @@ idle sim uses no CPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
 STARTING = "starting"  # bound, warming up: /v1/models 200, /health 503
 UP = "up"  # warmed up: /health 200
 DRAINING = "draining"  # SIGTERM received: /health 503, new generations still accepted
+
+# SGLang's time-to-first-token buckets (seconds), a subset of its defaults.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass
@@ -26,6 +29,12 @@ class Stats:
     completed: int = 0  # answered to the end (error replies included)
     aborted: int = 0  # cut short because the client went away
     streams: int = 0  # of the requests, how many were streaming
+    prompt_tokens: int = 0  # SGLang's sglang:prompt_tokens_total
+    generation_tokens: int = 0  # sglang:generation_tokens_total
+    # sglang:time_to_first_token_seconds: per bucket of TTFT_BUCKETS, then the sum
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -74,6 +83,19 @@ class ServerState:
 
     def mark_stream(self) -> None:
         self.stats.streams += 1
+
+    def tokens(self, prompt: int = 0, generated: int = 0) -> None:
+        self.stats.prompt_tokens += prompt
+        self.stats.generation_tokens += generated
+
+    def first_token(self, seconds: float) -> None:
+        """One request's time to first token, into the histogram /metrics exports."""
+        stats = self.stats
+        stats.ttft_sum += seconds
+        stats.ttft_count += 1
+        for i, bound in enumerate(TTFT_BUCKETS):
+            if seconds <= bound:
+                stats.ttft_counts[i] += 1
 
     def end(self, aborted: bool) -> None:
         self.stats.active -= 1

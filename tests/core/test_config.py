@@ -115,6 +115,8 @@ def test_model_id_routes_the_section_engine(tmp_path: Path) -> None:
         ({"ktransformers": {"extra_args": "--a 'unclosed"}}, None, "$.ktransformers.extra_args"),
         ({"daemon": {"drain_timeout": -1}}, None, "$.daemon.drain_timeout"),
         ({"frontend": {"bind": "nohostport"}}, None, "$.frontend.bind"),
+        ({"frontend": {"ui_control": True}}, None, "$.frontend.ui_control"),
+        ({"frontend": {"ui_control": "yes", "api_keys": ["k"]}}, None, "$.frontend.ui_control"),
         ({}, [{"path": "/m", "backend": "kt", "alias": "x"}, {"path": 3}], "$[1].path"),
         ({}, [{"path": "/m", "backend": "kt", "alias": ""}], "$[0].alias"),
         ({}, [{"path": "/m", "backend": "kt", "alias": "qwen:lora"}], "$[0].alias"),

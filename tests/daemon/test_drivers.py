@@ -254,4 +254,3 @@ async def test_a_paused_daemon_expires_no_client_and_judges_no_ttl_until_it_hear
         await trio.sleep(1.9)
         assert claim in e.claims and e.want_up
         n.cancel_scope.cancel()
-

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import REPO, SHIM, ConfigWriter, sim_model
-from tests.fixtures.topology import build_xeon, smi_csv
+from tests.fixtures.topology import build_xeon, smi_script
 
 GIB = 1 << 30
 ONE_GPU = [(0, "NVIDIA H100 80GB HBM3", 81559, 559)]  # 80 GiB free
@@ -26,9 +26,7 @@ ONE_GPU = [(0, "NVIDIA H100 80GB HBM3", 81559, 559)]  # 80 GiB free
 def fake_machine(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
     """The daemon reads a fixture Xeon (2 nodes, 440 GiB free) and one fake H100."""
     root = build_xeon(tmp_path / "machine")
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{smi_csv(ONE_GPU)}EOF\n")
-    smi.chmod(0o755)
+    smi = smi_script(tmp_path / "nvidia-smi", ONE_GPU)
     return {**env, "KTD_SYSFS_ROOT": str(root), "KTD_NVIDIA_SMI": str(smi)}
 
 

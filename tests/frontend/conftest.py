@@ -46,6 +46,7 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
         *,
         stream_grace: float = 0.3,
         heartbeat_interval: float = 0.5,
+        ui_sample_interval: float = 10.0,
         **section: Any,
     ) -> Frontend:
         from hypercorn.config import Config as HyperConfig
@@ -56,6 +57,7 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
             heartbeat_interval=heartbeat_interval,
             loading_interval=0.5,
             stream_grace=stream_grace,
+            ui_sample_interval=ui_sample_interval,
         )
         app = create_app(options)
         hc = HyperConfig()
@@ -71,7 +73,9 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
                 await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
 
         binds: list[str] = await nursery.start(run)
-        fe = Frontend(url=binds[0], state=app.extensions["ktd"], scope=scope, shutdown=shutdown)
+        fe = Frontend(
+            url=binds[0], state=app.extensions["ktd"], scope=scope, shutdown=shutdown, app=app
+        )
         started.append(fe)
         # Let the first heartbeat land so the broker knows the daemon is up.
         with trio.move_on_after(2):
@@ -111,16 +115,20 @@ class FrontendProc:
         return self.proc.returncode
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], output: Callable[[], str]) -> None:
+def wait_http(
+    url: str, proc: subprocess.Popen[bytes], output: Callable[[], str], *, uds: str | None = None
+) -> None:
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode}:\n{output()}")
-        try:
-            httpx.get(url + "/metrics", timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.05)
+    transport = httpx.HTTPTransport(uds=uds) if uds else None
+    with httpx.Client(transport=transport, timeout=1) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"exited {proc.returncode}:\n{output()}")
+            try:
+                client.get(url + "/metrics")
+                return
+            except httpx.HTTPError:
+                time.sleep(0.05)
     raise AssertionError(f"{url} did not come up:\n{output()}")
 
 
@@ -128,23 +136,33 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], output: Callable[[], str]
 def frontend_factory(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
     started: list[FrontendProc] = []
 
-    def start(config: Path, *, env: dict[str, str] | None = None) -> FrontendProc:
-        port = free_port()
+    def start(
+        config: Path,
+        *,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        unix: Path | None = None,
+        args: tuple[str, ...] = (),
+    ) -> FrontendProc:
+        """A frontend on ``127.0.0.1:port`` (a free one by default), or on ``unix:PATH``."""
+        port = port or free_port()
+        bind = f"unix:{unix}" if unix else f"127.0.0.1:{port}"
         log_path = tmp_path / f"frontend-{len(started)}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "ktd", "frontend"),
-                    *("--config", str(config), "--bind", f"127.0.0.1:{port}"),
+                    *("--config", str(config), "--bind", bind, *args),
                 ],
                 env=env or ktd_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        fe = FrontendProc(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
+        url = "http://localhost" if unix else f"http://127.0.0.1:{port}"
+        fe = FrontendProc(url=url, proc=proc, log_path=log_path)
         started.append(fe)
-        wait_http(fe.url, proc, fe.output)
+        wait_http(fe.url, proc, fe.output, uds=str(unix) if unix else None)
         return fe
 
     yield start

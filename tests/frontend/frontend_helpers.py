@@ -24,6 +24,7 @@ class Frontend:
     state: State
     scope: trio.CancelScope
     shutdown: trio.Event  # set = Hypercorn's graceful shutdown (as on SIGTERM)
+    app: Any = None  # the QuartTrio app
 
     def client(self, **kw: Any) -> httpx.AsyncClient:
         kw.setdefault("timeout", 10.0)

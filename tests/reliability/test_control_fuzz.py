@@ -35,7 +35,7 @@ from ._util import FAST_DAEMON, alive, status_view
 THREADS = 20
 # Requests that decode but cannot change the daemon's state: the only valid
 # requests a batch may contain, so that "status unchanged" is a real oracle.
-SAFE = (p.Ping, p.Status, p.Models, p.Logs, p.Release, p.Heartbeat)
+SAFE = (p.Ping, p.Status, p.Models, p.Logs, p.Release, p.Heartbeat, p.Machine)
 TAGS = {
     "ping",
     "status",
@@ -49,6 +49,7 @@ TAGS = {
     "heartbeat",
     "doctor",
     "shutdown",
+    "machine",
 }
 
 
@@ -122,6 +123,7 @@ BASES: list[dict[str, Any]] = [
     {"op": "status"},
     {"op": "status", "alias": "fz-a"},
     {"op": "models"},
+    {"op": "machine"},
     {"op": "logs", "alias": "fz-a", "lines": 5},
     {"op": "load", "alias": "fz-a", "dry_run": True},
     {"op": "release", "lease": "0123abcd"},

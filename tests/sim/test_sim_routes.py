@@ -75,6 +75,16 @@ def test_agent_native_routes_errors_metrics_and_lora(sim_factory: Callable[..., 
         assert f'sglang:num_running_reqs{{model_name="{SERVED}"}} 0.0' in text
         done = [ln for ln in text.splitlines() if ln.startswith("sglang:num_requests_total")]
         assert done and float(done[0].split()[-1]) >= 5
+        # Tokens and time to first token as SGLang counts them (the dashboard's tokens/s).
+        values = {
+            ln.split("{")[0]: float(ln.split()[-1])
+            for ln in text.splitlines()
+            if ln.startswith(("sglang:generation_tokens_total", "sglang:prompt_tokens_total"))
+            or ln.startswith("sglang:time_to_first_token_seconds_count")
+        }
+        assert values["sglang:generation_tokens_total"] >= 2
+        assert values["sglang:prompt_tokens_total"] >= 0  # these prompts are empty
+        assert values["sglang:time_to_first_token_seconds_count"] >= 2
         stats = c.get("/sim/stats").json()
         assert stats["requests"] == stats["completed"] + stats["aborted"] + stats["active"]
 

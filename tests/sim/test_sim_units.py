@@ -53,7 +53,7 @@ def test_flags_like_launch_server() -> None:
 def test_flags_are_as_strict_as_sglang(
     which: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Real SGLang's plain argparse exits 2 on these (docs/sglang.md, "Command line"); so does the sim."""
+    """Real SGLang's plain argparse exits 2 on these (docs/sglang.md); so does the sim."""
     with pytest.raises(SystemExit) as exit_:
         parse(["--model", "/m", *argv], which)
     assert exit_.value.code == 2

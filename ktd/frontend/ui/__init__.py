@@ -1,0 +1,70 @@
+"""The dashboard at ``GET /ui``: engines, the machine, loads and traffic, live.
+
+``install`` mounts it on the frontend's app; docs/ui.md has the data flow and the
+access rules. The pure parts: ``access`` (keys, cookie), ``series`` (the hour of
+traffic), ``view`` (what a page shows), ``wire`` (SSE framing), ``page`` (the page
+from ``static/``); the I/O: ``hub`` (events in, streams out) and ``asgi`` (HTTP).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ktd.frontend.ui.access import Access
+from ktd.frontend.ui.asgi import Dashboard
+from ktd.frontend.ui.hub import Hub
+from ktd.frontend.ui.page import load
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from ktd.frontend.state import State
+
+__all__ = ["close", "heartbeat_interval", "install"]
+
+_KEY = "ktd.ui"
+
+
+def heartbeat_interval(idle_timeout: float) -> float:
+    """Seconds between a live stream's pings: well inside ``frontend.idle_timeout``, so a
+    proxy or the page's own watchdog (three missed pings) never takes it for dead."""
+    return min(max(idle_timeout / 2, 1.0), 15.0)
+
+
+def install(app: QuartTrio, state: State) -> None:
+    """Put the dashboard in front of ``app``'s own routes and start its tasks with the app.
+
+    Call before the proxy layer wraps ``app.asgi_app``: proxied requests then never
+    reach the dashboard's code.
+    """
+    options = state.options
+    hub = Hub(
+        state.broker,
+        state.upstream,
+        state.metrics,
+        sample_interval=options.ui_sample_interval,
+    )
+    access = Access(options.frontend.api_keys, control=options.frontend.ui_control)
+    app.asgi_app = Dashboard(  # type: ignore[method-assign,assignment]
+        app.asgi_app,  # type: ignore[arg-type]
+        hub,
+        access,
+        load(),
+        heartbeat=heartbeat_interval(options.frontend.idle_timeout),
+    )
+    app.extensions[_KEY] = hub
+
+    @app.before_serving
+    async def _start_dashboard() -> None:
+        await app.nursery.start(hub.run)
+
+    @app.after_serving
+    async def _stop_dashboard() -> None:
+        hub.close()
+
+
+def close(app: QuartTrio) -> None:
+    """End every live stream now (at SIGTERM, before Hypercorn waits for requests)."""
+    hub = app.extensions.get(_KEY)
+    if isinstance(hub, Hub):
+        hub.close()

@@ -1,0 +1,400 @@
+"""The dashboard's HTTP surface: ``/ui`` and ``/ui/...``, answered on raw ASGI messages.
+
+It sits between the proxy layer (flow.py, which has already answered the proxied
+routes and read any request body) and Quart, so no proxied request passes through
+here, and it answers its own streams without Quart (whose per-chunk timeouts would
+cut a live stream, and whose answers do not close connections as asked).
+
+Paths (the page computes them from its own address, so they are relative to it):
+
+=====================  ======  =============================================
+``ui``                 GET     the page (no data in it)
+``ui/favicon.svg``     GET     the icon
+``ui/api/session``     GET     whether a key is needed, shown, and buttons on
+``ui/api/login``       POST    ``{"key"}`` -> the session cookie
+``ui/api/logout``      POST    the cookie removed
+``ui/api/view``        GET     the view once (cards, machine)           key
+``ui/api/series``      GET     the hour of traffic                      key
+``ui/api/events``      GET     the live stream (``?logs=ALIAS``)        key
+``ui/api/logs``        GET     ``?alias=&lines=``: the log tail         key
+``ui/api/plan``        GET     ``?alias=``: dry-run and memory estimate key
+``ui/api/action``      POST    ``{"action", "alias"}``: load/evict/reload key, ui_control
+=====================  ======  =============================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import msgspec
+import trio
+
+from ktd import protocol as p
+from ktd.control.aclient import Unreachable
+from ktd.control.errors import ControlError
+from ktd.core.loglines import overlap
+from ktd.frontend import errors
+from ktd.frontend.errors import ApiError
+from ktd.frontend.flow import ASGIApp, Receive, Scope, Send
+from ktd.frontend.proxy import control_error
+from ktd.frontend.ui import wire
+from ktd.frontend.ui.access import CONTROL_HEADER, Access, cookie_value, set_cookie
+from ktd.frontend.ui.hub import SUBSCRIBE_WAIT, Hub, Viewer
+from ktd.frontend.ui.page import Page
+
+log = logging.getLogger("ktd.frontend.ui")
+
+MAX_BODY = 64 << 10
+TAIL_LINES = 500
+ACTION_WAIT = 5.0  # an evict that drains longer answers "under way"; the daemon goes on
+ACTIONS = ("load", "evict", "reload")
+_COMMON = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+]
+
+Handler = Callable[["Request"], Awaitable[None]]
+
+
+class Request:
+    """One request to the dashboard: the ASGI triple and what access decided."""
+
+    __slots__ = ("allowed", "query", "receive", "scope", "send")
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, access: Access) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        self.allowed = access.allowed(self.header(b"authorization"), self.headers(b"cookie"))
+
+    def headers(self, name: bytes) -> list[bytes]:
+        return [bytes(v) for k, v in self.scope["headers"] if k.lower() == name]
+
+    def header(self, name: bytes) -> bytes | None:
+        found = self.headers(name)
+        return found[0] if found else None
+
+    def arg(self, name: str) -> str | None:
+        values = self.query.get(name)
+        return values[0] if values else None
+
+    @property
+    def secure(self) -> bool:
+        return self.scope.get("scheme") == "https"
+
+    async def body(self) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ApiError(400, "client went away", code="disconnected")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise ApiError(413, f"body over {MAX_BODY} bytes", code="body_too_large")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def json(self) -> dict[str, Any]:
+        try:
+            obj = msgspec.json.decode(await self.body())
+        except msgspec.DecodeError:
+            raise errors.bad_request("expected a JSON object", code="invalid_json") from None
+        if not isinstance(obj, dict):
+            raise errors.bad_request("expected a JSON object", code="invalid_json")
+        return obj
+
+    async def respond(
+        self,
+        status: int,
+        body: bytes,
+        ctype: bytes = b"application/json",
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        out = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+        out += _COMMON + (headers or [])
+        await self.send({"type": "http.response.start", "status": status, "headers": out})
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def json_reply(self, obj: Any, status: int = 200, **kw: Any) -> None:
+        await self.respond(status, wire.encode(obj), **kw)
+
+    async def error(self, err: ApiError) -> None:
+        extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
+        await self.respond(err.status, err.body(), headers=extra)
+
+
+class Dashboard:
+    """ASGI middleware: ``/ui`` and below here, everything else to ``app``."""
+
+    def __init__(self, app: ASGIApp, hub: Hub, access: Access, page: Page, *, heartbeat: float):
+        self.app = app
+        self.hub = hub
+        self.access = access
+        self.page = page
+        self.heartbeat = heartbeat
+        # path -> (method, handler, needs a key)
+        self.routes: dict[str, tuple[str, Handler, bool]] = {
+            "/ui": ("GET", self.index, False),
+            "/ui/favicon.svg": ("GET", self.favicon, False),
+            "/ui/api/session": ("GET", self.session, False),
+            "/ui/api/login": ("POST", self.login, False),
+            "/ui/api/logout": ("POST", self.logout, False),
+            "/ui/api/view": ("GET", self.view, True),
+            "/ui/api/series": ("GET", self.series, True),
+            "/ui/api/events": ("GET", self.events, True),
+            "/ui/api/logs": ("GET", self.logs, True),
+            "/ui/api/plan": ("GET", self.plan, True),
+            "/ui/api/action": ("POST", self.action, True),
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path != "/ui" and not path.startswith("/ui/"):
+            await self.app(scope, receive, send)
+            return
+        req = Request(scope, receive, send, self.access)
+        try:
+            route = self.routes.get(path)
+            if route is None:
+                raise ApiError(404, f"Unknown route: {scope['method']} {path}", code="not_found")
+            method, handler, needs_key = route
+            if scope["method"] != method:
+                raise ApiError(
+                    405,
+                    f"Method {scope['method']} is not allowed on {path}",
+                    code="method_not_allowed",
+                    headers={"Allow": method},
+                )
+            if needs_key and not req.allowed:
+                raise ApiError(401, "This dashboard needs a key.", code="missing_api_key")
+            await handler(req)
+        except ApiError as err:
+            await req.error(err)
+        except Exception:
+            log.exception("dashboard: unexpected error on %s %s", scope["method"], path)
+            try:  # a 500 if nothing was sent yet; Hypercorn closes the connection otherwise
+                await req.error(
+                    ApiError(
+                        500, "internal frontend error", type=errors.SERVER_ERROR, code="internal"
+                    )
+                )
+            except Exception:
+                pass
+
+    # ------------------------------------------------------------ page, session
+
+    async def index(self, req: Request) -> None:
+        headers = [
+            (b"content-security-policy", self.page.csp.encode("ascii")),
+            (b"x-frame-options", b"DENY"),
+        ]
+        await req.respond(200, self.page.html, b"text/html; charset=utf-8", headers)
+
+    async def favicon(self, req: Request) -> None:
+        await req.respond(200, self.page.favicon, b"image/svg+xml")
+
+    def _session(self, allowed: bool) -> dict[str, Any]:
+        return {
+            "auth": self.access.required,
+            "ok": allowed,
+            "control": self.access.control and allowed,
+            "heartbeat": self.heartbeat,
+        }
+
+    async def session(self, req: Request) -> None:
+        await req.json_reply(self._session(req.allowed))
+
+    async def login(self, req: Request) -> None:
+        key = (await req.json()).get("key")
+        if not self.access.required:
+            await req.json_reply(self._session(True))
+            return
+        if not isinstance(key, str) or not self.access.key_ok(key):
+            raise errors.wrong_api_key() if key else errors.missing_api_key()
+        cookie = set_cookie(cookie_value(key), secure=req.secure).encode("latin-1")
+        await req.json_reply(self._session(True), headers=[(b"set-cookie", cookie)])
+
+    async def logout(self, req: Request) -> None:
+        cookie = set_cookie("", secure=req.secure, max_age=0).encode("latin-1")
+        session = self._session(not self.access.required)
+        await req.json_reply(session, headers=[(b"set-cookie", cookie)])
+
+    # ------------------------------------------------------------ data
+
+    async def view(self, req: Request) -> None:
+        await req.respond(200, await self.hub.current_view())
+
+    async def series(self, req: Request) -> None:
+        await req.respond(200, self.hub.series_json())
+
+    async def logs(self, req: Request) -> None:
+        alias = _alias(req.arg("alias"))
+        try:
+            lines = max(0, min(int(req.arg("lines") or TAIL_LINES), 10_000))
+        except ValueError:
+            raise errors.bad_request("lines: expected a number", param="lines") from None
+        try:
+            tail = await self.hub.logs(alias, lines)
+        except (ControlError, Unreachable) as exc:
+            raise control_error(alias, exc) from None
+        await req.json_reply({"alias": alias, "lines": tail})
+
+    async def plan(self, req: Request) -> None:
+        alias = _alias(req.arg("alias"))
+        try:
+            plan = await self.hub.plan(alias)
+        except (ControlError, Unreachable) as exc:
+            raise control_error(alias, exc) from None
+        await req.json_reply({"alias": alias, "plan": plan})
+
+    async def action(self, req: Request) -> None:
+        if not self.access.may_act(req.allowed, req.header(CONTROL_HEADER)):
+            why = "off (frontend.ui_control)" if not self.access.control else "not allowed"
+            raise ApiError(403, f"The dashboard's actions are {why}.", code="forbidden")
+        body = await req.json()
+        action = body.get("action")
+        if action not in ACTIONS:
+            raise errors.bad_request(f"action: one of {', '.join(ACTIONS)}", param="action")
+        msg: p.Request
+        if action == "reload":
+            msg, alias = p.Reload(), ""
+        else:
+            alias = _alias(body.get("alias") if isinstance(body.get("alias"), str) else None)
+            msg = p.Load(alias=alias, wait=False) if action == "load" else p.Evict(alias=alias)
+        broker = self.hub.broker
+        log.info("dashboard: %s %r", action, alias or "(config)")
+        reply: p.Reply | None = None
+        try:
+            await broker.ping()  # a daemon that is away is a 503 now, not "under way"
+            with trio.move_on_after(ACTION_WAIT):
+                reply = await broker.request(msg, timeout=math.inf)
+        except (ControlError, Unreachable) as exc:
+            raise control_error(alias, exc) from None
+        if reply is None:
+            message, status = f"{action} {alias}: under way", 202
+        else:
+            message, status = _done(action, alias, reply), 200
+        await req.json_reply({"ok": True, "message": message}, status=status)
+
+    # ------------------------------------------------------------ the live stream
+
+    async def events(self, req: Request) -> None:
+        hub = self.hub
+        if hub.closing.is_set():
+            raise ApiError(503, "The frontend is stopping.", code="shutting_down")
+        logs = req.arg("logs")
+        viewer = hub.join(_alias(logs) if logs else None)
+        try:
+            headers = [
+                (b"content-type", b"text/event-stream"),
+                (b"x-accel-buffering", b"no"),
+                *_COMMON,
+            ]
+            await req.send({"type": "http.response.start", "status": 200, "headers": headers})
+            gone = False
+            async with trio.open_nursery() as nursery:
+
+                async def until_disconnect() -> None:
+                    nonlocal gone
+                    while (await req.receive())["type"] != "http.disconnect":
+                        pass
+                    gone = True
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(until_disconnect)
+                await self._stream(req, viewer)
+                nursery.cancel_scope.cancel()
+            if not gone:  # the frontend is stopping, or the page fell behind: end cleanly
+                await req.send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            hub.leave(viewer)
+
+    async def _stream(self, req: Request, viewer: Viewer) -> None:
+        hub = self.hub
+
+        async def out(data: bytes) -> None:
+            await req.send({"type": "http.response.body", "body": data, "more_body": True})
+
+        hello = wire.event("hello", wire.encode(self._session(True)))
+        await out(wire.retry(1000) + hello)
+        view = wire.event("view", await hub.current_view())
+        await out(view + wire.event("series", hub.series_json()))
+        if viewer.logs is not None:
+            await out(await self._tail(viewer))
+        while True:
+            items: list[bytes | list[str]] = []
+            with trio.move_on_after(self.heartbeat):
+                try:
+                    items.append(await viewer.recv.receive())
+                except trio.EndOfChannel:
+                    return  # dropped: the frontend is stopping, or this page fell behind
+            if not items:
+                await out(wire.event("ping", b'{"now":%.3f}' % time.time()))
+                continue
+            while len(items) < 64:
+                try:
+                    items.append(viewer.recv.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            await out(b"".join(_frame(viewer, item) for item in items))
+
+    async def _tail(self, viewer: Viewer) -> bytes:
+        """The log tail, then what was logged while it was fetched (without repeats)."""
+        alias = viewer.logs
+        assert alias is not None
+        with trio.move_on_after(SUBSCRIBE_WAIT):
+            await self.hub.subscribed.wait()
+        try:
+            tail = await self.hub.logs(alias, TAIL_LINES)
+        except (ControlError, Unreachable) as exc:
+            tail = [f"[ktd: no log for {alias}: {exc}]"]
+        early: list[str] = []
+        held: list[bytes] = []
+        while True:
+            try:
+                item = viewer.recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if isinstance(item, list):
+                early.extend(item)
+            else:
+                held.append(item)
+        fresh = early[overlap(tail, early) :]
+        data = wire.event("logtail", wire.encode({"alias": alias, "lines": tail}))
+        if fresh:
+            data += _frame(viewer, fresh)
+        return data + b"".join(held)
+
+
+def _frame(viewer: Viewer, item: bytes | list[str]) -> bytes:
+    if isinstance(item, list):
+        return wire.event("log", wire.encode({"alias": viewer.logs, "lines": item}))
+    return item
+
+
+def _alias(value: str | None) -> str:
+    if not value or len(value) > p.MAX_MODEL_NAME:
+        raise errors.bad_request("alias: expected a model name", param="alias")
+    return value
+
+
+def _done(action: str, alias: str, reply: p.Reply) -> str:
+    if isinstance(reply, p.EvictReply):
+        if not reply.evicted:
+            return f"{alias} was not running"
+        return f"evicted {', '.join(reply.evicted)}"
+    if isinstance(reply, p.LoadReply):
+        return f"{alias}: {reply.engine.state}"
+    if isinstance(reply, p.Ok):
+        return reply.message or f"{action} done"
+    return f"{action} {alias}: done"

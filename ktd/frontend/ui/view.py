@@ -1,0 +1,191 @@
+"""What the dashboard shows, built from the daemon's answers. Pure.
+
+One card per configured model (``models`` lists them all, ``status`` has the
+served ones in detail) and the machine (``machine``: nodes, GPUs, holders); the
+traffic rates travel apart, with the series they end (hub.py). The page does its
+own clock arithmetic (uptime, TTL countdown, load progress) from the wall-clock
+instants given here, so the view only changes when something did, and pushes
+are rare.
+
+Secrets never reach a browser: argv values and environment entries whose flag or
+name says key, token, secret or password are masked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ktd import protocol as p
+from ktd.core.cpulist import format_cpulist
+
+MASK = "***"
+_SECRET = re.compile(r"(key|token|secret|passw)", re.IGNORECASE)
+
+
+def is_secret(name: str) -> bool:
+    return bool(_SECRET.search(name))
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """``--api-key X`` / ``--api-key=X`` -> ``--api-key ***``; everything else as is."""
+    out: list[str] = []
+    hide_next = False
+    for word in argv:
+        if hide_next and not word.startswith("--"):
+            out.append(MASK)
+            hide_next = False
+            continue
+        hide_next = False
+        if word.startswith("--"):
+            flag, eq, _ = word.partition("=")
+            if is_secret(flag):
+                if eq:
+                    out.append(f"{flag}={MASK}")
+                    continue
+                hide_next = True
+        out.append(word)
+    return out
+
+
+def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
+
+
+def redact_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """A dry-run plan as the dashboard may show it."""
+    out = dict(plan)
+    if isinstance(out.get("argv"), list):
+        out["argv"] = redact_argv([str(w) for w in out["argv"]])
+    if isinstance(out.get("env"), dict):
+        out["env"] = redact_env(out["env"])
+    if isinstance(out.get("argv_flags"), list):
+        out["argv_flags"] = redact_argv([str(w) for w in out["argv_flags"]])
+    flags = out.get("flags")
+    if isinstance(flags, list):
+        out["flags"] = [
+            {**f, "values": [MASK]} if isinstance(f, dict) and is_secret(str(f.get("name"))) else f
+            for f in flags
+        ]
+    return out
+
+
+def card(model: p.ModelInfo, engine: p.EngineInfo | None, colour: int) -> dict[str, Any]:
+    """One model's card. ``engine`` is None for a model ktd does not serve (or not yet)."""
+    base: dict[str, Any] = {
+        "alias": model.alias,
+        "backend": model.backend,
+        "served": model.served,
+        "path": model.path,
+        "colour": colour,
+        "state": model.state,
+        "reason": model.reason,
+    }
+    if engine is None:
+        return base
+    e = engine
+    base.update(
+        state=e.state,
+        phase=e.phase,
+        reason=e.reason,
+        since=e.since,
+        started_at=e.started_at,
+        load_started=e.load_started,
+        load_eta=e.load_eta,
+        ttl=e.ttl,
+        expires_at=e.expires_at,
+        last_used=e.last_used,
+        leases=e.leases,
+        queued=e.queued,
+        claims=e.claims,
+        max_concurrent=e.max_concurrent,
+        max_queue=e.max_queue,
+        restarts=e.restarts,
+        evictions=e.evictions,
+        loads=e.loads,
+        load_seconds=e.load_seconds,
+        failures=e.failures,
+        retry_in=e.retry_in,
+        url=e.url,
+        pid=e.pid,
+        port=e.port,
+        argv=redact_argv(e.argv),
+        sglang=e.sglang,
+        notes=list(e.notes),
+        numa_nodes=list(e.numa_nodes),
+        gpus=list(e.gpus),
+        cpulist=format_cpulist(e.cpus) if e.cpus else "",
+        pinned=e.pinned,
+        stale=e.stale,
+        last_log=e.last_log,
+        gateway=[{"router": r.router, "state": r.state} for r in e.gateway],
+    )
+    return base
+
+
+def machine(m: p.MachineReply) -> dict[str, Any]:
+    """Nodes and GPUs, each part named with the engines that hold it."""
+    node_holders: dict[int, list[str]] = {}
+    gpu_holders: dict[int, list[str]] = {}
+    cpu_owner: dict[int, str] = {}
+    for h in m.holders:
+        for n in h.numa_nodes:
+            node_holders.setdefault(n, []).append(h.alias)
+        for g in h.gpus:
+            gpu_holders.setdefault(g, []).append(h.alias)
+        for c in h.cpus:
+            cpu_owner[c] = h.alias
+    return {
+        "cpu_model": m.cpu_model,
+        "nodes": [
+            {
+                "id": n.id,
+                "cpus": list(n.cpus),
+                "cpulist": format_cpulist(n.cpus),
+                "mem_total": n.mem_total,
+                "mem_free": n.mem_free,
+                "mem_available": n.mem_available,
+                "holders": node_holders.get(n.id, []),
+            }
+            for n in m.nodes
+        ],
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "memory_total": g.memory_total,
+                "memory_used": g.memory_used,
+                "holders": gpu_holders.get(g.index, []),
+            }
+            for g in m.gpus
+        ],
+        "gpu_error": m.gpu_error,
+        "reserved_cpus": list(m.reserved_cpus),
+        # [cpu, alias] pairs: JSON objects cannot have integer keys.
+        "cpu_owner": [[c, cpu_owner[c]] for c in sorted(cpu_owner)],
+        "holders": [{"alias": h.alias, "state": h.state} for h in m.holders],
+    }
+
+
+def build(
+    models: Sequence[p.ModelInfo],
+    engines: Sequence[p.EngineInfo],
+    machine_reply: p.MachineReply | None,
+    *,
+    daemon_error: str | None = None,
+) -> dict[str, Any]:
+    """The whole view. Colours follow the configured order, so they are stable."""
+    by_alias = {e.alias: e for e in engines}
+    listed = list(models)
+    known = {m.alias for m in listed}
+    for e in engines:  # a served engine the models reply missed (should not happen)
+        if e.alias not in known:
+            listed.append(p.ModelInfo(alias=e.alias, backend="kt", served=True, path=""))
+    cards = [card(m, by_alias.get(m.alias), i) for i, m in enumerate(listed)]
+    return {
+        "daemon": {"up": daemon_error is None, "error": daemon_error},
+        "models": cards,
+        "machine": machine(machine_reply) if machine_reply is not None else None,
+        "loads": dict(machine_reply.load_history) if machine_reply is not None else {},
+    }

@@ -1,0 +1,123 @@
+"""What a dashboard page is sent, pure: cards, the machine, and no secret in either."""
+
+from __future__ import annotations
+
+from ktd import protocol as p
+from ktd.frontend.ui import view
+
+
+def test_redact_argv() -> None:
+    argv = [
+        "python",
+        "--api-key",
+        "sk-1",
+        "--admin-api-key=sk-2",
+        "--hf-token",
+        "--port",  # a flag right after a secret one is not its value
+        "30000",
+        "--tp-size",
+        "2",
+    ]
+    assert view.redact_argv(argv) == [
+        "python",
+        "--api-key",
+        view.MASK,
+        f"--admin-api-key={view.MASK}",
+        "--hf-token",
+        "--port",
+        "30000",
+        "--tp-size",
+        "2",
+    ]
+
+
+def test_redact_plan() -> None:
+    plan = {
+        "argv": ["x", "--api-key", "k"],
+        "argv_flags": ["--api-key", "k"],
+        "env": {"HF_TOKEN": "t", "CUDA_VISIBLE_DEVICES": "0"},
+        "flags": [
+            {"name": "--api-key", "values": ["k"], "origin": "user"},
+            {"name": "--tp-size", "values": ["1"], "origin": "derived"},
+        ],
+        "numa_nodes": [0],
+    }
+    out = view.redact_plan(plan)
+    text = repr(out)
+    assert "'k'" not in text and "'t'" not in text
+    assert out["env"]["CUDA_VISIBLE_DEVICES"] == "0" and out["numa_nodes"] == [0]
+    assert out["flags"][1]["values"] == ["1"]
+    assert plan["argv"] == ["x", "--api-key", "k"]  # the input is not changed
+
+
+def _machine() -> p.MachineReply:
+    return p.MachineReply(
+        cpu_model="Fake",
+        nodes=[
+            p.NodeInfo(id=0, cpus=[0, 1, 2, 3], mem_total=100, mem_free=40, mem_available=60),
+            p.NodeInfo(id=1, cpus=[4, 5, 6, 7], mem_total=100, mem_free=90, mem_available=90),
+        ],
+        gpus=[p.GpuInfo(index=0, name="G", memory_total=80, memory_used=10)],
+        reserved_cpus=[3],
+        holders=[p.Holder(alias="a", state="ready", numa_nodes=[0], cpus=[0, 1, 2], gpus=[0])],
+        load_history={"a": [12.0, 10.5]},
+    )
+
+
+def test_build_one_card_per_configured_model_in_config_order() -> None:
+    models = [
+        p.ModelInfo(alias="a", backend="kt", served=True, path="/m/a", state="ready"),
+        p.ModelInfo(
+            alias="q", backend="ds4", served=False, path="/m/q", state="not served", reason="no"
+        ),
+        p.ModelInfo(alias="b", backend="kt", served=True, path="/m/b", state="stopped"),
+    ]
+    engines = [
+        p.EngineInfo(
+            alias="a",
+            state="ready",
+            pid=42,
+            argv=["python", "--api-key", "secret"],
+            cpus=[0, 1, 2],
+            numa_nodes=[0],
+            started_at=100.0,
+            ttl=600,
+            expires_at=700.0,
+            leases=2,
+            queued=1,
+        ),
+        p.EngineInfo(alias="b", state="stopped"),
+        p.EngineInfo(alias="late", state="starting", load_started=5.0, load_eta=60.0),
+    ]
+    v = view.build(models, engines, _machine())
+    cards = v["models"]
+    assert [c["alias"] for c in cards] == ["a", "q", "b", "late"]
+    assert [c["colour"] for c in cards] == [0, 1, 2, 3]
+    a, q, _, late = cards
+    assert a["state"] == "ready" and a["pid"] == 42 and a["cpulist"] == "0-2"
+    assert a["argv"] == ["python", "--api-key", view.MASK]
+    assert (a["started_at"], a["expires_at"], a["leases"], a["queued"]) == (100.0, 700.0, 2, 1)
+    assert q == {
+        "alias": "q",
+        "backend": "ds4",
+        "served": False,
+        "path": "/m/q",
+        "colour": 1,
+        "state": "not served",
+        "reason": "no",
+    }
+    assert (late["load_started"], late["load_eta"]) == (5.0, 60.0)
+    assert v["daemon"] == {"up": True, "error": None}
+    assert v["loads"] == {"a": [12.0, 10.5]}
+    down = view.build(models, engines, None, daemon_error="gone")
+    assert down["daemon"] == {"up": False, "error": "gone"} and down["machine"] is None
+
+
+def test_machine_names_what_each_engine_holds() -> None:
+    m = view.machine(_machine())
+    n0, n1 = m["nodes"]
+    assert n0["holders"] == ["a"] and n1["holders"] == []
+    assert n0["cpulist"] == "0-3" and n0["mem_available"] == 60
+    assert m["gpus"][0]["holders"] == ["a"]
+    assert m["cpu_owner"] == [[0, "a"], [1, "a"], [2, "a"]]
+    assert m["reserved_cpus"] == [3]
