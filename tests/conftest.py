@@ -234,6 +234,23 @@ class DaemonProc:
 
         return Client(self.socket, timeout=timeout)
 
+    def status_doc(self) -> dict[str, Any]:
+        """What ``ktctl status --json`` prints, through the client library: tests poll status
+        in loops, and a ``ktctl`` process per poll cost a Python start-up each (the CLI's
+        own output is tested in tests/ktctl and tests/test_exports.py)."""
+        import msgspec
+
+        with self.client(timeout=30) as c:
+            reply = c.status_reply(None)
+        doc: dict[str, Any] = {"engines": msgspec.to_builtins(reply.engines)}
+        if reply.gateway is not None:
+            doc["gateway"] = msgspec.to_builtins(reply.gateway)
+        return doc
+
+    def engines(self) -> dict[str, dict[str, Any]]:
+        """``status_doc()``'s engines by alias."""
+        return {e["alias"]: e for e in self.status_doc()["engines"]}
+
     def ktctl(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "ktctl", "--socket", str(self.socket), *args],

@@ -6,7 +6,6 @@ the leases in them were granted to nobody and pinned the engine for good.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,7 @@ def test_every_acquire_of_a_burst_gets_its_reply(write_config: Any, daemon_facto
     sock.connect(f"ipc://{Path(daemon.socket)}")
 
     def held() -> int:
-        res = daemon.ktctl("status", "--json")
-        return int(json.loads(res.stdout)["engines"][0]["leases"])
+        return int(daemon.engines()["m"]["leases"])
 
     try:
         for i in range(1, N + 1):

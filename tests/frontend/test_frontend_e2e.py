@@ -24,9 +24,7 @@ CHAT: Any = [{"role": "user", "content": "hello"}]
 
 
 def status(daemon: Any) -> dict[str, Any]:
-    res = daemon.ktctl("status", "--json")
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)  # type: ignore[no-any-return]
+    return {"engines": list(daemon.engines().values())}
 
 
 def engine(daemon: Any, alias: str) -> dict[str, Any]:

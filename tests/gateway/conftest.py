@@ -161,9 +161,7 @@ class Host:
     frontend: FrontendProc | None = None
 
     def status(self) -> dict[str, Any]:
-        res = self.daemon.ktctl("status", "--json")
-        assert res.returncode == 0, res.stderr + self.daemon.output()
-        return json.loads(res.stdout)  # type: ignore[no-any-return]
+        return self.daemon.status_doc()
 
     def engine(self, alias: str) -> dict[str, Any]:
         return next(e for e in self.status()["engines"] if e["alias"] == alias)

@@ -380,7 +380,7 @@ def run_chaos(
 def test_chaos_state_machine(
     write_config: ConfigWriter, daemon_factory: Any, tmp_path: Path
 ) -> None:
-    run_chaos(write_config, daemon_factory, tmp_path, examples=3, steps=10)
+    run_chaos(write_config, daemon_factory, tmp_path, examples=2, steps=8)
 
 
 @pytest.mark.slow
