@@ -20,6 +20,7 @@ import trio
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
+from ktd.core import states as S
 from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.upstream import UpstreamError, UpstreamPool
 
@@ -79,7 +80,7 @@ async def all_engines(broker: ClaimBroker) -> list[p.EngineInfo]:
 
 async def ready_engines(broker: ClaimBroker) -> list[p.EngineInfo]:
     """Engines the daemon reports ready (empty when it cannot be asked)."""
-    return [e for e in await all_engines(broker) if e.state == "ready" and e.url]
+    return [e for e in await all_engines(broker) if e.state == S.READY and e.url]
 
 
 async def engine_status(broker: ClaimBroker, alias: str) -> p.EngineInfo | None:

@@ -4,7 +4,8 @@ OpenAI clients (the official SDKs, LangChain, curl scripts) read
 ``{"error": {"message", "type", "param", "code"}}`` and pick the exception class
 from the HTTP status, so every error the frontend invents uses exactly that
 shape and the status the frontend promises (README, "The OpenAI frontend").
-Errors that come from the engine are not made here: they pass through unchanged. Pure: no I/O, testable without a server.
+Errors that come from the engine are not made here: they pass through unchanged.
+Pure: no I/O, testable without a server.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ktd.core import states as S
+
 # Placeholder model labels for requests that never reached a configured model.
 NO_MODEL = "_none"  # bad body, bad key: no model to speak of
 UNKNOWN_MODEL = "_unknown"  # a name the daemon does not know
@@ -124,7 +126,7 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-ENGINE_STATES = ("stopped", "starting", "ready", "draining", "stopping", "failed")
+ENGINE_STATES = tuple(S.ALL)
 
 
 class EngineCollector:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import trio
 
 from ktd import protocol as p
+from ktd.core import states as S
 from ktd.frontend.upstream import UpstreamError, UpstreamPool
 
 MAX_BYTES = 8 << 20
@@ -47,6 +48,6 @@ async def scrape_engines(
 
     async with trio.open_nursery() as nursery:
         for e in engines:
-            if e.state == "ready" and e.url:
+            if e.state == S.READY and e.url:
                 nursery.start_soon(one, e.alias, e.url)
     return [(e.alias, results[e.alias]) for e in engines if e.alias in results]

@@ -22,6 +22,7 @@ from ktd import __version__
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
+from ktd.core import states as S
 from ktd.frontend import errors
 from ktd.frontend.upstream import UpstreamError
 
@@ -91,7 +92,7 @@ def install(app: QuartTrio, state: State) -> None:
             raise errors.daemon_unreachable(str(exc)) from None
         if not isinstance(status, p.StatusReply) or not isinstance(models, p.ModelsReply):
             raise errors.daemon_unreachable("unexpected reply from the daemon")
-        ready = [e for e in status.engines if e.state == "ready" and e.url]
+        ready = [e for e in status.engines if e.state == S.READY and e.url]
         return ready, [m for m in models.models if m.served]
 
     async def engine_json(url: str, path: str) -> Any:

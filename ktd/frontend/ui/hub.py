@@ -37,6 +37,7 @@ from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, TrioSocket
+from ktd.core import states as S
 from ktd.core.loglines import probe_path
 from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.metrics import Metrics
@@ -306,7 +307,7 @@ class Hub:
         if not isinstance(reply, p.StatusReply):
             return
         engines = list(reply.engines)
-        scrapable = [e for e in engines if e.state == "ready" and "--enable-metrics" in e.argv]
+        scrapable = [e for e in engines if e.state == S.READY and "--enable-metrics" in e.argv]
         scraped = await scrape_engines(
             self.upstream, scrapable, path=probe_path("/metrics").encode("ascii")
         )
