@@ -30,8 +30,11 @@ PORT_TAKEN_MARKERS = ("address already in use", "errno 98")
 
 # SGLang's own exit statuses after ktd's SIGTERM (docs/sglang.md, "Processes and shutdown"): 0 after
 # a drain (upstream), -15 (a shell's 143) when no request was ever served, -9 when the kt
-# fork SIGKILLs its own tree once drained. None of them is a crash.
-CLEAN_STOP = frozenset({0, -signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGKILL})
+# fork SIGKILLs its own tree once drained. None of them is a crash. A wrapper shell that
+# runs SGLang as its child reports a signal as 128+N.
+CLEAN_STOP = frozenset(
+    {0, -signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGKILL}
+)
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Stopping one engine's whole process tree, and nothing else.
 
 Apart from the supervisor because it is the riskiest code of the daemon (signals to
-pids) and wants to be read alone: what counts as the engine's (``members``), how it
-is asked to go (SIGTERM to the main process), and how what is left is made to go
-(SIGKILL to every member, then a confirming scan for late forks).
+pids) and wants to be read alone: what counts as the engine's (``members``), which
+of them is SGLang's server process (``server_of``), and the driver that carries out
+the stop sequence of ``ktd.core.stop`` (decided there: SIGTERM to the server, its
+drain bounded by the grace, then SIGTERM and SIGKILL to what is left). Every signal
+is checked against the process's start time, so a recycled pid is never hit.
 """
 
 from __future__ import annotations
@@ -14,21 +16,25 @@ from collections.abc import Callable
 
 import trio
 
+from ktd.core import stop
 from ktd.core.command import ENGINE_MARK
 from ktd.core.exits import CLEAN_STOP
 from ktd.daemon import proctree
 from ktd.daemon.running import Running
 
-__all__ = ["kill_tree", "members", "signal_group", "stopped_note"]
+__all__ = ["kill_tree", "members", "server_of", "signal_group", "stopped_note"]
+
+Ident = tuple[int, int]  # (pid, start time)
+POLL = 0.01  # seconds between cheap looks at the known members (one stat read each)
 
 
-def members(run: Running) -> set[tuple[int, int]]:
+def members(run: Running) -> set[Ident]:
     """Every process of this engine: its main process and descendants (while the main
     process is the one we started or verified), and any process carrying its marker
     (a descendant that escaped with setsid and was orphaned). Never a process by its
     group or session alone: a recycled pid's group is someone else's."""
     procs = proctree.all_procs()
-    found: set[tuple[int, int]] = set()
+    found: set[Ident] = set()
     root = procs.get(run.pid)
     if root is not None and root.start == run.start:
         found.add((root.pid, root.start))
@@ -42,6 +48,20 @@ def members(run: Running) -> set[tuple[int, int]]:
         ):
             found.add((info.pid, info.start))
     return found
+
+
+def server_of(run: Running, found: set[Ident]) -> Ident:
+    """SGLang's server process among ``found`` (``stop.find_server``: found by the
+    launch command line, so a wrapper interpreter is no obstacle); else the main one."""
+    rows = []
+    starts = {}
+    for pid, start in found:
+        info = proctree.read_stat(pid)
+        if info is not None and info.start == start and info.state not in ("Z", "X"):
+            rows.append((pid, info.ppid, proctree.cmdline(pid)))
+            starts[pid] = start
+    pid = stop.find_server(rows, run.pid, run.argv)
+    return (pid, starts.get(pid, run.start))
 
 
 def signal_group(run: Running, sig: int) -> None:
@@ -63,39 +83,27 @@ def stopped_note(code: int | None, *, pid: int, terminated: bool, killed: bool) 
     )
 
 
-async def kill_tree(run: Running, *, grace: float, host: str, note: Callable[[str], None]) -> None:
-    """SIGTERM (when ``grace`` > 0), wait ``grace``, SIGKILL every member left; then
+async def kill_tree(
+    run: Running,
+    *,
+    grace: float,
+    host: str,
+    note: Callable[[str], None],
+    follow: float = stop.FOLLOW,
+    kill_bound: float = stop.KILL_BOUND,
+) -> None:
+    """Stop the engine (``stop.StopMachine``: SIGTERM to its server when ``grace`` > 0,
+    at most ``grace`` for its drain, then ``follow`` for the rest before SIGKILL); then
     wait for the engine's port (on ``host``) to be free. ``note`` writes the engine log."""
-    found = members(run)
-    terminated = killed = False
-    if found or not run.exited.is_set():
-        if grace > 0 and not run.exited.is_set():
-            terminated = True
-            # SGLang's designed shutdown: SIGTERM to the main process only. It drains,
-            # exits, and its scheduler/detokenizer follow by PDEATHSIG. SIGTERM to the
-            # whole group kills the scheduler first, and SGLang then reports a crash,
-            # SIGQUITs itself and sleeps 5 s "before crash diagnostics".
-            note(f"SIGTERM to the engine's main process {run.pid}")
-            if run.proc is not None and run.proc.returncode is None:
-                run.proc.send_signal(signal.SIGTERM)
-            else:
-                proctree.signal_ident((run.pid, run.start), signal.SIGTERM)
-            # The main process's exit is an event; the known rest is polled cheaply
-            # (a full /proc scan with environ reads costs ms on a busy box).
-            with trio.move_on_after(grace):
-                await run.exited.wait()
-                while any(map(proctree.alive, found)):
-                    await trio.sleep(0.01)
-        found |= members(run)
-        leftover = {m for m in found if proctree.alive(m)}
-        if leftover or not run.exited.is_set():
-            killed = True
-            if grace > 0:
-                note(f"SIGKILL to {len(leftover)} process(es) left after {grace:g}s")
-            signal_group(run, signal.SIGKILL)
-            for ident in leftover:
-                proctree.signal_ident(ident, signal.SIGKILL)
-        await _reap_all(run, found)
+    driver = _Driver(run, note)
+    machine = stop.StopMachine(grace, follow=follow, kill_bound=kill_bound)
+    try:
+        done = await driver.drive(machine)
+    finally:
+        driver.close()
+    if done.left:
+        left = " ".join(str(pid) for pid, _ in driver.alive(stop.Target.ALL))
+        note(f"still alive {kill_bound:g}s after SIGKILL, left behind: pid {left}")
     if run.proc is not None and run.returncode is None:
         with trio.move_on_after(5):
             run.returncode = await run.proc.wait()
@@ -103,27 +111,103 @@ async def kill_tree(run: Running, *, grace: float, host: str, note: Callable[[st
     run.close()
     with trio.move_on_after(10):
         while not proctree.port_free(host, run.port):
-            await trio.sleep(0.01)
-    note(stopped_note(run.returncode, pid=run.pid, terminated=terminated, killed=killed))
+            await trio.sleep(POLL)
+    note(stopped_note(run.returncode, pid=run.pid, terminated=done.terminated, killed=done.killed))
 
 
-async def _reap_all(run: Running, found: set[tuple[int, int]]) -> None:
-    """SIGKILL and reap until every member is gone (bounded: 10 s)."""
-    with trio.move_on_after(10):
+class _Driver:
+    """Carries out a ``StopMachine``'s actions on the engine's processes. The members
+    known so far are looked at cheaply (a stat read each); a full scan (every
+    process's environment) happens at the start and when the machine asks for one."""
+
+    def __init__(self, run: Running, note: Callable[[str], None]) -> None:
+        self.running = run
+        self.note = note
+        self.found = members(run)
+        self.server = server_of(run, self.found)
+        self._pidfd: int | None = None
+        self._pidfd_tried = False
+
+    async def drive(self, machine: stop.StopMachine) -> stop.Done:
+        seen = self._look(full=True)
         while True:
-            proctree.reap(pid for pid, _ in found if pid != run.pid)
-            left = [m for m in found if proctree.alive(m)]
-            # Not the exited event alone: from _supervise's finally the task
-            # that sets it is gone (a zombie main process counts as gone).
-            main_gone = run.exited.is_set() or not proctree.alive((run.pid, run.start))
-            if not left and main_gone:
-                # Confirm with a full scan: a process forked meanwhile is not
-                # in ``found`` yet.
-                late = {m for m in members(run) if proctree.alive(m)} - found
-                if not late:
-                    break
-                found |= late
-                left = list(late)
-            for ident in left:
-                proctree.signal_ident(ident, signal.SIGKILL)
-            await trio.sleep(0.01)
+            action = machine.step(seen)
+            full = False
+            if isinstance(action, stop.Done):
+                return action
+            if isinstance(action, stop.Signal):
+                self._send(action)
+            elif isinstance(action, stop.Wait):
+                await self._wait(action)
+            else:
+                self.found |= members(self.running)
+                full = True
+            seen = self._look(full=full)
+
+    def _look(self, *, full: bool) -> stop.Seen:
+        # Orphans re-parented to ktd (a child subreaper) are ours to reap; the main
+        # process is trio's.
+        proctree.reap(pid for pid, _ in self.found if pid != self.running.pid)
+        return stop.Seen(
+            now=trio.current_time(),
+            server=proctree.alive(self.server),
+            others=len(self.alive(stop.Target.REST)),
+            full=full,
+        )
+
+    def alive(self, to: stop.Target) -> list[Ident]:
+        if to is stop.Target.SERVER:
+            return [self.server] if proctree.alive(self.server) else []
+        skip = self.server if to is stop.Target.REST else None
+        return [m for m in self.found if m != skip and proctree.alive(m)]
+
+    def _send(self, action: stop.Signal) -> None:
+        targets = self.alive(action.to)
+        name = action.sig.name
+        if action.to is stop.Target.SERVER:
+            pid, root = self.server[0], self.running.pid
+            if pid == root:
+                # SGLang's designed shutdown: SIGTERM to the server process only (a
+                # group SIGTERM kills the scheduler first: SGLang's crash path).
+                self.note(f"{name} to the engine's main process {pid}")
+            else:
+                self.note(
+                    f"{name} to SGLang's server process {pid} (the engine's main process "
+                    f"{root} runs it: a wrapper interpreter)"
+                )
+        elif action.why:
+            self.note(f"{name} to {len(targets)} process(es) {action.why}")
+        elif action.sig == signal.SIGTERM and targets:
+            self.note(f"{name} to {len(targets)} process(es) left after the server exited")
+        if action.to is stop.Target.ALL and action.sig == signal.SIGKILL:
+            signal_group(self.running, signal.SIGKILL)
+        for ident in targets:
+            if ident[0] == self.running.pid and self.running.proc is not None:
+                if self.running.proc.returncode is None:  # trio holds it: no recycled pid
+                    self.running.proc.send_signal(action.sig)
+            else:
+                proctree.signal_ident(ident, action.sig)
+
+    async def _wait(self, action: stop.Wait) -> None:
+        left = action.until - trio.current_time()
+        if left <= 0:
+            return
+        fd = self._server_pidfd() if action.on_server else None
+        if fd is None:
+            await trio.sleep(min(left, POLL if not action.on_server else 0.05))
+            return
+        with trio.move_on_after(left):
+            await trio.lowlevel.wait_readable(fd)
+
+    def _server_pidfd(self) -> int | None:
+        """A pidfd of the server process: its exit is an event (Linux >= 5.3)."""
+        if not self._pidfd_tried:
+            self._pidfd_tried = True
+            self._pidfd = proctree.pidfd_of(self.server)
+        return self._pidfd
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            trio.lowlevel.notify_closing(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None

@@ -169,3 +169,16 @@ def pick_port(host: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def pidfd_of(ident: tuple[int, int]) -> int | None:
+    """A pidfd of the process (pid, start time), readable once it exits; None when it
+    is gone or replaced, or the kernel has no pidfds (before 5.3)."""
+    try:
+        fd = os.pidfd_open(ident[0])
+    except (OSError, AttributeError):
+        return None
+    if alive(ident):  # checked after the open: the fd is of the process we saw
+        return fd
+    os.close(fd)
+    return None

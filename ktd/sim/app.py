@@ -35,7 +35,7 @@ from ktd.sim.cli import SimArgs, parse, server_args_repr
 from ktd.sim.httpd import HttpServer
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import line_buffered, log, uvicorn
-from ktd.sim.procs import Scheduler, kill_tree
+from ktd.sim.procs import Scheduler, kill_tree, spawn_orphan
 from ktd.sim.routes import SimApp
 from ktd.sim.state import DRAINING, STARTING, UP, ServerState
 
@@ -268,14 +268,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_nofile_limit()
     rec = Recorder(knobs.record)
     sched: Scheduler | None = None
+    spare: frozenset[int] = frozenset()
     try:
+        if knobs.orphan:
+            orphan = spawn_orphan(knobs.orphan)
+            spare = frozenset({orphan.pid})
+            log(f"sim: KTD_SIM_ORPHAN={knobs.orphan}: helper pid {orphan.pid} will outlive us")
+            rec.write(orphan_pid=orphan.pid)
         sched = Scheduler(args.context_length)
         rec.write(scheduler_pid=sched.pid)
         code = trio.run(_amain, args, knobs, sched, rec)
     except KeyboardInterrupt:
         return 130
     finally:
-        kill_tree(sched)
+        kill_tree(sched, spare)
         sys.stdout.flush()
     if code < 0:  # die of the signal, as SGLang does, so the parent sees -N
         if -code != signal.SIGKILL:

@@ -18,6 +18,7 @@ PREFIX = "KTD_SIM_"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
+ORPHANS = ("term", "ignore")  # KTD_SIM_ORPHAN's values
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class Knobs:
     hang_after: float | None = None  # KTD_SIM_HANG_AFTER: seconds after ready, then hang
     ignore_sigterm: bool = False  # KTD_SIM_IGNORE_SIGTERM
     escape: bool = False  # KTD_SIM_ESCAPE: a grandchild leaves the session
+    # KTD_SIM_ORPHAN: "term" or "ignore": a helper of the server without PDEATHSIG, that
+    # the server's own clean-up does not know, outlives it; it dies of SIGTERM ("term")
+    # or ignores it ("ignore"). "" = none.
+    orphan: str = ""
     drain: float = 5.0  # KTD_SIM_DRAIN: max seconds in-flight requests get on SIGTERM
     health_time: float = 0.01  # KTD_SIM_HEALTH_TIME: a /health token's cost without TOKEN_RATE
     health_timeout: float = 20.0  # KTD_SIM_HEALTH_TIMEOUT: SGLANG_HEALTH_CHECK_TIMEOUT
@@ -72,6 +77,13 @@ class Knobs:
                 warnings.append(f"{PREFIX}{name}={raw!r} is not a boolean; using false")
             return False
 
+        def choice(name: str, allowed: tuple[str, ...]) -> str:
+            raw = env.get(PREFIX + name, "").strip().lower()
+            if raw and raw not in allowed:
+                warnings.append(f"{PREFIX}{name}={raw!r} is not one of {', '.join(allowed)}")
+                return ""
+            return raw
+
         hang_after: float | None = None
         if env.get(PREFIX + "HANG_AFTER", "").strip():
             value = num("HANG_AFTER", -1.0)
@@ -86,6 +98,7 @@ class Knobs:
             hang_after=hang_after,
             ignore_sigterm=flag("IGNORE_SIGTERM"),
             escape=flag("ESCAPE"),
+            orphan=choice("ORPHAN", ORPHANS),
             drain=num("DRAIN", cls.drain),
             health_time=num("HEALTH_TIME", cls.health_time),
             health_timeout=num("HEALTH_TIMEOUT", cls.health_timeout),

@@ -14,6 +14,7 @@ Why these choices:
   ``kill_process_tree`` walks psutil children. It spares a descendant that
   left our session (``KTD_SIM_ESCAPE``): that one emulates a process that
   escapes the engine's own clean-up too, so finding it is always ktd's job.
+  It spares the helper of ``KTD_SIM_ORPHAN`` for the same reason.
 """
 
 from __future__ import annotations
@@ -142,10 +143,30 @@ def descendants(root: int) -> list[int]:
     return out
 
 
-def kill_tree(sched: Scheduler | None) -> None:
-    """SIGKILL every descendant in our session, then reap the scheduler child."""
+_ORPHAN = """
+import signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[1] == "ignore" else signal.SIG_DFL)
+while True:
+    signal.pause()
+"""
+
+
+def spawn_orphan(mode: str) -> subprocess.Popen[bytes]:
+    """``KTD_SIM_ORPHAN``: a helper without PDEATHSIG, in our group and session, that
+    outlives this process (re-parented to ktd, a child subreaper); ``mode`` "ignore"
+    makes it ignore SIGTERM. Its own program (not a fork): its command line is not
+    the server's, as with SGLang's children."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN, mode], stdin=subprocess.DEVNULL, close_fds=True
+    )
+
+
+def kill_tree(sched: Scheduler | None, spare: frozenset[int] = frozenset()) -> None:
+    """SIGKILL every descendant in our session but ``spare``, then reap the scheduler."""
     sid = os.getsid(0)
     for pid in descendants(os.getpid()):
+        if pid in spare:
+            continue
         try:
             if os.getsid(pid) == sid:
                 os.kill(pid, signal.SIGKILL)

@@ -46,3 +46,26 @@ def test_port_free_and_pick() -> None:
         s.listen()
         assert not proctree.port_free("127.0.0.1", port)
     assert signal_name(15) == "SIGTERM" and signal_name(999) == "999"
+
+
+def test_pidfd_of_is_of_the_process_seen_and_readable_once_it_exits() -> None:
+    import select
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        info = proctree.read_stat(proc.pid)
+        assert info is not None
+        assert proctree.pidfd_of((proc.pid, info.start + 1)) is None  # another process
+        fd = proctree.pidfd_of((proc.pid, info.start))
+        assert fd is not None
+        try:
+            assert select.select([fd], [], [], 0)[0] == []
+            assert proc.stdin is not None
+            proc.stdin.close()  # it exits
+            assert select.select([fd], [], [], 10)[0] == [fd]
+        finally:
+            os.close(fd)
+    finally:
+        proc.wait()
+    assert proctree.pidfd_of((proc.pid, info.start)) is None

@@ -30,6 +30,13 @@ def test_knobs_defaults_and_bad_values() -> None:
     assert len(warnings) == 3
 
 
+def test_orphan_knob_takes_term_or_ignore() -> None:
+    assert Knobs.from_env({"KTD_SIM_ORPHAN": "Ignore"}) == (Knobs(orphan="ignore"), [])
+    assert Knobs.from_env({"KTD_SIM_ORPHAN": "term"})[0].orphan == "term"
+    knobs, warnings = Knobs.from_env({"KTD_SIM_ORPHAN": "yes"})
+    assert knobs.orphan == "" and warnings == ["KTD_SIM_ORPHAN='yes' is not one of term, ignore"]
+
+
 def test_flags_like_launch_server() -> None:
     args = parse(["--model", "/m", "--kt-numa-nodes", "0", "1", "--tp", "2"], "kt")
     assert (args.host, args.port) == ("127.0.0.1", 30000)
