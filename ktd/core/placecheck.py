@@ -15,7 +15,8 @@ the launch is left to try. Pure given the topology.
 from __future__ import annotations
 
 from ktd.core.config import Config, ConfigError, ModelSpec
-from ktd.core.placement import NUMA_FLAG, POOL_FLAG, TP_FLAGS, plan
+from ktd.core.ktflags import NUMA_FLAG, POOL_FLAG, TP_FLAGS
+from ktd.core.placement import plan
 from ktd.core.topology import Topology
 from ktd.core.userflags import user_flags
 

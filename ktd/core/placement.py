@@ -19,12 +19,25 @@ Ground rules, from how kt-kernel behaves (see docs/sglang.md, "kt-kernel"):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
 from ktd.core import states as S
+from ktd.core.ktflags import (
+    NUMA_FLAG,
+    PLACEMENT_FLAGS,
+    POOL_FLAG,
+    TP_FLAGS,
+    Flag,
+    cpus_for,
+    flags_for,
+    gpu_env,
+    id_list,
+    int_values,
+    plural,
+)
 from ktd.core.topology import Topology, format_cpulist
 from ktd.core.userflags import user_flags
 
@@ -36,12 +49,6 @@ __all__ = [
     "plan",
     "user_flags",
 ]
-
-NUMA_FLAG = "--kt-numa-nodes"
-POOL_FLAG = "--kt-threadpool-count"
-CPUINFER_FLAG = "--kt-cpuinfer"
-PLACEMENT_FLAGS = (NUMA_FLAG, POOL_FLAG, CPUINFER_FLAG)
-TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
 
 NumaRequest = Literal["auto", "all", "none"] | Sequence[int]
 GpuRequest = Literal["auto"] | Sequence[int] | int
@@ -80,15 +87,6 @@ class Holding:
         if not parts:
             parts.append("idle" if allow_evict else "idle; eviction not allowed")
         return f"{self.alias} ({', '.join(parts)})"
-
-
-@dataclass(frozen=True)
-class Flag:
-    """A kt placement flag and who decided its value."""
-
-    name: str
-    values: tuple[str, ...]
-    origin: Literal["derived", "user"]
 
 
 @dataclass(frozen=True)
@@ -150,13 +148,6 @@ class Plan:
 # ---------------------------------------------------------------- user flags
 
 
-def _int_values(values: Sequence[str]) -> list[int] | None:
-    try:
-        return [int(v) for v in values]
-    except ValueError:
-        return None
-
-
 # ---------------------------------------------------------------- planning
 
 
@@ -179,10 +170,6 @@ class _Fail(Exception):
 
 class _Blocked(_Fail):
     """Possible on an empty machine, but other engines hold what is needed."""
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def plan(
@@ -292,7 +279,7 @@ def _numa_need(
             raise _Fail(f"{what} lists no NUMA node")
         for nid in ids:
             if nid not in known:
-                raise _Fail(f"{what}: unknown NUMA node {nid} (machine has nodes {_ids(known)})")
+                raise _Fail(f"{what}: unknown NUMA node {nid} (machine has nodes {id_list(known)})")
             if not topo.node(nid).cpus:
                 raise _Fail(
                     f"{what}: NUMA node {nid} has no online CPUs (memory-only node); "
@@ -303,7 +290,7 @@ def _numa_need(
     # The user's --kt-numa-nodes is what kt-kernel will really use, so it is what
     # we must own; otherwise the exclusivity promise would be a lie.
     if NUMA_FLAG in uflags:
-        ids = _int_values(uflags[NUMA_FLAG])
+        ids = int_values(uflags[NUMA_FLAG])
         if ids is None:
             raise _Fail(f"extra_args {NUMA_FLAG} {' '.join(uflags[NUMA_FLAG])}: not node ids")
         fixed = check(ids, f"extra_args {NUMA_FLAG}")
@@ -315,14 +302,14 @@ def _numa_need(
         if config_ids is not None and sorted(config_ids) != sorted(fixed):
             notes.append(
                 f"numa={list(config_ids)} differs from {NUMA_FLAG} {' '.join(map(str, fixed))} "
-                f"in extra_args; placing on the nodes kt-kernel will use ({_ids(fixed)})"
+                f"in extra_args; placing on the nodes kt-kernel will use ({id_list(fixed)})"
             )
         return _Need(fixed, len(fixed))
 
     if numa == "all":
         skipped = sorted(known - set(usable))
         if skipped:
-            notes.append(f"NUMA nodes {_ids(skipped)} have no CPUs and are left out")
+            notes.append(f"NUMA nodes {id_list(skipped)} have no CPUs and are left out")
         return _Need(tuple(usable), len(usable))
     if not isinstance(numa, str):
         fixed = check(list(numa), "numa")
@@ -333,7 +320,7 @@ def _numa_need(
     # auto: the user's --kt-threadpool-count says how many pools the weights were
     # converted for; honour it rather than pick a count the weights don't match
     # (this wins over single_engine's "all nodes" for the same reason).
-    pools = _int_values(uflags.get(POOL_FLAG, ()))
+    pools = int_values(uflags.get(POOL_FLAG, ()))
     if pools is not None and len(pools) == 1 and pools[0] >= 1:
         count = pools[0]
         if count > len(usable):
@@ -351,7 +338,7 @@ def _tp_size(tp_size: int | None, uflags: Mapping[str, tuple[str, ...]]) -> int 
     if tp_size is not None:
         return tp_size
     for name in TP_FLAGS:
-        vals = _int_values(uflags.get(name, ()))
+        vals = int_values(uflags.get(name, ()))
         if vals and len(vals) == 1 and vals[0] >= 1:
             return vals[0]
     return None
@@ -366,7 +353,7 @@ def _gpu_need(gpus: GpuRequest, topo: Topology, tp: int | None, notes: list[str]
         if gpus < 0:
             raise _Fail(f"gpus: {gpus} is negative")
         if gpus > len(have):
-            raise _Fail(f"gpus: asks for {_plural(gpus, 'GPU')}, machine has {len(have)}{why_none}")
+            raise _Fail(f"gpus: asks for {plural(gpus, 'GPU')}, machine has {len(have)}{why_none}")
         if tp is not None and gpus and gpus != tp:
             notes.append(f"gpus={gpus} but tp_size={tp}: SGLang needs one GPU per TP rank")
         return _Need(None, gpus)
@@ -379,7 +366,7 @@ def _gpu_need(gpus: GpuRequest, topo: Topology, tp: int | None, notes: list[str]
             return _Need(None, 0)
         want = tp or 1
         if want > len(have):
-            raise _Fail(f"tp_size={want} needs {_plural(want, 'GPU')}, machine has {len(have)}")
+            raise _Fail(f"tp_size={want} needs {plural(want, 'GPU')}, machine has {len(have)}")
         return _Need(None, want)
     ids = list(dict.fromkeys(gpus))
     if not have:
@@ -388,14 +375,10 @@ def _gpu_need(gpus: GpuRequest, topo: Topology, tp: int | None, notes: list[str]
     else:
         unknown = [g for g in ids if g not in have]
         if unknown:
-            raise _Fail(f"gpus: unknown GPU {_ids(unknown)} (machine has GPUs {_ids(have)})")
+            raise _Fail(f"gpus: unknown GPU {id_list(unknown)} (machine has GPUs {id_list(have)})")
     if tp is not None and ids and len(ids) != tp:
         notes.append(f"gpus={ids} but tp_size={tp}: SGLang needs one GPU per TP rank")
     return _Need(tuple(ids), len(ids))
-
-
-def _ids(ids: Iterable[int]) -> str:
-    return ",".join(str(i) for i in sorted(set(ids))) or "none"
 
 
 @dataclass(frozen=True)
@@ -439,9 +422,9 @@ def _plan(
         single_engine=single_engine,
     )
     (nodes, chosen_gpus), evict = _place(req, topo, allow_evict)
-    cpus, cpuinfer = _cpus(topo, nodes, reserved_cpus, cpu_reserve, notes)
+    cpus, cpuinfer = cpus_for(topo, nodes, reserved_cpus, cpu_reserve, notes)
     node_cores = len(topo.physical_cores(topo.node_cpus(nodes)))
-    flags = _flags(uflags, nodes, cpuinfer, node_cores, notes)
+    flags = flags_for(uflags, nodes, cpuinfer, node_cores, notes)
     for h in evict:
         notes.append(f"evicts {h.alias} (idle, least recently used) to free its resources")
     return Plan(
@@ -451,7 +434,7 @@ def _plan(
         cpus=cpus,
         gpus=chosen_gpus,
         flags=flags,
-        env=MappingProxyType(_gpu_env(chosen_gpus)),
+        env=MappingProxyType(gpu_env(chosen_gpus)),
         evict=tuple(h.alias for h in evict),
         notes=tuple(notes),
     )
@@ -552,80 +535,6 @@ def _minimal(req: _Request, evict: list[Holding]) -> list[Holding]:
         if _assign(req, trial) is not None:
             evict = trial
     return evict
-
-
-def _cpus(
-    topo: Topology,
-    nodes: tuple[int, ...],
-    reserved_cpus: Sequence[int],
-    cpu_reserve: int,
-    notes: list[str],
-) -> tuple[tuple[int, ...], int]:
-    """The CPUs of ``nodes`` the engine may use, and its ``--kt-cpuinfer`` (physical
-    cores not reserved, less ``cpu_reserve`` for SGLang's own threads)."""
-    reserved = set(reserved_cpus)
-    node_cpus = topo.node_cpus(nodes)
-    cpus = tuple(c for c in node_cpus if c not in reserved)
-    if node_cpus and not cpus:
-        notes.append(f"every CPU of NUMA nodes {_ids(nodes)} is reserved")
-    reserved_cores = {topo.core_of.get(c, (-1, -1 - c)) for c in reserved}
-    cores = [c for c in topo.physical_cores(node_cpus) if _core(topo, c) not in reserved_cores]
-    return cpus, max(1, len(cores) - max(0, cpu_reserve))
-
-
-def _gpu_env(gpus: tuple[int, ...]) -> dict[str, str]:
-    """nvidia-smi numbers GPUs in PCI bus order, CUDA by default "fastest first":
-    without CUDA_DEVICE_ORDER the indices we planned are not the ones CUDA opens."""
-    if not gpus:
-        return {}
-    return {
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
-    }
-
-
-def _core(topo: Topology, cpu: int) -> tuple[int, int]:
-    return topo.core_of.get(cpu, (-1, -1 - cpu))
-
-
-def _flags(
-    uflags: Mapping[str, tuple[str, ...]],
-    nodes: tuple[int, ...],
-    cpuinfer: int,
-    node_cores: int,
-    notes: list[str],
-) -> tuple[Flag, ...]:
-    derived = {
-        NUMA_FLAG: tuple(str(n) for n in nodes),
-        POOL_FLAG: (str(len(nodes)),),
-        CPUINFER_FLAG: (str(cpuinfer),),
-    }
-    flags = tuple(
-        Flag(name, uflags[name], "user") if name in uflags else Flag(name, derived[name], "derived")
-        for name in PLACEMENT_FLAGS
-    )
-    by_name = {f.name: f for f in flags}
-    numa_count = len(by_name[NUMA_FLAG].values)
-    pools = _int_values(by_name[POOL_FLAG].values)
-    if pools is None or len(pools) != 1:
-        notes.append(f"{POOL_FLAG} {' '.join(by_name[POOL_FLAG].values)} is not one number")
-    elif pools[0] != numa_count:
-        notes.append(
-            f"{NUMA_FLAG} lists {_plural(numa_count, 'node')} but {POOL_FLAG} is {pools[0]}: "
-            "kt-kernel requires them to be equal"
-        )
-    infer = _int_values(by_name[CPUINFER_FLAG].values)
-    if (
-        by_name[CPUINFER_FLAG].origin == "user"
-        and infer is not None
-        and len(infer) == 1
-        and infer[0] > node_cores
-    ):
-        notes.append(
-            f"{CPUINFER_FLAG} {infer[0]} exceeds the {node_cores} physical cores of "
-            f"NUMA nodes {_ids(nodes)}: expert threads will share cores"
-        )
-    return flags
 
 
 def _held_nodes(h: Holding) -> tuple[int, ...]:
