@@ -279,6 +279,7 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     load_eta: float | None = None  # expected load duration (median of recent loads)
     last_log: str | None = None  # the engine's last log line (never in ``state``/``phase``)
     claims: int = 0  # frontends' standing claims on it (issue 15)
+    made_room: list[str] = []  # engines this run's load stopped to make room (issue 21)
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):

@@ -148,6 +148,7 @@ class Engine:
         self.failures = 0  # consecutive failed loads
         self.failed_at = 0.0  # trio clock of the last failure
         self.evictions = 0
+        self.made_room: list[str] = []  # engines the pool stopped for this run's load
         self.loads = 0
         self.load_seconds: float | None = None
         self.load_seconds_total = 0.0
@@ -206,6 +207,7 @@ class Engine:
             reason=self.reason,
             leases=self.busy(),
             claims=len(self.claims),
+            made_room=list(self.made_room),
             url=self.url if self.state in (S.READY, S.DRAINING) else None,
             restarts=self.restarts,
             last_used=self.last_used,
@@ -447,6 +449,7 @@ class Engine:
 
     async def _run_once(self, *, restart: bool) -> Outcome:
         self.load_started = time.time()
+        self.made_room = []
         self._set(
             S.STARTING, reason=self.reason if restart else None, phase="probing engine Python"
         )

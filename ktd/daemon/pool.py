@@ -236,6 +236,7 @@ class Pool:
                         return result
                     if isinstance(step, eviction.Evict):
                         engine.set_phase(f"stopping {', '.join(step.aliases)} to make room")
+                        engine.made_room += [a for a in step.aliases if a not in engine.made_room]
                         for alias in step.aliases:
                             victim = self.engines[alias]
                             why = f"evicted to make room for {engine.alias}"
