@@ -26,6 +26,12 @@ _encode = msgspec.json.Encoder().encode
 
 DONE = b"data: [DONE]\n\n"
 WEIGHT_VERSION = "default"
+# What SGLang answers the embedding routes (embeddings, rerank, classify) of a
+# generation model, launched without ``--is-embedding``.
+NOT_EMBEDDING = (
+    "This model does not appear to be an embedding model by default. Please add "
+    "`--is-embedding` when launching the server or try another model."
+)
 
 
 def dumps(obj: object) -> bytes:
@@ -77,6 +83,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
     }
 
 
