@@ -51,6 +51,7 @@ from ktd import multipart
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.frontend import catalog, errors
+from ktd.frontend.afterlife import QuietAfterResponse
 from ktd.frontend.body import check_declared_length, check_model, parse_head, read_limited
 from ktd.frontend.errors import ApiError
 from ktd.frontend.metrics import NO_MODEL
@@ -216,7 +217,13 @@ class ProxyRoutes:
         await self.to_app(scope, receive, send)
 
     async def to_app(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Quart's routes: read any body first, so even a 404 leaves a usable connection."""
+        """Quart's routes: read any body first, so even a 404 leaves a usable connection.
+
+        Quart never sees the disconnect Hypercorn queues at the end of a response
+        (afterlife.py): it would cancel the close of the connection or its idle timer.
+        """
+        quiet = QuietAfterResponse(receive, send)
+        receive, send = quiet.receive, quiet.send
         if not may_have_body(scope):
             await self.app(scope, receive, send)
             return
