@@ -43,7 +43,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -67,7 +67,17 @@ from ktd.frontend.proxy import (
     stream_headers,
     waiting_comment,
 )
-from ktd.frontend.routes import MODEL_HEADER, Match, match, normalise, response_id_in, split_lora
+from ktd.frontend.routes import (
+    MODEL_HEADER,
+    Match,
+    ProxyRoute,
+    forwarded_query,
+    match,
+    normalise,
+    ollama_name,
+    response_id_in,
+    split_lora,
+)
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -92,13 +102,16 @@ class _Disconnected(Exception):
     """The client went away while we read its body."""
 
 
-async def send_error(send: Send, err: ApiError, *, close: bool = False) -> None:
+async def send_error(
+    send: Send, err: ApiError, *, close: bool = False, ollama: bool = False
+) -> None:
     """An OpenAI-shaped error response, as app.error_response renders it in Quart.
 
     ``close``: the request body was not read to its end, so the connection
-    cannot carry another request: say so (``Connection: close``).
+    cannot carry another request: say so (``Connection: close``). ``ollama``:
+    Ollama's shape instead (its routes, ``/api/...``).
     """
-    body = err.body()
+    body = err.ollama_body() if ollama else err.body()
     headers = [_JSON, (b"content-length", str(len(body)).encode())]
     extra = dict(err.headers)
     if close:
@@ -156,7 +169,7 @@ def may_have_body(scope: Scope) -> bool:
     return False
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+async def read_body(receive: Receive, limit: int) -> bytes:
     message = await receive()
     if message["type"] == "http.disconnect":
         raise _Disconnected
@@ -194,12 +207,22 @@ class _Watch:
                 return
 
 
-class ProxyRoutes:
-    """ASGI middleware: the proxied routes here, the rest to ``app`` (body read first)."""
+class LocalRoutes(Protocol):
+    """Answers the frontend makes itself on raw ASGI (ollama.py), ahead of Quart."""
 
-    def __init__(self, app: ASGIApp, state: State) -> None:
+    def owns(self, path: str) -> bool: ...
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None: ...
+
+
+class ProxyRoutes:
+    """ASGI middleware: the proxied routes here, ``local``'s paths there, the rest to
+    ``app`` (body read first)."""
+
+    def __init__(self, app: ASGIApp, state: State, local: LocalRoutes | None = None) -> None:
         self.app = app
         self.state = state
+        self.local = local
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -213,6 +236,9 @@ class ProxyRoutes:
         found = match(scope["method"], path)
         if found is not None:
             await self.proxy(found, scope, receive, send)
+            return
+        if self.local is not None and self.local.owns(path):
+            await self.local(scope, receive, send)
             return
         await self.to_app(scope, receive, send)
 
@@ -231,7 +257,7 @@ class ProxyRoutes:
         limit = options.frontend.max_body_bytes
         try:
             with trio.move_on_after(options.body_timeout) as timer:
-                body = await _read_body(receive, limit)
+                body = await read_body(receive, limit)
             if timer.cancelled_caught:
                 raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
         except ApiError as err:
@@ -255,6 +281,7 @@ class ProxyRoutes:
         options = state.options
         route = found.route
         endpoint = route.endpoint
+        ollama = route.api == "ollama"
         started = trio.current_time()
         body_read = False
         try:
@@ -273,16 +300,18 @@ class ProxyRoutes:
                 except ValueError:
                     pass  # Hypercorn (h11) refuses a malformed length before we get here
             with trio.move_on_after(options.body_timeout) as timer:
-                body = await _read_body(receive, limit)
+                body = await read_body(receive, limit)
             if timer.cancelled_caught:
                 raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
             body_read = True
             model, stream, ctype = self._routing_fields(found, scope, body)
             if model is None:
                 model = await self._fallback_model(found, scope)
+            if ollama:
+                model = ollama_alias(model)
         except ApiError as err:
             state.metrics.requests.labels(endpoint, NO_MODEL, str(err.status)).inc()
-            await send_error(send, err, close=not body_read)
+            await send_error(send, err, close=not body_read, ollama=ollama)
             return
         except _Disconnected:
             state.metrics.requests.labels(endpoint, NO_MODEL, "499").inc()
@@ -295,9 +324,7 @@ class ProxyRoutes:
             metrics=state.metrics,
             endpoint=endpoint,
             model=model,
-            # The query string stays here: no SGLang route reads one, and a
-            # client's ``?api_key=`` must never reach the engine or its logs.
-            target=scope["path"].encode("utf-8", "surrogateescape"),
+            target=_target(scope, route),
             body=body,
             headers=forward_headers(scope["headers"], ctype),
             started=started,
@@ -307,6 +334,8 @@ class ProxyRoutes:
         if route.remember:
             ex.remember = self._remember
         ex.progress = self._progress_for(base)
+        if ollama:
+            ex.framing = "ndjson"
         try:
             watch = _Watch(send)
             send = watch.tracked_send
@@ -316,14 +345,14 @@ class ProxyRoutes:
                     await self._exchange(ex, base, stream, send)
                 except ApiError as err:
                     ex.failed(err)
-                    await send_error(send, err)
+                    await send_error(send, err, ollama=ollama)
                 except Exception:
                     log.exception("unexpected error on %s %s", scope["method"], scope["path"])
                     internal = ApiError(
                         500, "internal frontend error", type=errors.SERVER_ERROR, code="internal"
                     )
                     ex.failed(internal)
-                    await _try_send_error(send, internal)
+                    await _try_send_error(send, internal, ollama=ollama)
                 nursery.cancel_scope.cancel()
         finally:
             ex.close()
@@ -336,7 +365,9 @@ class ProxyRoutes:
         """(model or None, stream, content-type to forward) from the body."""
         route = found.route
         if route.body == "json":
-            head = parse_head(body, require_model=route.model == "required")
+            head = parse_head(
+                body, require_model=route.model == "required", ollama=route.api == "ollama"
+            )
             return head.model, head.stream, b"application/json"
         ctype = _header(scope, b"content-type")
         if route.body == "multipart":
@@ -401,7 +432,10 @@ class ProxyRoutes:
                 autoload=options.frontend.autoload,
                 load_timeout=options.frontend.load_timeout,
             )
-            slot = await ex.handle.wait(options.stream_grace if stream else math.inf)
+            # An NDJSON stream (Ollama's) has no comment to wait in: as Ollama does, the
+            # answer waits for the engine, and its status is the real one.
+            grace = options.stream_grace if stream and ex.framing == "sse" else math.inf
+            slot = await ex.handle.wait(grace)
         except (ControlError, Unreachable) as exc:
             raise ex.failed(control_error(ex.model, exc)) from None
         if slot is None:
@@ -431,9 +465,36 @@ class ProxyRoutes:
         await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
-async def _try_send_error(send: Send, err: ApiError) -> None:
+async def _try_send_error(send: Send, err: ApiError, *, ollama: bool = False) -> None:
     """A 500 if nothing was sent yet; Hypercorn ignores it (or closes) otherwise."""
     try:
-        await send_error(send, err)
+        await send_error(send, err, ollama=ollama)
     except Exception:
         pass
+
+
+def _target(scope: Scope, route: ProxyRoute) -> bytes:
+    """The path, and of the query only the route's own parameters (``/v1/loads``'s).
+
+    The rest of the query string stays here: no other SGLang route reads one, and a
+    client's ``?api_key=`` must never reach the engine or its logs.
+    """
+    path: bytes = scope["path"].encode("utf-8", "surrogateescape")
+    query = forwarded_query(route, bytes(scope.get("query_string", b"")))
+    return path + b"?" + query if query else path
+
+
+def ollama_alias(model: str) -> str:
+    """The alias an Ollama request names (``name:latest`` is ``name``); another tag is a 404:
+    SGLang's Ollama routes apply no LoRA adapter, so one must not be silently dropped."""
+    alias, tag = ollama_name(model)
+    if tag is not None:
+        raise errors.ApiError(
+            404,
+            f"model '{model}' not found: ktd serves Ollama's API for {alias}:latest only "
+            f"(SGLang's Ollama routes apply no LoRA adapter); for the adapter use "
+            f"/v1/chat/completions with model {model}",
+            code="model_not_found",
+            param="model",
+        )
+    return alias

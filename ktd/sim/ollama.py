@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator
-from datetime import UTC, datetime
 from typing import Any
 
+from ktd import ollama_shapes
+from ktd.ollama_shapes import timestamp
 from ktd.sim import gen
 from ktd.sim.api import OpenAIServing, Pacer
 from ktd.sim.httpd import Reply, Request
@@ -43,11 +44,6 @@ DIGEST = "sha256:sglang" + "0" * 58
 DEFAULT_MAX_NEW_TOKENS = 2048
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-def timestamp() -> str:
-    """Ollama's ``created_at``: UTC, milliseconds, ``Z``."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def lax_bool(f: Fields, name: str, default: bool) -> bool:
@@ -283,39 +279,7 @@ class OllamaServing:
         model = _required_str(f, "model")
         if f.errors:
             return validation_reply(f.errors)
-        family = model.split("/")[-1]
-        for suffix in ("-Instruct", "-Chat", "-Base"):
-            if family.endswith(suffix):
-                family = family[: -len(suffix)]
-                break
-        ctx = self.o.args.context_length
-        return json_reply(
-            {
-                "license": "",
-                "modelfile": f"FROM {model}\nPARAMETER num_ctx {ctx}\n",
-                "parameters": f"num_ctx {ctx}",
-                "template": "",
-                "modified_at": timestamp(),
-                "details": {
-                    "parent_model": "",
-                    "format": "sglang",
-                    "family": family,
-                    "families": [family],
-                    "parameter_size": "unknown",
-                    "quantization_level": "",
-                },
-                "model_info": {
-                    "general.architecture": family,
-                    "general.name": model,
-                    "general.parameter_count": 0,
-                    f"{family}.context_length": ctx,
-                    f"{family}.block_count": 0,
-                    f"{family}.embedding_length": 0,
-                    f"{family}.attention.head_count": 0,
-                },
-                "capabilities": ["completion"],
-            }
-        )
+        return json_reply(ollama_shapes.show(model, self.o.args.context_length))
 
     async def root(self, req: Request) -> Reply:
         return json_reply("SGLang is running")
