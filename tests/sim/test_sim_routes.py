@@ -140,3 +140,24 @@ def test_embedding_routes_need_an_embedding_model(sim_factory: Callable[..., Sim
     assert set(ok.json()) == {
         "scores", "pooled_hidden_states", "token_logprobs", "model", "usage", "object",
     }  # fmt: skip
+
+
+def test_upstream_stores_responses_only_with_the_flag(sim_factory: Callable[..., SimProc]) -> None:
+    """Measured on upstream 0.5.23: no store by default; with one, cancel answers the
+    finished response (the fork, the sim's default, stores always and refuses with a 400)."""
+    env = {"KTD_SIM_LOAD_TIME": "0.05", "KTD_SIM_SGLANG": "upstream"}
+    plain = sim_factory(env=env)
+    stored = sim_factory(env=env, args=["--enable-response-store"])
+    body = {"model": SERVED, "input": "a", "max_output_tokens": 1}
+    plain.wait_ready()
+    stored.wait_ready()
+    rid = httpx.post(plain.base + "/v1/responses", json=body, timeout=10).json()["id"]
+    for how in (httpx.get, httpx.post):
+        path = f"/v1/responses/{rid}" + ("/cancel" if how is httpx.post else "")
+        no = how(plain.base + path, timeout=10)
+        assert (
+            no.status_code == 400 and "Response store is disabled" in no.json()["error"]["message"]
+        )
+    obj = httpx.post(stored.base + "/v1/responses", json=body, timeout=10).json()
+    assert httpx.get(f"{stored.base}/v1/responses/{obj['id']}", timeout=10).json() == obj
+    assert httpx.post(f"{stored.base}/v1/responses/{obj['id']}/cancel", timeout=10).json() == obj
