@@ -11,12 +11,13 @@ quirks, which the frontend passes through untouched:
   token's text there).
 * the model name in the request is ignored for generation (one model per server)
   and echoed by ``/api/show``; ``options.num_predict`` is ``max_new_tokens``
-  (SGLang defaults it to 2048; the sim's "model" then stops on its own).
+  (SGLang defaults it to 2048, and the sim's "model" then stops on its own; the
+  prompt and that whole budget must fit in the context).
 * an empty ``/api/generate`` prompt answers ``done`` at once (the Ollama CLI sends
   one to load a model).
-* a prompt longer than the context is a ValueError SGLang does not catch here: a
-  bare 500 ``Internal Server Error``, or, streaming, a 200 whose body is cut
-  without its last chunk.
+* a prompt (plus that budget) longer than the context is a ValueError SGLang does
+  not catch here: a bare 500 ``Internal Server Error``, or, streaming, a 200 whose
+  body is cut without its last chunk.
 * bodies are pydantic models without SGLang's JSON content-type check: another
   content type is FastAPI's ``model_attributes_type`` 400.
 
@@ -119,11 +120,13 @@ class OllamaServing:
             return min(limit, DEFAULT_MAX_NEW_TOKENS), stops
         return None, stops
 
-    def _too_long(self, prompt_tokens: int) -> Reply | None:
+    def _too_long(self, prompt_tokens: int, limit: int | None) -> Reply | None:
         """A non-streaming request over the context: SGLang's uncaught ValueError, a bare 500.
 
-        (Streaming, the same error is raised inside the stream: see ``_lines``.)"""
-        message = self.o._context_error(prompt_tokens, None)
+        Its tokenizer manager counts the prompt and the whole ``max_new_tokens`` budget
+        (2048 unless ``num_predict`` says otherwise). (Streaming, the same error is
+        raised inside the stream: see ``_lines``.)"""
+        message = self.o._context_error(prompt_tokens, limit or DEFAULT_MAX_NEW_TOKENS)
         if message is None:
             return None
         uvicorn("ERROR", f"Exception in ASGI application\nValueError: {message}")
@@ -158,12 +161,12 @@ class OllamaServing:
         if f.errors:
             return validation_reply(f.errors)
         prompt = sum(gen.count_content(m.get("content")) for m in messages or [])
-        failed = None if stream else self._too_long(prompt)
+        failed = None if stream else self._too_long(prompt, limit)
         if failed is not None:
             return failed
         plan = gen.plan(limit, stops)
         if stream:
-            return self._ndjson(plan, prompt, "chat")
+            return self._ndjson(plan, prompt, limit, "chat")
         started = time.monotonic_ns()
         await self.o._generate(plan.n_tokens)
         return json_reply(
@@ -206,12 +209,12 @@ class OllamaServing:
                 return Reply(200, content_type=NDJSON, stream=_once(dumps(done) + b"\n"))
             return json_reply(done)
         prompt = gen.count_text(text)
-        failed = None if stream else self._too_long(prompt)
+        failed = None if stream else self._too_long(prompt, limit)
         if failed is not None:
             return failed
         plan = gen.plan(limit, stops)
         if stream:
-            return self._ndjson(plan, prompt, "generate")
+            return self._ndjson(plan, prompt, limit, "generate")
         started = time.monotonic_ns()
         await self.o._generate(plan.n_tokens)
         took = time.monotonic_ns() - started
@@ -235,11 +238,13 @@ class OllamaServing:
             "eval_duration": None,
         }
 
-    def _ndjson(self, plan: gen.Plan, prompt: int, kind: str) -> Reply:
-        return Reply(200, content_type=NDJSON, stream=self._lines(plan, prompt, kind))
+    def _ndjson(self, plan: gen.Plan, prompt: int, limit: int | None, kind: str) -> Reply:
+        return Reply(200, content_type=NDJSON, stream=self._lines(plan, prompt, limit, kind))
 
-    async def _lines(self, plan: gen.Plan, prompt: int, kind: str) -> AsyncGenerator[bytes, None]:
-        message = self.o._context_error(prompt, None)
+    async def _lines(
+        self, plan: gen.Plan, prompt: int, limit: int | None, kind: str
+    ) -> AsyncGenerator[bytes, None]:
+        message = self.o._context_error(prompt, limit or DEFAULT_MAX_NEW_TOKENS)
         if message is not None:  # raised in the generator: uvicorn cuts the response
             raise ValueError(message)
         pacer = Pacer(self.o.knobs.token_rate, self.o.state)

@@ -22,7 +22,8 @@ CHAT = [{"role": "user", "content": "a b"}]
 
 
 def sim(alias: str, **kw: Any) -> dict[str, Any]:
-    kt = {"ctx": 512, **kw.pop("kt", {})}
+    # Room for SGLang's default Ollama budget of 2048 new tokens (it must fit the context).
+    kt = {"ctx": 4096, **kw.pop("kt", {})}
     return sim_model(alias, kt=kt, **kw)
 
 
@@ -50,7 +51,7 @@ def test_official_client_lists_loads_on_demand_streams_and_refuses_clearly(
     assert client.ps().models == []
     # /api/show of a model that is not loaded: described from the config, not loaded.
     shown = client.show("m1:latest")
-    assert shown.modelfile == "FROM m1:latest\nPARAMETER num_ctx 512\n"
+    assert shown.modelfile == "FROM m1:latest\nPARAMETER num_ctx 4096\n"
     assert state_of(daemon, "m1") == "stopped"
 
     # Chat loads m1 on demand; `name:latest` is `name`.
@@ -65,9 +66,9 @@ def test_official_client_lists_loads_on_demand_streams_and_refuses_clearly(
     assert streamed[-1].done and len(streamed) == 16  # no num_predict: the sim stops itself
 
     # Ready now: /api/show is the engine's own; /api/ps lists it, Ollama's "Forever".
-    assert client.show("m1").modelfile == "FROM m1\nPARAMETER num_ctx 512\n"
+    assert client.show("m1").modelfile == "FROM m1\nPARAMETER num_ctx 4096\n"
     (running,) = client.ps().models
-    assert running.model == "m1:latest" and running.context_length == 512
+    assert running.model == "m1:latest" and running.context_length == 4096
     assert running.size == est["host_bytes"] + est["gpu_bytes"]
     assert running.size_vram == est["gpu_bytes"]
     assert running.expires_at is not None and running.expires_at.year > 2200

@@ -12,11 +12,12 @@ import pytest
 from simharness import SimProc
 
 SERVED = "sim-model"
+CTX = 2100  # room for SGLang's default Ollama budget (2048 new tokens) and a short prompt
 
 
 @pytest.fixture
 def sim(sim_factory: Callable[..., SimProc]) -> SimProc:
-    proc = sim_factory(env={"KTD_SIM_LOAD_TIME": "0.05"}, served=SERVED, ctx=64)
+    proc = sim_factory(env={"KTD_SIM_LOAD_TIME": "0.05"}, served=SERVED, ctx=CTX)
     proc.wait_ready()
     return proc
 
@@ -39,7 +40,7 @@ def test_official_client_chat_generate_list_show(sim: SimProc) -> None:
     (listed,) = client.list().models
     assert listed.model == SERVED and listed.size == 0
     shown = client.show(f"{SERVED}:latest")
-    assert shown.modelfile == f"FROM {SERVED}:latest\nPARAMETER num_ctx 64\n"
+    assert shown.modelfile == f"FROM {SERVED}:latest\nPARAMETER num_ctx {CTX}\n"
     assert shown.capabilities == ["completion"]
 
 
@@ -65,9 +66,14 @@ def test_defaults_errors_and_root(sim: SimProc) -> None:
         )
         assert form.status_code == 400 and "model_attributes_type" in form.text
         # Over the context: SGLang's uncaught ValueError, a bare 500 ...
-        long = {"model": SERVED, "prompt": "w " * 100, "stream": False}
+        long = {"model": SERVED, "prompt": "w " * 2200, "stream": False}
         r = c.post("/api/generate", json=long)
         assert (r.status_code, r.text) == (500, "Internal Server Error")
+        # ... also when only the default budget of 2048 new tokens does not fit.
+        budget = {"model": SERVED, "prompt": "w " * 60, "stream": False}
+        assert c.post("/api/generate", json=budget).status_code == 500
+        fits = {**budget, "options": {"num_predict": 8}}
+        assert c.post("/api/generate", json=fits).json()["eval_count"] == 8
         root = c.get("/")
         assert root.json() == "SGLang is running"
         head = c.head("/")
