@@ -109,9 +109,15 @@ def delta_choice(
     finish_reason: str | None = None,
     matched_stop: int | str | None = None,
 ) -> dict[str, Any]:
+    # 0.5.23 leaves unset delta fields out, but for ``reasoning_content`` (measured).
+    delta: dict[str, Any] = {"reasoning_content": None}
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
     return {
         "index": index,
-        "delta": {"role": role, "content": content, "reasoning_content": None, "tool_calls": None},
+        "delta": delta,
         "logprobs": None,
         "finish_reason": finish_reason,
         "matched_stop": matched_stop,
@@ -125,14 +131,16 @@ def chat_chunk(
     choices: list[dict[str, Any]],
     usage_obj: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    chunk: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "choices": choices,
-        "usage": usage_obj,
     }
+    if usage_obj is not None:  # 0.5.23's chunks carry no ``usage`` key until the last
+        chunk["usage"] = usage_obj
+    return chunk
 
 
 def chat_choice(

@@ -181,15 +181,15 @@ def test_raw_sse_framing(sim: SimProc) -> None:
         events = sse_events(r.read().decode())
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    assert chunks[0]["choices"][0]["delta"] == {
+    assert chunks[0]["choices"][0]["delta"] == {  # as SGLang 0.5.23 sends it
+        "reasoning_content": None,
         "role": "assistant",
         "content": "",
-        "reasoning_content": None,
-        "tool_calls": None,
     }
+    assert "usage" not in chunks[0]
     assert [c["choices"][0]["delta"]["content"] for c in chunks[1:3]] == ["tok0", " tok1"]
     finish = chunks[3]["choices"][0]
-    assert finish["delta"]["content"] is None and finish["finish_reason"] == "length"
+    assert finish["delta"] == {"reasoning_content": None} and finish["finish_reason"] == "length"
     assert "matched_stop" in finish
     assert chunks[4]["choices"] == [] and chunks[4]["usage"]["total_tokens"] == 4
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
