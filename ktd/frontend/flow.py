@@ -81,7 +81,7 @@ from ktd.frontend.routes import (
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from ktd.frontend.state import State
+    from ktd.frontend.state import FrontendOptions, State
 
 log = logging.getLogger("ktd.frontend")
 
@@ -169,7 +169,14 @@ def may_have_body(scope: Scope) -> bool:
     return False
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
+async def read_body_in_time(receive: Receive, options: FrontendOptions) -> bytes:
+    """The whole body, within ``max_body_bytes`` (413) and ``body_timeout`` (408)."""
+    with trio.move_on_after(options.body_timeout):
+        return await _read_body(receive, options.frontend.max_body_bytes)
+    raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
     message = await receive()
     if message["type"] == "http.disconnect":
         raise _Disconnected
@@ -253,13 +260,8 @@ class ProxyRoutes:
         if not may_have_body(scope):
             await self.app(scope, receive, send)
             return
-        options = self.state.options
-        limit = options.frontend.max_body_bytes
         try:
-            with trio.move_on_after(options.body_timeout) as timer:
-                body = await read_body(receive, limit)
-            if timer.cancelled_caught:
-                raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
+            body = await read_body_in_time(receive, self.state.options)
         except ApiError as err:
             await send_error(send, err, close=True)
             return
@@ -299,10 +301,7 @@ class ProxyRoutes:
                     check_declared_length(int(declared), limit)
                 except ValueError:
                     pass  # Hypercorn (h11) refuses a malformed length before we get here
-            with trio.move_on_after(options.body_timeout) as timer:
-                body = await read_body(receive, limit)
-            if timer.cancelled_caught:
-                raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
+            body = await read_body_in_time(receive, options)
             body_read = True
             model, stream, ctype = self._routing_fields(found, scope, body)
             if model is None:

@@ -50,7 +50,7 @@ from ktd.frontend.flow import (
     drain,
     may_have_body,
     ollama_alias,
-    read_body,
+    read_body_in_time,
     send_error,
 )
 from ktd.frontend.proxy import control_error
@@ -171,7 +171,7 @@ class OllamaRoutes:
         body = b""
         try:
             if path == "/api/show" and method == "POST":
-                body = await self._read(receive)
+                body = await read_body_in_time(receive, self.state.options)
             elif may_have_body(scope) and not await drain(receive, DRAIN_BYTES, DRAIN_SECONDS):
                 raise _Unread
             if path not in _OPEN:
@@ -182,13 +182,6 @@ class OllamaRoutes:
             await send_error(send, err, close=True, ollama=True)
         except ApiError as err:
             await send_error(send, err, close=err.status in (408, 413), ollama=True)
-
-    async def _read(self, receive: Receive) -> bytes:
-        options = self.state.options
-        with trio.move_on_after(options.body_timeout) as timer:
-            return await read_body(receive, options.frontend.max_body_bytes)
-        assert timer.cancelled_caught
-        raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
 
     async def _answer(self, method: str, path: str, body: bytes, send: Send) -> None:
         allowed = ANSWERED.get(path)

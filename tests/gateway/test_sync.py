@@ -168,7 +168,7 @@ async def test_before_drain_returns_once_the_router_no_longer_lists_it(
     gw, _ = make(fake_router, [e])
     await nursery.start(gw.run)
     await until(lambda: fake_router.urls())
-    e.force = True  # no /get_load wait (the engine is fake)
+    e.force = True  # no /v1/loads wait (test_before_drain_waits_until_... has one)
     await gw.before_drain(e)  # type: ignore[arg-type]
     assert fake_router.urls() == []
     assert gw.routers[ROUTER].removed == 1
