@@ -117,10 +117,13 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], output: Callable[[], str]
         if proc.poll() is not None:
             raise AssertionError(f"exited {proc.returncode}:\n{output()}")
         try:
-            httpx.get(url + "/metrics", timeout=1)
-            return
+            # Its own series, not just any answer: free_port() can race another test's
+            # server for the port, and a frontend that could not bind exits 1.
+            if "ktd_frontend_" in httpx.get(url + "/metrics", timeout=1).text:
+                return
         except httpx.HTTPError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     raise AssertionError(f"{url} did not come up:\n{output()}")
 
 

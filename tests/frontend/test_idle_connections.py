@@ -92,6 +92,9 @@ SELF_ANSWERED = [
     ("GET", "/server_info", 200),
     ("GET", "/nope", 404),
     ("POST", "/health", 405),
+    ("GET", "/api/tags", 200),
+    ("GET", "/api/version", 200),
+    ("GET", "/api/pull", 405),
 ]
 
 
