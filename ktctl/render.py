@@ -98,7 +98,10 @@ def state_text(state: str | None, phase: str | None = None) -> str:
 
 
 def engine_line(engine: p.EngineInfo, elapsed: float | None = None) -> str:
-    """``deepseek-v4-kt ready on 127.0.0.1:30000 (pid 1234) in 12.3s`` and its variants."""
+    """``deepseek-v4-kt ready on 127.0.0.1:30000 (pid 1234) in 12.3s`` and its variants.
+
+    A load that stopped other engines says so (``; stopped a, b to make room``): on a
+    pipe there is no progress line, and an evicted engine must not go unnoticed."""
     phase = engine.phase if engine.state != S.READY else None
     out = f"{engine.alias} {state_text(engine.state, phase)}"
     where = address(engine)
@@ -110,6 +113,8 @@ def engine_line(engine: p.EngineInfo, elapsed: float | None = None) -> str:
         out += f" in {duration(elapsed)}"
     if engine.reason and engine.state != S.READY:
         out += f": {one_line(engine.reason)}"
+    if engine.made_room:
+        out += f"; stopped {', '.join(engine.made_room)} to make room"
     return out
 
 

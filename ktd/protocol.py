@@ -33,7 +33,8 @@ MAX_SECONDS = 1e9
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 LineCount = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]
 # A model name (alias, or ``alias:adapter``): longer is nobody's model, and a client
-# must not make the daemon, its logs or a stream's ``: loading`` comments carry megabytes.
+# must not make the daemon, its logs, an ``unknown_model`` error or a stream's
+# ``: loading`` comments carry megabytes. Every request field naming a model has this type.
 MAX_MODEL_NAME = 256
 ModelName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME)]
 
@@ -66,7 +67,7 @@ class Ping(Request, tag="ping"):
 
 
 class Status(Request, tag="status"):
-    alias: str | None = None
+    alias: ModelName | None = None
 
 
 class Models(Request, tag="models"):
@@ -74,21 +75,21 @@ class Models(Request, tag="models"):
 
 
 class Load(Request, tag="load"):
-    alias: str
+    alias: ModelName
     wait: bool = True
     timeout: Seconds | None = None
     dry_run: bool = False
 
 
 class Evict(Request, tag="evict"):
-    alias: str | None = None
+    alias: ModelName | None = None
     all: bool = False
     force: bool = False
     timeout: Seconds | None = None
 
 
 class Logs(Request, tag="logs"):
-    alias: str
+    alias: ModelName
     lines: LineCount = 100
     probes: bool = False  # include the access lines of ktd's own health checks
 
@@ -140,7 +141,7 @@ class ClaimState(msgspec.Struct, kw_only=True):
     """One claim as the frontend holding it reports it."""
 
     claim: str
-    alias: str
+    alias: ModelName
     url: str = ""
     inflight: Annotated[int, msgspec.Meta(ge=0)] = 0
     idle: Seconds = 0.0  # since its last request ended (0 while one is in flight)
@@ -159,7 +160,7 @@ class Sync(Request, tag="sync"):
 
     client: str
     claims: list[ClaimState] = []
-    queued: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = {}  # alias -> requests waiting
+    queued: dict[ModelName, Annotated[int, msgspec.Meta(ge=0)]] = {}  # alias -> requests waiting
     wait: Seconds = 0.0
     daemon: str = ""  # the daemon run whose grants ``seen`` counts
     seen: Annotated[int, msgspec.Meta(ge=0)] = 0  # highest grant number received from it

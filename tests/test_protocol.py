@@ -50,3 +50,38 @@ def test_skim_id_of_an_oversized_frame() -> None:
         msgspec.msgpack.encode({"id": True}),
     ):
         assert p.skim_id(junk) == 0
+
+
+def test_every_field_naming_a_model_has_the_name_limit() -> None:
+    """A new request that names a model must carry the limit too (load, evict, status, logs,
+    acquire, claim, and a claim holder's report); 256 characters decode, 257 do not."""
+    import typing
+
+    seen = []
+    for cls in (*typing.get_args(p.AnyRequest), p.ClaimState):
+        for field in msgspec.structs.fields(cls):
+            if field.name in ("alias", "model"):
+                seen.append(cls.__name__)
+                info = msgspec.inspect.type_info(field.type)
+                strs = (
+                    [info]
+                    if isinstance(info, msgspec.inspect.StrType)
+                    else [
+                        t
+                        for t in getattr(info, "types", ())
+                        if isinstance(t, msgspec.inspect.StrType)
+                    ]
+                )
+                assert strs and all(t.max_length == p.MAX_MODEL_NAME for t in strs), cls
+    assert sorted(seen) == sorted(
+        ["Status", "Load", "Evict", "Logs", "Acquire", "Claim", "ClaimState"]
+    )
+    ok = msgspec.msgpack.encode({"op": "logs", "alias": "a" * p.MAX_MODEL_NAME})
+    assert isinstance(p.decode_request(ok), p.Logs)
+    for op in ("load", "evict", "status", "logs"):
+        data = msgspec.msgpack.encode({"op": op, "alias": "a" * (p.MAX_MODEL_NAME + 1)})
+        with pytest.raises(msgspec.ValidationError, match=r"length <= 256 - at `\$\.alias`"):
+            p.decode_request(data)
+    report = {"op": "sync", "client": "c", "queued": {"q" * 300: 1}}
+    with pytest.raises(msgspec.ValidationError, match="length <= 256"):
+        p.decode_request(msgspec.msgpack.encode(report))

@@ -122,7 +122,8 @@ class Stats:
     failed_at: float = 0.0  # trio clock of the last failure
     load_started: float | None = None  # wall clock: when this load began
     last_log: str | None = None
-    made_room: tuple[str, ...] = ()  # engines this load stopped to make room
+    made_room: tuple[str, ...] = ()  # engines this run's load stopped to make room
+    owed: bool = False  # made_room is to be brought back if this load fails before ready
 
 
 class Engine:

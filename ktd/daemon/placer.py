@@ -203,7 +203,8 @@ class Placer:
             victim.log.note(why)
             victim.stats.evictions += 1
             victim.request_down(reason=why)
-        engine.stats.made_room += aliases
+        engine.stats.made_room = tuple(dict.fromkeys(engine.stats.made_room + aliases))
+        engine.stats.owed = True
         for alias in aliases:
             await self.engines[alias].wait_stopped()
 
@@ -211,8 +212,9 @@ class Placer:
         """``engine``'s launch failed before ready: start again what it stopped for room,
         when it still fits without stopping anything. Returns what was started."""
         made = engine.stats.made_room
-        if not made:
+        if not made or not engine.stats.owed:
             return ()
+        engine.stats.owed = False
         stopped: dict[str, bool] = {}
         fits: dict[str, bool] = {}
         for alias in made:
@@ -231,5 +233,4 @@ class Placer:
             victim = self.engines[alias]
             victim.log.note(f"started again: {engine.alias}, which it was stopped for, failed")
             victim.request_up()
-        engine.stats.made_room = ()
         return back

@@ -213,7 +213,7 @@ class Pool:
 
     def loaded(self, engine: Engine, seconds: float) -> None:
         self.load_history.record(engine.alias, seconds)
-        engine.stats.made_room = ()  # the swap worked: nothing to bring back
+        engine.stats.owed = False  # the swap worked: nothing to bring back
 
     def load_failed(self, engine: Engine) -> None:
         """A launch failed before ready: bring back what it stopped to make room."""

@@ -186,7 +186,7 @@ class Supervisor:
     async def _run_once(self, *, restart: bool) -> Outcome:
         e = self.e
         e.stats.load_started = time.time()
-        e.stats.made_room = ()
+        e.stats.made_room, e.stats.owed = (), False
         self._set(S.STARTING, reason=e.reason if restart else None, phase=Phase.of(Step.PROBING))
         env = build_env(e.spec, self.host.base_env)
         probe = await self.host.prober.probe(e.spec.python, env)

@@ -1,9 +1,11 @@
 """The Quart-Trio app: OpenAI routes in front of ktd's engines.
 
 Quart serves ``/v1/models`` (and ``/v1/models/{id}``), ``/health``,
-``/metrics`` and renders errors for unknown routes and methods. The proxied
+``/metrics`` and renders errors for unknown routes and methods (afterlife.py:
+why it never sees the disconnect that ends a response). The proxied
 routes (routes.py: chat, completions, embeddings, Responses, Anthropic
-Messages, SGLang's native and scoring routes, audio) are answered by a raw ASGI
+Messages, SGLang's native and scoring routes, audio, Ollama's chat and generate,
+``/v1/loads``) and Ollama's other routes (ollama.py) are answered by a raw ASGI
 layer in front of Quart (flow.py: the request flow), which also reads any request body before
 Quart sees it, so no per-request or per-chunk Quart work sits on the hot path;
 the upstream hop is a small pooled HTTP/1.1 client on trio (upstream.py). The
@@ -26,9 +28,10 @@ from ktd.control.errors import ControlError
 from ktd.frontend import catalog, errors, gateway_metrics, transport, ui, worker_info
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ProxyRoutes
+from ktd.frontend.ollama import OllamaRoutes
 from ktd.frontend.promtext import merge
 from ktd.frontend.proxy import control_error
-from ktd.frontend.routes import EXACT
+from ktd.frontend.routes import EXACT, GET_EXACT
 from ktd.frontend.scrape import scrape_engines
 from ktd.frontend.state import FrontendOptions, State
 
@@ -56,7 +59,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     state = State(options)
     app.extensions["ktd"] = state
     ui.install(app, state)  # /ui: inside the proxy layer, so proxied requests never reach it
-    app.asgi_app = ProxyRoutes(app.asgi_app, state)  # type: ignore[method-assign,assignment,arg-type]
+    app.asgi_app = ProxyRoutes(app.asgi_app, state, local=OllamaRoutes(state))  # type: ignore[method-assign,assignment,arg-type]
     state.metrics.add_pool_gauge(state.upstream.counts)
 
     @app.before_serving
@@ -149,7 +152,10 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         )
 
     for path, route in EXACT.items():
-        app.add_url_rule(path, endpoint=route.endpoint, view_func=proxied, methods=["POST"])
+        if route.api == "openai":  # Ollama's paths never reach Quart (ollama.py)
+            app.add_url_rule(path, endpoint=route.endpoint, view_func=proxied, methods=["POST"])
+    for path, route in GET_EXACT.items():
+        app.add_url_rule(path, endpoint=route.endpoint, view_func=proxied, methods=["GET"])
     app.add_url_rule(
         "/v1/responses/<response_id>", endpoint="responses_get", view_func=proxied, methods=["GET"]
     )

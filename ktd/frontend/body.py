@@ -22,7 +22,7 @@ class RequestHead(msgspec.Struct):
     """The two fields routing needs; everything else is ignored, not rejected."""
 
     model: Any = msgspec.UNSET
-    stream: Any = False
+    stream: Any = msgspec.UNSET
 
 
 class Head(msgspec.Struct, frozen=True):
@@ -33,11 +33,12 @@ class Head(msgspec.Struct, frozen=True):
 _decoder = msgspec.json.Decoder(RequestHead)
 
 
-def parse_head(body: bytes, *, require_model: bool = True) -> Head:
+def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False) -> Head:
     """Validate the routing fields; raise ``ApiError`` 400 in OpenAI's words otherwise.
 
     JSON nested deeper than the decoder's recursion limit (~1,000 levels) is a
-    400 too: it is the client's input, never the frontend's 500.
+    400 too: it is the client's input, never the frontend's 500. ``ollama``:
+    Ollama's ``stream`` (see ``ollama_stream``).
     """
     if not body.strip():
         raise errors.bad_request(
@@ -59,9 +60,10 @@ def parse_head(body: bytes, *, require_model: bool = True) -> Head:
         raise errors.bad_request(
             "The JSON body of your request is nested too deeply.", code="invalid_json"
         ) from None
+    stream = ollama_stream(head.stream) if ollama else _stream(head.stream)
     if head.model is msgspec.UNSET or head.model is None:
         if not require_model:
-            return Head(model=None, stream=_stream(head.stream))
+            return Head(model=None, stream=stream)
         raise errors.bad_request("you must provide a model parameter", param="model")
     if not isinstance(head.model, str):
         raise errors.bad_request(
@@ -69,7 +71,7 @@ def parse_head(body: bytes, *, require_model: bool = True) -> Head:
             param="model",
             code="invalid_type",
         )
-    return Head(model=check_model(head.model), stream=_stream(head.stream))
+    return Head(model=check_model(head.model), stream=stream)
 
 
 def check_model(model: str) -> str:
@@ -91,7 +93,7 @@ def check_model(model: str) -> str:
 
 
 def _stream(value: Any) -> bool:
-    if value is None:
+    if value is None or value is msgspec.UNSET:
         return False
     if isinstance(value, bool):
         return value
@@ -100,6 +102,23 @@ def _stream(value: Any) -> bool:
         param="stream",
         code="invalid_type",
     )
+
+
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def ollama_stream(value: Any) -> bool:
+    """Whether SGLang answers an Ollama request with an NDJSON stream.
+
+    Its pydantic models say ``stream: bool = True``: absent means a stream, and
+    pydantic's lax booleans count (``0``, ``"no"``, ``"false"``... are false). A
+    value it refuses gets its 400, whatever is decided here, so no 400 of ours.
+    """
+    if value is msgspec.UNSET or value is True:
+        return True
+    if value is False or (isinstance(value, int | float) and value == 0):
+        return False
+    return not (isinstance(value, str) and value.strip().lower() in _FALSE)
 
 
 def _json_type(value: object) -> str:

@@ -1,9 +1,11 @@
-"""OpenAI-shaped errors made by the frontend itself.
+"""OpenAI-shaped errors made by the frontend itself (and Ollama-shaped on Ollama's routes).
 
 OpenAI clients (the official SDKs, LangChain, curl scripts) read
 ``{"error": {"message", "type", "param", "code"}}`` and pick the exception class
 from the HTTP status, so every error the frontend invents uses exactly that
-shape and the status the frontend promises (README, "The OpenAI frontend").
+shape and the status the frontend promises (README, "The OpenAI frontend"). On
+Ollama's routes (``/api/...``) the same error goes out as Ollama's
+``{"error": "<message>"}``, with the same status.
 Errors that come from the engine are not made here: they pass through unchanged.
 Pure: no I/O, testable without a server.
 """
@@ -67,6 +69,15 @@ class ApiError(Exception):
 
     def body(self) -> bytes:
         return _encoder.encode(self.payload())
+
+    def ollama_body(self) -> bytes:
+        """Ollama's error shape, ``{"error": "<message>"}``: what its clients read (the
+        official one raises ``ResponseError(error, status_code)`` from it)."""
+        return _encoder.encode({"error": self.message})
+
+    def ndjson(self) -> bytes:
+        """The error as the last line of an NDJSON stream (Ollama's in-stream errors)."""
+        return self.ollama_body() + b"\n"
 
     def sse(self) -> bytes:
         """The error as the last event of a stream that already answered 200.

@@ -43,7 +43,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -52,6 +52,7 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.frontend import catalog, errors
+from ktd.frontend.afterlife import QuietAfterResponse
 from ktd.frontend.body import check_declared_length, check_model, parse_head, read_limited
 from ktd.frontend.broker import Admission
 from ktd.frontend.errors import ApiError
@@ -69,11 +70,21 @@ from ktd.frontend.proxy import (
     stream_headers,
     waiting_comment,
 )
-from ktd.frontend.routes import MODEL_HEADER, Match, match, normalise, response_id_in, split_lora
+from ktd.frontend.routes import (
+    MODEL_HEADER,
+    Match,
+    ProxyRoute,
+    forwarded_query,
+    match,
+    normalise,
+    ollama_name,
+    response_id_in,
+    split_lora,
+)
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from ktd.frontend.state import State
+    from ktd.frontend.state import FrontendOptions, State
 
 log = logging.getLogger("ktd.frontend")
 
@@ -94,13 +105,16 @@ class _Disconnected(Exception):
     """The client went away while we read its body."""
 
 
-async def send_error(send: Send, err: ApiError, *, close: bool = False) -> None:
+async def send_error(
+    send: Send, err: ApiError, *, close: bool = False, ollama: bool = False
+) -> None:
     """An OpenAI-shaped error response, as app.error_response renders it in Quart.
 
     ``close``: the request body was not read to its end, so the connection
-    cannot carry another request: say so (``Connection: close``).
+    cannot carry another request: say so (``Connection: close``). ``ollama``:
+    Ollama's shape instead (its routes, ``/api/...``).
     """
-    body = err.body()
+    body = err.ollama_body() if ollama else err.body()
     headers = [_JSON, (b"content-length", str(len(body)).encode())]
     extra = dict(err.headers)
     if close:
@@ -158,6 +172,13 @@ def may_have_body(scope: Scope) -> bool:
     return False
 
 
+async def read_body_in_time(receive: Receive, options: FrontendOptions) -> bytes:
+    """The whole body, within ``max_body_bytes`` (413) and ``body_timeout`` (408)."""
+    with trio.move_on_after(options.body_timeout):
+        return await _read_body(receive, options.frontend.max_body_bytes)
+    raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
+
+
 async def _read_body(receive: Receive, limit: int) -> bytes:
     message = await receive()
     if message["type"] == "http.disconnect":
@@ -196,12 +217,22 @@ class _Watch:
                 return
 
 
-class ProxyRoutes:
-    """ASGI middleware: the proxied routes here, the rest to ``app`` (body read first)."""
+class LocalRoutes(Protocol):
+    """Answers the frontend makes itself on raw ASGI (ollama.py), ahead of Quart."""
 
-    def __init__(self, app: ASGIApp, state: State) -> None:
+    def owns(self, path: str) -> bool: ...
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None: ...
+
+
+class ProxyRoutes:
+    """ASGI middleware: the proxied routes here, ``local``'s paths there, the rest to
+    ``app`` (body read first)."""
+
+    def __init__(self, app: ASGIApp, state: State, local: LocalRoutes | None = None) -> None:
         self.app = app
         self.state = state
+        self.local = local
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -216,20 +247,24 @@ class ProxyRoutes:
         if found is not None:
             await self.proxy(found, scope, receive, send)
             return
+        if self.local is not None and self.local.owns(path):
+            await self.local(scope, receive, send)
+            return
         await self.to_app(scope, receive, send)
 
     async def to_app(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Quart's routes: read any body first, so even a 404 leaves a usable connection."""
+        """Quart's routes: read any body first, so even a 404 leaves a usable connection.
+
+        Quart never sees the disconnect Hypercorn queues at the end of a response
+        (afterlife.py): it would cancel the close of the connection or its idle timer.
+        """
+        quiet = QuietAfterResponse(receive, send)
+        receive, send = quiet.receive, quiet.send
         if not may_have_body(scope):
             await self.app(scope, receive, send)
             return
-        options = self.state.options
-        limit = options.frontend.max_body_bytes
         try:
-            with trio.move_on_after(options.body_timeout) as timer:
-                body = await _read_body(receive, limit)
-            if timer.cancelled_caught:
-                raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
+            body = await read_body_in_time(receive, self.state.options)
         except ApiError as err:
             await send_error(send, err, close=True)
             return
@@ -251,6 +286,7 @@ class ProxyRoutes:
         options = state.options
         route = found.route
         endpoint = route.endpoint
+        ollama = route.api == "ollama"
         started = trio.current_time()
         body_read = False
         try:
@@ -268,17 +304,16 @@ class ProxyRoutes:
                     check_declared_length(int(declared), limit)
                 except ValueError:
                     pass  # Hypercorn (h11) refuses a malformed length before we get here
-            with trio.move_on_after(options.body_timeout) as timer:
-                body = await _read_body(receive, limit)
-            if timer.cancelled_caught:
-                raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
+            body = await read_body_in_time(receive, options)
             body_read = True
             model, stream, ctype = self._routing_fields(found, scope, body)
             if model is None:
                 model = await self._fallback_model(found, scope)
+            if ollama:
+                model = ollama_alias(model)
         except ApiError as err:
             state.metrics.requests.labels(endpoint, NO_MODEL, str(err.status)).inc()
-            await send_error(send, err, close=not body_read)
+            await send_error(send, err, close=not body_read, ollama=ollama)
             return
         except _Disconnected:
             state.metrics.requests.labels(endpoint, NO_MODEL, "499").inc()
@@ -291,9 +326,7 @@ class ProxyRoutes:
             metrics=state.metrics,
             endpoint=endpoint,
             model=model,
-            # The query string stays here: no SGLang route reads one, and a
-            # client's ``?api_key=`` must never reach the engine or its logs.
-            target=scope["path"].encode("utf-8", "surrogateescape"),
+            target=_target(scope, route),
             body=body,
             headers=forward_headers(scope["headers"], ctype),
             started=started,
@@ -303,6 +336,8 @@ class ProxyRoutes:
         if route.remember:
             ex.remember = self._remember
         ex.progress = self._progress_for(base)
+        if ollama:
+            ex.framing = "ndjson"
         try:
             watch = _Watch(send)
             send = watch.tracked_send
@@ -312,14 +347,14 @@ class ProxyRoutes:
                     await self._exchange(ex, base, stream, send)
                 except ApiError as err:
                     ex.failed(err)
-                    await send_error(send, err)
+                    await send_error(send, err, ollama=ollama)
                 except Exception:
                     log.exception("unexpected error on %s %s", scope["method"], scope["path"])
                     internal = ApiError(
                         500, "internal frontend error", type=errors.SERVER_ERROR, code="internal"
                     )
                     ex.failed(internal)
-                    await _try_send_error(send, internal)
+                    await _try_send_error(send, internal, ollama=ollama)
                 nursery.cancel_scope.cancel()
         finally:
             ex.close()
@@ -332,7 +367,9 @@ class ProxyRoutes:
         """(model or None, stream, content-type to forward) from the body."""
         route = found.route
         if route.body == "json":
-            head = parse_head(body, require_model=route.model == "required")
+            head = parse_head(
+                body, require_model=route.model == "required", ollama=route.api == "ollama"
+            )
             return head.model, head.stream, b"application/json"
         ctype = _header(scope, b"content-type")
         if route.body == "multipart":
@@ -390,7 +427,9 @@ class ProxyRoutes:
     async def _exchange(self, ex: Exchange, base: str, stream: bool, send: Send) -> None:
         state = self.state
         options = state.options
-        grace = options.stream_grace if stream else math.inf
+        # An NDJSON stream (Ollama's) has no comment to wait in: as Ollama does, the
+        # answer waits for the engine, and its status is the real one.
+        grace = options.stream_grace if stream and ex.framing == "sse" else math.inf
 
         async def acquire() -> Admission:
             return await state.broker.start_acquire(
@@ -438,9 +477,36 @@ class ProxyRoutes:
         await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
-async def _try_send_error(send: Send, err: ApiError) -> None:
+async def _try_send_error(send: Send, err: ApiError, *, ollama: bool = False) -> None:
     """A 500 if nothing was sent yet; Hypercorn ignores it (or closes) otherwise."""
     try:
-        await send_error(send, err)
+        await send_error(send, err, ollama=ollama)
     except Exception:
         pass
+
+
+def _target(scope: Scope, route: ProxyRoute) -> bytes:
+    """The path, and of the query only the route's own parameters (``/v1/loads``'s).
+
+    The rest of the query string stays here: no other SGLang route reads one, and a
+    client's ``?api_key=`` must never reach the engine or its logs.
+    """
+    path: bytes = scope["path"].encode("utf-8", "surrogateescape")
+    query = forwarded_query(route, bytes(scope.get("query_string", b"")))
+    return path + b"?" + query if query else path
+
+
+def ollama_alias(model: str) -> str:
+    """The alias an Ollama request names (``name:latest`` is ``name``); another tag is a 404:
+    SGLang's Ollama routes apply no LoRA adapter, so one must not be silently dropped."""
+    alias, tag = ollama_name(model)
+    if tag is not None:
+        raise errors.ApiError(
+            404,
+            f"model '{model}' not found: ktd serves Ollama's API for {alias}:latest only "
+            f"(SGLang's Ollama routes apply no LoRA adapter); for the adapter use "
+            f"/v1/chat/completions with model {model}",
+            code="model_not_found",
+            param="model",
+        )
+    return alias

@@ -159,6 +159,7 @@ class Exchange:
         "broker",
         "closed",
         "endpoint",
+        "framing",
         "handle",
         "headers",
         "label",
@@ -210,6 +211,7 @@ class Exchange:
         self.progress: Callable[[float], Awaitable[bytes]] | None = None  # waiting comments
         # Asks for a slot again (the flow's terms) when a held claim proved stale; once.
         self.reacquire: Callable[[], Awaitable[Admission]] | None = None
+        self.framing = "sse"  # a stream's: "sse", or "ndjson" (Ollama's API)
         metrics.in_flight.inc()
 
     # ------------------------------------------------------------ steps
@@ -322,7 +324,8 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
     If the exchange has no upstream response yet, the request is still waiting
     for its engine: send ``: loading`` comments every ``interval`` seconds until
     its slot comes, then open the upstream. Any failure after the status line
-    went out becomes one ``data: {"error": ...}`` event and ``data: [DONE]``.
+    went out becomes one ``data: {"error": ...}`` event and ``data: [DONE]``
+    (an ``{"error": ...}`` line in an NDJSON stream).
     Ends the HTTP response (``more_body: False``) unless cancelled.
     """
     last = b"\n\n"
@@ -365,13 +368,10 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
                 if not more:
                     return
     except UpstreamError as exc:
-        err = ex.upstream_error(exc)
-        # A chunk cut mid-event would glue our event onto its half line.
-        sep = b"" if last.endswith(b"\n\n") else b"\n\n"
-        tail = sep + err.sse() + SSE_DONE
+        tail = _error_tail(ex, ex.upstream_error(exc), last)
     except ApiError as err:
         ex.failed(err)
-        tail = err.sse() + SSE_DONE
+        tail = _error_tail(ex, err, b"\n\n")
     await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 
@@ -386,6 +386,17 @@ async def _next_slot(ex: Exchange, send: Send, interval: float) -> Slot:
         if slot is not None:
             return slot
         await _body(send, await _comment(ex))
+
+
+def _error_tail(ex: Exchange, err: ApiError, last: bytes) -> bytes:
+    """The error event that ends a stream already at 200, in the stream's own framing.
+
+    A chunk cut mid-event would glue our event onto its half line: a separator first.
+    NDJSON (Ollama's API) ends with an ``{"error": ...}`` line, as Ollama's own do.
+    """
+    if ex.framing == "ndjson":
+        return (b"" if last.endswith(b"\n") else b"\n") + err.ndjson()
+    return (b"" if last.endswith(b"\n\n") else b"\n\n") + err.sse() + SSE_DONE
 
 
 async def _comment(ex: Exchange) -> bytes:

@@ -14,6 +14,12 @@ model name comes from and what the body is:
   body; the engine that created the response answers (the frontend remembers
   the ids it has seen), else the ``X-Ktd-Model`` header, else the only ready engine.
 
+``GET /v1/loads`` has no body either: the header, else the only ready engine.
+Ollama's ``/api/chat`` and ``/api/generate`` (``api="ollama"``) route by ``model``
+like OpenAI's, with Ollama's ``name:latest`` meaning ``name``; the frontend's own
+errors there are Ollama-shaped, and streams are NDJSON (ollama.py answers the
+rest of Ollama's API).
+
 Paths are normalised first (repeated slashes collapsed, one trailing slash
 dropped) so ``//v1/chat/completions`` is the route it looks like.
 """
@@ -23,9 +29,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import parse_qsl, urlencode
 
 BodyKind = Literal["json", "multipart", "none"]
 ModelRule = Literal["required", "optional", "response"]
+ApiKind = Literal["openai", "ollama"]
 
 MODEL_HEADER = b"x-ktd-model"
 
@@ -36,6 +44,8 @@ class ProxyRoute:
     body: BodyKind
     model: ModelRule
     remember: bool = False  # POST /v1/responses: remember the response id's engine
+    api: ApiKind = "openai"  # the shape of the frontend's own errors, the stream framing
+    query: tuple[str, ...] = ()  # query parameters passed on (every other one stays here)
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,14 @@ EXACT: dict[str, ProxyRoute] = {
     "/v1/tokenize": ProxyRoute("tokenize", "json", "optional"),
     "/v1/detokenize": ProxyRoute("detokenize", "json", "optional"),
     "/generate": ProxyRoute("generate", "json", "optional"),
+    # Ollama's API, which SGLang serves itself: NDJSON streams, Ollama-shaped errors.
+    "/api/chat": ProxyRoute("ollama_chat", "json", "required", api="ollama"),
+    "/api/generate": ProxyRoute("ollama_generate", "json", "required", api="ollama"),
+}
+
+GET_EXACT: dict[str, ProxyRoute] = {
+    # SGLang's load route (per DP rank); its own query parameters reach the engine.
+    "/v1/loads": ProxyRoute("loads", "none", "optional", query=("dp_rank", "include", "format")),
 }
 
 RESPONSE_GET = ProxyRoute("responses_get", "none", "response")
@@ -88,6 +106,9 @@ def match(method: str, path: str) -> Match | None:
         if m:
             return Match(RESPONSE_CANCEL, m[1])
     elif method == "GET":
+        route = GET_EXACT.get(path)
+        if route is not None:
+            return Match(route)
         m = _GET.fullmatch(path)
         if m:
             return Match(RESPONSE_GET, m[1])
@@ -98,9 +119,30 @@ def allowed_methods(path: str) -> list[str]:
     """Methods a proxied path answers (for a 405 with ``Allow``); [] = not a proxied path."""
     if path in EXACT or _CANCEL.fullmatch(path):
         return ["POST"]
-    if _GET.fullmatch(path):
+    if path in GET_EXACT or _GET.fullmatch(path):
         return ["GET"]
     return []
+
+
+def forwarded_query(route: ProxyRoute, query_string: bytes) -> bytes:
+    """The part of the query string the engine may see: only the route's own parameters."""
+    if not route.query or not query_string:
+        return b""
+    kept = [(k, v) for k, v in parse_qsl(query_string.decode("latin-1")) if k in route.query]
+    return urlencode(kept).encode("ascii") if kept else b""
+
+
+def ollama_name(model: str) -> tuple[str, str | None]:
+    """Ollama's ``name:tag`` -> (alias, tag or None). ``name:latest`` is ``name``.
+
+    Ollama clients send the ``name:tag`` that ``/api/tags`` lists (``:latest``);
+    another tag is kept (flow.py's ``ollama_alias`` refuses it: SGLang's Ollama API applies
+    no LoRA adapter, so ``alias:adapter`` is for the OpenAI routes).
+    """
+    base, sep, tag = model.partition(":")
+    if not sep or not base:
+        return model, None
+    return (base, None) if tag == "latest" else (base, tag)
 
 
 def split_lora(model: str) -> tuple[str, str | None]:

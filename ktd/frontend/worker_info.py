@@ -3,7 +3,8 @@
 Registered as a worker, the frontend is polled like an SGLang server: the
 router's add job reads ``/server_info`` and ``/model_info`` (older routers:
 ``/get_server_info``, ``/get_model_info``), health-checks ``/health`` (app.py's
-route: 200 while the daemon answers) and samples ``/get_load``. Answers use
+route: 200 while the daemon answers) and samples ``/get_load``, which the frontend
+sums from its engines' ``/v1/loads`` (SGLang 0.5.23 has no ``/get_load`` itself). Answers use
 SGLang's own shapes for the engines the frontend fronts: a ready engine's own
 answer passed through when there is one (nothing to imitate), else one built
 from the config, so a model that is not loaded yet still registers and loads on
@@ -63,14 +64,23 @@ def server_info_shape(alias: str, path: str, *, status: str) -> dict[str, Any]:
 
 
 def sum_loads(per_engine: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Add the engines' ``/get_load`` entries rank by rank (pure)."""
+    """sglang-router's ``/get_load`` from the engines' ``/v1/loads`` entries, rank by rank (pure).
+
+    SGLang 0.5.23 has only ``/v1/loads`` (``num_running_reqs``, ``num_waiting_reqs``,
+    ``num_used_tokens`` per DP rank); the router (0.3.2) still asks a worker for the
+    older ``/get_load`` list, where ``num_reqs`` counted running and waiting requests
+    and ``num_tokens`` the tokens in use.
+    """
     by_rank: dict[int, dict[str, Any]] = {}
     for loads in per_engine:
         for entry in loads:
             rank = int(entry.get("dp_rank", 0) or 0)
             acc = by_rank.setdefault(rank, {**_IDLE_LOAD, "dp_rank": rank})
-            for key in ("num_reqs", "num_waiting_reqs", "num_tokens"):
-                acc[key] += int(entry.get(key, 0) or 0)
+            running = int(entry.get("num_running_reqs", 0) or 0)
+            waiting = int(entry.get("num_waiting_reqs", 0) or 0)
+            acc["num_reqs"] += running + waiting
+            acc["num_waiting_reqs"] += waiting
+            acc["num_tokens"] += int(entry.get("num_used_tokens", 0) or 0)
     return [by_rank[r] for r in sorted(by_rank)] or [dict(_IDLE_LOAD)]
 
 
@@ -137,11 +147,12 @@ def install(app: QuartTrio, state: State) -> None:
         loads: list[list[dict[str, Any]]] = []
         for e in ready:
             try:
-                got = await engine_json(e.url or "", "/get_load")
+                got = await engine_json(e.url or "", "/v1/loads?include=core")
             except (UpstreamError, ValueError, OSError):
                 continue
-            if isinstance(got, list):
-                loads.append([x for x in got if isinstance(x, dict)])
+            entries = got.get("loads") if isinstance(got, dict) else None
+            if isinstance(entries, list):
+                loads.append([x for x in entries if isinstance(x, dict)])
         return reply(sum_loads(loads))
 
     for path in ("/server_info", "/get_server_info"):

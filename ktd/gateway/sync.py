@@ -14,6 +14,7 @@ import math
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -36,7 +37,7 @@ log = logging.getLogger("ktd.gateway")
 PENDING_POLL = 0.2
 #: An add the router has not listed after this long is sent again (its job failed).
 ADD_RETRY_AFTER = 15.0
-#: How often an engine's ``/get_load`` is read while waiting for it to go idle.
+#: How often an engine's ``/v1/loads`` is read while waiting for it to go idle.
 IDLE_POLL = 0.05
 
 
@@ -85,6 +86,16 @@ class RouterState:
 def instance_id(pool_instance: str) -> str:
     """Stable across ktd restarts (state dir) and unique across hosts (host name)."""
     return f"{socket.gethostname()}/{pool_instance}"
+
+
+def in_flight(loads: Any) -> int:
+    """Requests an SGLang ``/v1/loads`` answer counts, running and waiting, over its DP ranks.
+
+    Raises KeyError/TypeError/AttributeError/ValueError on an answer of another shape."""
+    return sum(
+        int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0))
+        for x in loads["loads"]
+    )
 
 
 class GatewaySync:
@@ -271,22 +282,23 @@ class GatewaySync:
         return True
 
     async def _wait_idle(self, engine: EngineLike, engine_url: str, timeout: float) -> None:
-        """Until SGLang's ``/get_load`` counts no request (no endpoint: nothing to wait for).
+        """Until SGLang's ``/v1/loads`` counts no request, running or waiting.
 
-        A forced evict (or a second SIGTERM to ktd) during the wait ends it at once.
+        The route SGLang 0.5.23 has (``/get_load`` is gone: a 404 would end the wait
+        at once, a silent no-op). An engine without it, or one that stops answering,
+        ends the wait too: SGLang's own SIGTERM drain is the backstop. A forced evict
+        (or a second SIGTERM to ktd) during the wait ends it at once.
         """
         assert self._http is not None
         with trio.move_on_after(timeout):
             while not engine.force:
                 try:
-                    r = await self._http.get(f"{engine_url}/get_load", timeout=2.0)
+                    r = await self._http.get(f"{engine_url}/v1/loads?include=core", timeout=2.0)
                     if r.status_code != 200:
+                        log.info("%s: GET /v1/loads: HTTP %d", engine.alias, r.status_code)
                         return
-                    loads = r.json()
-                    busy = sum(
-                        int(x.get("num_reqs", 0)) + int(x.get("num_waiting_reqs", 0)) for x in loads
-                    )
-                except (httpx.HTTPError, OSError, ValueError, TypeError, AttributeError):
+                    busy = in_flight(r.json())
+                except (httpx.HTTPError, OSError, ValueError, TypeError, AttributeError, KeyError):
                     return
                 if busy == 0:
                     return

@@ -8,7 +8,10 @@ pass them through untouched, so the sim answers with SGLang's own shapes:
   message with ``output_text``, ``usage`` with ``input_tokens``/``output_tokens``);
   streams are ``event: <type>`` + ``data:`` pairs from ``response.created`` to
   ``response.completed`` with no ``[DONE]``. Stored responses answer
-  ``GET /v1/responses/{id}``; ``/cancel`` of a finished one is a 400.
+  ``GET /v1/responses/{id}``; ``/cancel`` of a finished one is the fork's 400
+  "Cannot cancel a synchronous response". Upstream 0.5.23 stores nothing unless
+  launched with ``--enable-response-store`` (GET and cancel are then its 400
+  "Response store is disabled"), and cancels a finished response by answering it.
 * Messages: SGLang converts to a chat request and back, serialising with
   ``exclude_none``; errors use Anthropic's ``{"type": "error", "error": {...}}``;
   streams run ``message_start`` .. ``message_stop`` (no ``ping`` events), and
@@ -25,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ktd.sim import gen
+from ktd.sim import flags, gen
 from ktd.sim.api import OpenAIServing, Pacer
 from ktd.sim.httpd import SSE, Reply, Request
 from ktd.sim.shapes import (
@@ -78,6 +81,9 @@ class AgentServing:
     def __init__(self, openai: OpenAIServing) -> None:
         self.o = openai
         self.stored: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # The fork (0.7.2) always keeps responses; upstream 0.5.23 only with the flag.
+        self.upstream = flags.flavor() == "upstream"
+        self.keep = not self.upstream or bool(openai.args.server_args.get("enable_response_store"))
 
     # ------------------------------------------------------------ /v1/responses
 
@@ -198,6 +204,8 @@ class AgentServing:
         return Reply(200, content_type=SSE, stream=events())
 
     def _store(self, obj: dict[str, Any]) -> None:
+        if not self.keep:
+            return
         self.stored[obj["id"]] = obj
         while len(self.stored) > _STORED:
             self.stored.popitem(last=False)
@@ -205,15 +213,31 @@ class AgentServing:
     def _not_found(self, response_id: str) -> Reply:
         return error_reply(f"Response with id '{response_id}' not found.", "NotFoundError", 404)
 
+    def _store_disabled(self) -> Reply:
+        """Upstream 0.5.23 without ``--enable-response-store``: nothing is kept."""
+        message = (
+            "Response store is disabled. Stateful Responses require --enable-response-store "
+            "on a standalone server; response storage is unavailable in PD mode."
+        )
+        err = {"message": message, "type": "invalid_request_error", "param": "response_id"}
+        return json_reply({"error": {**err, "code": 400}}, 400)
+
     async def retrieve(self, req: Request, response_id: str) -> Reply:
+        if not self.keep:
+            return self._store_disabled()
         obj = self.stored.get(response_id)
         return self._not_found(response_id) if obj is None else json_reply(obj)
 
     async def cancel(self, req: Request, response_id: str) -> Reply:
+        """A finished response: the fork refuses (400), upstream answers it as it is."""
+        if not self.keep:
+            return self._store_disabled()
         obj = self.stored.get(response_id)
         if obj is None:
             return self._not_found(response_id)
-        return error_reply(f"Cannot cancel response {response_id}: it is already {obj['status']}.")
+        if self.upstream:
+            return json_reply(obj)
+        return error_reply("Cannot cancel a synchronous response.", "invalid_request_error")
 
     # ------------------------------------------------------------ /v1/messages
 

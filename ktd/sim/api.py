@@ -29,6 +29,7 @@ from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import log
 from ktd.sim.shapes import (
     DONE,
+    NOT_EMBEDDING,
     chat_choice,
     chat_chunk,
     chat_response,
@@ -398,6 +399,8 @@ class OpenAIServing:
         model = f.str_("model", self.args.served_model_name)
         if f.errors or items is None:
             return validation_reply(f.errors)
+        if not self.args.is_embedding:
+            return error_reply(NOT_EMBEDDING)
         lora = self._lora_error(model)
         if lora:
             return error_reply(lora)

@@ -266,17 +266,27 @@ class _Connection:
                 reply = Reply(500, b"Internal Server Error", "text/plain; charset=utf-8")
             if reply.stream is None:
                 data = self.h.send(self._head(request, reply, len(reply.body))) or b""
-                if reply.body:
+                if reply.body and request.method != "HEAD":  # HEAD: the length, no body
                     data += self.h.send(h11.Data(data=reply.body)) or b""
                 data += self.h.send(h11.EndOfMessage()) or b""
                 await self.stream.send_all(data)
             else:
                 await self._send(self._head(request, reply, None))
                 on_chunk = reply.on_chunk
-                async for chunk in reply.stream:
-                    await self._send(h11.Data(data=chunk))
-                    if on_chunk is not None:
-                        on_chunk()
+                try:
+                    async for chunk in reply.stream:
+                        await self._send(h11.Data(data=chunk))
+                        if on_chunk is not None:
+                            on_chunk()
+                except Exception as exc:
+                    if _is_disconnect(exc):
+                        raise
+                    # As uvicorn: the app failed after its status went out; the body is
+                    # cut (no last chunk) and the connection closed. Not a client abort.
+                    uvicorn("ERROR", "Exception in ASGI application\n" + traceback.format_exc())
+                    self.gone = True
+                    aborted = False
+                    return
                 # Every event is out: a client that hangs up now (after ``[DONE]``, before
                 # the last zero-length chunk) got the whole answer.
                 aborted = False

@@ -11,6 +11,9 @@ tests must see SGLang's own shapes come back through it:
   ``{"text"}``; ``/v1/rerank`` a JSON list of ``{"score", "document", "index",
   "meta_info"}`` best first; ``/v1/score`` ``{"scores", "model", "usage",
   "object": "scoring"}``; ``/v1/classify`` a list object of labelled probabilities.
+* On a generation model (no ``--is-embedding``) rerank and classify answer SGLang's
+  400 "does not appear to be an embedding model", and score without
+  ``label_token_ids`` its 400 "label_token_ids is required" (measured on 0.5.23).
 * ``/v1/audio/transcriptions`` takes ``multipart/form-data`` (``file``, ``model``)
   and answers ``{"text"}``: a byte count, so tests can tell the file arrived whole.
 
@@ -31,6 +34,7 @@ from ktd.sim.api import OpenAIServing, Pacer
 from ktd.sim.httpd import SSE, Reply, Request
 from ktd.sim.shapes import (
     DONE,
+    NOT_EMBEDDING,
     WEIGHT_VERSION,
     error_reply,
     field_error,
@@ -169,6 +173,8 @@ class NativeServing:
             return validation_reply(
                 [field_error("list_type", ("documents",), "Input should be a valid list", docs)]
             )
+        if not self.o.args.is_embedding:
+            return error_reply(NOT_EMBEDDING)
         top_n = f.body.get("top_n")
         keep_docs = f.body.get("return_documents", True) is not False
         rows: list[dict[str, Any]] = [
@@ -194,7 +200,10 @@ class NativeServing:
             return f
         query = f.body.get("query")
         items = f.body.get("items")
-        labels = f.body.get("label_token_ids") or [1, 2]
+        labels = f.body.get("label_token_ids")
+        if labels is None and not self.o.args.is_embedding:
+            return error_reply("label_token_ids is required for generation (CausalLM) models.")
+        labels = labels or [1, 2]
         model = f.str_("model", self.o.args.served_model_name)
         if f.errors:
             return validation_reply(f.errors)
@@ -211,7 +220,14 @@ class NativeServing:
             scores.append(raw)
         tokens = sum(gen.count_prompt(i) for i in items)
         return json_reply(
-            {"scores": scores, "model": model, "usage": usage(tokens, 0), "object": "scoring"}
+            {
+                "scores": scores,
+                "pooled_hidden_states": None,
+                "token_logprobs": None,
+                "model": model,
+                "usage": usage(tokens, 0),
+                "object": "scoring",
+            }
         )
 
     async def classify(self, req: Request) -> Reply:
@@ -230,6 +246,8 @@ class NativeServing:
             return validation_reply(
                 [field_error("string_type", ("input",), "Input should be a valid string", raw)]
             )
+        if not self.o.args.is_embedding:
+            return error_reply(NOT_EMBEDDING)
         data = []
         for i, item in enumerate(items):
             p = _score(item, "label")

@@ -9,7 +9,10 @@ Why these behaviours:
   an answer, health included: the case of an engine stuck on the GPU.
 * ``--api-key`` is enforced as SGLang's middleware does (``/health*`` and
   ``/metrics`` exempt; 401 ``{"error": "Unauthorized"}``).
-* unknown paths and methods answer FastAPI's ``{"detail": ...}`` 404/405.
+* unknown paths and methods answer FastAPI's ``{"detail": ...}`` 404/405; there is
+  no ``/get_load`` (SGLang 0.5.23's load route is ``/v1/loads``, loads.py).
+* Ollama's API as SGLang serves it (``/api/chat``, ``/api/generate``, ``/api/tags``,
+  ``/api/show``, ``GET``/``HEAD /``): ollama.py.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import trio
 
-from ktd.sim import lora, metrics
+from ktd.sim import loads, lora, metrics
 from ktd.sim.agents import AgentServing
 from ktd.sim.api import OpenAIServing
 from ktd.sim.cli import SimArgs
@@ -30,6 +33,7 @@ from ktd.sim.httpd import Reply, Request
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import log
 from ktd.sim.native import NativeServing
+from ktd.sim.ollama import OllamaServing
 from ktd.sim.shapes import WEIGHT_VERSION, json_reply, model_card
 from ktd.sim.state import DRAINING, UP, ServerState
 
@@ -56,6 +60,7 @@ class SimApp:
         self.openai = OpenAIServing(args, knobs, state)
         self.agents = AgentServing(self.openai)
         self.native = NativeServing(self.openai)
+        self.ollama = OllamaServing(self.openai)
         self.adapters = lora.adapters(args.server_args)
         self.openai.adapters = self.adapters
         self.openai.lora_on = lora.lora_enabled(args.server_args)
@@ -92,8 +97,13 @@ class SimApp:
             "/v1/score": {"POST": self.native.score},
             "/v1/classify": {"POST": self.native.classify},
             "/v1/audio/transcriptions": {"POST": self.native.transcriptions},
+            "/api/chat": {"POST": self.ollama.chat},
+            "/api/generate": {"POST": self.ollama.generate},
+            "/api/tags": {"GET": self.ollama.tags},
+            "/api/show": {"POST": self.ollama.show},
+            "/": {"GET": self.ollama.root, "HEAD": self.ollama.root},
             "/metrics": {"GET": self.metrics},
-            "/get_load": {"GET": self.get_load},
+            "/v1/loads": {"GET": self.v1_loads},
             "/sim/stats": {"GET": self.stats},
         }
 
@@ -192,11 +202,15 @@ class SimApp:
         info["version"] = SIM_VERSION
         return json_reply(info)
 
-    async def get_load(self, req: Request) -> Reply:
-        """SGLang's per-DP-rank load (what sglang-router samples; ktd waits for 0 to drain)."""
-        active = self.state.stats.active
-        load = {"dp_rank": 0, "num_reqs": active, "num_waiting_reqs": 0, "num_tokens": 0}
-        return json_reply([load])
+    async def v1_loads(self, req: Request) -> Reply:
+        """SGLang's per-DP-rank load (ktd's gateway waits for no request before an evict)."""
+        sa = self.args.server_args
+        load = loads.snapshot(
+            running=self.state.stats.active,
+            max_total_tokens=int(sa.get("max_total_tokens") or self.args.context_length),
+            max_running=int(sa.get("max_running_requests") or 2048),
+        )
+        return loads.reply(req, load, SIM_VERSION)
 
     async def stats(self, req: Request) -> Reply:
         return json_reply(self.state.stats.as_dict())

@@ -26,6 +26,12 @@ _encode = msgspec.json.Encoder().encode
 
 DONE = b"data: [DONE]\n\n"
 WEIGHT_VERSION = "default"
+# What SGLang answers the embedding routes (embeddings, rerank, classify) of a
+# generation model, launched without ``--is-embedding``.
+NOT_EMBEDDING = (
+    "This model does not appear to be an embedding model by default. Please add "
+    "`--is-embedding` when launching the server or try another model."
+)
 
 
 def dumps(obj: object) -> bytes:
@@ -77,6 +83,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
     }
 
 
@@ -101,9 +109,15 @@ def delta_choice(
     finish_reason: str | None = None,
     matched_stop: int | str | None = None,
 ) -> dict[str, Any]:
+    # 0.5.23 leaves unset delta fields out, but for ``reasoning_content`` (measured).
+    delta: dict[str, Any] = {"reasoning_content": None}
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
     return {
         "index": index,
-        "delta": {"role": role, "content": content, "reasoning_content": None, "tool_calls": None},
+        "delta": delta,
         "logprobs": None,
         "finish_reason": finish_reason,
         "matched_stop": matched_stop,
@@ -117,14 +131,16 @@ def chat_chunk(
     choices: list[dict[str, Any]],
     usage_obj: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    chunk: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "choices": choices,
-        "usage": usage_obj,
     }
+    if usage_obj is not None:  # 0.5.23's chunks carry no ``usage`` key until the last
+        chunk["usage"] = usage_obj
+    return chunk
 
 
 def chat_choice(

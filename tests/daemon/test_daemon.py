@@ -236,6 +236,47 @@ def test_garbage_on_control_socket(write_config: ConfigWriter, daemon_factory: A
         assert c.status()[0].state == "stopped"
 
 
+def test_a_huge_model_name_is_bad_request_on_every_op_and_never_echoed(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """A 900 KB alias fits in a frame; every op that names a model refuses it the same way."""
+    import msgspec
+
+    d = daemon_factory(write_config([sim_model("a-kt")]))
+    huge = "x" * 900_000
+    ops: list[dict[str, Any]] = [
+        {"op": "load", "alias": huge},
+        {"op": "load", "alias": huge, "dry_run": True},
+        {"op": "evict", "alias": huge},
+        {"op": "status", "alias": huge},
+        {"op": "logs", "alias": huge},
+        {"op": "acquire", "model": huge, "client": "c"},
+        {"op": "claim", "model": huge, "client": "c"},
+        {"op": "sync", "client": "c", "queued": {huge: 1}},
+        {"op": "sync", "client": "c", "claims": [{"claim": "k", "alias": huge}]},
+    ]
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(f"ipc://{d.socket}")
+    try:
+        for i, op in enumerate(ops, 1):
+            s.send(msgspec.msgpack.encode({**op, "id": i}))
+            assert s.poll(5000), op["op"]
+            raw = s.recv()
+            reply = msgspec.msgpack.decode(raw)
+            assert reply["id"] == i and reply["type"] == "error", reply
+            assert reply["code"] == "bad_request", reply
+            assert "length <= 256" in reply["message"], reply["message"]
+            assert len(raw) < 1000  # the name is not echoed back
+        # 256 characters is still a name: the answer is about the model, not the request.
+        s.send(msgspec.msgpack.encode({"op": "status", "alias": "y" * 256, "id": 99}))
+        assert s.poll(5000)
+        reply = msgspec.msgpack.decode(s.recv())
+        assert reply["code"] == "unknown_model", reply
+    finally:
+        s.close()
+
+
 def test_sigterm_tears_down_every_engine(write_config: ConfigWriter, daemon_factory: Any) -> None:
     cfg = write_config([sim_model("a-kt"), sim_model("b-kt")])
     d = daemon_factory(cfg)

@@ -190,6 +190,8 @@ def test_fitting_load_evicts_and_names_the_victim(
     with d.client() as c, c.subscribe(["engine."]) as sub:
         r = d.ktctl("load", "big-kt")
         assert r.returncode == 0, r.stderr + d.output()
+        # On a pipe (no progress line) the one line printed says whom it stopped.
+        assert r.stdout.strip().endswith("; stopped good-kt to make room"), r.stdout
         seen = []
         while (ev := sub.get(timeout=0.5)) is not None:
             seen.append(ev)
@@ -199,6 +201,12 @@ def test_fitting_load_evicts_and_names_the_victim(
     assert reasons == {"evicted to make room for big-kt"}
     [good] = d.client().status("good-kt")
     assert good.state == "stopped" and good.reason == "evicted to make room for big-kt"
+    # --json: the same as a field; a load that stopped nobody says so with an empty list.
+    again = json.loads(d.ktctl("load", "big-kt", "--json").stdout)["engine"]
+    assert again["made_room"] == ["good-kt"]
+    r = d.ktctl("load", "good-kt", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["engine"]["made_room"] == ["big-kt"]
 
 
 def test_fit_ignore_loads_anyway(

@@ -125,10 +125,13 @@ def wait_http(
             if proc.poll() is not None:
                 raise AssertionError(f"exited {proc.returncode}:\n{output()}")
             try:
-                client.get(url + "/metrics")
-                return
+                # Its own series, not just any answer: free_port() can race another test's
+                # server for the port, and a frontend that could not bind exits 1.
+                if "ktd_frontend_" in client.get(url + "/metrics").text:
+                    return
             except httpx.HTTPError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
     raise AssertionError(f"{url} did not come up:\n{output()}")
 
 

@@ -4,12 +4,16 @@ A real ``ktd frontend`` process (its own RLIMIT_NOFILE and Hypercorn config are
 what is under test). Many connections that never send a byte are opened; a
 request on a fresh connection is still answered, and the silent ones are
 closed by the server once ``frontend.idle_timeout`` passes (waited for, with a
-generous bound, not measured).
+generous bound, not measured). The same holds after an answer the frontend makes
+without an engine (Quart's routes: ``ktd/frontend/afterlife.py`` says why they
+did not close), as do ``Connection: close`` and HTTP/1.0, and idle keep-alive
+connections do not hold a SIGTERM.
 """
 
 from __future__ import annotations
 
 import resource
+import signal
 import socket
 import time
 from pathlib import Path
@@ -76,3 +80,116 @@ def test_frontend_raises_its_soft_descriptor_limit_to_the_hard_one() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     reported, now = json.loads(out.stdout)
     assert reported == now and now[0] == now[1], out.stdout
+
+
+# Answers the frontend makes itself outside the proxy: Quart's routes (health, models,
+# metrics, worker info, its 404/405) and, once there, the Ollama answers of ollama.py.
+SELF_ANSWERED = [
+    ("GET", "/health", 200),
+    ("GET", "/v1/models", 200),
+    ("GET", "/v1/models/m1", 200),
+    ("GET", "/metrics", 200),
+    ("GET", "/server_info", 200),
+    ("GET", "/nope", 404),
+    ("POST", "/health", 405),
+    ("GET", "/api/tags", 200),
+    ("GET", "/api/version", 200),
+    ("GET", "/api/pull", 405),
+]
+
+
+def _request(method: str, path: str, version: str = "1.1", extra: str = "") -> bytes:
+    length = "content-length: 0\r\n" if method == "POST" else ""
+    return f"{method} {path} HTTP/{version}\r\nhost: t\r\n{length}{extra}\r\n".encode()
+
+
+def _read_response(s: socket.socket) -> tuple[int, bytes]:
+    """One response (Content-Length framing); the socket is left right after its body."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        assert chunk, f"closed before a response: {buf!r}"
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(
+        int(v)
+        for k, _, v in (ln.partition(":") for ln in lines[1:])
+        if k.lower() == "content-length"
+    )
+    while len(rest) < length:
+        chunk = s.recv(65536)
+        assert chunk, "closed mid-body"
+        rest += chunk
+    assert len(rest) == length, "bytes after the response"
+    return int(lines[0].split()[1]), head
+
+
+def _closed_by_server(s: socket.socket, within: float) -> bool:
+    s.settimeout(within)
+    try:
+        return s.recv(1) == b""
+    except TimeoutError:
+        return False
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def test_self_answered_routes_honour_close_http10_and_the_idle_timeout(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    """Raw sockets, each case on each route the frontend answers without an engine."""
+    cfg = write_config([sim_model("m1")], frontend={"idle_timeout": 1})
+    daemon_factory(cfg)
+    fe = frontend_factory(cfg)
+    idle: list[tuple[str, socket.socket]] = []
+    try:
+        for method, path, status in SELF_ANSWERED:
+            for version, extra in (("1.1", "connection: close\r\n"), ("1.0", "")):
+                with _connect(fe.url) as s:
+                    s.sendall(_request(method, path, version, extra))
+                    assert _read_response(s)[0] == status, (method, path)
+                    assert _closed_by_server(s, 20), f"{method} {path} HTTP/{version} {extra!r}"
+            s = _connect(fe.url)
+            idle.append((f"{method} {path}", s))
+            for _ in range(2):  # keep-alive works: a second request on the same connection
+                s.sendall(_request(method, path))
+                assert _read_response(s)[0] == status, (method, path)
+        # Silent from now on: each is closed once frontend.idle_timeout (1 s) has passed.
+        for what, s in idle:
+            assert _closed_by_server(s, 30), f"{what}: still open past the idle timeout"
+    finally:
+        for _, s in idle:
+            s.close()
+
+
+def test_sigterm_with_idle_keep_alive_connections_exits_at_once(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    """Idle keep-alive connections (ktd's own health probe leaves one) must not hold a
+    SIGTERM for the graceful timeout (5 s by default): Hypercorn closes idle ones at once."""
+    cfg = write_config([sim_model("m1")])
+    daemon_factory(cfg)
+    fe = frontend_factory(cfg)
+    conns = []
+    try:
+        for method, path, status in SELF_ANSWERED:
+            s = _connect(fe.url)
+            conns.append(s)
+            s.sendall(_request(method, path))
+            assert _read_response(s)[0] == status, (method, path)
+        with httpx.Client(base_url=fe.url, timeout=30) as c:  # a proxied route's too
+            chat = {"model": "m1", "messages": [], "max_tokens": 1}
+            assert c.post("/v1/chat/completions", json=chat).status_code == 200
+            t0 = time.monotonic()
+            fe.proc.send_signal(signal.SIGTERM)
+            assert fe.proc.wait(30) == 0, fe.output()
+            took = time.monotonic() - t0
+    finally:
+        for s in conns:
+            s.close()
+    print(f"\nSIGTERM with {len(conns)} idle keep-alive connections: exit after {took:.3f}s")
+    assert took < 3.0, f"SIGTERM took {took:.2f}s with idle connections (graceful timeout 5 s)"

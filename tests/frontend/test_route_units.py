@@ -1,19 +1,28 @@
-"""Pure parts of the wider proxy: route table, path normalising, multipart, LoRA, metrics merge."""
+"""Pure parts of the wider proxy: route table, path normalising, multipart, LoRA, metrics merge,
+Ollama's names, streams, errors and ``/api/ps`` rows."""
 
 from __future__ import annotations
 
+import json
+
+import msgspec
 import pytest
 
-from ktd import multipart
+from ktd import multipart, ollama_shapes
+from ktd import protocol as p
 from ktd.frontend import errors
-from ktd.frontend.body import parse_head
+from ktd.frontend.body import ollama_stream, parse_head
 from ktd.frontend.errors import ApiError
+from ktd.frontend.flow import ollama_alias
+from ktd.frontend.ollama import ps_entry
 from ktd.frontend.promtext import label_sample, merge
 from ktd.frontend.routes import (
     EXACT,
     allowed_methods,
+    forwarded_query,
     match,
     normalise,
+    ollama_name,
     response_id_in,
     split_lora,
 )
@@ -136,3 +145,60 @@ def test_new_error_shapes() -> None:
     plain = errors.from_control("m", "load_failed", "x", {"reason": "boom"})
     assert "Retry-After" not in plain.headers
     assert errors.no_model_for_route("/generate", ["b", "a"]).status == 400
+
+
+def test_ollama_and_loads_routes() -> None:
+    for path in ("/api/chat", "/api/generate"):
+        found = match("POST", path)
+        assert found is not None and found.route.api == "ollama" and found.route.model == "required"
+    loads = match("GET", "/v1/loads")
+    assert loads is not None and loads.route.body == "none" and loads.route.model == "optional"
+    assert match("POST", "/v1/loads") is None and allowed_methods("/v1/loads") == ["GET"]
+    assert forwarded_query(loads.route, b"include=core&api_key=k&dp_rank=0") == (
+        b"include=core&dp_rank=0"
+    )
+    assert forwarded_query(loads.route, b"api_key=k") == b""
+    assert forwarded_query(EXACT["/v1/chat/completions"], b"include=core") == b""
+    # Ollama's name:tag: :latest is the alias; another tag is kept (and refused by flow.py).
+    assert ollama_name("m1:latest") == ("m1", None)
+    assert ollama_name("m1") == ("m1", None)
+    assert ollama_name("m1:sql") == ("m1", "sql")
+    assert ollama_name(":latest") == (":latest", None)
+    with pytest.raises(ApiError) as err:
+        ollama_alias("m1:sql")
+    assert err.value.status == 404 and "/v1/chat/completions" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "stream"),
+    [
+        (b'{"model": "m"}', True),  # SGLang's pydantic default
+        (b'{"model": "m", "stream": false}', False),
+        (b'{"model": "m", "stream": 0}', False),
+        (b'{"model": "m", "stream": "No"}', False),
+        (b'{"model": "m", "stream": "yes"}', True),
+        (b'{"model": "m", "stream": null}', True),  # SGLang's 400 decides, not ours
+    ],
+)
+def test_ollama_stream_reads_as_pydantic_does(raw: bytes, stream: bool) -> None:
+    assert parse_head(raw, ollama=True).stream is stream
+    assert ollama_stream(msgspec.UNSET) is True
+
+
+def test_ollama_error_shapes_and_ps_rows() -> None:
+    err = errors.queue_full("m1", "1 request(s) already waiting (max_queue 1)")
+    assert json.loads(err.ollama_body()) == {"error": err.message}
+    assert err.ndjson().endswith(b"}\n") and err.ndjson().count(b"\n") == 1
+    est = {"host_bytes": 100, "gpu_bytes": 30, "gpu_weights_bytes": 20, "ctx": 512}
+    now = 1_800_000_000.0
+    ready = p.EngineInfo(alias="m1", state="ready", ttl=0.0)
+    row = ps_entry(ready, "/models/m1", est, now)
+    assert (row["name"], row["size"], row["size_vram"], row["context_length"]) == (
+        "m1:latest", 130, 30, 512,
+    )  # fmt: skip
+    assert row["expires_at"].startswith("2") and int(row["expires_at"][:4]) > 2300  # Forever
+    timed = ps_entry(msgspec.structs.replace(ready, ttl=60.0, expires_at=now + 42), "", est, now)
+    assert timed["expires_at"] == ollama_shapes.timestamp(now + 42)
+    busy = ps_entry(msgspec.structs.replace(ready, ttl=60.0), "", None, now)
+    assert busy["expires_at"] == ollama_shapes.timestamp(now + 60) and busy["size"] == 0
+    assert row["digest"] == ps_entry(ready, "/models/m1", None, now)["digest"] != busy["digest"]

@@ -91,16 +91,13 @@ def test_every_native_route_and_the_model_rule(stack: Any) -> None:
     daemon, fe = stack([sim("m1"), sim("m2")])
     with httpx.Client(base_url=fe.url, timeout=30) as c:
         cases: list[tuple[str, dict[str, Any], Any]] = [
-            ("/v1/rerank", {"model": "m1", "query": "q", "documents": ["a", "b"]}, list),
             (
                 "/v1/score",
                 {"model": "m1", "query": "q", "items": ["a"], "label_token_ids": [1]},
                 "scores",
             ),
-            ("/v1/classify", {"model": "m1", "input": "x"}, "data"),
             ("/v1/tokenize", {"model": "m1", "prompt": "a b c"}, "tokens"),
             ("/v1/detokenize", {"model": "m1", "tokens": [1, 2]}, "text"),
-            ("/v1/embeddings", {"model": "m1", "input": "x"}, "data"),
             ("/v1/completions", {"model": "m1", "prompt": "x", "max_tokens": 2}, "choices"),
         ]
         for path, body, key in cases:
@@ -108,6 +105,15 @@ def test_every_native_route_and_the_model_rule(stack: Any) -> None:
             ROUTE_STATUS[path] = resp.status_code
             assert resp.status_code == 200, (path, resp.text)
             assert isinstance(resp.json(), list) if key is list else key in resp.json()
+        # A generation model has no embedding routes: SGLang's own 400, passed through.
+        for path, body in (
+            ("/v1/rerank", {"model": "m1", "query": "q", "documents": ["a", "b"]}),
+            ("/v1/classify", {"model": "m1", "input": "x"}),
+            ("/v1/embeddings", {"model": "m1", "input": "x"}),
+        ):
+            resp = c.post(path, json=body)
+            assert resp.status_code == 400, (path, resp.text)
+            assert "embedding model" in resp.json()["message"], resp.text
         gen = {"text": "a b", "sampling_params": {"max_new_tokens": 3}}
         # /generate has no model field: only m1 is ready, so m1 answers.
         resp = c.post("/generate", json=gen)
@@ -154,12 +160,32 @@ def test_every_native_route_and_the_model_rule(stack: Any) -> None:
         assert got.status_code == 200 and got.json()["id"] == rid
         cancel = c.post(f"/v1/responses/{rid}/cancel")
         ROUTE_STATUS["POST /v1/responses/{id}/cancel"] = cancel.status_code
-        assert cancel.status_code == 400 and "already completed" in cancel.json()["message"]
+        assert cancel.status_code == 400 and "Cannot cancel" in cancel.json()["message"]
     print("route statuses through the frontend:", json.dumps(ROUTE_STATUS))
 
 
 def status(daemon: Any) -> list[dict[str, Any]]:
     return list(daemon.engines().values())
+
+
+def test_embedding_routes_on_an_embedding_engine(stack: Any) -> None:
+    _daemon, fe = stack([sim("emb", "--is-embedding")])
+    client = openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    try:
+        emb = client.embeddings.create(model="emb", input=["alpha", "beta"])
+        assert len(emb.data) == 2 and len(emb.data[0].embedding) == 64
+    finally:
+        client.close()
+    with httpx.Client(base_url=fe.url, timeout=30) as c:
+        for path, body, key in (
+            ("/v1/rerank", {"model": "emb", "query": "q", "documents": ["a", "b"]}, None),
+            ("/v1/classify", {"model": "emb", "input": "x"}, "data"),
+            ("/v1/score", {"model": "emb", "query": "q", "items": ["a"]}, "scores"),
+        ):
+            resp = c.post(path, json=body)
+            ROUTE_STATUS[path] = resp.status_code
+            assert resp.status_code == 200, (path, resp.text)
+            assert isinstance(resp.json(), list) if key is None else key in resp.json()
 
 
 def test_lora_adapter_routes_to_its_base_and_is_listed(stack: Any) -> None:

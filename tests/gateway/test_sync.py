@@ -19,7 +19,7 @@ from ktd.core import states as S
 from ktd.core.config import FrontendSection, GatewaySection
 from ktd.core.states import Phase
 from ktd.gateway.plan import OWNER_LABEL
-from ktd.gateway.sync import GatewaySync
+from ktd.gateway.sync import IDLE_POLL, GatewaySync
 from ktd.protocol import EngineInfo
 
 ROUTER = "http://router:30000"
@@ -33,8 +33,12 @@ class FakeRouter:
         self.up = True
         self.posts: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
+        self.engine_busy: list[int] = []  # what the engine's /v1/loads says, one per read
+        self.engine_paths: list[str] = []
 
     def handle(self, req: httpx.Request) -> httpx.Response:
+        if req.url.host == "127.0.0.1":  # the engine (FakeEngine.url), not the router
+            return self.engine(req)
         if not self.up:
             raise httpx.ConnectError("connection refused", request=req)
         if req.method == "GET" and req.url.path == "/workers":
@@ -62,6 +66,15 @@ class FakeRouter:
 
     def urls(self) -> list[str]:
         return sorted(w["url"] for w in self.workers.values())
+
+    def engine(self, req: httpx.Request) -> httpx.Response:
+        """SGLang 0.5.23's ``/v1/loads`` (shape from its load_snapshot.py); no ``/get_load``."""
+        self.engine_paths.append(str(req.url.raw_path, "ascii"))
+        if req.url.path != "/v1/loads":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        busy = self.engine_busy.pop(0) if self.engine_busy else 0
+        load = {"dp_rank": 0, "num_running_reqs": busy, "num_waiting_reqs": 1 if busy else 0}
+        return httpx.Response(200, json={"timestamp": "t", "version": "0.5.23", "loads": [load]})
 
 
 @dataclass
@@ -159,7 +172,7 @@ async def test_before_drain_returns_once_the_router_no_longer_lists_it(
     gw, _ = make(fake_router, [e])
     await nursery.start(gw.run)
     await until(lambda: fake_router.urls())
-    e.force = True  # no /get_load wait (the engine is fake)
+    e.force = True  # no /v1/loads wait (test_before_drain_waits_until_... has one)
     await gw.before_drain(e)  # type: ignore[arg-type]
     assert fake_router.urls() == []
     assert gw.routers[ROUTER].removed == 1
@@ -169,6 +182,22 @@ async def test_before_drain_returns_once_the_router_no_longer_lists_it(
     e.state = S.READY
     gw.engine_changed(e)  # type: ignore[arg-type]
     await until(lambda: fake_router.urls() == ["http://127.0.0.1:1"])
+
+
+async def test_before_drain_waits_until_v1_loads_counts_no_request(
+    fake_router: FakeRouter, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """Deregistered first, then the engine's own load route until it is idle."""
+    e = FakeEngine("m", run=FakeRun(1))
+    gw, _ = make(fake_router, [e])
+    await nursery.start(gw.run)
+    await until(lambda: fake_router.urls())
+    fake_router.engine_busy = [3, 2, 1]
+    t0 = trio.current_time()
+    await gw.before_drain(e)  # type: ignore[arg-type]
+    assert fake_router.urls() == [] and fake_router.engine_busy == []
+    assert fake_router.engine_paths == ["/v1/loads?include=core"] * 4
+    assert trio.current_time() - t0 >= 3 * IDLE_POLL  # it waited out the three busy reads
 
 
 async def test_a_router_that_is_down_never_holds_a_drain(

@@ -122,10 +122,13 @@ def test_worker_info_shapes_are_sglangs() -> None:
     assert si["served_model_name"] == "x" and si["model_path"] == "/models/x"
     assert "version" in si and si["internal_states"][0]["status"] == "stopped"
     assert sum_loads([]) == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
-    got = sum_loads(
+    got = sum_loads(  # /v1/loads entries of two engines
         [
-            [{"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 1, "num_tokens": 10}],
-            [{"dp_rank": 0, "num_reqs": 1, "num_tokens": 5}, {"dp_rank": 1, "num_reqs": 4}],
+            [{"dp_rank": 0, "num_running_reqs": 1, "num_waiting_reqs": 1, "num_used_tokens": 10}],
+            [
+                {"dp_rank": 0, "num_running_reqs": 1, "num_used_tokens": 5, "memory": {}},
+                {"dp_rank": 1, "num_running_reqs": 4},
+            ],
         ]
     )
     assert got == [

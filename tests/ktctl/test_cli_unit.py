@@ -679,6 +679,10 @@ def test_engine_line_variants() -> None:
     assert render.engine_line(stopped) == "m stopped: evicted"
     starting = p.EngineInfo(alias="m", state="starting", port=9, phase="loading weights")
     assert render.engine_line(starting) == "m starting (loading weights) on 127.0.0.1:9"
+    swapped = msgspec.structs.replace(READY, made_room=["acc-main", "old"])
+    assert render.engine_line(swapped, 32.1).endswith(
+        "(pid 1234) in 32.1s; stopped acc-main, old to make room"
+    )
 
 
 def test_status_table_empty_and_reason() -> None:

@@ -28,6 +28,7 @@ import pytest
 from ktd.daemon import proctree
 from tests.conftest import DaemonProc, marked_processes, wait_for
 from tests.real import engine_env
+from tests.real import sidebyside as sbs
 
 ALIAS = "tiny"
 CHAT = [{"role": "user", "content": "Say something."}]
@@ -174,38 +175,70 @@ def test_openai_stream_through_the_frontend_with_usage(stack: Stack) -> None:
     assert any(c.choices and c.choices[0].finish_reason for c in chunks)
 
 
-ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
-    ("POST", "/v1/completions", {"model": ALIAS, "prompt": "hi", "max_tokens": 4}),
-    ("POST", "/v1/responses", {"model": ALIAS, "input": "hi", "max_output_tokens": 4}),
-    ("POST", "/v1/messages", {"model": ALIAS, "max_tokens": 4, "messages": CHAT}),
-    ("POST", "/v1/messages/count_tokens", {"model": ALIAS, "messages": CHAT}),
-    ("GET", f"/v1/models/{ALIAS}", None),
-    ("POST", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4}}),
-    ("POST", "/v1/tokenize", {"model": ALIAS, "prompt": "hi"}),
-    ("POST", "/v1/detokenize", {"model": ALIAS, "tokens": [1, 2, 3]}),
-    ("POST", "/v1/embeddings", {"model": ALIAS, "input": "hi"}),
-    ("POST", "/v1/rerank", {"model": ALIAS, "query": "a", "documents": ["b"]}),
-    ("POST", "/v1/score", {"model": ALIAS, "query": "a", "items": ["b"]}),
-    ("POST", "/v1/classify", {"model": ALIAS, "input": "hi"}),
-]
-
-
-def test_every_sglang_route_through_the_frontend_answers_as_the_engine(stack: Stack) -> None:
-    """Each route of SGLang's surface, direct and through the frontend: the same status
-    (and for the generation routes, 200). The statuses are printed for the closing note."""
+def test_real_frontend_and_sim_answer_every_proxied_route_alike(stack: Stack) -> None:
+    """Every route the frontend proxies, sent to the real engine, through the frontend, and
+    to the sim (playing upstream 0.5.23): printed side by side; the frontend answers as the
+    engine does, and the sim as the real server does (status, media type, keys)."""
     engine = stack.status()["url"]
-    rows = []
-    for method, path, body in ROUTES:
-        direct = httpx.request(method, engine + path, json=body, timeout=120)
-        proxied = httpx.request(method, stack.frontend_url + path, json=body, timeout=120)
-        row = f"{method} {path}: engine {direct.status_code}, frontend {proxied.status_code}"
-        rows.append(row if direct.status_code == 200 else f"{row} {direct.text[:160]!r}")
-        assert proxied.status_code == direct.status_code, (path, direct.text, proxied.text)
-    print("\nreal SGLang routes:\n  " + "\n  ".join(rows))
-    ok = {r.split(":")[0] for r in rows if r.split(", ")[-1] == "frontend 200"}
+    rows: list[tuple[str, sbs.Answer, sbs.Answer | None, sbs.Answer]] = []
+    with sbs.sim_like(engine_env.model_dir(), stack.root / "sim.log") as sim:
+        rids: dict[str, str | None] = {}
+        for method, path, body in [*sbs.ROUTES, *sbs.ENGINE_ONLY]:
+            got: dict[str, sbs.Answer | None] = {}
+            for name, base in (("real", engine), ("frontend", stack.frontend_url), ("sim", sim)):
+                if name == "frontend" and (method, path, body) in sbs.ENGINE_ONLY:
+                    got[name] = None
+                    continue
+                got[name], decoded = sbs.answer(base, method, path, body, rids.get(name))
+                if path == "/v1/responses" and isinstance(decoded, dict):
+                    rids[name] = decoded.get("id")
+            real, fe, sim_got = got["real"], got["frontend"], got["sim"]
+            assert real is not None and sim_got is not None
+            rows.append((f"{method} {path}", real, fe, sim_got))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'route'.ljust(width)}  real | frontend | sim"]
+    for route, real, fe, sim_got in rows:
+        lines.append(f"{route.ljust(width)}  {real.cell()}")
+        lines.append(f"{''.ljust(width)}  frontend: {fe.cell() if fe else '(answered by ktd)'}")
+        lines.append(f"{''.ljust(width)}  sim:      {sim_got.cell()}")
+    print("\nreal SGLang 0.5.23 | through ktd's frontend | ktd.sim:\n  " + "\n  ".join(lines))
+    for route, real, fe, sim_got in rows:
+        if fe is not None:
+            assert fe.status == real.status, (route, real, fe)
+        if route.split()[1] not in sbs.MODEL_DEPENDENT:
+            assert (sim_got.status, sim_got.media, sim_got.shape) == (
+                real.status, real.media, real.shape,
+            ), route  # fmt: skip
+    ok = {r[0] for r in rows if r[2] is not None and r[2].status == 200}
     for must in ("POST /v1/responses", "POST /v1/messages", "POST /generate",
-                 f"GET /v1/models/{ALIAS}", "POST /v1/completions"):  # fmt: skip
+                 "POST /api/chat", "POST /api/generate", "GET /v1/loads"):  # fmt: skip
         assert must in ok, rows
+
+
+def test_official_ollama_client_through_the_frontend(stack: Stack) -> None:
+    """The ``ollama`` client on ktd's frontend, the real SGLang behind it."""
+    import ollama
+
+    client = ollama.Client(host=stack.frontend_url, timeout=300)
+    assert [m.model for m in client.list().models] == [f"{ALIAS}:latest"]
+    chat = client.chat(model=f"{ALIAS}:latest", messages=CHAT, options={"num_predict": 4})
+    assert chat.done and chat.eval_count is not None and 1 <= chat.eval_count <= 4
+    parts = list(client.chat(model=ALIAS, messages=CHAT, options={"num_predict": 4}, stream=True))
+    assert parts[-1].done and parts[-1].done_reason == "stop" and 1 <= len(parts) <= 4
+    gen = client.generate(model=ALIAS, prompt="hi", options={"num_predict": 3})
+    assert gen.done and gen.eval_count is not None and gen.eval_count <= 3
+    streamed = list(
+        client.generate(model=ALIAS, prompt="hi", options={"num_predict": 3}, stream=True)
+    )
+    assert streamed[-1].done
+    assert "PARAMETER num_ctx 256" in (client.show(f"{ALIAS}:latest").modelfile or "")
+    (running,) = client.ps().models
+    assert running.model == f"{ALIAS}:latest" and running.context_length == 256
+    assert running.expires_at is not None and running.expires_at.year > 2200  # no TTL: Forever
+    with pytest.raises(ollama.ResponseError) as err:
+        client.pull("llama3")
+    assert err.value.status_code == 501
+    print(f"\nreal SGLang via ollama client: chat {chat.message.content!r}, {len(parts)} parts")
 
 
 def test_sdks_through_the_frontend(stack: Stack) -> None:

@@ -122,6 +122,8 @@ def test_chat_and_completion_shapes(sim: SimProc) -> None:
         "total_tokens": 6,
         "completion_tokens": 4,
         "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
     }
     # No max_tokens: the "model" stops by itself, on EOS.
     natural = httpx.post(sim.url("/v1/chat/completions"), json=chat_body()).json()
@@ -164,10 +166,10 @@ def test_openai_client_streaming_with_usage(sim: SimProc) -> None:
 
     comp = client.completions.create(model=SERVED, prompt="a b", max_tokens=3)
     assert comp.choices[0].text == "tok0 tok1 tok2"
-    emb = client.embeddings.create(model=SERVED, input=["alpha", "beta"])
-    assert len(emb.data) == 2 and len(emb.data[0].embedding) == 64
-    again = client.embeddings.create(model=SERVED, input="alpha")
-    assert again.data[0].embedding == emb.data[0].embedding  # deterministic
+    # A generation model has no embeddings: SGLang's 400 (tests/sim/test_sim_routes.py has
+    # an --is-embedding sim serve them).
+    with pytest.raises(openai.BadRequestError, match="embedding model"):
+        client.embeddings.create(model=SERVED, input=["alpha", "beta"])
 
 
 def test_raw_sse_framing(sim: SimProc) -> None:
@@ -179,15 +181,15 @@ def test_raw_sse_framing(sim: SimProc) -> None:
         events = sse_events(r.read().decode())
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    assert chunks[0]["choices"][0]["delta"] == {
+    assert chunks[0]["choices"][0]["delta"] == {  # as SGLang 0.5.23 sends it
+        "reasoning_content": None,
         "role": "assistant",
         "content": "",
-        "reasoning_content": None,
-        "tool_calls": None,
     }
+    assert "usage" not in chunks[0]
     assert [c["choices"][0]["delta"]["content"] for c in chunks[1:3]] == ["tok0", " tok1"]
     finish = chunks[3]["choices"][0]
-    assert finish["delta"]["content"] is None and finish["finish_reason"] == "length"
+    assert finish["delta"] == {"reasoning_content": None} and finish["finish_reason"] == "length"
     assert "matched_stop" in finish
     assert chunks[4]["choices"] == [] and chunks[4]["usage"]["total_tokens"] == 4
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)

@@ -93,3 +93,81 @@ def test_metrics_need_enable_metrics(sim_factory: Callable[..., SimProc]) -> Non
     proc = sim_factory(env={"KTD_SIM_LOAD_TIME": "0.05"}, served=SERVED)
     proc.wait_ready()
     assert httpx.get(proc.base + "/metrics", timeout=10).status_code == 404
+
+
+def test_v1_loads_as_sglang_0_5_23_and_no_get_load(sim_factory: Callable[..., SimProc]) -> None:
+    """The load route SGLang really has (ktd's gateway and frontend read it); no /get_load."""
+    proc = sim_factory(env={"KTD_SIM_LOAD_TIME": "0.05", "KTD_SIM_TOKEN_RATE": "20"})
+    proc.wait_ready()
+    with httpx.Client(base_url=proc.base, timeout=10) as c:
+        assert c.get("/get_load").status_code == 404
+        doc = c.get("/v1/loads").json()
+        assert set(doc) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+        (load,) = doc["loads"]
+        assert load["dp_rank"] == 0 and load["num_running_reqs"] == 0
+        assert {"memory", "disaggregation", "queues", "num_waiting_reqs"} <= set(load)
+        core = c.get("/v1/loads?include=core").json()["loads"][0]
+        assert "memory" not in core and "queues" not in core and "num_used_tokens" in core
+        some = c.get("/v1/loads", params={"include": "memory,queues"}).json()["loads"][0]
+        assert "memory" in some and "queues" in some and "disaggregation" not in some
+        assert c.get("/v1/loads?dp_rank=3").json()["loads"] == []
+        bad = c.get("/v1/loads?dp_rank=x")
+        assert bad.status_code == 400 and "int_parsing" in bad.json()["message"]
+        assert c.get("/v1/loads?include=bogus").status_code == 500  # as the real route
+        prom = c.get("/v1/loads?format=prometheus")
+        assert prom.headers["content-type"].startswith("text/plain")
+        assert 'sglang_num_running_reqs{dp_rank="0"} 0' in prom.text
+        # A request under way is counted while it runs.
+        body = {"model": SERVED, "messages": [], "max_tokens": 40, "stream": True}
+        with c.stream("POST", "/v1/chat/completions", json=body) as s:
+            chunks = s.iter_raw()  # kept: a dropped iterator closes the stream
+            next(chunks)
+            running = c.get("/v1/loads?include=core").json()["loads"][0]["num_running_reqs"]
+        assert running == 1
+
+
+def test_embedding_routes_need_an_embedding_model(sim_factory: Callable[..., SimProc]) -> None:
+    """Measured on SGLang 0.5.23: a generation model answers these with a 400."""
+    gen_model = sim_factory(env={"KTD_SIM_LOAD_TIME": "0.05"})
+    emb_model = sim_factory(env={"KTD_SIM_LOAD_TIME": "0.05"}, args=["--is-embedding"])
+    calls = [
+        ("/v1/embeddings", {"model": SERVED, "input": "x"}),
+        ("/v1/rerank", {"model": SERVED, "query": "q", "documents": ["a"]}),
+        ("/v1/classify", {"model": SERVED, "input": "x"}),
+    ]
+    gen_model.wait_ready()
+    emb_model.wait_ready()
+    for path, body in calls:
+        no = httpx.post(gen_model.base + path, json=body, timeout=10)
+        assert no.status_code == 400, (path, no.text)
+        assert "does not appear to be an embedding model" in no.json()["message"]
+        assert httpx.post(emb_model.base + path, json=body, timeout=10).status_code == 200
+    score = {"model": SERVED, "query": "q", "items": ["a"]}
+    no = httpx.post(gen_model.base + "/v1/score", json=score, timeout=10)
+    assert no.status_code == 400 and "label_token_ids is required" in no.json()["message"]
+    ok = httpx.post(gen_model.base + "/v1/score", json={**score, "label_token_ids": [1, 2]})
+    assert ok.status_code == 200
+    assert set(ok.json()) == {
+        "scores", "pooled_hidden_states", "token_logprobs", "model", "usage", "object",
+    }  # fmt: skip
+
+
+def test_upstream_stores_responses_only_with_the_flag(sim_factory: Callable[..., SimProc]) -> None:
+    """Measured on upstream 0.5.23: no store by default; with one, cancel answers the
+    finished response (the fork, the sim's default, stores always and refuses with a 400)."""
+    env = {"KTD_SIM_LOAD_TIME": "0.05", "KTD_SIM_SGLANG": "upstream"}
+    plain = sim_factory(env=env)
+    stored = sim_factory(env=env, args=["--enable-response-store"])
+    body = {"model": SERVED, "input": "a", "max_output_tokens": 1}
+    plain.wait_ready()
+    stored.wait_ready()
+    rid = httpx.post(plain.base + "/v1/responses", json=body, timeout=10).json()["id"]
+    for how in (httpx.get, httpx.post):
+        path = f"/v1/responses/{rid}" + ("/cancel" if how is httpx.post else "")
+        no = how(plain.base + path, timeout=10)
+        assert (
+            no.status_code == 400 and "Response store is disabled" in no.json()["error"]["message"]
+        )
+    obj = httpx.post(stored.base + "/v1/responses", json=body, timeout=10).json()
+    assert httpx.get(f"{stored.base}/v1/responses/{obj['id']}", timeout=10).json() == obj
+    assert httpx.post(f"{stored.base}/v1/responses/{obj['id']}/cancel", timeout=10).json() == obj

@@ -1,0 +1,314 @@
+"""Ollama's API: the answers the frontend makes itself, over every configured model.
+
+``/api/chat`` and ``/api/generate`` are proxied to the engine like the OpenAI
+routes (routes.py, flow.py: routing, on-demand load, queue, claims, admission;
+SGLang serves Ollama's API itself). What an engine cannot answer for ktd, this
+module does, on raw ASGI ahead of Quart:
+
+* ``GET /api/tags``: every served model, as Ollama lists installed ones
+  (``alias:latest``; ``size`` = the weights from the memory estimate, the one
+  ``ktctl load --estimate`` prints; ``modified_at`` = the model directory's mtime).
+* ``GET /api/ps``: the ready engines, in Ollama's shape; ``expires_at`` from the
+  idle TTL (a busy engine's counts from now; no TTL reads as Ollama's "Forever"),
+  ``size``/``size_vram`` = host RAM + GPU and GPU alone, from the estimate.
+* ``POST /api/show``: the ready engine's own answer; a model that is not loaded is
+  described in SGLang's words from the config (``num_ctx`` from the estimate)
+  *without loading it*: clients such as Open WebUI and Continue call it for every
+  listed model, and a load here is minutes and hundreds of GB (and may evict).
+* ``GET /api/version`` (ktd's version), ``GET``/``HEAD /`` (``Ollama is running``,
+  what Ollama tools probe for).
+* what Ollama has and ktd cannot honour (pull, push, create, copy, delete, blobs;
+  embed and embeddings, which SGLang's Ollama API lacks): a 501 saying so.
+
+Errors are Ollama's ``{"error": "..."}``; API keys apply as on the OpenAI routes
+(not to ``/`` and ``/api/version``, which say nothing about the models).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from ktd import __version__, ollama_shapes
+from ktd import protocol as p
+from ktd.control.aclient import Unreachable
+from ktd.control.errors import ControlError
+from ktd.frontend import catalog, errors
+from ktd.frontend.body import parse_head
+from ktd.frontend.errors import ApiError
+from ktd.frontend.flow import (
+    DRAIN_BYTES,
+    DRAIN_SECONDS,
+    Receive,
+    Scope,
+    Send,
+    drain,
+    may_have_body,
+    ollama_alias,
+    read_body_in_time,
+    send_error,
+)
+from ktd.frontend.proxy import control_error
+from ktd.frontend.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from ktd.frontend.state import State
+
+_encode = msgspec.json.Encoder().encode
+_JSON = b"application/json; charset=utf-8"
+ESTIMATE_TTL = 60.0  # seconds an engine's memory estimate is reused
+FOREVER = (2**63 - 1) / 1e9  # Go's longest Duration: Ollama's keep_alive -1
+
+_PULL = (
+    "ktd serves the models configured in models.json; it does not {} models "
+    "(edit models.json, then run `ktctl reload`)"
+)
+NOT_SERVED: dict[str, tuple[str, str]] = {
+    "/api/pull": ("POST", _PULL.format("pull")),
+    "/api/push": ("POST", _PULL.format("push")),
+    "/api/create": ("POST", _PULL.format("create")),
+    "/api/copy": ("POST", _PULL.format("copy")),
+    "/api/delete": ("DELETE", _PULL.format("delete")),
+    "/api/embed": (
+        "POST",
+        "SGLang's Ollama API has no embeddings: use POST /v1/embeddings (OpenAI's shape) "
+        "on an engine launched with --is-embedding",
+    ),
+}
+NOT_SERVED["/api/embeddings"] = NOT_SERVED["/api/embed"]
+ANSWERED: dict[str, tuple[str, ...]] = {
+    "/": ("GET", "HEAD"),
+    "/api/version": ("GET", "HEAD"),
+    "/api/tags": ("GET", "HEAD"),
+    "/api/ps": ("GET",),
+    "/api/show": ("POST",),
+    "/api/chat": ("POST",),  # proxied (flow.py); other methods end here
+    "/api/generate": ("POST",),
+}
+_OPEN = frozenset({"/", "/api/version"})  # no API key needed
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    return next((bytes(v) for k, v in scope["headers"] if k.lower() == name), None)
+
+
+def digest(alias: str, path: str) -> str:
+    """A stable ``sha256:...`` per model (Ollama's is its manifest's; ktd has none)."""
+    return "sha256:" + hashlib.sha256(f"{alias}\0{path}".encode()).hexdigest()
+
+
+def details(alias: str) -> dict[str, Any]:
+    return {
+        "parent_model": "",
+        "format": "sglang",
+        "family": alias,
+        "families": [alias],
+        "parameter_size": "",
+        "quantization_level": "",
+    }
+
+
+def tag_entry(model: p.ModelInfo, estimate: dict[str, Any] | None) -> dict[str, Any]:
+    """One ``/api/tags`` model (pure but for the directory's mtime)."""
+    est = estimate or {}
+    try:
+        mtime: float | None = os.stat(model.path).st_mtime
+    except OSError:
+        mtime = None
+    name = f"{model.alias}:latest"
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": ollama_shapes.timestamp(mtime),
+        "size": (est.get("host_bytes") or 0) + (est.get("gpu_weights_bytes") or 0),
+        "digest": digest(model.alias, model.path),
+        "details": details(model.alias),
+    }
+
+
+def ps_entry(
+    engine: p.EngineInfo, path: str, estimate: dict[str, Any] | None, now: float
+) -> dict[str, Any]:
+    """One ``/api/ps`` model (pure)."""
+    est = estimate or {}
+    if engine.expires_at is not None:
+        until = engine.expires_at
+    elif engine.ttl > 0:  # busy: the TTL counts from the end of its last request
+        until = now + engine.ttl
+    else:
+        until = now + FOREVER
+    gpu = est.get("gpu_bytes") or 0
+    name = f"{engine.alias}:latest"
+    return {
+        "name": name,
+        "model": name,
+        "size": (est.get("host_bytes") or 0) + gpu,
+        "digest": digest(engine.alias, path),
+        "details": details(engine.alias),
+        "expires_at": ollama_shapes.timestamp(until),
+        "size_vram": gpu,
+        "context_length": est.get("ctx") or None,
+    }
+
+
+class OllamaRoutes:
+    """``/`` and ``/api/...`` that are not proxied (flow.py's ``LocalRoutes``)."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self._estimates: dict[str, tuple[float, dict[str, Any] | None]] = {}
+
+    def owns(self, path: str) -> bool:
+        return path == "/" or path.startswith("/api/")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
+        body = b""
+        try:
+            if path == "/api/show" and method == "POST":
+                body = await read_body_in_time(receive, self.state.options)
+            elif may_have_body(scope) and not await drain(receive, DRAIN_BYTES, DRAIN_SECONDS):
+                raise _Unread
+            if path not in _OPEN:
+                self.state.keys.check(_header(scope, b"authorization"))
+            await self._answer(method, path, body, send)
+        except _Unread:
+            err = errors.bad_request("The request body could not be read.", code="invalid_body")
+            await send_error(send, err, close=True, ollama=True)
+        except ApiError as err:
+            await send_error(send, err, close=err.status in (408, 413), ollama=True)
+
+    async def _answer(self, method: str, path: str, body: bytes, send: Send) -> None:
+        allowed = ANSWERED.get(path)
+        if allowed is None and path in NOT_SERVED:
+            allowed = (NOT_SERVED[path][0],)
+        if allowed is None and path.startswith("/api/blobs/"):
+            allowed = ("POST", "HEAD")
+        if allowed is None:
+            raise ApiError(404, f"Unknown Ollama route: {method} {path}", code="not_found")
+        if method not in allowed:
+            raise ApiError(
+                405,
+                f"Method {method} is not allowed on {path}",
+                code="method_not_allowed",
+                headers={"Allow": ", ".join(allowed)},
+            )
+        if path in NOT_SERVED or path.startswith("/api/blobs/"):
+            why = NOT_SERVED.get(path, NOT_SERVED["/api/create"])[1]
+            raise ApiError(501, f"{method} {path}: {why}", code="not_supported")
+        if path == "/":
+            await _reply(send, 200, b"Ollama is running", b"text/plain; charset=utf-8")
+        elif path == "/api/version":
+            await _reply(send, 200, _encode({"version": __version__}))
+        elif path == "/api/tags":
+            await _reply(send, 200, _encode({"models": await self.tags()}))
+        elif path == "/api/ps":
+            await _reply(send, 200, _encode({"models": await self.ps()}))
+        else:
+            await self.show(body, send)
+
+    # ------------------------------------------------------------ answers
+
+    async def tags(self) -> list[dict[str, Any]]:
+        models = await self._models()
+        ests = await self._estimates_for([m.alias for m in models])
+        return [tag_entry(m, ests.get(m.alias)) for m in models]
+
+    async def ps(self) -> list[dict[str, Any]]:
+        reply = await self._ask(p.Status())
+        assert isinstance(reply, p.StatusReply)
+        ready = [e for e in reply.engines if e.state == "ready"]
+        paths = {m.alias: m.path for m in await self._models()}
+        ests = await self._estimates_for([e.alias for e in ready])
+        now = time.time()
+        rows = [ps_entry(e, paths.get(e.alias, ""), ests.get(e.alias), now) for e in ready]
+        rows.sort(key=lambda r: r["expires_at"], reverse=True)  # Ollama: longest left first
+        return rows
+
+    async def show(self, body: bytes, send: Send) -> None:
+        head = parse_head(body, require_model=True, ollama=True)
+        assert head.model is not None
+        alias = ollama_alias(head.model)
+        served = {m.alias for m in await self._models()}
+        if alias not in served:
+            raise ApiError(404, f"model '{head.model}' not found", code="model_not_found")
+        ready = {e.alias: e for e in await catalog.ready_engines(self.state.broker)}
+        engine = ready.get(alias)
+        if engine is not None and engine.url:
+            answered = await self._engine_show(engine.url, body)
+            if answered is not None:
+                status, ctype, data = answered
+                await _reply(send, status, data, ctype)
+                return
+        est = (await self._estimates_for([alias])).get(alias) or {}
+        await _reply(send, 200, _encode(ollama_shapes.show(head.model, est.get("ctx") or 0)))
+
+    async def _engine_show(self, url: str, body: bytes) -> tuple[int, bytes, bytes] | None:
+        headers = [(b"content-type", b"application/json")]
+        try:
+            with trio.fail_after(10):
+                resp = await self.state.upstream.request(
+                    url, b"/api/show", headers, body, method=b"POST"
+                )
+                try:
+                    data = await resp.read()
+                finally:
+                    resp.close()
+        except (UpstreamError, trio.TooSlowError):
+            return None  # going away as we asked: described from the config instead
+        ctype = next((v for k, v in resp.headers if k == b"content-type"), _JSON)
+        return resp.status, ctype, data
+
+    # ------------------------------------------------------------ the daemon
+
+    async def _ask(self, msg: p.Request) -> p.Reply:
+        try:
+            return await self.state.broker.request(msg, timeout=10.0)
+        except (Unreachable, ControlError) as exc:
+            raise control_error("", exc) from None
+
+    async def _models(self) -> list[p.ModelInfo]:
+        reply = await self._ask(p.Models())
+        assert isinstance(reply, p.ModelsReply)
+        return [m for m in reply.models if m.served]
+
+    async def _estimates_for(self, aliases: list[str]) -> dict[str, dict[str, Any] | None]:
+        """The memory estimates (``ktctl load --estimate``'s), asked concurrently, cached."""
+        now = time.monotonic()
+        out: dict[str, dict[str, Any] | None] = {}
+
+        async def one(alias: str) -> None:
+            try:
+                reply = await self.state.broker.request(
+                    p.Load(alias=alias, dry_run=True), timeout=10.0
+                )
+            except (Unreachable, ControlError):
+                reply = None
+            plan = reply.plan if isinstance(reply, p.PlanReply) else {}
+            est = plan.get("estimate")
+            out[alias] = est if isinstance(est, dict) else None
+            self._estimates[alias] = (now, out[alias])
+
+        async with trio.open_nursery() as nursery:
+            for alias in aliases:
+                hit = self._estimates.get(alias)
+                if hit is not None and now - hit[0] < ESTIMATE_TTL:
+                    out[alias] = hit[1]
+                else:
+                    nursery.start_soon(one, alias)
+        return out
+
+
+class _Unread(Exception):
+    """The request body could not be read to its end."""
+
+
+async def _reply(send: Send, status: int, body: bytes, ctype: bytes = _JSON) -> None:
+    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
