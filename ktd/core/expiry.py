@@ -10,13 +10,13 @@ Two clocks run out here, both on the daemon's monotonic clock:
   gives it back only if it really had none for that long. Only an engine nobody
   holds (no claim, no lease, nobody waiting) is evicted.
 
-Both are judged only when the daemon itself kept running. The sweep is scheduled
-every ``lease_ttl / 3``; one that wakes more than ``lease_ttl / 2`` late means the
-daemon was stopped (SIGSTOP) or starved, and what it would measure is its own
-silence, not the clients': their heartbeats and reports sit unread in the socket.
-Such a sweep expires nobody and every client gets a fresh ``lease_ttl``; TTL
-decisions wait one more interval (*settling*), so the reports that queued up
-during the pause are read before anything is judged idle. A restarted daemon
+Both are judged on the daemon's running time only. The sweep is scheduled every
+``lease_ttl / 3``; one that wakes late was held up (SIGSTOP, starvation), and what
+it would measure over that time is its own silence, not the clients': their
+heartbeats and reports sit unread in the socket. So every client is credited with
+the time the sweep lost; late by more than ``lease_ttl / 2`` counts as a pause, and
+TTL decisions then wait one more interval (*settling*), so the reports that queued
+up during the pause are read before anything is judged idle. A restarted daemon
 starts settled on nothing: restored claims count as busy until their holder
 reports (``ktd.core.claimsync``), and its clients' clocks start when it starts.
 """
@@ -96,15 +96,22 @@ class Expiry:
         self.seen.pop(client, None)
 
     def sweep(self, now: float) -> Expire | None:
-        """The client sweep, every ``interval``. None: nobody expires (a pause is forgiven)."""
-        late = now - self.last_sweep > self.interval + self.lease_ttl / 2
+        """The client sweep, every ``interval``. None: nobody expires.
+
+        A sweep that runs late was held up (the daemon stopped or starved), and the
+        time it lost is nobody's silence: every client is credited with it, so a client
+        is expired only after ``lease_ttl`` of the daemon's *running* time without a
+        word. Late by more than ``lease_ttl / 2`` counts as a pause: TTL decisions then
+        settle for one interval, so the reports queued meanwhile are read first.
+        """
+        late = max(0.0, now - (self.last_sweep + self.interval))
         self.last_sweep = now
-        if late:
+        if late > 0:
+            for client, heard in self.seen.items():
+                self.seen[client] = min(now, heard + late)
+        if late > self.lease_ttl / 2:
             self.paused += 1
-            for client in self.seen:
-                self.seen[client] = now
             self.settled_at = now + self.interval
-            return None
         dead = frozenset(c for c, t in self.seen.items() if now - t > self.lease_ttl)
         for client in dead:
             del self.seen[client]

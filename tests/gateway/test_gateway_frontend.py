@@ -53,10 +53,15 @@ def test_frontend_mode_routes_and_loads_on_demand(
     st = a.status()["gateway"]
     assert st["mode"] == "frontend" and st["frontend_url"] == a.frontend.url
     assert st["routers"][0]["ours"] == 1
-    series = f'ktd_gateway_router_up{{router="{router.url}"}} 1.0'
-    wait_for(lambda: series in httpx.get(a.frontend.url + "/metrics").text, 30, "gateway metrics")
-    text = httpx.get(a.frontend.url + "/metrics").text
-    assert f'ktd_gateway_registrations_total{{router="{router.url}"}} 1.0' in text
+    # The frontend's gauges are a periodic copy of the daemon's status: wait for the copy
+    # that has the registration (one taken before it says router up and 0 sent).
+    up = f'ktd_gateway_router_up{{router="{router.url}"}} 1.0'
+    sent = f'ktd_gateway_registrations_total{{router="{router.url}"}} 1.0'
+    wait_for(
+        lambda: {up, sent} <= set(httpx.get(a.frontend.url + "/metrics").text.splitlines()),
+        30,
+        "gateway metrics",
+    )
 
 
 def test_frontend_deregistered_when_ktd_stops(
