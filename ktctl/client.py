@@ -22,17 +22,18 @@ import stat
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 import zmq
 
+from ktctl.events import Closing, Subscription, slice_ms
 from ktd import paths
 from ktd import protocol as p
 from ktd.control.endpoint import check_reply, control_path, dealer
 from ktd.control.errors import ControlError
 from ktd.core.loglines import overlap
+from ktd.frameid import peek_id
 
 __all__ = [
     "Client",
@@ -44,19 +45,11 @@ __all__ = [
     "Subscription",
 ]
 
-#: Longest single blocking wait on a socket. Short so that Ctrl-C is honoured
-#: promptly even while a multi-minute load is in progress.
-POLL_SLICE = 0.2
-
 #: Extra time granted on top of a timeout the *daemon* enforces (load, evict,
 #: acquire): at its deadline the daemon may still tear an engine down (SIGTERM,
 #: grace period, SIGKILL) before it answers, and that answer is worth waiting for.
 DAEMON_GRACE = 30.0
 
-#: How long ``subscribe`` waits for the SUB connection's handshake. PUB/SUB drops
-#: whatever is published before the subscription reaches the publisher ("slow
-#: joiner"), so the subscription is made to land before the request is sent.
-SUBSCRIBE_SETTLE = 1.0
 
 START_HINT = "start it with `ktd serve` or `systemctl start ktd`"
 DRY_RUN_BUDGET = 130.0  # seconds: the daemon's engine probe is bounded at 120 s
@@ -150,119 +143,10 @@ def _denied(path: Path) -> DaemonUnreachable:
     )
 
 
-def _ms(seconds: float) -> int:
-    """One poll slice in zmq's milliseconds: never longer than POLL_SLICE."""
-    return max(0, int(min(seconds, POLL_SLICE) * 1000))
-
-
-def _decode_event(frames: list[bytes]) -> p.Event | None:
-    try:
-        return p.decode_event(frames[-1])
-    except (msgspec.DecodeError, msgspec.ValidationError, IndexError):
-        return None  # a newer daemon's event shape, or garbage: never fatal for a viewer
-
-
-class _Closing:
-    """``with`` closes it: subscriptions and clients hold zmq sockets (LINGER 0)."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-# ---------------------------------------------------------------- events
-
-
-class Subscription(_Closing):
-    """A SUB socket on ktd's events socket. Iterate it, or ``get(timeout)``.
-
-    With ``exact=True`` only events whose topic is exactly one of ``topics`` are
-    delivered: zmq subscriptions are prefixes, and ``log.deepseek`` must not see
-    ``log.deepseek-v4-kt``'s lines.
-    """
-
-    def __init__(
-        self, ctx: zmq.Context[Any], path: Path, topics: Iterable[str], *, exact: bool = False
-    ) -> None:
-        self.path = path
-        self.topics = tuple(topics)
-        self._exact = frozenset(t.encode() for t in self.topics) if exact else None
-        self.socket: zmq.Socket[bytes] = ctx.socket(zmq.SUB)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        for topic in self.topics:
-            self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        # ktd greets each subscription (p.WELCOME): once that is in, so is the
-        # subscription, and every event published from now on reaches us.
-        self.socket.setsockopt(zmq.SUBSCRIBE, p.WELCOME)
-        self.socket.connect(paths.endpoint(path))
-        deadline = time.monotonic() + SUBSCRIBE_SETTLE
-        self._early: list[list[bytes]] = []
-        while (left := deadline - time.monotonic()) > 0 and self.socket.poll(_ms(left)):
-            frames = self.socket.recv_multipart()
-            if frames[0] == p.WELCOME:
-                break
-            self._early.append(frames)  # an event that overtook the greeting
-
-    def get(self, timeout: float | None = None) -> p.Event | None:
-        """The next event, or None after ``timeout`` seconds (None: wait forever)."""
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        while True:
-            ev = self._recv_nowait()
-            if ev is not None:
-                return ev
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self.socket.poll(_ms(remaining))
-
-    def drain(self) -> list[p.Event]:
-        """Every event already queued, without waiting."""
-        out: list[p.Event] = []
-        while (ev := self._recv_nowait()) is not None:
-            out.append(ev)
-        return out
-
-    def _recv_nowait(self) -> p.Event | None:
-        while True:
-            if self._early:
-                frames = self._early.pop(0)
-            else:
-                try:
-                    frames = self.socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    return None
-            if frames[0] == p.WELCOME:
-                continue
-            if self._exact is not None and frames[0] not in self._exact:
-                continue
-            ev = _decode_event(frames)
-            if ev is not None:
-                return ev
-
-    def __iter__(self) -> Iterator[p.Event]:
-        while True:
-            ev = self.get(POLL_SLICE)
-            if ev is not None:
-                yield ev
-
-    def close(self) -> None:
-        self.socket.close(linger=0)
-
-
 # ---------------------------------------------------------------- client
 
 
-class Client(_Closing):
+class Client(Closing):
     """The Python API of ktd for local tools: one synchronous connection to the daemon.
 
     Every method sends one request and waits for its reply. Error replies raise
@@ -361,7 +245,7 @@ class Client(_Closing):
         # there, so this phase is bounded by the plain timeout even when the
         # reply wait is not.
         connect_by = min(deadline, started + self.timeout)
-        while not sock.poll(_ms(connect_by - time.monotonic()), zmq.POLLOUT):
+        while not sock.poll(slice_ms(connect_by - time.monotonic()), zmq.POLLOUT):
             if time.monotonic() >= connect_by:
                 probe(self.socket_path)  # gone since the last request? say so precisely
                 raise DaemonUnreachable(
@@ -383,7 +267,7 @@ class Client(_Closing):
                     f"no reply from ktd at {self.socket_path} within {budget:g}s "
                     "(is it hung? check `systemctl status ktd`)"
                 )
-            ready = dict(poller.poll(_ms(remaining)))
+            ready = dict(poller.poll(slice_ms(remaining)))
             if sub is not None and sub.socket in ready:
                 for ev in sub.drain():
                     if on_event is not None:
@@ -419,7 +303,7 @@ class Client(_Closing):
             try:
                 reply = p.decode_reply(data)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                if p.peek_id(data) == rid:
+                if peek_id(data) == rid:
                     raise ProtocolError(
                         f"ktd sent a reply this ktctl does not understand ({exc}); "
                         "are ktd and ktctl the same version?"

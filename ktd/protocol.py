@@ -16,6 +16,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+# Part of this module's names for clients (tests/test_exports.py): the ids of frames the
+# daemon will not decode, read in ktd.frameid.
+from ktd.frameid import peek_id as peek_id
+from ktd.frameid import skim_id as skim_id
+
 # Wire limits. MAX_FRAME is what the daemon decodes; bigger frames get a
 # bad_request without being parsed. zmq's MAXMSGSIZE (HARD_MAX_FRAME) drops
 # the peer's connection before the bytes reach Python at all.
@@ -501,140 +506,3 @@ def decode_reply(data: bytes) -> Reply:
 
 def decode_event(data: bytes) -> Event:
     return _event_decoder.decode(data)
-
-
-def _valid_id(rid: object) -> int | None:
-    if isinstance(rid, int) and not isinstance(rid, bool) and -(2**63) <= rid < 2**64:
-        return rid
-    return None
-
-
-def skim_id(data: bytes, *, max_keys: int = 64) -> int:
-    """The request id of a frame too big to decode, read without decoding it.
-
-    Walks only the top-level msgpack map: each key is read, each value is skipped by
-    the length in its header (so a 1 MiB string costs nothing), nested containers are
-    not entered unless they come before ``id`` (then up to ``max_keys`` items in all).
-    ktctl and the frontend encode ``op`` then ``id`` first, so the id is found in a few
-    bytes. 0 when it cannot be found cheaply; the reply then carries id 0.
-    """
-    try:
-        return _Skimmer(data, max_keys).find_id()
-    except (IndexError, ValueError):
-        return 0
-
-
-class _Skimmer:
-    def __init__(self, data: bytes, budget: int) -> None:
-        self.data = data
-        self.pos = 0
-        self.budget = budget
-
-    def _take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise IndexError("short")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def _uint(self, n: int) -> int:
-        return int.from_bytes(self._take(n), "big")
-
-    def _header(self) -> tuple[str, int]:
-        """(kind, n): kind is 'map'/'array' (n items), 'skip' (n bytes), or 'str'."""
-        b = self._take(1)[0]
-        if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
-            return "skip", 0
-        if 0x80 <= b <= 0x8F:
-            return "map", b & 0x0F
-        if 0x90 <= b <= 0x9F:
-            return "array", b & 0x0F
-        if 0xA0 <= b <= 0xBF:
-            return "str", b & 0x1F
-        fixed = {
-            0xCC: 1,
-            0xCD: 2,
-            0xCE: 4,
-            0xCF: 8,
-            0xD0: 1,
-            0xD1: 2,
-            0xD2: 4,
-            0xD3: 8,
-            0xCA: 4,
-            0xCB: 8,
-            0xD4: 2,
-            0xD5: 3,
-            0xD6: 5,
-            0xD7: 9,
-            0xD8: 17,
-        }
-        if b in fixed:
-            return "skip", fixed[b]
-        sized = {
-            0xD9: ("str", 1),
-            0xDA: ("str", 2),
-            0xDB: ("str", 4),
-            0xC4: ("skip", 1),
-            0xC5: ("skip", 2),
-            0xC6: ("skip", 4),
-            0xC7: ("ext", 1),
-            0xC8: ("ext", 2),
-            0xC9: ("ext", 4),
-            0xDC: ("array", 2),
-            0xDD: ("array", 4),
-            0xDE: ("map", 2),
-            0xDF: ("map", 4),
-        }
-        if b in sized:
-            kind, width = sized[b]
-            n = self._uint(width)
-            if kind == "ext":
-                return "skip", n + 1
-            return kind, n
-        raise ValueError(f"bad msgpack byte {b:#x}")
-
-    def _skip(self) -> None:
-        self.budget -= 1
-        if self.budget < 0:
-            raise ValueError("too many items")
-        kind, n = self._header()
-        if kind in ("skip", "str"):
-            self._take(n)
-        elif kind == "array":
-            for _ in range(n):
-                self._skip()
-        elif kind == "map":
-            for _ in range(2 * n):
-                self._skip()
-
-    def find_id(self) -> int:
-        kind, n = self._header()
-        if kind != "map":
-            return 0
-        for _ in range(min(n, self.budget)):
-            key_at = self.pos
-            kkind, klen = self._header()
-            key = None
-            if kkind == "str":
-                key = self._take(klen)
-            else:  # not a string key: rewind and skip it whole
-                self.pos = key_at
-                self._skip()
-            if key == b"id":
-                start = self.pos
-                self._skip()
-                value = msgspec.msgpack.decode(self.data[start : self.pos])
-                return _valid_id(value) or 0
-            self._skip()
-        return 0
-
-
-def peek_id(data: bytes) -> int:
-    """Best-effort request id of a frame that failed to decode, so the error reply matches."""
-    try:
-        obj = msgspec.msgpack.decode(data)
-    except Exception:
-        return 0
-    if isinstance(obj, dict):
-        return _valid_id(obj.get("id")) or 0
-    return 0

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from ktd import protocol as p
+from ktd.frameid import peek_id, skim_id
 
 
 @pytest.mark.parametrize("op", ["load", "evict", "acquire"])
@@ -21,7 +22,7 @@ def test_bad_timeouts_do_not_decode(op: str, bad: float) -> None:
     data = msgspec.msgpack.encode({"op": op, "id": 3, "timeout": bad, **fields})
     with pytest.raises(msgspec.ValidationError, match=r"\$\.timeout"):
         p.decode_request(data)
-    assert p.peek_id(data) == 3
+    assert peek_id(data) == 3
 
 
 def test_good_timeouts_and_line_counts() -> None:
@@ -34,13 +35,13 @@ def test_good_timeouts_and_line_counts() -> None:
 
 def test_skim_id_of_an_oversized_frame() -> None:
     big = p.encode(p.Load(id=1234567, alias="x" * (p.MAX_FRAME + 10)))
-    assert len(big) > p.MAX_FRAME and p.skim_id(big) == 1234567
+    assert len(big) > p.MAX_FRAME and skim_id(big) == 1234567
     # id after a huge field and a nested one: found by skipping, not decoding.
     data = msgspec.msgpack.encode(
         {"pad": "y" * (2 << 20), "n": [1, {"a": b"z" * 300}], 7: 1.5, "id": 41, "op": "ping"}
     )
-    assert p.skim_id(data) == 41
-    assert p.skim_id(msgspec.msgpack.encode({"op": "ping", "id": -9})) == -9
+    assert skim_id(data) == 41
+    assert skim_id(msgspec.msgpack.encode({"op": "ping", "id": -9})) == -9
     for junk in (
         b"",
         b"\xc1" * 100,
@@ -49,7 +50,7 @@ def test_skim_id_of_an_oversized_frame() -> None:
         msgspec.msgpack.encode({"id": "7"}),
         msgspec.msgpack.encode({"id": True}),
     ):
-        assert p.skim_id(junk) == 0
+        assert skim_id(junk) == 0
 
 
 def test_every_field_naming_a_model_has_the_name_limit() -> None:

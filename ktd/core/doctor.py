@@ -30,8 +30,6 @@ __all__ = [
     "Check",
     "collect",
     "cpu_checks",
-    "exit_code",
-    "format_report",
     "gpu_checks",
     "model_checks",
     "numa_checks",
@@ -565,11 +563,6 @@ def collect(
     return checks
 
 
-def exit_code(rep: Mapping[str, Any]) -> int:
-    """1 if any check failed, else 0 (warnings do not fail ``ktctl doctor``)."""
-    return 1 if rep.get("summary", {}).get("fail", 0) else 0
-
-
 def report(checks: Sequence[Check], extra: Mapping[str, Any]) -> dict[str, Any]:
     """The ``ktctl doctor --json`` document: checks, counts, exit code, plus ``extra``.
 
@@ -584,25 +577,3 @@ def report(checks: Sequence[Check], extra: Mapping[str, Any]) -> dict[str, Any]:
     out["summary"] = summary
     out["exit_code"] = 1 if summary["fail"] else 0
     return out
-
-
-_MARK = {"ok": "ok", "warn": "WARN", "fail": "FAIL"}
-
-
-def format_report(rep: Mapping[str, Any]) -> str:
-    """A human table: status, check name, detail; one advice line under each warn/fail."""
-    rows: list[Mapping[str, Any]] = list(rep.get("checks", ()))
-    width = max((len(str(r.get("name", ""))) for r in rows), default=0)
-    lines: list[str] = []
-    for r in rows:
-        status = str(r.get("status", ""))
-        name = str(r.get("name", ""))
-        lines.append(f"{_MARK.get(status, status):<4}  {name:<{width}}  {r.get('detail', '')}")
-        if status != "ok" and r.get("advice"):
-            lines.append(f"{'':<4}  {'':<{width}}  -> {r['advice']}")
-    s = rep.get("summary", {})
-    lines.append("")
-    lines.append(
-        f"{s.get('ok', 0)} ok, {s.get('warn', 0)} warning(s), {s.get('fail', 0)} failure(s)"
-    )
-    return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, TrioSocket
 from ktd.daemon.pool import Pool
+from ktd.frameid import peek_id, skim_id
 
 log = logging.getLogger("ktd.server")
 
@@ -101,12 +102,12 @@ class ControlServer:
         envelope, payload = frames[:-1], frames[-1]
         if len(payload) > p.MAX_FRAME:
             msg = f"frame of {len(payload)} bytes exceeds {p.MAX_FRAME}"
-            self._bad_request(envelope, p.skim_id(payload), msg)
+            self._bad_request(envelope, skim_id(payload), msg)
             return
         try:
             req = p.decode_request(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._bad_request(envelope, p.peek_id(payload), f"malformed request: {exc}")
+            self._bad_request(envelope, peek_id(payload), f"malformed request: {exc}")
             return
         try:
             reply = self._answer_now(req)

@@ -8,13 +8,12 @@ from typing import Any
 
 import pytest
 
+from ktctl.render import doctor_failed, doctor_text
 from ktd.core.config import ModelSpec
 from ktd.core.doctor import (
     Check,
     collect,
     cpu_checks,
-    exit_code,
-    format_report,
     gpu_checks,
     model_checks,
     numa_checks,
@@ -391,25 +390,25 @@ def test_report_and_exit_code() -> None:
     ]
     rep = report(checks, {"topology": {"isa": "amx"}, "summary": "not clobbered"})
     assert rep["summary"] == {"ok": 1, "warn": 1, "fail": 1}
-    assert rep["exit_code"] == 1 and exit_code(rep) == 1
+    assert rep["exit_code"] == 1 and doctor_failed(rep)
     assert rep["topology"] == {"isa": "amx"}
     assert rep["checks"][1] == {"name": "b", "status": "warn", "detail": "hmm", "advice": "do x"}
     json.dumps(rep)
     ok = report(checks[:2], {})
-    assert ok["exit_code"] == 0 and exit_code(ok) == 0  # warnings do not fail
+    assert ok["exit_code"] == 0 and not doctor_failed(ok)  # warnings do not fail
 
 
-def test_format_report() -> None:
+def test_the_report_as_ktctl_doctor_prints_it() -> None:
     rep = report(
         [Check("cpu.isa", "ok", "AMX", "ignored"), Check("x.port", "fail", "in use", "free it")],
         {},
     )
-    text = format_report(rep)
+    text = doctor_text(rep)
     lines = text.splitlines()
-    assert lines[0].startswith("ok    cpu.isa") and "ignored" not in text
-    assert lines[1].startswith("FAIL  x.port ") and "in use" in lines[1]
+    assert lines[0] == "ok    cpu.isa: AMX" and "ignored" not in text
+    assert lines[1] == "fail  x.port: in use"
     assert lines[2].strip() == "-> free it"
-    assert lines[-1] == "1 ok, 0 warning(s), 1 failure(s)"
+    assert lines[-1] == "summary: 1 ok, 1 fail"
 
 
 def test_collect_end_to_end(xeon: Topology) -> None:
@@ -427,6 +426,6 @@ def test_collect_end_to_end(xeon: Topology) -> None:
     rep = report(checks, {"topology": xeon.to_dict()})
     assert rep["summary"]["fail"] == 0
     assert rep["summary"]["warn"] >= 2  # nokt: no kt_weight_path, no gpu-expert flag
-    assert exit_code(rep) == 0
+    assert rep["exit_code"] == 0 and not doctor_failed(rep)
     json.dumps(rep)
-    assert "nokt.kt_weight_path" in format_report(rep)
+    assert "nokt.kt_weight_path" in doctor_text(rep)

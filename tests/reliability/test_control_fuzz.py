@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ktd import protocol as p
+from ktd.frameid import peek_id, skim_id
 from tests.conftest import ConfigWriter, sim_model
 
 from ._util import FAST_DAEMON, alive, status_view
@@ -73,11 +74,11 @@ class Msg:
         """("bad_request", id) for what ktd cannot decode, ("answer", id) for the rest."""
         data = self.payload
         if len(data) > p.MAX_FRAME:
-            return ("bad_request", p.skim_id(data))
+            return ("bad_request", skim_id(data))
         try:
             req = p.decode_request(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return ("bad_request", p.peek_id(data))
+            return ("bad_request", peek_id(data))
         return ("answer", req.id)
 
 
