@@ -40,7 +40,9 @@ ALL: tuple[State, ...] = tuple(State)
 TRANSITIONS: dict[State, frozenset[State]] = {
     STOPPED: frozenset({STARTING, FAILED}),
     # starting → starting: a retry (port taken at bind, crash backoff).
-    STARTING: frozenset({STARTING, READY, STOPPING, FAILED, STOPPED}),
+    # starting → draining: an adopted engine (a previous daemon's) may be serving
+    # streams before this daemon has seen it healthy; an evict then drains it too.
+    STARTING: frozenset({STARTING, READY, DRAINING, STOPPING, FAILED, STOPPED}),
     # ready → starting: a crash restart under the restart policy.
     READY: frozenset({DRAINING, STOPPING, STARTING, FAILED, STOPPED}),
     DRAINING: frozenset({STOPPING}),

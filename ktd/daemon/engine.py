@@ -237,7 +237,9 @@ class Engine:
         return self.gate.leases_waiting() + self.remote_queued
 
     def info(self, *, tail: int = 0) -> EngineInfo:
-        run, plan, st, phase = self.run, self.plan, self.stats, self.phase
+        # A previous daemon's engine is shown as soon as it is known, before its
+        # supervisor takes it over.
+        run, plan, st, phase = self.run or self.adopt, self.plan, self.stats, self.phase
         last_used = None
         if self.idle_since is not None:
             last_used = time.time() - (trio.current_time() - self.idle_since)

@@ -474,10 +474,13 @@ class Supervisor:
     async def _stop(self, run: Running) -> None:
         """Drain (bounded), then the stop sequence (``ktd.daemon.kill``)."""
         e = self.e
-        if e.state == S.READY:
+        # Serving: ready, or adopted from a previous daemon and not yet seen healthy here
+        # (its streams may be running; a kill -9 of ktd must not cut them at the evict).
+        serving = e.state == S.READY or e.adopting()
+        if serving:
             # Off the gateway first (sglang-router): nothing new arrives while it drains.
             await self.host.before_drain(e)
-        if e.state == S.READY and e.holding() and not e.force:
+        if serving and e.holding() and not e.force:
             timeout = e.drain_timeout
             if timeout is None:
                 timeout = self.host.settings.drain_timeout

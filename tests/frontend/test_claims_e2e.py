@@ -83,7 +83,7 @@ def launch(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any
     return start
 
 
-def streaming(launch: Any, rate: int, tokens: int, **daemon: Any) -> tuple[Any, Any, Stream]:
+def streaming(launch: Any, rate: float, tokens: int, **daemon: Any) -> tuple[Any, Any, Stream]:
     """One model ``m`` (``ttl`` from ``daemon`` goes to the model) and one stream on it,
     running and reported in flight when this returns."""
     model = {"ttl": daemon.pop("ttl")} if "ttl" in daemon else {}
@@ -271,3 +271,18 @@ def test_a_daemon_paused_after_a_restart_and_a_reload_never_ttl_evicts_a_stream(
     assert stream.done and stream.tokens == 150
     e = status(daemon)["m"]
     assert e["state"] == "ready" and e["evictions"] == 0
+
+
+def test_an_evict_while_a_restarted_daemon_adopts_drains_the_streams(launch: Any) -> None:
+    """Regression: an engine adopted after ``kill -9`` of ktd is ``starting`` until the new
+    daemon has seen it healthy (here its /health costs 2 s: one token at 0.5 tokens/s),
+    and an evict in that window killed it at once, cutting the streams it was serving."""
+    daemon, _, stream = streaming(launch, 0.5, 6, drain_timeout=120, lease_ttl=30)  # 12 s
+    daemon.stop(signal.SIGKILL)
+    daemon.start()
+    e = status(daemon)["m"]
+    assert e["state"] == "starting" and e["claims"] == 1  # adopting, its claim restored
+    res = daemon.ktctl("evict", "m", timeout=120)
+    assert res.returncode == 0, res.stderr
+    stream.join()
+    assert stream.done and stream.tokens == 6
