@@ -98,7 +98,11 @@ def test_a_wrapper_interpreter_lets_sglang_drain_a_live_stream_on_evict(
     assert "SIGKILL to" not in log, log
     assert took < 15, took
     assert "SIGTERM to SGLang's server process" in log
-    assert f"stopped cleanly by SIGTERM (pid {e.pid}, exit {code})" in log, log
+    # The shell exits by itself once its child has; if ktd's look comes first, the shell
+    # is one of "the processes left" and gets their SIGTERM (-15). Both are clean.
+    assert any(f"stopped cleanly by SIGTERM (pid {e.pid}, exit {c})" in log for c in (code, -15)), (
+        log
+    )
     wait_for(
         lambda: not any(proctree.environ_has(p, ENGINE_MARK) for p, _ in marked_processes()),
         what="no engine process",
