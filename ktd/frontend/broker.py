@@ -305,9 +305,9 @@ class ClaimBroker:
             # every model's limits, so the first request is admitted like the later ones.
             with trio.move_on_after(self.ping_timeout):
                 await self._first_reply.wait()
-            if self.desk.limits_known:
-                return
-        if self._alive is None or not self.desk.limits_known:
+            if not self.desk.limits_known:
+                raise Unreachable(f"no reply from ktd within {self.ping_timeout:g}s")
+        elif self._alive is None:
             await self.ping()
         elif not self._alive:
             # Known down: a short ping, so a restarted daemon is noticed at once

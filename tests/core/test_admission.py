@@ -482,8 +482,6 @@ class DeskMachine(RuleBasedStateMachine):
         rid, actions = self.desk.arrive(model, self.now, load_timeout=patience)
         self.waiting[rid] = model
         self.apply(actions)
-        if rid in self.running or rid not in self.answered:
-            return
 
     @precondition(lambda self: bool(self.fetching))
     @rule(data=st.data(), ok=st.booleans())

@@ -338,7 +338,10 @@ async def test_shutdown_gives_claims_back_after_cut_streams(
     fake_engine.chunk_delay = 0.01
     fe = await start_frontend()
     async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as resp:
-        async for _ in resp.aiter_raw():
+        # Kept: a dropped iterator is closed when collected, which hangs up the stream
+        # (then it may end before its report: a flaky "reported in flight").
+        chunks = resp.aiter_raw()
+        async for _ in chunks:
             break
         await wait_for(lambda: fake_daemon.in_flight == 1, what="reported in flight")
         fe.shutdown.set()  # graceful shutdown (graceful_timeout 1 s) cuts the stream
@@ -377,7 +380,8 @@ async def test_client_abort_mid_stream_closes_upstream_and_releases(
     fe = await start_frontend()
     async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as resp:
         got = 0
-        async for _ in resp.aiter_raw():
+        chunks = resp.aiter_raw()  # kept, as above: the hang-up is the block's end
+        async for _ in chunks:
             got += 1
             if got >= 3:
                 break
