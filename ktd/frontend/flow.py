@@ -32,9 +32,12 @@ Request flow:
    answer 200 at once and keep the client company with ``: loading`` /
    ``: waiting for`` comments; from then on failures are in-band error events.
 
-Client disconnects: once the body is read, one task per request waits on
-``receive()``; ``http.disconnect`` cancels the request (as quart-trio does),
-and the ``finally`` closes the upstream connection and leaves the slot.
+Client disconnects: once the body is read, ``http.disconnect`` cancels the
+request (as quart-trio does), and the ``finally`` closes the upstream
+connection and leaves the slot. Under ktd's patched Hypercorn intake
+(intake.py) Hypercorn calls the request's ``_Watch`` itself when it queues the
+disconnect, and queued messages are taken without a trip through the
+scheduler; under any other ASGI server a task per request waits on ``receive()``.
 """
 
 from __future__ import annotations
