@@ -25,16 +25,37 @@ Two measurements per target:
   (trio, raw sockets, keep-alive); TTFB = request sent -> first body bytes.
   "added" = the target's percentile minus direct's.
 
-Targets (issue #6): ktd CPU/chunk within 3x nginx and >= 10x better than
-LiteLLM; ktd throughput >= 0.8 of direct; added TTFB p50 < 1 ms.
+Two optional targets make the comparisons of issue 22 in the same run:
+
+* ``bare``    - the floor: ``hypercorn -k trio bench.bare_asgi:app``, an ASGI app
+  that answers the same stream by itself (no proxying), under the same
+  Hypercorn trio worker as the frontend (``--no-bare`` to skip);
+* ``floor``   - the least a proxy inside Hypercorn can do: ``bare_asgi:proxy``
+  relays the stream on ktd's own upstream client under ktd's Hypercorn patches,
+  with none of ktd's request work (no key, routing, admission, metrics);
+* ``before``  - the frontend of another checkout (``--before DIR``: a worktree
+  with its own ``.venv``), on the same daemon and engine, so old and new
+  frontends are measured alternately in one run.
+
+TTFB and CPU per request are measured round-robin: request i goes to target
+i mod n, so load on the shared machine falls on all targets alike. CPU per
+request: ``--req-requests`` sequential streams of ``--req-tokens`` tokens per
+target per round; the frontend's own process (the daemon is off the request
+path and shown apart).
+
+Targets (issue 22): added TTFB p50 <= 0.5 ms and p99 <= 2 ms over direct; CPU
+per chunk <= 2x nginx; CPU per request <= 1.5x the bare Hypercorn app;
+throughput >= 0.95 of direct (and >= 10x better than LiteLLM per chunk).
 
     python bench/proxy_stream.py [--concurrency 64] [--tokens 64] [--seconds 8]
                                  [--rounds 2] [--ttfb-requests 300] [--litellm PATH]
+                                 [--before /tmp/ktd-before] [--no-bare]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -110,6 +131,9 @@ class Target:
     errors: int = 0
     ttfb: list[float] = field(default_factory=list)
     ttfb_errors: int = 0
+    req_pids: list[int] = field(default_factory=list)  # whose CPU is the per-request cost
+    req_cpu: float = 0.0
+    req_n: int = 0
 
     @property
     def rps(self) -> float:
@@ -122,6 +146,10 @@ class Target:
     @property
     def cpu_per_k(self) -> float:
         return self.cpu / self.events * 1000 if self.events else float("nan")
+
+    @property
+    def cpu_per_req_ms(self) -> float:
+        return self.req_cpu / self.req_n * 1e3 if self.req_n else float("nan")
 
 
 # ---------------------------------------------------------------- proxies
@@ -289,35 +317,109 @@ def run_wrk(t: Target, root: Path, args: argparse.Namespace) -> None:
     t.errors += res["errors"] + res["bad_status"] + res["no_done"]
 
 
-async def ttfb_run(t: Target, n: int, tokens: int) -> None:
-    """``n`` sequential streams on one keep-alive connection; TTFB of each."""
-    pool = UpstreamPool(read_timeout=30)
-    body = chat_body(ALIAS, tokens)
+async def _one_stream(pool: UpstreamPool, url: str, body: bytes) -> float | None:
+    """One stream on ``pool``'s keep-alive connection: its TTFB, or None if it failed."""
     headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
+    t0 = time.perf_counter()
+    try:
+        resp = await pool.request(url, b"/v1/chat/completions", headers, body)
+        try:
+            first = 0.0
+            tail = b""
+            while not resp.done:
+                data = await resp.receive()
+                if data and not first:
+                    first = time.perf_counter() - t0
+                tail = (tail + data)[-32:]
+            ok = resp.status == 200 and b"[DONE]" in tail
+        finally:
+            resp.close()
+    except Exception:
+        ok = False
+    return first if ok else None
+
+
+async def round_robin(
+    targets: list[Target], n: int, tokens: int, *, record: bool = True, cpu: bool = False
+) -> None:
+    """``n`` sequential streams per target, request i to target i mod len(targets).
+
+    ``record``: keep the TTFBs; ``cpu``: add each target's ``req_pids`` CPU over
+    the sequence to its per-request cost.
+    """
+    pools = [UpstreamPool(read_timeout=30) for _ in targets]
+    body = chat_body(ALIAS, tokens)
+    pids = [
+        [q for p in t.req_pids for q in descendants(p)] if t.tree else t.req_pids for t in targets
+    ]
+    c0 = [cpu_seconds(p) for p in pids] if cpu else []
     try:
         for _ in range(n):
-            t0 = time.perf_counter()
-            try:
-                resp = await pool.request(t.url, b"/v1/chat/completions", headers, body)
-                try:
-                    first = 0.0
-                    tail = b""
-                    while not resp.done:
-                        data = await resp.receive()
-                        if data and not first:
-                            first = time.perf_counter() - t0
-                        tail = (tail + data)[-32:]
-                    ok = resp.status == 200 and b"[DONE]" in tail
-                finally:
-                    resp.close()
-            except Exception:
-                ok = False
-            if ok:
-                t.ttfb.append(first)
-            else:
-                t.ttfb_errors += 1
+            for t, pool in zip(targets, pools, strict=True):
+                first = await _one_stream(pool, t.url, body)
+                if not record:
+                    continue
+                if first is None:
+                    t.ttfb_errors += 1
+                else:
+                    t.ttfb.append(first)
     finally:
-        await pool.aclose()
+        for pool in pools:
+            await pool.aclose()
+    if cpu:
+        for t, p, before in zip(targets, pids, c0, strict=True):
+            t.req_cpu += cpu_seconds(p) - before
+            t.req_n += n
+
+
+def start_bare(root: Path, app: str, upstream: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    """``hypercorn -k trio bare_asgi:<app>``: the floors (bench/bare_asgi.py)."""
+    port = free_port()
+    name = app.replace(":", "-")
+    log = open(root / f"{name}.out", "wb")  # noqa: SIM115
+    env = dict(os.environ)
+    here = Path(__file__).resolve().parent
+    env["PYTHONPATH"] = os.pathsep.join((str(here), str(here.parent)))
+    env["BARE_UPSTREAM"] = upstream
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", app],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    wait_for(lambda: _tcp_open(port), 30, f"hypercorn {app}")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def start_before(stack: Stack, checkout: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The frontend of another checkout (its own venv), on the same daemon."""
+    python = checkout / ".venv" / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"bench: {python} not found (make the checkout's venv first)")
+    port = free_port()
+    env = dict(stack.env)
+    env["PYTHONPATH"] = str(checkout)
+    log = open(stack.root / "before.out", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            str(python),
+            "-m",
+            "ktd",
+            "frontend",
+            "--config",
+            str(stack.root / "config.json"),
+            "--bind",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=str(checkout),
+    )
+    wait_for(lambda: _tcp_open(port), 30, "the --before frontend")
+    return proc, f"http://127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------- main
@@ -330,17 +432,22 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=8, help="wrk duration per target per round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ttfb-requests", type=int, default=300, help="per target per round")
+    ap.add_argument(
+        "--req-requests", type=int, default=300, help="CPU/request: per target per round"
+    )
+    ap.add_argument("--req-tokens", type=int, default=4, help="CPU/request: tokens per stream")
     ap.add_argument("--litellm", default=DEFAULT_LITELLM, help="litellm executable ('' = skip)")
+    ap.add_argument("--before", type=Path, help="another checkout whose frontend to compare")
     ap.add_argument("--no-nginx", action="store_true")
-    ap.add_argument("--limit", type=float, default=900, help="hard limit on the whole run (s)")
+    ap.add_argument("--no-bare", action="store_true", help="skip the bare Hypercorn app")
+    ap.add_argument("--limit", type=float, default=1500, help="hard limit on the whole run (s)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("bench: wrk is needed (apt-get install -y wrk)")
 
     root = Path(tempfile.mkdtemp(prefix="ktdb-proxy-", dir="/tmp"))
     stack: Stack | None = None
-    nginx: subprocess.Popen[bytes] | None = None
-    litellm: subprocess.Popen[bytes] | None = None
+    extra: list[subprocess.Popen[bytes] | None] = []
     skipped: dict[str, str] = {}
     try:
         with time_limit(args.limit):
@@ -353,36 +460,74 @@ def main() -> int:
                 skipped["nginx"] = "nginx not installed (apt-get install -y nginx-light)"
             else:
                 nginx, url = start_nginx(root, int(engine.rsplit(":", 1)[1]))
+                extra.append(nginx)
                 targets.append(Target("nginx", url, [nginx.pid], tree=True))
-            targets.append(Target("ktd", stack.url, stack.proxy_pids()))
+            if args.no_bare:
+                skipped["bare"] = "--no-bare"
+            else:
+                bare, url = start_bare(root, "bare_asgi:app")
+                extra.append(bare)
+                targets.append(Target("bare", url, [bare.pid], tree=True, req_pids=[bare.pid]))
+                floor, url = start_bare(root, "bare_asgi:proxy", engine)
+                extra.append(floor)
+                targets.append(Target("floor", url, [floor.pid], tree=True, req_pids=[floor.pid]))
+            assert stack.frontend is not None
+            targets.append(
+                Target("ktd", stack.url, stack.proxy_pids(), req_pids=[stack.frontend.pid])
+            )
+            if args.before:
+                before, url = start_before(stack, args.before)
+                extra.append(before)
+                assert stack.daemon is not None
+                targets.append(
+                    Target("before", url, [before.pid, stack.daemon.pid], req_pids=[before.pid])
+                )
             if args.litellm:
                 litellm, url, why = start_litellm(root, args.litellm, engine)
                 if litellm is None:
                     skipped["litellm"] = why
                 else:
+                    extra.append(litellm)
                     targets.append(Target("litellm", url, [litellm.pid], tree=True))
             else:
                 skipped["litellm"] = "--litellm ''"
             print(
                 f"bench: {args.concurrency} concurrent streams x {args.tokens} tokens, "
                 f"{args.seconds}s per target, {args.rounds} round(s); "
-                f"TTFB over {args.ttfb_requests} sequential streams per round\n"
+                f"TTFB over {args.ttfb_requests} sequential streams per round; CPU/request "
+                f"over {args.req_requests} x {args.req_tokens}-token streams per round\n"
                 f"  direct {engine}  " + "  ".join(f"{t.name} {t.url}" for t in targets[1:]),
                 flush=True,
             )
             for name, why in skipped.items():
                 print(f"  {name}: skipped: {why}", flush=True)
             # warm-up: connections, caches, LiteLLM's first-request imports
-            for t in targets:
-                trio.run(ttfb_run, Target(t.name, t.url, []), 20, 8)
-            for _ in range(args.rounds):
-                for t in targets:
+            trio.run(functools.partial(round_robin, targets, 20, 8, record=False))
+            for i in range(args.rounds):
+                # Alternate the order (direct stays first): neither side always runs
+                # right after the same neighbour.
+                order = [targets[0], *(targets[1:] if i % 2 == 0 else targets[:0:-1])]
+                for t in order:
                     run_wrk(t, root, args)
-                    trio.run(ttfb_run, t, args.ttfb_requests, args.tokens)
-                    print(f"  {t.name}: {t.rps:.0f} req/s so far", flush=True)
+                trio.run(round_robin, order, args.ttfb_requests, args.tokens)
+                trio.run(
+                    functools.partial(
+                        round_robin,
+                        order,
+                        args.req_requests,
+                        args.req_tokens,
+                        record=False,
+                        cpu=True,
+                    )
+                )
+                print(
+                    f"  round {i + 1}: "
+                    + "  ".join(f"{t.name} {t.rps:.0f} req/s" for t in targets),
+                    flush=True,
+                )
     finally:
-        stop(litellm)
-        stop(nginx)
+        for proc in reversed(extra):
+            stop(proc)
         if stack is not None:
             stack.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -398,41 +543,51 @@ def report(targets: list[Target], skipped: dict[str, str]) -> None:
     print(
         f"{'target':<9}{'req/s':>9}{'chunks/s':>10}{'x direct':>9}"
         f"{'ttfb p50':>10}{'added':>9}{'ttfb p99':>10}{'added':>9}"
-        f"{'CPU s/1k chunks':>17}{'errors':>8}"
+        f"{'CPU s/1k chunks':>17}{'CPU ms/req':>12}{'errors':>8}"
     )
     for t in targets:
         t50, t99 = pct(t.ttfb, 0.5), pct(t.ttfb, 0.99)
         cpu = "-" if not t.pids else f"{t.cpu_per_k:.4f}"
+        req = "-" if not t.req_n else f"{t.cpu_per_req_ms:.3f}"
         print(
             f"{t.name:<9}{t.rps:>9.1f}{t.cps:>10.0f}{t.cps / direct.cps:>9.2f}"
             f"{t50 * 1e3:>8.2f}ms{(t50 - d50) * 1e3:>+7.2f}ms"
             f"{t99 * 1e3:>8.2f}ms{(t99 - d99) * 1e3:>+7.2f}ms"
-            f"{cpu:>17}{t.errors + t.ttfb_errors:>8}"
+            f"{cpu:>17}{req:>12}{t.errors + t.ttfb_errors:>8}"
         )
     by = {t.name: t for t in targets}
-    ktd = by["ktd"]
     print()
-    # Issue 15's targets (the earlier ones were 3x nginx, 0.8 of direct, +1 ms p50).
-    checks: list[tuple[str, bool | None, str]] = []
+    for name in ("ktd", "before"):
+        if name in by:
+            for what, ok, figure in checks(by[name], by):
+                verdict = "skipped" if ok is None else ("MET" if ok else "MISSED")
+                print(f"  {name:<7}{verdict:<8} {what}: {figure}")
+
+
+def checks(ktd: Target, by: dict[str, Target]) -> list[tuple[str, bool | None, str]]:
+    """Issue 22's targets for one frontend (earlier: 3x then 2x nginx, +1 then +0.3 ms)."""
+    direct = by["direct"]
+    out: list[tuple[str, bool | None, str]] = []
+    added = (pct(ktd.ttfb, 0.5) - pct(direct.ttfb, 0.5)) * 1e3
+    out.append(("added TTFB p50 <= 0.5 ms", added <= 0.5, f"{added:+.2f} ms"))
+    added99 = (pct(ktd.ttfb, 0.99) - pct(direct.ttfb, 0.99)) * 1e3
+    out.append(("added TTFB p99 <= 2 ms", added99 <= 2, f"{added99:+.2f} ms"))
     if "nginx" in by:
         r = ktd.cpu_per_k / by["nginx"].cpu_per_k
-        checks.append(("ktd CPU/chunk within 2x nginx", r <= 2, f"{r:.2f}x nginx"))
+        out.append(("CPU/chunk <= 2x nginx", r <= 2, f"{r:.2f}x nginx"))
     else:
-        checks.append(("ktd CPU/chunk within 2x nginx", None, "nginx skipped"))
+        out.append(("CPU/chunk <= 2x nginx", None, "nginx skipped"))
+    if "bare" in by:
+        r = ktd.cpu_per_req_ms / by["bare"].cpu_per_req_ms
+        out.append(("CPU/request <= 1.5x bare Hypercorn", r <= 1.5, f"{r:.2f}x bare"))
+    else:
+        out.append(("CPU/request <= 1.5x bare Hypercorn", None, "bare skipped"))
+    ratio = ktd.cps / direct.cps
+    out.append(("throughput >= 0.95 of direct", ratio >= 0.95, f"{ratio:.2f}"))
     if "litellm" in by:
         r = by["litellm"].cpu_per_k / ktd.cpu_per_k
-        checks.append(("ktd CPU/chunk >= 10x better than LiteLLM", r >= 10, f"{r:.1f}x better"))
-    else:
-        checks.append(("ktd CPU/chunk >= 10x better than LiteLLM", None, "litellm skipped"))
-    ratio = ktd.cps / direct.cps
-    checks.append(("ktd throughput >= 0.95 of direct", ratio >= 0.95, f"{ratio:.2f}"))
-    added = (pct(ktd.ttfb, 0.5) - d50) * 1e3
-    checks.append(("ktd added TTFB p50 < 0.3 ms", added < 0.3, f"{added:+.2f} ms"))
-    added99 = (pct(ktd.ttfb, 0.99) - d99) * 1e3
-    checks.append(("ktd added TTFB p99 < 1 ms", added99 < 1, f"{added99:+.2f} ms"))
-    for what, ok, figure in checks:
-        verdict = "skipped" if ok is None else ("MET" if ok else "MISSED")
-        print(f"  {verdict:<8} {what}: {figure}")
+        out.append(("CPU/chunk >= 10x better than LiteLLM", r >= 10, f"{r:.1f}x better"))
+    return out
 
 
 if __name__ == "__main__":

@@ -393,12 +393,17 @@ class Desk:
         """A new request: granted at once, refused (queue full), or in line."""
         self._rids += 1
         rid = self._rids
-        deadline = now + load_timeout if load_timeout > 0 else math.inf
-        ask = Ask(rid, model, deadline, autoload, load_timeout)
         line = self.line(model)
         if not line.waiting and line.has_slot():
-            assert line.held is not None
-            return rid, self._give_slot(ask, line.held)
+            # The fast path (a held claim, a free slot, nobody ahead): no Ask to keep.
+            held = line.held
+            assert held is not None
+            held.inflight += 1
+            if held.inflight == 1:
+                return rid, [Grant(rid, held), Tell()]
+            return rid, [Grant(rid, held)]
+        deadline = now + load_timeout if load_timeout > 0 else math.inf
+        ask = Ask(rid, model, deadline, autoload, load_timeout)
         if not line.limits.may_join(in_flight=line.in_flight(), waiting=len(line.waiting)):
             message = line.limits.full_message(len(line.waiting))
             return rid, [Refuse(rid, QueueFull(message, len(line.waiting)))]

@@ -25,7 +25,7 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.frontend import catalog, errors, gateway_metrics, transport, ui, worker_info
+from ktd.frontend import catalog, errors, gateway_metrics, intake, transport, ui, worker_info
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ProxyRoutes
 from ktd.frontend.ollama import OllamaRoutes
@@ -52,6 +52,7 @@ def error_response(err: ApiError) -> Response:
 def create_app(options: FrontendOptions) -> QuartTrio:
     """Build the app. Background tasks (control client, heartbeats) start with it."""
     transport.install()  # Hypercorn's writes: the fast path, and the HTTP/2 close race
+    intake.install()  # Hypercorn's request intake: no scheduler trips for nothing
     app = QuartTrio("ktd.frontend")
     app.config["MAX_CONTENT_LENGTH"] = None  # counted by read_limited, OpenAI-shaped 413
     app.config["BODY_TIMEOUT"] = options.body_timeout

@@ -95,7 +95,17 @@ class Slot:
 class Admission:
     """A request's way to a slot: granted at once, or waited on (in slices if it likes)."""
 
-    __slots__ = ("_broker", "_done", "claimed", "error", "load_timeout", "model", "rid", "slot")
+    __slots__ = (
+        "_broker",
+        "_done",
+        "answered",
+        "claimed",
+        "error",
+        "load_timeout",
+        "model",
+        "rid",
+        "slot",
+    )
 
     def __init__(self, broker: ClaimBroker, rid: int, model: str, load_timeout: float) -> None:
         self._broker = broker
@@ -105,17 +115,22 @@ class Admission:
         self.slot: Slot | None = None
         self.error: Exception | None = None
         self.claimed = False  # the request took its slot (it leaves it itself)
-        self._done = trio.Event()
+        self._done: trio.Event | None = None  # made only if the request has to wait
+        self.answered = False
 
     def answer(self, slot: Slot | None, error: Exception | None) -> None:
         self.slot, self.error = slot, error
-        self._done.set()
+        self.answered = True
+        if self._done is not None:
+            self._done.set()
 
     async def wait(self, limit: float = math.inf) -> Slot | None:
         """The slot, or None if ``limit`` seconds passed first. Raises the refusal."""
-        if not self._done.is_set():
+        if not self.answered:
+            if self._done is None:
+                self._done = trio.Event()
             with trio.move_on_after(limit):
-                while not self._done.is_set():
+                while not self.answered:
                     with trio.move_on_at(self._broker.desk.next_deadline()):
                         await self._done.wait()
                     self._broker.tick()  # a deadline: the desk times it out

@@ -32,9 +32,12 @@ Request flow:
    answer 200 at once and keep the client company with ``: loading`` /
    ``: waiting for`` comments; from then on failures are in-band error events.
 
-Client disconnects: once the body is read, one task per request waits on
-``receive()``; ``http.disconnect`` cancels the request (as quart-trio does),
-and the ``finally`` closes the upstream connection and leaves the slot.
+Client disconnects: once the body is read, ``http.disconnect`` cancels the
+request (as quart-trio does), and the ``finally`` closes the upstream
+connection and leaves the slot. Under ktd's patched Hypercorn intake
+(intake.py) Hypercorn calls the request's ``_Watch`` itself when it queues the
+disconnect, and queued messages are taken without a trip through the
+scheduler; under any other ASGI server a task per request waits on ``receive()``.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from ktd.frontend.afterlife import QuietAfterResponse
 from ktd.frontend.body import check_declared_length, check_model, parse_head, read_limited
 from ktd.frontend.broker import Admission
 from ktd.frontend.errors import ApiError
+from ktd.frontend.intake import EXTENSION, Intake
 from ktd.frontend.metrics import NO_MODEL
 from ktd.frontend.proxy import (
     SSE_CONTENT_TYPE,
@@ -195,12 +199,17 @@ class _Watch:
     Hypercorn queues an ``http.disconnect`` for every request when its response
     is complete, from inside our last ``send``: cancelling then would interrupt
     Hypercorn's own connection bookkeeping (keep-alive timer) halfway.
+
+    Under ktd's patched intake (intake.py) Hypercorn calls ``gone`` itself when
+    it queues the disconnect: no task per request. Elsewhere (another ASGI
+    server) a task waits on ``receive()`` for it (``run``).
     """
 
-    __slots__ = ("finished", "send")
+    __slots__ = ("finished", "scope", "send")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, scope: trio.CancelScope) -> None:
         self.send = send
+        self.scope = scope
         self.finished = False
 
     async def tracked_send(self, message: Any) -> None:
@@ -208,13 +217,43 @@ class _Watch:
             self.finished = True
         await self.send(message)
 
-    async def run(self, receive: Receive, scope: trio.CancelScope) -> None:
+    def gone(self) -> None:
+        if not self.finished:
+            self.scope.cancel()
+
+    def hook(self, intake: Intake) -> None:
+        """Hear the disconnect from Hypercorn; one queued before we listened counts too
+        (after the body's end nothing but a disconnect can be queued)."""
+        intake.on_disconnect = self.gone
+        try:
+            message = intake.receive_nowait()
+        except trio.WouldBlock:
+            return
+        if message["type"] == "http.disconnect":
+            self.gone()
+
+    async def run(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not self.finished:
-                    scope.cancel()
+                self.gone()
                 return
+
+
+def _quick(receive: Receive, intake: Intake | None) -> Receive:
+    """``receive`` that takes an already queued message without a trip through the
+    scheduler (intake.py); the usual ``receive`` when nothing is queued."""
+    if intake is None:
+        return receive
+    nowait = intake.receive_nowait
+
+    async def quick() -> Any:
+        try:
+            return nowait()
+        except trio.WouldBlock:
+            return await receive()
+
+    return quick
 
 
 class LocalRoutes(Protocol):
@@ -289,6 +328,8 @@ class ProxyRoutes:
         ollama = route.api == "ollama"
         started = trio.current_time()
         body_read = False
+        intake: Intake | None = scope.get("extensions", {}).get(EXTENSION)
+        receive = _quick(receive, intake)
         try:
             try:
                 state.keys.check(_header(scope, b"authorization"))
@@ -312,11 +353,11 @@ class ProxyRoutes:
             if ollama:
                 model = ollama_alias(model)
         except ApiError as err:
-            state.metrics.requests.labels(endpoint, NO_MODEL, str(err.status)).inc()
+            state.metrics.request_done(endpoint, NO_MODEL, err.status)
             await send_error(send, err, close=not body_read, ollama=ollama)
             return
         except _Disconnected:
-            state.metrics.requests.labels(endpoint, NO_MODEL, "499").inc()
+            state.metrics.request_done(endpoint, NO_MODEL, 499)
             return
 
         base, adapter = split_lora(model)
@@ -339,25 +380,39 @@ class ProxyRoutes:
         if ollama:
             ex.framing = "ndjson"
         try:
-            watch = _Watch(send)
-            send = watch.tracked_send
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch.run, receive, nursery.cancel_scope)
-                try:
-                    await self._exchange(ex, base, stream, send)
-                except ApiError as err:
-                    ex.failed(err)
-                    await send_error(send, err, ollama=ollama)
-                except Exception:
-                    log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-                    internal = ApiError(
-                        500, "internal frontend error", type=errors.SERVER_ERROR, code="internal"
-                    )
-                    ex.failed(internal)
-                    await _try_send_error(send, internal, ollama=ollama)
-                nursery.cancel_scope.cancel()
+            if intake is not None:
+                with trio.CancelScope() as cancel:
+                    watch = _Watch(send, cancel)
+                    watch.hook(intake)
+                    await self._answer(ex, base, stream, watch.tracked_send, scope)
+            else:
+                async with trio.open_nursery() as nursery:
+                    watch = _Watch(send, nursery.cancel_scope)
+                    nursery.start_soon(watch.run, receive)
+                    await self._answer(ex, base, stream, watch.tracked_send, scope)
+                    nursery.cancel_scope.cancel()
         finally:
+            if intake is not None:
+                intake.on_disconnect = None
             ex.close()
+
+    async def _answer(
+        self, ex: Exchange, base: str, stream: bool, send: Send, scope: Scope
+    ) -> None:
+        """The exchange, and any error it ends in as the answer (in the route's shape)."""
+        ollama = ex.framing == "ndjson"
+        try:
+            await self._exchange(ex, base, stream, send)
+        except ApiError as err:
+            ex.failed(err)
+            await send_error(send, err, ollama=ollama)
+        except Exception:
+            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            internal = ApiError(
+                500, "internal frontend error", type=errors.SERVER_ERROR, code="internal"
+            )
+            ex.failed(internal)
+            await _try_send_error(send, internal, ollama=ollama)
 
     # ------------------------------------------------------------ routing
 

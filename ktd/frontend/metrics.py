@@ -100,6 +100,32 @@ class Metrics:
             registry=r,
         )
         self._loads_seen: dict[str, int] = {}
+        # The labelled children the request path uses, by label values: a
+        # ``labels()`` lookup validates, joins and locks on every call, a dict
+        # hit costs nothing (label values are bounded, so these stay small).
+        self._done: dict[tuple[str, str, int], Any] = {}
+        self._ttfb: dict[str, Any] = {}
+        self._waited: dict[str, Any] = {}
+
+    def request_done(self, endpoint: str, model: str, status: int) -> None:
+        """Count one finished request (``ktd_frontend_requests``)."""
+        key = (endpoint, model, status)
+        child = self._done.get(key)
+        if child is None:
+            child = self._done[key] = self.requests.labels(endpoint, model, str(status))
+        child.inc()
+
+    def first_byte(self, model: str, seconds: float) -> None:
+        child = self._ttfb.get(model)
+        if child is None:
+            child = self._ttfb[model] = self.ttfb.labels(model)
+        child.observe(seconds)
+
+    def waited(self, model: str, seconds: float) -> None:
+        child = self._waited.get(model)
+        if child is None:
+            child = self._waited[model] = self.load_wait.labels(model)
+        child.observe(seconds)
 
     def add_pool_gauge(self, count: Callable[[], tuple[int, int]]) -> None:
         """Export upstream connection-pool occupancy, read at scrape time only."""

@@ -219,7 +219,7 @@ class Exchange:
     def got_slot(self, slot: Slot, waited: float) -> None:
         self.slot = slot
         self.label = slot.alias
-        self.metrics.load_wait.labels(slot.alias).observe(waited)
+        self.metrics.waited(slot.alias, waited)
 
     def failed(self, err: ApiError) -> ApiError:
         """Record an error's status (and a bounded model label) and return it."""
@@ -281,7 +281,7 @@ class Exchange:
         return self.failed(err)
 
     def first_byte(self) -> None:
-        self.metrics.ttfb.labels(self.label).observe(trio.current_time() - self.started)
+        self.metrics.first_byte(self.label, trio.current_time() - self.started)
 
     # ------------------------------------------------------------ end
 
@@ -300,7 +300,7 @@ class Exchange:
         if self.slot is not None:
             self.slot.leave()
         self.metrics.in_flight.dec()
-        self.metrics.requests.labels(self.endpoint, self.label, str(self.status)).inc()
+        self.metrics.request_done(self.endpoint, self.label, self.status)
 
 
 class StaleClaim(Exception):

@@ -12,6 +12,7 @@ connections do not hold a SIGTERM.
 
 from __future__ import annotations
 
+import json
 import resource
 import signal
 import socket
@@ -193,3 +194,56 @@ def test_sigterm_with_idle_keep_alive_connections_exits_at_once(
             s.close()
     print(f"\nSIGTERM with {len(conns)} idle keep-alive connections: exit after {took:.3f}s")
     assert took < 3.0, f"SIGTERM took {took:.2f}s with idle connections (graceful timeout 5 s)"
+
+
+def _stream_request(tokens: int) -> bytes:
+    body = json.dumps(
+        {
+            "model": "m1",
+            "stream": True,
+            "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
+def _read_stream(s: socket.socket, buf: bytes = b"") -> bytes:
+    """A chunked SSE answer (``buf``: what was read of it) up to its terminating chunk
+    (nothing after it is read)."""
+    while not buf.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
+        chunk = s.recv(65536)
+        assert chunk, f"closed mid-stream after {buf[-200:]!r}"
+        buf += chunk
+    assert buf.startswith(b"HTTP/1.1 200"), buf[:200]
+    return buf
+
+
+def test_a_stream_outlasting_the_idle_timeout_and_a_sigterm_mid_stream(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    """The keep-alive timer (ktd/frontend/intake.py) counts idle time only: a stream that
+    runs past ``idle_timeout`` is not cut and its connection stays usable; once silent it
+    is closed. A SIGTERM while a stream runs lets it finish, then closes its connection."""
+    cfg = write_config(
+        [sim_model("m1", env={"KTD_SIM_TOKEN_RATE": 4})], frontend={"idle_timeout": 1}
+    )
+    daemon_factory(cfg)
+    fe = frontend_factory(cfg)
+    with _connect(fe.url) as s:
+        s.settimeout(30)
+        for _ in range(2):  # 8 tokens at 4/s: 2 s, twice the idle timeout
+            s.sendall(_stream_request(8))
+            assert _read_stream(s).count(b"data: ") >= 9
+        assert _closed_by_server(s, 30), "still open past the idle timeout"
+    with _connect(fe.url) as s:
+        s.settimeout(30)
+        s.sendall(_stream_request(8))
+        begun = s.recv(65536)  # the stream has begun
+        fe.proc.send_signal(signal.SIGTERM)
+        assert _read_stream(s, begun).count(b"data: ") >= 9
+        assert _closed_by_server(s, 30), "a connection outlived the shutdown"
+    assert fe.proc.wait(30) == 0, fe.output()

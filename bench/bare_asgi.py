@@ -1,0 +1,115 @@
+"""The floor: a bare ASGI app that answers a streamed chat completion by itself.
+
+Served by ``hypercorn -k trio bench.bare_asgi:app`` (Hypercorn's own trio
+worker, as ``ktd frontend`` uses it), it is what any app inside Hypercorn costs
+before it does anything of its own: it reads the body, takes ``max_tokens`` out
+of it, and answers 200 with SSE events shaped like the sim's (a role chunk, one
+chunk per token, a finish chunk, ``data: [DONE]``), one ASGI ``send`` each, as
+the sim writes one HTTP chunk each. No upstream, no routing, no admission, no
+metrics. bench/proxy_stream.py measures its time to first byte and CPU per
+request with the same client as the proxies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+
+_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_PREFIX = b'data: {"id":"chatcmpl-bare","object":"chat.completion.chunk","created":0,"model":"bench","choices":[{"index":0,"delta":'  # noqa: E501
+_ROLE = _PREFIX + b'{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+_TOKEN = _PREFIX + b'{"content":"tok "},"finish_reason":null}]}\n\n'
+_FINISH = _PREFIX + b'{},"finish_reason":"length"}]}\n\n'
+_DONE = b"data: [DONE]\n\n"
+
+
+async def app(
+    scope: Scope,
+    receive: Callable[[], Awaitable[Any]],
+    send: Callable[[Any], Awaitable[None]],
+) -> None:
+    if scope["type"] != "http":
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    try:
+        tokens = int(json.loads(body).get("max_tokens", 16))
+    except (ValueError, AttributeError):
+        tokens = 16
+    await send({"type": "http.response.start", "status": 200, "headers": _HEAD})
+    await send({"type": "http.response.body", "body": _ROLE, "more_body": True})
+    for _ in range(tokens):
+        await send({"type": "http.response.body", "body": _TOKEN, "more_body": True})
+    await send({"type": "http.response.body", "body": _FINISH, "more_body": True})
+    await send({"type": "http.response.body", "body": _DONE, "more_body": False})
+
+
+# ---------------------------------------------------------------- the proxy floor
+
+_UPSTREAM = os.environ.get("BARE_UPSTREAM", "")
+_pool: Any = None
+
+
+async def proxy(
+    scope: Scope,
+    receive: Callable[[], Awaitable[Any]],
+    send: Callable[[Any], Awaitable[None]],
+) -> None:
+    """The least a proxy inside Hypercorn can do: ``hypercorn -k trio bare_asgi:proxy``.
+
+    Forwards the body to ``BARE_UPSTREAM`` on the frontend's own keep-alive
+    client (ktd.frontend.upstream) and relays the stream, under ktd's Hypercorn
+    patches (transport.py, intake.py), with nothing of ktd's own request work:
+    no key, routing, admission, headers or metrics. What ``ktd frontend`` adds
+    over this is the cost of being ktd.
+    """
+    global _pool
+    if scope["type"] != "http":
+        await app(scope, receive, send)
+        return
+    if _pool is None:
+        from ktd.frontend.upstream import UpstreamPool
+
+        _pool = UpstreamPool(read_timeout=60)
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
+    resp = await _pool.request(_UPSTREAM, scope["path"].encode(), headers, body)
+    try:
+        await send({"type": "http.response.start", "status": resp.status, "headers": _HEAD})
+        data = b""
+        while not resp.done:
+            data = await resp.receive()
+            if data:
+                await send({"type": "http.response.body", "body": data, "more_body": not resp.done})
+        if not data:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        resp.close()
+
+
+def _patch() -> None:
+    if _UPSTREAM:
+        from ktd.frontend import intake, transport
+
+        transport.install()
+        intake.install()
+
+
+_patch()
