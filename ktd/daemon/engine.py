@@ -288,6 +288,18 @@ class Engine:
 
     # ------------------------------------------------------------ requests (any task)
 
+    def begin_adoption(self, run: Running) -> None:
+        """A previous daemon's engine, shown as adopting from the moment its record is
+        read: the control socket serves before the supervisor first runs, and a status
+        or an evict in between must see a running engine, not a stopped one (an evict
+        there was lost, and the engine served on). One that daemon was stopping is
+        stopped: a ``kill -9`` of ktd must not undo an evict."""
+        self.adopt = run
+        self.want_up = run.adopted_state not in (S.DRAINING, S.STOPPING)
+        self.state = S.STARTING
+        self.since = time.time()
+        self.phase = Phase.of(Step.ADOPTING)
+
     def request_up(self) -> None:
         if self.retired:
             return

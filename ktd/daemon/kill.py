@@ -93,8 +93,9 @@ async def kill_tree(
     kill_bound: float = stop.KILL_BOUND,
 ) -> None:
     """Stop the engine (``stop.StopMachine``: SIGTERM to its server when ``grace`` > 0,
-    at most ``grace`` for its drain, then ``follow`` for the rest before SIGKILL); then
-    wait for the engine's port (on ``host``) to be free. ``note`` writes the engine log."""
+    at most ``grace`` for its drain, then ``follow`` for the rest before SIGKILL); when a
+    member outlived that, wait a while for the engine's port (on ``host``) to be free.
+    ``note`` writes the engine log."""
     driver = _Driver(run, note)
     machine = stop.StopMachine(grace, follow=follow, kill_bound=kill_bound)
     try:
@@ -109,9 +110,15 @@ async def kill_tree(
             run.returncode = await run.proc.wait()
     run.exited.set()
     run.close()
-    with trio.move_on_after(10):
-        while not proctree.port_free(host, run.port):
-            await trio.sleep(POLL)
+    if done.left:
+        # A member that outlived its SIGKILL (stuck in the kernel) may still hold the
+        # port a restart on a fixed port needs. With the whole tree gone no socket of
+        # the engine's is left, so a port still taken is someone else's (the port
+        # taken before the engine bound it): waiting for it would delay the retry on
+        # another port for nothing.
+        with trio.move_on_after(10):
+            while not proctree.port_free(host, run.port):
+                await trio.sleep(POLL)
     note(stopped_note(run.returncode, pid=run.pid, terminated=done.terminated, killed=done.killed))
 
 

@@ -154,16 +154,18 @@ def _adopt_one(
             "recovered engine %s (pid %d, port %d) without a state record", f.alias, f.pid, port
         )
     engine.log.adopt_output(f.pid)
-    engine.adopt = Running(
-        digest=digest,
-        adopted_state=state,
-        started_at=started_at,
-        pid=f.pid,
-        start=f.start,
-        engine_id=f.engine_id,
-        port=port,
-        argv=argv,
-        pidfd=pidfd,
+    engine.begin_adoption(
+        Running(
+            digest=digest,
+            adopted_state=state,
+            started_at=started_at,
+            pid=f.pid,
+            start=f.start,
+            engine_id=f.engine_id,
+            port=port,
+            argv=argv,
+            pidfd=pidfd,
+        )
     )
     engine.plan = plan
     if rec is not None and rec.claims:

@@ -257,11 +257,10 @@ class Supervisor:
         return await self._supervise(run)
 
     async def _adopted(self, run: Running) -> Outcome:
-        """Supervise an engine a previous daemon started. One that daemon was stopping
-        is stopped: a ``kill -9`` of ktd must not undo an evict."""
+        """Supervise an engine a previous daemon started (``Engine.begin_adoption`` set what
+        it wants: an evict since then stands)."""
         e = self.e
         e.run = run
-        e.want_up = run.adopted_state not in (S.DRAINING, S.STOPPING)
         e.log.start_following(from_end=True)
         e.stats.load_started = run.started_at
         self._set(S.STARTING, phase=Phase.of(Step.ADOPTING))

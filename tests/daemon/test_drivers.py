@@ -156,6 +156,34 @@ async def test_a_cold_engine_is_loaded_once_for_a_burst(daemon: Any) -> None:
     assert len(set(got)) == 3000 and e.busy() == 3000
 
 
+@pytest.mark.parametrize("recorded", [S.READY, S.DRAINING])
+async def test_an_engine_being_adopted_is_running_before_its_supervisor_runs(
+    daemon: Any, recorded: S.State, autojump_clock: trio.abc.Clock
+) -> None:
+    """Regression: between reading the state file and the supervisor's first step the
+    control socket already serves, and it showed an adopted engine as ``stopped``: a
+    status lied, and an evict in that window found nothing to stop (the engine served
+    on). Shown as adopting at once; a request rides the adoption rather than launching
+    a second engine; an evict then is what the supervisor finds; one the previous
+    daemon was draining stays on its way down."""
+    from ktd.daemon.running import Running
+
+    d = daemon()
+    e = d.engine("m")
+    e.begin_adoption(
+        Running(pid=1, start=1, engine_id="old/m@1", port=8000, argv=[], adopted_state=recorded)
+    )
+    info = e.info()
+    assert info.state == "starting" and e.adopting() and info.pid == 1
+    assert e.want_up == (recorded == S.READY)
+    if recorded == S.READY:
+        with trio.move_on_after(1):
+            await d.gate.acquire(e, "c")  # rides the adoption: still waiting
+        assert e.state == S.STARTING and e.adopt is not None and e.want_up
+        e.request_down()
+        assert not e.want_up
+
+
 async def test_a_failed_load_answers_its_waiters_with_its_reason(daemon: Any) -> None:
     d = daemon()
     e = d.engine("m")

@@ -146,3 +146,47 @@ def test_a_load_that_stopped_an_engine_with_a_helper_and_crashed_is_reported_pro
         log = "\n".join(c.logs("old-kt", 200))
     assert took < WELL_UNDER, (took, log)
     assert "evicted to make room for bad-kt" in log and not alive(helper)
+
+
+async def test_a_port_someone_else_holds_does_not_delay_the_end_of_a_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: after an engine exited because its port was taken before it bound it
+    (``port_taken``), the stop waited 10 s for that port to be free before the retry on
+    another port, though the port was a stranger's and no process of the engine was
+    left. The port is looked at only while something of the engine outlived its kill."""
+    import socket
+    import sys
+
+    import trio
+
+    from ktd.daemon import kill
+    from ktd.daemon.running import Running
+
+    looked: list[int] = []
+
+    def port_free(host: str, port: int) -> bool:
+        looked.append(port)
+        return False  # as the blocker makes it: never free
+
+    monkeypatch.setattr(kill.proctree, "port_free", port_free)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        proc = await trio.lowlevel.open_process([sys.executable, "-c", "raise SystemExit(1)"])
+        info = proctree.read_stat(proc.pid)
+        run = Running(
+            pid=proc.pid,
+            start=info.start if info else 0,
+            engine_id="test/port-taken",
+            port=port,
+            argv=[sys.executable],
+            proc=proc,
+        )
+        await proc.wait()
+        notes: list[str] = []
+        await kill.kill_tree(run, grace=0.0, host="127.0.0.1", note=notes.append)
+    assert looked == []
+    assert run.exited.is_set() and run.returncode == 1
+    assert notes[-1] == f"stopped (pid {proc.pid}, exit 1)"
