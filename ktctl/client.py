@@ -479,11 +479,22 @@ class Client(Closing):
                 sub=sub,
                 on_event=keep,
             )
-            tail = self._expect(reply, p.LogsReply).lines
+            got = self._expect(reply, p.LogsReply)
+            tail = got.lines
             yield from tail
-            extra = [line for ev in early for line in ev.lines]
-            yield from extra[overlap(tail, extra) :]
-            for ev in sub:
+            if not got.upto:  # a daemon that does not count lines: the overlap of text
+                extra = [line for ev in early for line in ev.lines]
+                yield from extra[overlap(tail, extra) :]
+                early = []
+            # Events published while the tail was read arrive before or after its reply
+            # (another socket): those the tail holds are dropped by count, never by text
+            # (repeated lines are real). The filter ends at the first newer event, so a
+            # restarted daemon's count, which starts again, cannot hide its lines.
+            seam = got.upto
+            for ev in itertools.chain(early, sub):
+                if seam and 0 < ev.upto <= seam:
+                    continue
+                seam = 0
                 yield from ev.lines
         finally:
             sub.close()

@@ -339,6 +339,9 @@ class EvictReply(Reply, tag="evict"):
 class LogsReply(Reply, tag="logs"):
     alias: str
     lines: list[str]
+    # Lines the engine's log had taken when this tail was read (``Event.upto``): a
+    # follower that subscribed first drops the events this tail already holds.
+    upto: int = 0
 
 
 class AcquireReply(Reply, tag="acquire"):
@@ -473,6 +476,9 @@ class Event(msgspec.Struct, kw_only=True):
     state: str | None = None
     reason: str | None = None
     lines: list[str] = []
+    # ``log.``/``probe.`` events: lines the engine's log had taken once these were
+    # added (one count per engine per daemon run; 0 from a daemon that does not count).
+    upto: int = 0
     leases: int | None = None
     pid: int | None = None
     port: int | None = None

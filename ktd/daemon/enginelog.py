@@ -38,6 +38,7 @@ class EngineLog:
         self.max_bytes = max_bytes
         self.backups = backups
         self.tail: deque[str] = deque(maxlen=tail)
+        self.count = 0  # lines ever added (``Event.upto``: a follower's seam)
         self.publish = publish
         self.error: str | None = None
         self._partial = b""
@@ -112,6 +113,7 @@ class EngineLog:
         self.tail.extend(
             ln.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1] for ln in lines
         )
+        self.count += len(lines)
 
     def start_following(self, *, from_end: bool) -> None:
         """Begin reading the file; ``from_end`` skips what an earlier engine wrote."""
@@ -283,6 +285,7 @@ class EngineLog:
     def _add(self, lines: list[str]) -> list[str]:
         if lines:
             self.tail.extend(lines)
+            self.count += len(lines)
             if self.publish is not None:
                 self.publish(lines)
         return lines

@@ -231,7 +231,16 @@ class Pool:
         for kind, batch in (("log", keep), ("probe", probes)):
             if batch:
                 topic = f"{kind}.{engine.alias}"
-                self.publish(topic, Event(topic=topic, time=now, alias=engine.alias, lines=batch))
+                self.publish(
+                    topic,
+                    Event(
+                        topic=topic,
+                        time=now,
+                        alias=engine.alias,
+                        lines=batch,
+                        upto=engine.log.count,
+                    ),
+                )
 
     def _lease_event(self, engine: Engine) -> None:
         topic = f"lease.{engine.alias}"
@@ -379,15 +388,16 @@ class Pool:
             await engine.wait_stopped()
         return evicted
 
-    def logs(self, alias: str, lines: int, *, probes: bool = False) -> list[str]:
-        """The last ``lines`` lines; ktd's own health-check access lines only if ``probes``."""
+    def logs(self, alias: str, lines: int, *, probes: bool = False) -> tuple[list[str], int]:
+        """The last ``lines`` lines (ktd's own health-check access lines only if
+        ``probes``), and the log's line count when they were read (``LogsReply.upto``)."""
         engine = self.engine(alias)
         engine.log.poll()
         n = max(0, min(lines, 100_000))
         if probes:
-            return engine.log.last(n)
+            return engine.log.last(n), engine.log.count
         keep = [ln for ln in engine.log.tail if not loglines.is_probe_access(ln)]
-        return keep[-n:] if n else []
+        return (keep[-n:] if n else []), engine.log.count
 
     # ------------------------------------------------------------ leases and claims
 

@@ -141,7 +141,8 @@ class ControlServer:
             case p.Models():
                 return p.ModelsReply(models=pool.models())
             case p.Logs(alias=alias, lines=lines, probes=probes):
-                return p.LogsReply(alias=alias, lines=pool.logs(alias, lines, probes=probes))
+                tail, upto = pool.logs(alias, lines, probes=probes)
+                return p.LogsReply(alias=alias, lines=tail, upto=upto)
             case p.Acquire(model=model, client=client):
                 now = pool.grant_now(model, client, claim=False)
                 if now is None:

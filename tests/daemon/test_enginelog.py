@@ -25,6 +25,24 @@ def test_follow_lines_partial_and_carriage_returns(tmp_path: Path) -> None:
     os.close(fd)
 
 
+def test_each_published_batch_carries_the_count_the_tail_is_read_at(tmp_path: Path) -> None:
+    """``Event.upto`` and ``LogsReply.upto``: a follower's seam is a count, not text."""
+    counts: list[tuple[int, list[str]]] = []
+    log = EngineLog(tmp_path / "a.log", tail=3)
+    log.publish = lambda lines: counts.append((log.count, lines))
+    fd = log.open_for_engine()
+    assert fd is not None
+    log.start_following(from_end=True)
+    os.write(fd, b"x\nx\n")
+    log.poll()
+    log.note("x")
+    os.write(fd, b"y\n")
+    log.poll()
+    assert counts == [(2, ["x", "x"]), (3, ["[ktd] x"]), (4, ["y"])]
+    assert log.count == 4 and len(log.tail) == 3  # the count goes on past the tail's size
+    os.close(fd)
+
+
 def test_from_end_skips_an_earlier_engine(tmp_path: Path) -> None:
     (tmp_path / "a.log").write_text("old run\n")
     log = EngineLog(tmp_path / "a.log")

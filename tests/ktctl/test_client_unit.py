@@ -304,26 +304,59 @@ def test_load_progress_sees_events_published_right_after_the_request(
     ]
 
 
-def test_follow_logs_dedupes_the_tail_and_keeps_following(
+@pytest.mark.parametrize("reply_first", [False, True])
+def test_follow_logs_drops_by_count_what_the_tail_holds(
+    daemon: Callable[[Handler], FakeDaemon], reply_first: bool
+) -> None:
+    """Lines written while the tail is read arrive both ways, and their events may come
+    before or after the tail's reply (another socket: the flaky seam of ``logs -f``,
+    lines shown twice). They are dropped by the log's line count, never by text: the
+    engine's repeated lines (here "x" three times) are all shown."""
+    seen = [
+        p.Event(topic="log.m", time=0, alias="m", lines=["a", "x"], upto=2),
+        p.Event(topic="log.m", time=0, alias="m", lines=["x"], upto=3),
+    ]
+    new = [p.Event(topic="log.m", time=0, alias="m", lines=["x", "c"], upto=5)]
+
+    def handler(req: p.Request, d: FakeDaemon) -> Answer:
+        if isinstance(req, p.Logs):
+            if not reply_first:
+                for ev in [*seen, *new]:
+                    d.publish(ev)
+            d.publish(p.Event(topic="log.mm", time=0, alias="mm", lines=["other"], upto=9))
+            return [p.LogsReply(id=req.id, alias="m", lines=["a", "x", "x"], upto=3)]
+        return None
+
+    d = daemon(handler)
+    with Client(d.path) as c:
+        it = c.follow_logs("m", 3)
+        assert [next(it), next(it), next(it)] == ["a", "x", "x"]
+        if reply_first:
+            for ev in [*seen, *new]:
+                d.outbox.put(ev)
+        assert [next(it), next(it)] == ["x", "c"]
+        d.outbox.put(p.Event(topic="log.m", time=0, alias="m", lines=["d"], upto=6))
+        assert next(it) == "d"
+        it.close()
+    logs = [r for r in d.requests if isinstance(r, p.Logs)]
+    assert logs[0].lines == 3
+
+
+def test_follow_logs_of_a_daemon_that_does_not_count_keeps_following(
     daemon: Callable[[Handler], FakeDaemon],
 ) -> None:
     def handler(req: p.Request, d: FakeDaemon) -> Answer:
         if isinstance(req, p.Logs):
-            # lines written while the tail is read arrive both ways
-            d.publish(p.Event(topic="log.m", time=0, alias="m", lines=["b", "c"]))
-            d.publish(p.Event(topic="log.mm", time=0, alias="mm", lines=["other"]))
             return [p.LogsReply(id=req.id, alias="m", lines=["a", "b"])]
         return None
 
     d = daemon(handler)
     with Client(d.path) as c:
         it = c.follow_logs("m", 2)
-        assert [next(it), next(it), next(it)] == ["a", "b", "c"]
-        d.outbox.put(p.Event(topic="log.m", time=0, alias="m", lines=["d"]))
-        assert next(it) == "d"
+        assert [next(it), next(it)] == ["a", "b"]
+        d.outbox.put(p.Event(topic="log.m", time=0, alias="m", lines=["c"]))
+        assert next(it) == "c"
         it.close()
-    logs = [r for r in d.requests if isinstance(r, p.Logs)]
-    assert logs[0].lines == 2
 
 
 def test_events_stream_all_topics(daemon: Callable[[Handler], FakeDaemon]) -> None:

@@ -44,7 +44,7 @@ from ktd.frontend.flow import ASGIApp, Receive, Scope, Send
 from ktd.frontend.proxy import control_error
 from ktd.frontend.ui import wire
 from ktd.frontend.ui.access import CONTROL_HEADER, Access, cookie_value, set_cookie
-from ktd.frontend.ui.hub import SUBSCRIBE_WAIT, Hub, Viewer
+from ktd.frontend.ui.hub import SUBSCRIBE_WAIT, Hub, Item, LogLines, Viewer
 from ktd.frontend.ui.page import Page
 
 log = logging.getLogger("ktd.frontend.ui")
@@ -332,7 +332,7 @@ class Dashboard:
         if viewer.logs is not None:
             await out(await self._tail(viewer))
         while True:
-            items: list[bytes | list[str]] = []
+            items: list[Item] = []
             with trio.move_on_after(self.heartbeat):
                 try:
                     items.append(await viewer.recv.receive())
@@ -355,9 +355,10 @@ class Dashboard:
         with trio.move_on_after(SUBSCRIBE_WAIT):
             await self.hub.subscribed.wait()
         try:
-            tail = await self.hub.logs(alias, TAIL_LINES)
+            tail, upto = await self.hub.logs(alias, TAIL_LINES)
         except (ControlError, Unreachable) as exc:
-            tail = [f"[ktd: no log for {alias}: {exc}]"]
+            tail, upto = [f"[ktd: no log for {alias}: {exc}]"], 0
+        viewer.seam = upto  # what arrives later may still be in the tail (another socket)
         early: list[str] = []
         held: list[bytes] = []
         while True:
@@ -365,21 +366,27 @@ class Dashboard:
                 item = viewer.recv.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            if isinstance(item, list):
-                early.extend(item)
+            if isinstance(item, LogLines):
+                early.extend(viewer.fresh(item))
             else:
                 held.append(item)
-        fresh = early[overlap(tail, early) :]
+        # A daemon that does not count lines: the overlap of text.
+        fresh = early if upto else early[overlap(tail, early) :]
         data = wire.event("logtail", wire.encode({"alias": alias, "lines": tail}))
         if fresh:
-            data += _frame(viewer, fresh)
+            data += _log_frame(alias, fresh)
         return data + b"".join(held)
 
 
-def _frame(viewer: Viewer, item: bytes | list[str]) -> bytes:
-    if isinstance(item, list):
-        return wire.event("log", wire.encode({"alias": viewer.logs, "lines": item}))
+def _frame(viewer: Viewer, item: Item) -> bytes:
+    if isinstance(item, LogLines):
+        lines = viewer.fresh(item)
+        return _log_frame(viewer.logs, lines) if lines else b""
     return item
+
+
+def _log_frame(alias: str | None, lines: list[str]) -> bytes:
+    return wire.event("log", wire.encode({"alias": alias, "lines": lines}))
 
 
 def _alias(value: str | None) -> str:

@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,16 @@ PLAN_TIMEOUT = 150.0  # the daemon may probe the engine's Python first (120 s at
 MACHINE_TIMEOUT = 20.0  # nvidia-smi may take up to 15 s
 _TOPICS = (b"engine.", b"log.", b"lease.")
 
-Item = bytes | list[str]  # an encoded message, or log lines of the page's alias
+
+@dataclass(frozen=True, slots=True)
+class LogLines:
+    """Log lines of the page's alias, and the log's line count after them (``Event.upto``)."""
+
+    upto: int
+    lines: list[str]
+
+
+Item = bytes | LogLines  # an encoded message, or log lines of the page's alias
 
 
 def events_endpoint(control_endpoint: str) -> str:
@@ -67,11 +77,21 @@ def events_endpoint(control_endpoint: str) -> str:
 class Viewer:
     """One open page: its queue, and the alias whose log it follows (None: none)."""
 
-    __slots__ = ("logs", "recv", "send")
+    __slots__ = ("logs", "recv", "seam", "send")
 
     def __init__(self, logs: str | None) -> None:
         self.logs = logs
         self.send, self.recv = trio.open_memory_channel[Item](QUEUE)
+        self.seam = 0  # the tail's line count: batches it already holds are dropped
+
+    def fresh(self, batch: LogLines) -> list[str]:
+        """``batch``'s lines unless the tail sent already holds them (by count, never by
+        text: repeated lines are real). The filter ends at the first newer batch, so a
+        restarted daemon's count, which starts again, cannot hide its lines."""
+        if self.seam and 0 < batch.upto <= self.seam:
+            return []
+        self.seam = 0
+        return batch.lines
 
     def push(self, item: Item) -> None:
         try:
@@ -208,11 +228,11 @@ class Hub:
             if not followers:
                 return
             try:
-                lines = p.decode_event(frames[1]).lines
+                ev = p.decode_event(frames[1])
             except (msgspec.DecodeError, msgspec.ValidationError):
                 return
             for viewer in followers:
-                viewer.push(list(lines))
+                viewer.push(LogLines(ev.upto, list(ev.lines)))
         elif topic.startswith(b"engine."):
             self._poke.set()
             self._machine_poke.set()  # a load or a stop changes who holds what
@@ -322,9 +342,12 @@ class Hub:
 
     # ------------------------------------------------------------ one-off questions
 
-    async def logs(self, alias: str, lines: int) -> list[str]:
+    async def logs(self, alias: str, lines: int) -> tuple[list[str], int]:
+        """The tail and the log's line count when it was read (``LogsReply.upto``)."""
         reply = await self.broker.request(p.Logs(alias=alias, lines=lines), timeout=5.0)
-        return list(reply.lines) if isinstance(reply, p.LogsReply) else []
+        if not isinstance(reply, p.LogsReply):
+            return [], 0
+        return list(reply.lines), reply.upto
 
     async def plan(self, alias: str) -> dict[str, Any]:
         """The dry-run and memory estimate of loading ``alias`` now (shared briefly)."""
