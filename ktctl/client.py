@@ -32,7 +32,7 @@ from ktd import paths
 from ktd import protocol as p
 from ktd.control.endpoint import check_reply, control_path, dealer
 from ktd.control.errors import ControlError
-from ktd.core.loglines import overlap
+from ktd.core.loglines import Seam, overlap
 from ktd.frameid import peek_id
 
 __all__ = [
@@ -486,16 +486,9 @@ class Client(Closing):
                 extra = [line for ev in early for line in ev.lines]
                 yield from extra[overlap(tail, extra) :]
                 early = []
-            # Events published while the tail was read arrive before or after its reply
-            # (another socket): those the tail holds are dropped by count, never by text
-            # (repeated lines are real). The filter ends at the first newer event, so a
-            # restarted daemon's count, which starts again, cannot hide its lines.
-            seam = got.upto
+            seam = Seam(got.upto)
             for ev in itertools.chain(early, sub):
-                if seam and 0 < ev.upto <= seam:
-                    continue
-                seam = 0
-                yield from ev.lines
+                yield from seam.fresh(ev.upto, ev.lines)
         finally:
             sub.close()
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "PROBE_QUERY",
+    "Seam",
     "is_probe_access",
     "overlap",
     "phase_of",
@@ -66,11 +67,31 @@ def split_probe_access(lines: Iterable[str]) -> tuple[list[str], list[str]]:
     return keep, probes
 
 
-def overlap(tail: list[str], extra: list[str]) -> int:
-    """How many leading ``extra`` lines repeat the end of ``tail`` (longest such run).
+class Seam:
+    """Where a log follower's tail ends and the new lines begin.
 
     A follower subscribes to new lines before it asks for the tail, so the lines
-    written in between arrive twice: once at the tail's end, once as new.
+    written in between arrive twice, and their events may come before or after the
+    tail's reply (another socket). Each event carries the log's line count after its
+    lines (``Event.upto``), the tail the count it was read at (``LogsReply.upto``):
+    a batch within the tail's count is dropped, by count and never by text (an
+    engine's repeated lines are real). The filter ends at the first newer batch, so
+    a restarted daemon's count, which starts again, cannot hide its lines.
+    """
+
+    def __init__(self, upto: int = 0) -> None:
+        self.upto = upto  # 0: nothing to drop (no tail yet, or a daemon that does not count)
+
+    def fresh(self, upto: int, lines: list[str]) -> list[str]:
+        if self.upto and 0 < upto <= self.upto:
+            return []
+        self.upto = 0
+        return lines
+
+
+def overlap(tail: list[str], extra: list[str]) -> int:
+    """How many leading ``extra`` lines repeat the end of ``tail`` (longest such run):
+    the seam by text, for a daemon whose events carry no count (``Seam``).
     """
     for k in range(min(len(tail), len(extra)), 0, -1):
         if tail[-k:] == extra[:k]:

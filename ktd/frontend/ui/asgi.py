@@ -37,7 +37,7 @@ import trio
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.core.loglines import overlap
+from ktd.core.loglines import Seam, overlap
 from ktd.frontend import errors
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ASGIApp, Receive, Scope, Send
@@ -358,7 +358,7 @@ class Dashboard:
             tail, upto = await self.hub.logs(alias, TAIL_LINES)
         except (ControlError, Unreachable) as exc:
             tail, upto = [f"[ktd: no log for {alias}: {exc}]"], 0
-        viewer.seam = upto  # what arrives later may still be in the tail (another socket)
+        viewer.seam = Seam(upto)  # what arrives later may still be in the tail
         early: list[str] = []
         held: list[bytes] = []
         while True:

@@ -39,7 +39,7 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, TrioSocket
 from ktd.core import states as S
-from ktd.core.loglines import probe_path
+from ktd.core.loglines import Seam, probe_path
 from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.metrics import Metrics
 from ktd.frontend.scrape import scrape_engines
@@ -82,16 +82,11 @@ class Viewer:
     def __init__(self, logs: str | None) -> None:
         self.logs = logs
         self.send, self.recv = trio.open_memory_channel[Item](QUEUE)
-        self.seam = 0  # the tail's line count: batches it already holds are dropped
+        self.seam = Seam()  # set when its tail is sent
 
     def fresh(self, batch: LogLines) -> list[str]:
-        """``batch``'s lines unless the tail sent already holds them (by count, never by
-        text: repeated lines are real). The filter ends at the first newer batch, so a
-        restarted daemon's count, which starts again, cannot hide its lines."""
-        if self.seam and 0 < batch.upto <= self.seam:
-            return []
-        self.seam = 0
-        return batch.lines
+        """``batch``'s lines unless the tail sent already holds them."""
+        return self.seam.fresh(batch.upto, batch.lines)
 
     def push(self, item: Item) -> None:
         try:

@@ -221,13 +221,14 @@ def test_a_log_follower_drops_by_count_what_its_tail_held() -> None:
     """Batches published while the tail was read arrive before or after it; those with a
     count within the tail's are dropped, repeated text is kept, and the filter ends at
     the first newer batch (a restarted daemon counts from the start again)."""
+    from ktd.core.loglines import Seam
     from ktd.frontend.ui.hub import LogLines, Viewer
 
     v = Viewer("m")
-    v.seam = 3
+    v.seam = Seam(3)
     assert v.fresh(LogLines(2, ["a", "x"])) == []
     assert v.fresh(LogLines(3, ["x"])) == []
     assert v.fresh(LogLines(4, ["x"])) == ["x"]
     assert v.fresh(LogLines(1, ["restarted"])) == ["restarted"]
-    v.seam = 0  # a daemon that does not count: everything passes
+    v.seam = Seam(0)  # a daemon that does not count: everything passes
     assert v.fresh(LogLines(0, ["z"])) == ["z"]
