@@ -396,12 +396,8 @@ class Desk:
         line = self.line(model)
         if not line.waiting and line.has_slot():
             # The fast path (a held claim, a free slot, nobody ahead): no Ask to keep.
-            held = line.held
-            assert held is not None
-            held.inflight += 1
-            if held.inflight == 1:
-                return rid, [Grant(rid, held), Tell()]
-            return rid, [Grant(rid, held)]
+            assert line.held is not None
+            return rid, self._occupy(rid, line.held)
         deadline = now + load_timeout if load_timeout > 0 else math.inf
         ask = Ask(rid, model, deadline, autoload, load_timeout)
         if not line.limits.may_join(in_flight=line.in_flight(), waiting=len(line.waiting)):
@@ -519,11 +515,15 @@ class Desk:
         ask.slot = held
         ask.done = True
         self.asks.pop(ask.rid, None)
+        return self._occupy(ask.rid, held)
+
+    @staticmethod
+    def _occupy(rid: int, held: Held) -> list[DeskAction]:
+        """Request ``rid`` on ``held``: its grant, and a report when the claim turns busy."""
         held.inflight += 1
-        out: list[DeskAction] = [Grant(ask.rid, held)]
         if held.inflight == 1:
-            out.append(Tell())
-        return out
+            return [Grant(rid, held), Tell()]
+        return [Grant(rid, held)]
 
     def _serve(self, line: Line) -> list[DeskAction]:
         """Free slots to waiters in arrival order; a claim asked for if there is none."""
