@@ -110,22 +110,13 @@ class Metrics:
     def request_done(self, endpoint: str, model: str, status: int) -> None:
         """Count one finished request (``ktd_frontend_requests``)."""
         key = (endpoint, model, status)
-        child = self._done.get(key)
-        if child is None:
-            child = self._done[key] = self.requests.labels(endpoint, model, str(status))
-        child.inc()
+        _child(self._done, key, self.requests, endpoint, model, str(status)).inc()
 
     def first_byte(self, model: str, seconds: float) -> None:
-        child = self._ttfb.get(model)
-        if child is None:
-            child = self._ttfb[model] = self.ttfb.labels(model)
-        child.observe(seconds)
+        _child(self._ttfb, model, self.ttfb, model).observe(seconds)
 
     def waited(self, model: str, seconds: float) -> None:
-        child = self._waited.get(model)
-        if child is None:
-            child = self._waited[model] = self.load_wait.labels(model)
-        child.observe(seconds)
+        _child(self._waited, model, self.load_wait, model).observe(seconds)
 
     def add_pool_gauge(self, count: Callable[[], tuple[int, int]]) -> None:
         """Export upstream connection-pool occupancy, read at scrape time only."""
@@ -214,3 +205,11 @@ class EngineCollector:
             loads.add_metric([e.alias], e.loads)
             load_total.add_metric([e.alias], e.load_seconds_total)
         yield from (state, leases, queued, last, restarts, evictions, loads, load_total)
+
+
+def _child(cache: dict[Any, Any], key: object, metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, looked up once per ``key``."""
+    child = cache.get(key)
+    if child is None:
+        child = cache[key] = metric.labels(*labels)
+    return child
