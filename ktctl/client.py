@@ -32,7 +32,7 @@ from ktd import paths
 from ktd import protocol as p
 from ktd.control.endpoint import check_reply, control_path, dealer
 from ktd.control.errors import ControlError
-from ktd.core.loglines import Seam, overlap
+from ktd.core.loglines import Seam
 from ktd.frameid import peek_id
 
 __all__ = [
@@ -480,14 +480,10 @@ class Client(Closing):
                 on_event=keep,
             )
             got = self._expect(reply, p.LogsReply)
-            tail = got.lines
-            yield from tail
-            if not got.upto:  # a daemon that does not count lines: the overlap of text
-                extra = [line for ev in early for line in ev.lines]
-                yield from extra[overlap(tail, extra) :]
-                early = []
-            seam = Seam(got.upto)
-            for ev in itertools.chain(early, sub):
+            yield from got.lines
+            seam = Seam(got.lines, got.upto)
+            yield from seam.opening((ev.upto, ev.lines) for ev in early)
+            for ev in sub:
                 yield from seam.fresh(ev.upto, ev.lines)
         finally:
             sub.close()

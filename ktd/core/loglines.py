@@ -76,13 +76,24 @@ class Seam:
     lines (``Event.upto``), the tail the count it was read at (``LogsReply.upto``):
     a batch within the tail's count is dropped, by count and never by text (an
     engine's repeated lines are real). The filter ends at the first newer batch, so
-    a restarted daemon's count, which starts again, cannot hide its lines.
+    a restarted daemon's count, which starts again, cannot hide its lines. From a
+    daemon that does not count (``upto`` 0), the batches that came before the reply
+    are cut by the overlap of text instead (``opening``).
     """
 
-    def __init__(self, upto: int = 0) -> None:
-        self.upto = upto  # 0: nothing to drop (no tail yet, or a daemon that does not count)
+    def __init__(self, tail: list[str] | None = None, upto: int = 0) -> None:
+        self.tail = tail or []
+        self.upto = upto  # 0: nothing to drop by count (no tail yet, or no count)
+
+    def opening(self, batches: Iterable[tuple[int, list[str]]]) -> list[str]:
+        """What the batches (``(upto, lines)``) that arrived with the tail add to it."""
+        if not self.upto:
+            extra = [line for _, lines in batches for line in lines]
+            return extra[overlap(self.tail, extra) :]
+        return [line for upto, lines in batches for line in self.fresh(upto, lines)]
 
     def fresh(self, upto: int, lines: list[str]) -> list[str]:
+        """A batch that arrived after the tail: its lines unless the tail holds them."""
         if self.upto and 0 < upto <= self.upto:
             return []
         self.upto = 0

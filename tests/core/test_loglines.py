@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ktctl import render
 from ktd import protocol as p
-from ktd.core.loglines import is_probe_access, phase_of, split_probe_access
+from ktd.core.loglines import Seam, is_probe_access, overlap, phase_of, split_probe_access
 from ktd.daemon.loadhistory import LoadHistory
 
 HEALTH = '[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /health?ktd=probe HTTP/1.1" 200 OK'
@@ -55,3 +55,24 @@ def test_progress_line_shows_expected_time_and_evictions() -> None:
     )  # fmt: skip
     line = prog.line(160.0, 200)
     assert line == "m starting (stopping old-kt to make room) 1m00s/~5m00s"
+
+
+def test_overlap() -> None:
+    assert overlap(["a", "b"], ["b", "c"]) == 1
+    assert overlap(["a", "b"], ["a", "b", "c"]) == 2
+    assert overlap(["a", "b"], ["c"]) == 0
+    assert overlap([], ["c"]) == 0
+    assert overlap(["x", "a", "b"], ["a", "b"]) == 2
+
+
+def test_a_seam_without_counts_cuts_the_early_batches_by_text() -> None:
+    """A daemon whose events carry no count: the early batches lose the tail's end."""
+    seam = Seam(["a", "b"])
+    assert seam.opening([(0, ["b"]), (0, ["c"])]) == ["c"]
+    assert seam.fresh(0, ["d"]) == ["d"]
+
+
+def test_a_seam_with_counts_drops_what_the_tail_holds_and_keeps_repeats() -> None:
+    seam = Seam(["x", "x"], upto=2)
+    assert seam.opening([(1, ["x"]), (2, ["x"]), (3, ["x"])]) == ["x"]
+    assert seam.fresh(2, ["late"]) == ["late"]  # past the first newer batch: no filter

@@ -22,7 +22,7 @@ import zmq
 from ktctl_fakes import Answer, FakeDaemon, Handler
 
 from ktctl import Client, ConnectionLost, DaemonUnreachable, KtdError, ProtocolError
-from ktctl.client import overlap, probe, resolve_socket
+from ktctl.client import probe, resolve_socket
 from ktd import protocol as p
 
 
@@ -386,14 +386,6 @@ def test_close_is_idempotent_and_cheap_when_unused(rundir: Path) -> None:
     c.close()
     c.close()
     assert "control.sock" in repr(c)
-
-
-def test_overlap() -> None:
-    assert overlap(["a", "b"], ["b", "c"]) == 1
-    assert overlap(["a", "b"], ["a", "b", "c"]) == 2
-    assert overlap(["a", "b"], ["c"]) == 0
-    assert overlap([], ["c"]) == 0
-    assert overlap(["x", "a", "b"], ["a", "b"]) == 2
 
 
 def test_no_thread_or_fd_leak_after_close(daemon: Callable[[Handler], FakeDaemon]) -> None:

@@ -37,7 +37,7 @@ import trio
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.core.loglines import Seam, overlap
+from ktd.core.loglines import Seam
 from ktd.frontend import errors
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ASGIApp, Receive, Scope, Send
@@ -358,8 +358,8 @@ class Dashboard:
             tail, upto = await self.hub.logs(alias, TAIL_LINES)
         except (ControlError, Unreachable) as exc:
             tail, upto = [f"[ktd: no log for {alias}: {exc}]"], 0
-        viewer.seam = Seam(upto)  # what arrives later may still be in the tail
-        early: list[str] = []
+        viewer.seam = Seam(tail, upto)  # what arrives later may still be in the tail
+        early: list[tuple[int, list[str]]] = []
         held: list[bytes] = []
         while True:
             try:
@@ -367,11 +367,10 @@ class Dashboard:
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
             if isinstance(item, LogLines):
-                early.extend(viewer.fresh(item))
+                early.append((item.upto, item.lines))
             else:
                 held.append(item)
-        # A daemon that does not count lines: the overlap of text.
-        fresh = early if upto else early[overlap(tail, early) :]
+        fresh = viewer.seam.opening(early)
         data = wire.event("logtail", wire.encode({"alias": alias, "lines": tail}))
         if fresh:
             data += _log_frame(alias, fresh)

@@ -225,10 +225,10 @@ def test_a_log_follower_drops_by_count_what_its_tail_held() -> None:
     from ktd.frontend.ui.hub import LogLines, Viewer
 
     v = Viewer("m")
-    v.seam = Seam(3)
+    v.seam = Seam(upto=3)
     assert v.fresh(LogLines(2, ["a", "x"])) == []
     assert v.fresh(LogLines(3, ["x"])) == []
     assert v.fresh(LogLines(4, ["x"])) == ["x"]
     assert v.fresh(LogLines(1, ["restarted"])) == ["restarted"]
-    v.seam = Seam(0)  # a daemon that does not count: everything passes
+    v.seam = Seam()  # a daemon that does not count: everything passes
     assert v.fresh(LogLines(0, ["z"])) == ["z"]
