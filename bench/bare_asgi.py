@@ -38,12 +38,7 @@ async def app(
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            break
+    body = await _body(receive)
     try:
         tokens = int(json.loads(body).get("max_tokens", 16))
     except (ValueError, AttributeError):
@@ -54,6 +49,15 @@ async def app(
         await send({"type": "http.response.body", "body": _TOKEN, "more_body": True})
     await send({"type": "http.response.body", "body": _FINISH, "more_body": True})
     await send({"type": "http.response.body", "body": _DONE, "more_body": False})
+
+
+async def _body(receive: Callable[[], Awaitable[Any]]) -> bytes:
+    body: bytes = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return body
 
 
 # ---------------------------------------------------------------- the proxy floor
@@ -83,12 +87,7 @@ async def proxy(
         from ktd.frontend.upstream import UpstreamPool
 
         _pool = UpstreamPool(read_timeout=60)
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            break
+    body = await _body(receive)
     headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
     resp = await _pool.request(_UPSTREAM, scope["path"].encode(), headers, body)
     try:

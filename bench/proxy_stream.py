@@ -64,8 +64,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import trio
 
@@ -372,54 +374,65 @@ async def round_robin(
             t.req_n += n
 
 
+def start_listening(
+    argv: Callable[[str], list[str]],
+    what: str,
+    *,
+    env: dict[str, str],
+    log: IO[bytes],
+    cwd: Path | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A server on a free loopback port (``argv`` gets its ``host:port``), once it listens."""
+    port = free_port()
+    proc = subprocess.Popen(
+        argv(f"127.0.0.1:{port}"),
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+    )
+    wait_for(lambda: _tcp_open(port), 30, what)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def start_bare(root: Path, app: str, upstream: str = "") -> tuple[subprocess.Popen[bytes], str]:
     """``hypercorn -k trio bare_asgi:<app>``: the floors (bench/bare_asgi.py)."""
-    port = free_port()
-    name = app.replace(":", "-")
-    log = open(root / f"{name}.out", "wb")  # noqa: SIM115
     env = dict(os.environ)
     here = Path(__file__).resolve().parent
     env["PYTHONPATH"] = os.pathsep.join((str(here), str(here.parent)))
     env["BARE_UPSTREAM"] = upstream
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", app],
-        stdout=log,
-        stderr=log,
-        stdin=subprocess.DEVNULL,
+    log = open(root / f"{app.replace(':', '-')}.out", "wb")  # noqa: SIM115
+    return start_listening(
+        lambda bind: [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", bind, app],
+        f"hypercorn {app}",
         env=env,
+        log=log,
     )
-    wait_for(lambda: _tcp_open(port), 30, f"hypercorn {app}")
-    return proc, f"http://127.0.0.1:{port}"
+
+
+def checkout_python(checkout: Path) -> Path:
+    """Another checkout's own venv (``--before``)."""
+    python = checkout / ".venv" / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"bench: {python} not found (make the checkout's venv first)")
+    return python
 
 
 def start_before(stack: Stack, checkout: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The frontend of another checkout (its own venv), on the same daemon."""
-    python = checkout / ".venv" / "bin" / "python"
-    if not python.exists():
-        raise SystemExit(f"bench: {python} not found (make the checkout's venv first)")
-    port = free_port()
+    python = checkout_python(checkout)
     env = dict(stack.env)
     env["PYTHONPATH"] = str(checkout)
+    config = str(stack.root / "config.json")
     log = open(stack.root / "before.out", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            str(python),
-            "-m",
-            "ktd",
-            "frontend",
-            "--config",
-            str(stack.root / "config.json"),
-            "--bind",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=log,
-        stdin=subprocess.DEVNULL,
+    return start_listening(
+        lambda bind: [str(python), "-m", "ktd", "frontend", "--config", config, "--bind", bind],
+        "the --before frontend",
         env=env,
-        cwd=str(checkout),
+        log=log,
+        cwd=checkout,
     )
-    wait_for(lambda: _tcp_open(port), 30, "the --before frontend")
-    return proc, f"http://127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------- main

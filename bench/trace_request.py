@@ -24,10 +24,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Stack, chat_body, free_port, pct, sim_model, time_limit, wait_for
-from proxy_stream import ALIAS, _one_stream, _tcp_open
-
-from ktd.frontend.upstream import UpstreamPool
+from _common import Stack, pct, sim_model, time_limit
+from proxy_stream import ALIAS, Target, checkout_python, round_robin, start_listening
 
 HERE = Path(__file__).resolve().parent
 PHASES = ["read", "app", "body", "slot", "sent", "head", "start", "chunk", "out", "end", "idle"]
@@ -36,7 +34,6 @@ PHASES = ["read", "app", "body", "slot", "sent", "head", "start", "chunk", "out"
 def start_traced(
     stack: Stack, name: str, checkout: Path | None, profile: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], str, Path]:
-    port = free_port()
     out = stack.root / f"trace-{name}.json"
     env = dict(stack.env)
     env["KTD_TRACE_OUT"] = str(out)
@@ -46,39 +43,22 @@ def start_traced(
     if checkout is not None:
         env["KTD_TRACE_REPO"] = str(checkout)
         env["PYTHONPATH"] = str(checkout)
-        python = str(checkout / ".venv" / "bin" / "python")
-    proc = subprocess.Popen(
-        [
-            python,
-            str(HERE / "_traced_frontend.py"),
-            "--config",
-            str(stack.root / "config.json"),
-            "--bind",
-            f"127.0.0.1:{port}",
-        ],
+        python = str(checkout_python(checkout))
+    script, config = str(HERE / "_traced_frontend.py"), str(stack.root / "config.json")
+    proc, url = start_listening(
+        lambda bind: [python, script, "--config", config, "--bind", bind],
+        f"the traced frontend ({name})",
         env=env,
-        stdout=stack.log,
-        stderr=stack.log,
-        stdin=subprocess.DEVNULL,
+        log=stack.log,
     )
-    wait_for(lambda: _tcp_open(port), 30, f"the traced frontend ({name})")
-    return proc, f"http://127.0.0.1:{port}", out
+    return proc, url, out
 
 
 async def drive(urls: list[str], n: int, tokens: int) -> list[list[float]]:
-    pools = [UpstreamPool(read_timeout=30) for _ in urls]
-    body = chat_body(ALIAS, tokens)
-    ttfb: list[list[float]] = [[] for _ in urls]
-    try:
-        for _ in range(n):
-            for i, url in enumerate(urls):
-                first = await _one_stream(pools[i], url, body)
-                if first is not None:
-                    ttfb[i].append(first)
-    finally:
-        for pool in pools:
-            await pool.aclose()
-    return ttfb
+    """``n`` sequential streams per URL, round-robin; each URL's TTFBs."""
+    targets = [Target(url, url, []) for url in urls]
+    await round_robin(targets, n, tokens)
+    return [t.ttfb for t in targets]
 
 
 def summarise(name: str, path: Path, warmup: int) -> None:
@@ -90,7 +70,8 @@ def summarise(name: str, path: Path, warmup: int) -> None:
     )
     prev_name = None
     for phase in PHASES:
-        steps, since = [], []
+        steps: list[float] = []
+        since: list[float] = []
         for req in requests:
             stamps = dict(req)
             if phase not in stamps or "read" not in stamps:
