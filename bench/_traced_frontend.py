@@ -138,7 +138,7 @@ def install() -> None:
 
     from hypercorn.trio.worker_context import TrioSingleTask
 
-    timer: Any = getattr(intake, "IdleTimer", TrioSingleTask) if intake else TrioSingleTask
+    timer: Any = intake.IdleTimer if intake is not None else TrioSingleTask
     restart = timer.restart
 
     async def traced_restart(self: Any, *args: Any) -> None:
