@@ -104,9 +104,23 @@ def runtime_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def own_env() -> dict[str, str]:
+    """This process's environment without the caller's own KT*, SGLANG* and
+    CUDA_VISIBLE_DEVICES, the marker of the leak check excepted.
+
+    The engines a test starts see what ktd gives them, and the sims record it:
+    a variable of the shell that ran pytest (``KTD_REAL_CACHE`` from the README's
+    test command, a ``CUDA_VISIBLE_DEVICES``) must not reach them.
+    """
+    from ktd.sim.record import selected_env
+
+    inherited = selected_env(os.environ).keys() - {MARK}
+    return {k: v for k, v in os.environ.items() if k not in inherited}
+
+
 @pytest.fixture
 def ktd_env(tmp_path: Path, runtime_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    env = own_env()
     env["KTD_RUNTIME_DIR"] = str(runtime_dir / "run")
     env["KTD_STATE_DIR"] = str(tmp_path / "state")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)

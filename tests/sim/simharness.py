@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from ktd.sim.record import selected_env
+from tests.conftest import own_env
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "ktd" / "sim" / "shim"
@@ -127,11 +127,7 @@ def start_sim(
     port = free_port() if port is None else port
     log_path = tmp / f"sim-{port}.log"
     record_path = tmp / f"sim-{port}.json"
-    # The sim records what it sees of KT*, SGLANG* and CUDA_VISIBLE_DEVICES: none of the
-    # caller's own may reach it (KTD_REAL_CACHE from the README's test command did), only
-    # the marker the leak check finds this run's processes by.
-    inherited = selected_env(os.environ).keys() - {"KTD_TEST_RUN"}
-    full_env = {k: v for k, v in os.environ.items() if k not in inherited}
+    full_env = own_env()
     full_env.update({"KTD_SIM_LOAD_TIME": "0.2", "KTD_SIM_WARMUP": "0.05"})
     full_env["KTD_SIM_RECORD"] = str(record_path)
     full_env.update(env or {})
