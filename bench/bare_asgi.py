@@ -103,6 +103,74 @@ async def proxy(
         resp.close()
 
 
+_idle: list[Any] = []  # raw_proxy's upstream sockets, none in use
+
+
+async def raw_proxy(
+    scope: Scope,
+    receive: Callable[[], Awaitable[Any]],
+    send: Callable[[Any], Awaitable[None]],
+) -> None:
+    """``proxy`` without ktd's upstream client: ``hypercorn -k trio bare_asgi:raw_proxy``.
+
+    The same relay under the same patches, but the engine is reached on bare
+    non-blocking sockets (a list of idle ones, checked as ktd checks them; no
+    timeouts, no pool bookkeeping), its response decoded by ktd's sans-IO parser. What
+    ``proxy`` adds over this is the upstream client's own cost; what this adds
+    over bench/raw_relay.py is Hypercorn's.
+    """
+    if scope["type"] != "http":
+        await app(scope, receive, send)
+        return
+    import socket
+
+    import trio
+
+    from ktd.frontend.h1 import END, NEED_DATA, Head, ResponseParser, build_request
+
+    netloc = _UPSTREAM.split("//", 1)[1]
+    body = await _body(receive)
+    headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
+    request = build_request(b"POST", scope["path"].encode(), netloc.encode(), headers, len(body))
+    sock = None
+    while _idle and sock is None:
+        sock = _idle.pop()
+        try:
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            break  # nothing to read: still open
+        except OSError:
+            pass
+        sock.close()  # EOF (the engine closed it while idle) or a stray byte
+        sock = None
+    if sock is None:
+        host, port = netloc.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    fd = sock.fileno()
+    os.write(fd, request + body)
+    parser = ResponseParser(b"POST")
+    while True:
+        event = parser.next_event()
+        if event is NEED_DATA:
+            try:
+                parser.feed(os.read(fd, 65536))
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(fd)
+        elif isinstance(event, Head):
+            await send({"type": "http.response.start", "status": event.status, "headers": _HEAD})
+        elif isinstance(event, bytes):
+            done = parser.complete
+            await send({"type": "http.response.body", "body": event, "more_body": not done})
+            if done:
+                break
+        elif event is END:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            break
+    _idle.append(sock)
+
+
 def _patch() -> None:
     if _UPSTREAM:
         from ktd.frontend import intake, transport

@@ -33,12 +33,20 @@ Two optional targets make the comparisons of issue 22 in the same run:
 * ``floor``   - the least a proxy inside Hypercorn can do: ``bare_asgi:proxy``
   relays the stream on ktd's own upstream client under ktd's Hypercorn patches,
   with none of ktd's request work (no key, routing, admission, metrics);
+* ``rawfloor`` - ``bare_asgi:raw_proxy``: the floor without ktd's upstream client
+  (bare sockets, ktd's parser), for what that client costs;
+* ``relay``   - the least a proxy on trio can do, with no HTTP server at all:
+  ``bench/raw_relay.py`` passes the bytes on raw trio sockets;
 * ``before``  - the frontend of another checkout (``--before DIR``: a worktree
   with its own ``.venv``), on the same daemon and engine, so old and new
   frontends are measured alternately in one run.
 
 TTFB and CPU per request are measured round-robin: request i goes to target
-i mod n, so load on the shared machine falls on all targets alike. CPU per
+i mod n, so load on the shared machine falls on all targets alike. With
+``--pairwise``, TTFB is measured one target at a time, alternating with direct
+alone: each proxy then serves every other request, as a proxy in use does, and
+is not measured just after five others had the CPU (which adds to every proxy
+here alike). CPU per
 request: ``--req-requests`` sequential streams of ``--req-tokens`` tokens per
 target per round; the frontend's own process (the daemon is off the request
 path and shown apart).
@@ -49,7 +57,7 @@ throughput >= 0.95 of direct (and >= 10x better than LiteLLM per chunk).
 
     python bench/proxy_stream.py [--concurrency 64] [--tokens 64] [--seconds 8]
                                  [--rounds 2] [--ttfb-requests 300] [--litellm PATH]
-                                 [--before /tmp/ktd-before] [--no-bare]
+                                 [--before /tmp/ktd-before] [--no-bare] [--pairwise]
 """
 
 from __future__ import annotations
@@ -133,6 +141,7 @@ class Target:
     errors: int = 0
     ttfb: list[float] = field(default_factory=list)
     ttfb_errors: int = 0
+    sent_at: list[float] = field(default_factory=list)  # each TTFB's request, perf_counter
     req_pids: list[int] = field(default_factory=list)  # whose CPU is the per-request cost
     req_cpu: float = 0.0
     req_n: int = 0
@@ -319,8 +328,9 @@ def run_wrk(t: Target, root: Path, args: argparse.Namespace) -> None:
     t.errors += res["errors"] + res["bad_status"] + res["no_done"]
 
 
-async def _one_stream(pool: UpstreamPool, url: str, body: bytes) -> float | None:
-    """One stream on ``pool``'s keep-alive connection: its TTFB, or None if it failed."""
+async def _one_stream(pool: UpstreamPool, url: str, body: bytes) -> tuple[float, float] | None:
+    """One stream on ``pool``'s keep-alive connection: when it was sent and its TTFB
+    (``time.perf_counter``, the same clock in every process), or None if it failed."""
     headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
     t0 = time.perf_counter()
     try:
@@ -338,7 +348,7 @@ async def _one_stream(pool: UpstreamPool, url: str, body: bytes) -> float | None
             resp.close()
     except Exception:
         ok = False
-    return first if ok else None
+    return (t0, first) if ok else None
 
 
 async def round_robin(
@@ -358,13 +368,14 @@ async def round_robin(
     try:
         for _ in range(n):
             for t, pool in zip(targets, pools, strict=True):
-                first = await _one_stream(pool, t.url, body)
+                got = await _one_stream(pool, t.url, body)
                 if not record:
                     continue
-                if first is None:
+                if got is None:
                     t.ttfb_errors += 1
                 else:
-                    t.ttfb.append(first)
+                    t.sent_at.append(got[0])
+                    t.ttfb.append(got[1])
     finally:
         for pool in pools:
             await pool.aclose()
@@ -411,6 +422,22 @@ def start_bare(root: Path, app: str, upstream: str = "") -> tuple[subprocess.Pop
     )
 
 
+def start_relay(
+    root: Path, upstream: str, stamps: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``bench/raw_relay.py``: the floor of a relay on trio, without Hypercorn."""
+    script = str(Path(__file__).resolve().parent / "raw_relay.py")
+    log = open(root / "raw_relay.out", "wb")  # noqa: SIM115
+    hostport = upstream.split("//", 1)[1]
+    extra = ["--stamps", str(stamps)] if stamps else []
+    return start_listening(
+        lambda bind: [sys.executable, script, bind, hostport, *extra],
+        "the raw trio relay",
+        env=dict(os.environ),
+        log=log,
+    )
+
+
 def checkout_python(checkout: Path) -> Path:
     """Another checkout's own venv (``--before``)."""
     python = checkout / ".venv" / "bin" / "python"
@@ -451,8 +478,15 @@ def main() -> int:
     ap.add_argument("--req-tokens", type=int, default=4, help="CPU/request: tokens per stream")
     ap.add_argument("--litellm", default=DEFAULT_LITELLM, help="litellm executable ('' = skip)")
     ap.add_argument("--before", type=Path, help="another checkout whose frontend to compare")
+    ap.add_argument(
+        "--pairwise",
+        action="store_true",
+        help="TTFB: each target alternates with direct alone (not round-robin over all)",
+    )
     ap.add_argument("--no-nginx", action="store_true")
-    ap.add_argument("--no-bare", action="store_true", help="skip the bare Hypercorn app")
+    ap.add_argument(
+        "--no-bare", action="store_true", help="skip the floors (bare, floor, rawfloor, relay)"
+    )
     ap.add_argument("--limit", type=float, default=1500, help="hard limit on the whole run (s)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
@@ -484,6 +518,12 @@ def main() -> int:
                 floor, url = start_bare(root, "bare_asgi:proxy", engine)
                 extra.append(floor)
                 targets.append(Target("floor", url, [floor.pid], tree=True, req_pids=[floor.pid]))
+                raw, url = start_bare(root, "bare_asgi:raw_proxy", engine)
+                extra.append(raw)
+                targets.append(Target("rawfloor", url, [raw.pid], tree=True, req_pids=[raw.pid]))
+                relay, url = start_relay(root, engine)
+                extra.append(relay)
+                targets.append(Target("relay", url, [relay.pid], req_pids=[relay.pid]))
             assert stack.frontend is not None
             targets.append(
                 Target("ktd", stack.url, stack.proxy_pids(), req_pids=[stack.frontend.pid])
@@ -522,7 +562,11 @@ def main() -> int:
                 order = [targets[0], *(targets[1:] if i % 2 == 0 else targets[:0:-1])]
                 for t in order:
                     run_wrk(t, root, args)
-                trio.run(round_robin, order, args.ttfb_requests, args.tokens)
+                if args.pairwise:
+                    for t in order[1:]:
+                        trio.run(round_robin, [order[0], t], args.ttfb_requests, args.tokens)
+                else:
+                    trio.run(round_robin, order, args.ttfb_requests, args.tokens)
                 trio.run(
                     functools.partial(
                         round_robin,
