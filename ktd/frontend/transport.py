@@ -1,7 +1,7 @@
 """Hypercorn's trio transport, patched where the frontend measured it or broke on it.
 
-Both patches wrap ``hypercorn.trio.tcp_server.TCPServer.protocol_send``, the one
-place Hypercorn writes to a client socket.
+The first and the last wrap ``hypercorn.trio.tcp_server.TCPServer.protocol_send``,
+the one place Hypercorn writes to a client socket.
 
 * **Writes that fit go out at once.** Hypercorn sends every piece of a response
   (the head, each body chunk, the chunked terminator) through trio's
@@ -14,6 +14,19 @@ place Hypercorn writes to a client socket.
   now (a slow client) goes the usual way, under the lock, waiting for the socket.
   Nothing can interleave: there is no ``await`` between the check and the write.
   TLS streams are left alone.
+* **A streamed body's chunks skip h11 (``HTTPStream.app_send``).** Each SSE chunk
+  went through Hypercorn's body checks, a ``Body`` event, the protocol's dispatch,
+  an ``h11.Data`` event and h11's state machine, only for h11's chunked writer to
+  frame it as ``<size hex>\r\n<data>\r\n``. On a box where the client, the engine
+  and the frontend share the cores, that CPU per chunk is time the others wait
+  (bench/RESULTS.md, issue 22). So a ``more_body`` chunk of an HTTP/1.1 response
+  is framed here and written at once, exactly when h11 would have framed it so:
+  the stream is past its head (``RESPONSE``), the connection is h11's, in
+  ``SEND_BODY``, with a chunked writer. Everything else (the head, a
+  Content-Length or HTTP/1.0 body, HEAD, the last chunk, trailers, HTTP/2) goes
+  Hypercorn's way, and the bytes on the wire are the same either way. h11 keeps
+  no state per data chunk of a chunked body, so skipping its events leaves it
+  where it would be.
 * **One HTTP/2 connection's close race must not take the frontend down.**
   sglang-router probes every worker it registers over HTTP *and* gRPC at once
   (``detect_connection``): the gRPC probe is an HTTP/2 prior-knowledge
@@ -66,3 +79,36 @@ def install() -> None:
 
     cls.protocol_send = protocol_send
     cls._ktd_transport = True
+    _install_chunk_path()
+
+
+def _install_chunk_path() -> None:
+    """A streamed body's chunks framed here (see the module docstring)."""
+    import h11
+    from h11._writers import ChunkedWriter
+    from hypercorn.events import RawData
+    from hypercorn.protocol.h11 import H11Protocol
+    from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
+
+    stream_cls: Any = HTTPStream
+    app_send = stream_cls.app_send
+    responding = ASGIHTTPState.RESPONSE
+    send_body = h11.SEND_BODY
+
+    async def chunk_send(self: Any, message: Any) -> None:
+        if (
+            message is not None
+            and self.state is responding
+            and message["type"] == "http.response.body"
+            and message.get("more_body", False)
+        ):
+            body = message.get("body", b"")
+            protocol = getattr(self.send, "__self__", None)
+            if body and type(protocol) is H11Protocol:
+                conn = protocol.connection
+                if conn.our_state is send_body and type(conn._writer) is ChunkedWriter:
+                    await protocol.send(RawData(data=b"%x\r\n%b\r\n" % (len(body), body)))
+                    return
+        await app_send(self, message)
+
+    stream_cls.app_send = chunk_send

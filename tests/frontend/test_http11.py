@@ -194,3 +194,93 @@ async def test_odd_paths_and_deep_json_are_openai_errors_never_500(
         top = b"[" * 100_000 + b"]" * 100_000
         resp = await client.post("/v1/responses", content=top)
         assert resp.status_code == 400 and assert_openai(resp.content)
+
+
+def _stream_request(version: bytes) -> bytes:
+    body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/" + version + b"\r\nhost: t\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    )
+
+
+def _dechunk(raw: bytes) -> tuple[bytes, bytes]:
+    """A chunked body, every size line and CRLF checked: (the body, what follows it)."""
+    body = b""
+    while True:
+        line, sep, raw = raw.partition(b"\r\n")
+        assert sep, f"cut inside a chunk size line: {line[:40]!r}"
+        size = int(line, 16)
+        if size == 0:
+            assert raw.startswith(b"\r\n"), raw[:40]  # no trailers: the blank line
+            return body, raw[2:]
+        assert raw[size : size + 2] == b"\r\n", raw[size : size + 8]
+        body, raw = body + raw[:size], raw[size + 2 :]
+
+
+async def test_a_streamed_body_is_framed_as_h11_would_and_the_connection_goes_on(
+    fake_daemon: FakeDaemon,
+    fake_engine: FakeEngine,
+    start_frontend: StartFrontend,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chunks of a streamed answer skip h11 (ktd/frontend/transport.py): on the wire
+    they are chunked exactly as h11 frames them, h11 still ends the message, and the
+    connection serves the next request. Chunks that go h11's way are counted, so the
+    test fails if the short path is not taken."""
+    from hypercorn.protocol.h11 import H11Protocol
+
+    through_h11: list[type] = []
+    send_event = H11Protocol._send_h11_event
+
+    async def counted(self: H11Protocol, event: object) -> None:
+        through_h11.append(type(event))
+        await send_event(self, event)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(H11Protocol, "_send_h11_event", counted)
+    fake_engine.chunks = 6
+    fake_engine.chunk_delay = 0.02  # one chunk per read: each is its own body message
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fe = await start_frontend()
+    conn = await Conn.open(fe)
+    await conn.send(_stream_request(b"1.1"))
+    raw = b""
+    with trio.fail_after(15):
+        while b"data: [DONE]" not in raw or not raw.endswith(b"0\r\n\r\n"):
+            chunk = await conn.stream.receive_some(65536)
+            assert chunk, raw[-200:]
+            raw += chunk
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    body, after = _dechunk(rest)
+    assert body == b"".join(fake_engine.events("m")) + b"data: [DONE]\n\n"
+    assert after == b""
+    import h11
+
+    assert h11.Data not in through_h11[:-2], through_h11  # the head, then at most the last
+    assert through_h11.count(h11.Data) <= 1 and h11.EndOfMessage in through_h11
+    await conn.send(GET_HEALTH)  # h11's state is where it would be: the next request
+    status, _, data = await conn.response()
+    assert status == 200, data
+    await conn.aclose()
+
+
+async def test_a_stream_to_an_http10_client_is_not_chunked(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    """HTTP/1.0 has no chunked coding: the body goes as is and the close ends it (h11's
+    own writer: the short path for chunks must not touch it)."""
+    fake_engine.chunk_delay = 0.02
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fe = await start_frontend()
+    conn = await Conn.open(fe)
+    await conn.send(_stream_request(b"1.0"))
+    raw = b""
+    with trio.fail_after(15):
+        while chunk := await conn.stream.receive_some(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"transfer-encoding" not in head.lower()
+    assert body == b"".join(fake_engine.events("m")) + b"data: [DONE]\n\n"
+    await conn.aclose()
