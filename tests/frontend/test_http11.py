@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
+import h11
 import pytest
 import trio
 from frontend_fakes import FakeDaemon, FakeEngine
@@ -255,8 +256,6 @@ async def test_a_streamed_body_is_framed_as_h11_would_and_the_connection_goes_on
     body, after = _dechunk(rest)
     assert body == b"".join(fake_engine.events("m")) + b"data: [DONE]\n\n"
     assert after == b""
-    import h11
-
     assert h11.Data not in through_h11[:-2], through_h11  # the head, then at most the last
     assert through_h11.count(h11.Data) <= 1 and h11.EndOfMessage in through_h11
     await conn.send(GET_HEALTH)  # h11's state is where it would be: the next request

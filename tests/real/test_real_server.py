@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -68,10 +69,13 @@ def tree_of(pid: int) -> set[tuple[int, int]]:
 
 
 @pytest.fixture(scope="module")
-def stack(venv_python: Any) -> Iterator[Stack]:
+def stack(venv_python: Any, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """One real stack for the module. Its directory (config, logs) is removed at the
+    end unless a test failed meanwhile: then its logs are what to read."""
     import subprocess
     import sys
 
+    failed_before = request.session.testsfailed
     root = Path(tempfile.mkdtemp(prefix="ktd-real-", dir="/tmp"))
     etc = root / "etc"
     etc.mkdir()
@@ -128,6 +132,10 @@ def stack(venv_python: Any) -> Iterator[Stack]:
         frontend.wait(30)
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.stop(timeout=120)
+        if request.session.testsfailed == failed_before:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"\nthe real stack's logs are kept in {root}")
 
 
 def _up(url: str) -> bool:
