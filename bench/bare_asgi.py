@@ -63,6 +63,7 @@ async def _body(receive: Callable[[], Awaitable[Any]]) -> bytes:
 # ---------------------------------------------------------------- the proxy floor
 
 _UPSTREAM = os.environ.get("BARE_UPSTREAM", "")
+_REQUEST_HEADERS = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
 _pool: Any = None
 
 
@@ -88,8 +89,7 @@ async def proxy(
 
         _pool = UpstreamPool(read_timeout=60)
     body = await _body(receive)
-    headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
-    resp = await _pool.request(_UPSTREAM, scope["path"].encode(), headers, body)
+    resp = await _pool.request(_UPSTREAM, scope["path"].encode(), _REQUEST_HEADERS, body)
     try:
         await send({"type": "http.response.start", "status": resp.status, "headers": _HEAD})
         data = b""
@@ -130,8 +130,9 @@ async def raw_proxy(
 
     netloc = _UPSTREAM.split("//", 1)[1]
     body = await _body(receive)
-    headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
-    request = build_request(b"POST", scope["path"].encode(), netloc.encode(), headers, len(body))
+    request = build_request(
+        b"POST", scope["path"].encode(), netloc.encode(), _REQUEST_HEADERS, len(body)
+    )
     sock = None
     while _idle and sock is None:
         sock = _idle.pop()

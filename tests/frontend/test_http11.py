@@ -63,9 +63,9 @@ class Conn:
         await self.stream.aclose()
 
 
-def post(path: str, body: bytes, *, extra: str = "") -> tuple[bytes, bytes]:
+def post(path: str, body: bytes, *, extra: str = "", version: str = "1.1") -> tuple[bytes, bytes]:
     head = (
-        f"POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        f"POST {path} HTTP/{version}\r\nhost: t\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\n{extra}\r\n"
     ).encode()
     return head, body
@@ -197,12 +197,13 @@ async def test_odd_paths_and_deep_json_are_openai_errors_never_500(
         assert resp.status_code == 400 and assert_openai(resp.content)
 
 
-def _stream_request(version: bytes) -> bytes:
-    body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
-    return (
-        b"POST /v1/chat/completions HTTP/" + version + b"\r\nhost: t\r\n"
-        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+def _stream_request(version: str) -> bytes:
+    head, body = post(
+        "/v1/chat/completions",
+        json.dumps({"model": "m", "stream": True, "messages": []}).encode(),
+        version=version,
     )
+    return head + body
 
 
 def _dechunk(raw: bytes) -> tuple[bytes, bytes]:
@@ -244,7 +245,7 @@ async def test_a_streamed_body_is_framed_as_h11_would_and_the_connection_goes_on
     fake_daemon.add("m", url=fake_engine.url, state="ready")
     fe = await start_frontend()
     conn = await Conn.open(fe)
-    await conn.send(_stream_request(b"1.1"))
+    await conn.send(_stream_request("1.1"))
     raw = b""
     with trio.fail_after(15):
         while b"data: [DONE]" not in raw or not raw.endswith(b"0\r\n\r\n"):
@@ -273,7 +274,7 @@ async def test_a_stream_to_an_http10_client_is_not_chunked(
     fake_daemon.add("m", url=fake_engine.url, state="ready")
     fe = await start_frontend()
     conn = await Conn.open(fe)
-    await conn.send(_stream_request(b"1.0"))
+    await conn.send(_stream_request("1.0"))
     raw = b""
     with trio.fail_after(15):
         while chunk := await conn.stream.receive_some(65536):
