@@ -134,8 +134,8 @@ def _terminal_width() -> int:
 class _ProgressLine:
     """Rewrites one stderr line in place while a load is waited for."""
 
-    def __init__(self, alias: str, started: float) -> None:
-        self.state = render.LoadProgress(alias, started)
+    def __init__(self, alias: str, started: float, state: str = "loading") -> None:
+        self.state = render.LoadProgress(alias, started, state)
         self.shown = False
 
     def __call__(self, ev: p.Event | None) -> None:
@@ -192,6 +192,68 @@ def cmd_evict(client: Client, args: argparse.Namespace) -> int:
     evicted = client.evict(args.alias, all=args.all, force=args.force, timeout=args.timeout)
     human = f"evicted {', '.join(evicted)}" if evicted else "nothing to evict"
     _emit(args, {"evicted": evicted}, human)
+    return EXIT_OK
+
+
+def _progress(args: argparse.Namespace, state: str) -> _ProgressLine | None:
+    """The rewritten progress line of a long wait, on a terminal and without --json."""
+    if _json(args) or not sys.stderr.isatty():
+        return None
+    return _ProgressLine(args.alias, time.monotonic(), state)
+
+
+def _already(engine: p.EngineInfo, asked: float) -> bool:
+    """The engine was in its state before the request was sent (the request was a no-op).
+
+    ``since`` is when ktd saw it enter that state, on the wall clock this host shares."""
+    return 0 < engine.since < asked
+
+
+def _unsettled(alias: str, engine: p.EngineInfo, code: str, wanted: str) -> KtdError:
+    why = f": {engine.reason}" if engine.reason else ""
+    return KtdError(
+        code,
+        f"{alias} is {engine.state}, not {wanted}{why}",
+        {"alias": alias, "engine": render.builtins(engine), "log_tail": engine.log_tail},
+    )
+
+
+def cmd_sleep(client: Client, args: argparse.Namespace) -> int:
+    alias: str = args.alias
+    asked, started = time.time(), time.monotonic()
+    progress = _progress(args, S.SLEEPING)
+    try:
+        engine = client.sleep(alias, timeout=args.timeout, progress=progress)
+    finally:
+        if progress is not None:
+            progress.clear()
+    elapsed = time.monotonic() - started
+    if engine.state != S.ASLEEP:
+        # Still (or again) serving: the sleep was called off; else it went down.
+        serving = engine.state in (S.READY, S.WAKING, S.STARTING, S.SLEEPING)
+        code = p.ErrorCode.BUSY if serving else p.ErrorCode.LOAD_FAILED
+        raise _unsettled(alias, engine, code, S.ASLEEP)
+    already = _already(engine, asked)
+    doc = {"engine": engine, "elapsed": round(elapsed, 3), "already": already}
+    _emit(args, doc, render.sleep_line(engine, elapsed, already=already))
+    return EXIT_OK
+
+
+def cmd_wake(client: Client, args: argparse.Namespace) -> int:
+    alias: str = args.alias
+    asked, started = time.time(), time.monotonic()
+    progress = _progress(args, S.WAKING)
+    try:
+        engine = client.wake(alias, timeout=args.timeout, progress=progress)
+    finally:
+        if progress is not None:
+            progress.clear()
+    elapsed = time.monotonic() - started
+    if engine.state != S.READY:
+        raise _unsettled(alias, engine, p.ErrorCode.LOAD_FAILED, S.READY)
+    already = _already(engine, asked)
+    doc = {"engine": engine, "elapsed": round(elapsed, 3), "already": already}
+    _emit(args, doc, render.wake_line(engine, elapsed, already=already))
     return EXIT_OK
 
 
@@ -285,6 +347,8 @@ HANDLERS: dict[str, Handler] = {
     "models": cmd_models,
     "load": cmd_load,
     "evict": cmd_evict,
+    "sleep": cmd_sleep,
+    "wake": cmd_wake,
     "logs": cmd_logs,
     "events": cmd_events,
     "reload": cmd_reload,
@@ -369,6 +433,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--force", action="store_true", help="do not wait for in-flight requests")
     sp.add_argument("--timeout", type=_seconds, metavar="S", help="bound the drain to S seconds")
 
+    sp = add(
+        "sleep",
+        "put an engine to sleep: drain it and release its GPU memory "
+        "(the process lives on, its experts stay in host RAM)",
+    )
+    sp.add_argument("alias", metavar="ALIAS")
+    sp.add_argument("--timeout", type=_seconds, metavar="S", help="bound the drain to S seconds")
+
+    sp = add("wake", "wake an asleep engine and wait until it is ready")
+    sp.add_argument("alias", metavar="ALIAS")
+    sp.add_argument(
+        "--timeout", type=_seconds, metavar="S",
+        help="stop waiting after S seconds (ktd goes on waking it)",
+    )  # fmt: skip
+
     sp = add("logs", "print an engine's log")
     sp.add_argument("alias", metavar="ALIAS")
     sp.add_argument("-n", "--lines", type=_count, default=100, metavar="N",
@@ -423,6 +502,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             _err(
                 f"ktctl: interrupted: stopped waiting; ktd goes on loading {args.alias} "
                 f"(`ktctl evict {args.alias}` stops it)"
+            )
+        elif args.command == "wake":
+            _err(
+                f"ktctl: interrupted: stopped waiting; ktd goes on waking {args.alias} "
+                f"(`ktctl sleep {args.alias}` puts it back to sleep)"
+            )
+        elif args.command == "sleep":
+            _err(
+                f"ktctl: interrupted: stopped waiting; ktd goes on putting {args.alias} "
+                f"to sleep (`ktctl wake {args.alias}` wakes it)"
             )
         else:
             _err("ktctl: interrupted")

@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: Extra time granted on top of a timeout the *daemon* enforces (load, evict,
-#: acquire): at its deadline the daemon may still tear an engine down (SIGTERM,
+#: sleep, wake, acquire): at its deadline the daemon may still tear an engine down (SIGTERM,
 #: grace period, SIGKILL) before it answers, and that answer is worth waiting for.
 DAEMON_GRACE = 30.0
 
@@ -416,11 +416,24 @@ class Client(Closing):
         budget = self._long(timeout) if wait else self.timeout
         if progress is None or not wait:
             return self._expect(self._call(msg, budget), p.LoadReply).engine
+        return self._watched(msg, alias, budget, progress)
+
+    def _watched(
+        self,
+        msg: p.Request,
+        alias: str,
+        budget: float,
+        progress: Callable[[p.Event | None], None] | None,
+    ) -> p.EngineInfo:
+        """Send ``msg`` (answered by a ``LoadReply``), passing ``alias``'s ``engine.``/``log.``
+        events to ``progress`` while waiting (subscribed before the request is sent)."""
+        if progress is None:
+            return self._expect(self._call(msg, budget), p.LoadReply).engine
         sub: Subscription | None
         try:
             sub = self.subscribe([f"engine.{alias}", f"log.{alias}"], exact=True)
         except DaemonUnreachable:
-            sub = None  # no events socket: still load, the display just ticks
+            sub = None  # no events socket: still wait, the display just ticks
         try:
             reply = self._call(msg, budget, sub=sub, on_event=progress)
         finally:
@@ -445,6 +458,48 @@ class Client(Closing):
             raise ValueError("evict needs exactly one of alias or all=True")
         msg = p.Evict(alias=alias, all=all, force=force, timeout=timeout)
         return self._expect(self._call(msg, self._long(timeout)), p.EvictReply).evicted
+
+    def sleep(
+        self,
+        alias: str,
+        *,
+        timeout: float | None = None,
+        progress: Callable[[p.Event | None], None] | None = None,
+    ) -> p.EngineInfo:
+        """Put ``alias`` to sleep and return its EngineInfo (``state`` ``asleep``).
+
+        The engine is drained (in-flight requests finish; ``timeout`` bounds the
+        drain, else the daemon's ``drain_timeout``), taken off the gateway, and
+        SGLang releases its GPU memory; the process lives on and its experts stay
+        in host RAM, so ``wake`` is much faster than a load. An engine already
+        asleep is answered at once. Raises ``KtdError`` with code ``no_sleep``
+        (the model is not configured with ``"sleep": true``, or its SGLang lacks
+        ``--enable-memory-saver``; the message says which), ``not_loaded`` (not
+        running), ``unknown_model``, ``timeout`` or ``busy``. ``progress`` is as
+        for ``load``.
+        """
+        msg = p.Sleep(alias=alias, timeout=timeout)
+        return self._watched(msg, alias, self._long(timeout), progress)
+
+    def wake(
+        self,
+        alias: str,
+        *,
+        timeout: float | None = None,
+        progress: Callable[[p.Event | None], None] | None = None,
+    ) -> p.EngineInfo:
+        """Wake an asleep ``alias`` and return its EngineInfo once it is ready.
+
+        SGLang takes its GPU memory back (ktd first puts to sleep or evicts whoever
+        holds its CPUs and GPUs meanwhile) and answers one generation before the
+        engine is ready again. A ready engine is answered at once. ``timeout``
+        gives up waiting (``KtdError`` ``timeout``; the wake goes on); None waits
+        as long as the daemon stays connected. Raises ``KtdError`` with code
+        ``no_sleep``, ``unknown_model``, ``load_failed`` (the resume failed),
+        ``timeout`` or ``busy``. ``progress`` is as for ``load``.
+        """
+        msg = p.Wake(alias=alias, timeout=timeout)
+        return self._watched(msg, alias, self._long(timeout), progress)
 
     def logs(self, alias: str, lines: int = 100, *, probes: bool = False) -> list[str]:
         """The last ``lines`` lines of the engine's log (stdout and stderr).

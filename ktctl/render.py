@@ -118,6 +118,49 @@ def engine_line(engine: p.EngineInfo, elapsed: float | None = None) -> str:
     return out
 
 
+def _url(engine: p.EngineInfo) -> str | None:
+    if engine.url:
+        return engine.url
+    where = address(engine)
+    return f"http://{where}" if where else None
+
+
+def sleep_line(engine: p.EngineInfo, elapsed: float | None = None, *, already: bool = False) -> str:
+    """``m is asleep (GPU memory released; experts kept in host RAM, 120.0 GiB), slept in 3.2s``.
+
+    ``already``: the engine was asleep before this sleep was asked for (a no-op). A
+    ``sleep_ttl`` is said too (``; stops after 30m00s asleep``)."""
+    kept = "experts kept in host RAM"
+    if engine.host_bytes:
+        kept += f", {gib(engine.host_bytes)}"
+    verb = "was already" if already else "is"
+    out = f"{engine.alias} {verb} asleep (GPU memory released; {kept})"
+    if elapsed is not None and not already:
+        out += f", slept in {duration(elapsed)}"
+    if engine.sleep_ttl:
+        out += f"; stops after {duration(engine.sleep_ttl)} asleep"
+    return out
+
+
+def wake_line(engine: p.EngineInfo, elapsed: float | None = None, *, already: bool = False) -> str:
+    """``m is ready on http://127.0.0.1:30000 (pid 1234), woke in 4.2s``.
+
+    ``already``: the engine was ready before this wake was asked for (a no-op)."""
+    out = f"{engine.alias} {'was already' if already else 'is'} ready"
+    url = _url(engine)
+    if url:
+        out += f" on {url}"
+    if engine.pid:
+        out += f" (pid {engine.pid})"
+    if already:
+        return out
+    if elapsed is not None:
+        out += f", woke in {duration(elapsed)}"
+    if engine.made_room:
+        out += f"; made room: {', '.join(engine.made_room)} (put to sleep or stopped)"
+    return out
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Left-aligned columns; the last column is not padded (no trailing blanks)."""
     widths = [len(h) for h in headers]
@@ -146,13 +189,24 @@ def phase_cell(e: p.EngineInfo, now: float) -> str:
         if e.load_started:
             text += " " + eta_text(now - e.load_started, e.load_eta)
         return truncate(one_line(text), PHASE_WIDTH)
-    if e.state in (S.DRAINING, S.STOPPING) and e.phase:
+    if e.state in (S.DRAINING, S.STOPPING, S.SLEEPING, S.WAKING) and e.phase:
         return truncate(one_line(e.phase), PHASE_WIDTH)
+    if e.state == S.ASLEEP:
+        # Its process lives on with its experts in host RAM: for how long, and how much.
+        parts = [f"{duration(now - e.asleep_since)} asleep"] if e.asleep_since else []
+        if e.host_bytes:
+            parts.append(f"{gib(e.host_bytes)} host RAM")
+        return truncate(", ".join(parts), PHASE_WIDTH) or "-"
     return "-"
 
 
 def until_cell(e: p.EngineInfo, now: float) -> str:
-    """When the idle TTL evicts it (``ollama ps``'s UNTIL)."""
+    """When the idle TTL evicts it (``ollama ps``'s UNTIL); asleep: when ``sleep_ttl``
+    stops it."""
+    if e.state == S.ASLEEP:
+        if not e.sleep_ttl or e.asleep_since is None:
+            return "-"
+        return f"in {duration(e.asleep_since + e.sleep_ttl - now)}"
     if e.state != S.READY or not e.ttl:
         return "-"
     if e.leases:
@@ -170,8 +224,11 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
         state = e.state or "?"
         if e.stale:
             state += " [stale]"
-        running = e.state in S.HAS_PROCESSES
+        running = e.state in S.HAS_PROCESSES  # asleep too: its process lives on
         uptime = duration(now - e.started_at) if running and e.started_at else "-"
+        gpus = ranges(e.gpus)
+        if e.state == S.ASLEEP and e.gpus:
+            gpus = f"({gpus})"  # its GPUs, released: a wake needs them back
         rows.append(
             [
                 e.alias,
@@ -180,7 +237,7 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
                 str(e.pid) if e.pid else "-",
                 str(e.port) if e.port else "-",
                 ranges(e.numa_nodes),
-                ranges(e.gpus),
+                gpus,
                 str(e.leases),
                 uptime,
                 f"{duration(now - e.last_used)} ago" if e.last_used else "-",
@@ -192,12 +249,25 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
         "ALIAS", "STATE", "PHASE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "UPTIME", "USED",
         "UNTIL", "REASON",
     ]  # fmt: skip
+    if any(e.sleep in SLEEP_SHOWN for e in engines):  # only when a model may sleep
+        headers.insert(-1, "SLEEP")
+        for e, row in zip(engines, rows, strict=True):
+            row.insert(-1, e.sleep if e.sleep in SLEEP_SHOWN else "-")
     if any(e.gateway for e in engines):  # only when ktd registers with a gateway
         headers.insert(-1, "GATEWAY")
         for e, row in zip(engines, rows, strict=True):
             row.insert(-1, gateway_cell(e.gateway))
     notes = [f"note: {e.alias}: {n}" for e in engines for n in e.notes]
+    notes += [f"note: {e.alias}: {SLEEP_UNSUPPORTED}" for e in engines if e.sleep == "unsupported"]
     return "\n".join([table(headers, rows), *notes])
+
+
+#: ``EngineInfo.sleep`` values shown in status's SLEEP column ("off" is not shown).
+SLEEP_SHOWN = frozenset({"on", "unsupported"})
+SLEEP_UNSUPPORTED = (
+    'configured with "sleep": true, but its SGLang lacks --enable-memory-saver: '
+    "it is stopped instead of put to sleep"
+)
 
 
 def gateway_cell(regs: Sequence[p.Registration]) -> str:
@@ -478,16 +548,18 @@ def dumps(obj: Any, *, stream: bool = False) -> str:
 
 
 class LoadProgress:
-    """The one rewritten status line of ``ktctl load`` on a terminal.
+    """The one rewritten status line of ``ktctl load`` (and ``wake``, ``sleep``) on a terminal.
 
     Fed with the alias's ``engine.``/``log.`` events; ``line`` renders
     ``alias state (phase) 12.3s | last log line`` cut to the terminal width.
     """
 
-    def __init__(self, alias: str, started: float) -> None:
+    def __init__(self, alias: str, started: float, state: str = "loading") -> None:
         self.alias = alias
         self.started = started
-        self.state = "loading"
+        self.state = state  # until the first engine event: "loading", "waking", ...
+        # A load's expected duration is no wake's or sleep's (unless it reloads after all).
+        self.loading = state == "loading"
         self.phase: str | None = None
         self.last_line = ""
         self.eta: float | None = None
@@ -510,7 +582,8 @@ class LoadProgress:
                     break
 
     def line(self, now: float, width: int) -> str:
-        elapsed = eta_text(now - self.started, self.eta if self.state != S.READY else None)
+        loading = self.state != S.READY and (self.loading or self.state == S.STARTING)
+        elapsed = eta_text(now - self.started, self.eta if loading else None)
         text = f"{self.alias} {state_text(self.state, self.phase)} {elapsed}"
         if self.last_line and one_line(self.phase or "") != self.last_line:
             text += f" | {self.last_line}"

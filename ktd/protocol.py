@@ -58,6 +58,8 @@ class ErrorCode:
     QUEUE_FULL = "queue_full"  # admission: max_queue requests already wait (HTTP 429)
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"
+    # sleep/wake of a model whose config or installed SGLang cannot sleep (issue 28)
+    NO_SLEEP = "no_sleep"
 
 
 # ---------------------------------------------------------------- requests
@@ -90,6 +92,24 @@ class Evict(Request, tag="evict"):
     alias: ModelName | None = None
     all: bool = False
     force: bool = False
+    timeout: Seconds | None = None
+
+
+class Sleep(Request, tag="sleep"):
+    """Put a ready engine to sleep: drain it to zero, take it off the gateway, and
+    release its GPU memory (SGLang's ``/release_memory_occupation``); its experts stay
+    in host RAM. ``timeout`` bounds the drain (else ``daemon.drain_timeout``)."""
+
+    alias: ModelName
+    timeout: Seconds | None = None
+
+
+class Wake(Request, tag="wake"):
+    """Wake an asleep engine (``/resume_memory_occupation``), putting to sleep or
+    evicting whoever holds its CPUs and GPUs meanwhile; a ready one is a no-op.
+    Waits until ready (``timeout``: give up waiting, the wake goes on)."""
+
+    alias: ModelName
     timeout: Seconds | None = None
 
 
@@ -198,6 +218,8 @@ AnyRequest = (
     | Models
     | Load
     | Evict
+    | Sleep
+    | Wake
     | Logs
     | Reload
     | Acquire
@@ -295,6 +317,12 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     step: str | None = None  # ktd.core.states.Step: "loading", "waiting", "draining", ...
     waiting_for: list[str] = []  # step "waiting": the busy engines this load waits for
     made_room: list[str] = []  # engines this load stopped to make room (kept while it runs)
+    # Sleep (issue 28): "on" (sleeps instead of stopping), "off" (not configured), or
+    # "unsupported" (configured, but its SGLang lacks --enable-memory-saver: swaps reload).
+    sleep: str = "off"
+    asleep_since: float | None = None  # wall clock: when it fell asleep (state "asleep")
+    sleep_ttl: float = 0.0  # seconds asleep before it is stopped (0: never)
+    host_bytes: int | None = None  # host RAM it holds on its NUMA nodes while asleep (estimate)
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
@@ -489,7 +517,9 @@ class Event(msgspec.Struct, kw_only=True):
     waiting_for: list[str] = []
 
 
-EngineState = Literal["stopped", "starting", "ready", "draining", "stopping", "failed"]
+EngineState = Literal[
+    "stopped", "starting", "ready", "draining", "stopping", "failed", "sleeping", "asleep", "waking"
+]
 
 _request_encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(AnyRequest)

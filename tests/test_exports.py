@@ -55,8 +55,10 @@ def test_protocol_request_and_reply_tags() -> None:
         "reload",
         "return",
         "shutdown",
+        "sleep",
         "status",
         "sync",
+        "wake",
     }
     assert _tags(p.AnyReply) == {
         "acquire",
@@ -90,6 +92,7 @@ def test_protocol_error_codes_are_stable() -> None:
         "queue_full",
         "shutting_down",
         "internal",
+        "no_sleep",
     }
 
 

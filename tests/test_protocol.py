@@ -75,11 +75,11 @@ def test_every_field_naming_a_model_has_the_name_limit() -> None:
                 )
                 assert strs and all(t.max_length == p.MAX_MODEL_NAME for t in strs), cls
     assert sorted(seen) == sorted(
-        ["Status", "Load", "Evict", "Logs", "Acquire", "Claim", "ClaimState"]
+        ["Status", "Load", "Evict", "Sleep", "Wake", "Logs", "Acquire", "Claim", "ClaimState"]
     )
     ok = msgspec.msgpack.encode({"op": "logs", "alias": "a" * p.MAX_MODEL_NAME})
     assert isinstance(p.decode_request(ok), p.Logs)
-    for op in ("load", "evict", "status", "logs"):
+    for op in ("load", "evict", "sleep", "wake", "status", "logs"):
         data = msgspec.msgpack.encode({"op": op, "alias": "a" * (p.MAX_MODEL_NAME + 1)})
         with pytest.raises(msgspec.ValidationError, match=r"length <= 256 - at `\$\.alias`"):
             p.decode_request(data)

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ktd.core.states import FAILED, READY, STARTING, STOPPED, State
+from ktd.core.states import ASLEEP, FAILED, READY, STARTING, STOPPED, WAKING, State
 
 __all__ = [
     "Answer",
@@ -164,7 +164,10 @@ class Gate:
             in_flight=view.in_flight, waiting=self.leases_waiting()
         ):
             return [Answer(w.ticket, Outcome.QUEUE_FULL)]
-        w.riding = view.state == STARTING or (view.state == STOPPED and view.want_up)
+        # An asleep engine is parked like a stopped one: a request wakes it (a Launch).
+        w.riding = view.state in (STARTING, WAKING) or (
+            view.state in (STOPPED, ASLEEP) and view.want_up
+        )
         self.line.append(w)
         self.line.sort(key=lambda x: x.ticket)
         return self.update(view, limits, now)
@@ -201,7 +204,7 @@ class Gate:
             self.line = []
         elif view.state == READY:
             out += self._grant(view, limits)
-        elif view.state in (STOPPED, FAILED) and not view.want_up:
+        elif view.state in (STOPPED, FAILED, ASLEEP) and not view.want_up:
             out += self._settle(view)
         return out
 

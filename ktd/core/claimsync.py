@@ -54,8 +54,11 @@ class EngineSide:
 
 
 def may_hold(engine: EngineSide) -> bool:
-    """Claims live from ready to the end of the drain (and through an adoption)."""
-    return engine.state in (S.READY, S.DRAINING) or (engine.state == S.STARTING and engine.adopting)
+    """Claims live from ready to the end of the drain, a sleep's included (and through an
+    adoption): a recalled claim is given back when its requests end, never dropped."""
+    return engine.state in (S.READY, S.DRAINING, S.SLEEPING) or (
+        engine.state == S.STARTING and engine.adopting
+    )
 
 
 @dataclass

@@ -64,6 +64,17 @@ class Launch:
 
     argv: list[str]
     notes: tuple[str, ...] = ()
+    # The engine can sleep: ``"sleep": true`` and its SGLang has the memory saver.
+    sleeps: bool = False
+
+
+#: What ``"sleep": true`` adds to the argv (issue 28; docs/sglang.md, "Sleep"): the
+#: memory saver makes /release_memory_occupation free the GPU memory (without it the
+#: call answers 200 and frees nothing), the CPU backup keeps a host copy of the GPU
+#: weights to resume from, and sleep-on-idle keeps an asleep engine's scheduler off
+#: the CPUs an awake engine placed beside it works on. The first is required.
+SAVER = "--enable-memory-saver"
+SLEEP_FLAGS = (SAVER, "--enable-weights-cpu-backup", "--sleep-on-idle")
 
 
 def user_flag_names(extra_args: Sequence[str]) -> set[str]:
@@ -152,6 +163,9 @@ def build_launch(
     if spec.nnodes is not None:
         derived.append(("--nnodes", [str(spec.nnodes)]))
     derived += _pairs(placement_flags)
+    sleeps = spec.sleep and (catalog is None or catalog.exact(SAVER) is not None)
+    if sleeps:
+        derived += [(flag, []) for flag in SLEEP_FLAGS]
 
     argv = [spec.python, "-m", "sglang.launch_server"]
     notes: list[str] = []
@@ -160,7 +174,7 @@ def build_launch(
         for flag, values in derived:
             if flag not in user or flag in ("--host", "--port", "--model", "--served-model-name"):
                 argv += [flag, *values]
-        return Launch([*argv, *spec.extra_args])
+        return Launch([*argv, *spec.extra_args], sleeps=sleeps)
 
     if spec.kt_weight_path and not catalog.has_kt:
         raise LaunchError(
@@ -168,6 +182,10 @@ def build_launch(
             "--kt-weight-path: install the kt fork there (`pip install sglang-kt`)"
         )
     user_set = {id(f.option) for f in read_user_args(spec.extra_args, catalog)}
+    if spec.sleep and not sleeps:
+        notes.append(
+            f"sleep off: {catalog.label} has no {SAVER}; this model's swaps stop and reload"
+        )
     for flag, values in derived:
         option = catalog.exact(flag)
         if option is None:
@@ -176,7 +194,7 @@ def build_launch(
         if id(option) in user_set:
             continue
         argv += [flag, *values]
-    return Launch([*argv, *spec.extra_args], tuple(notes))
+    return Launch([*argv, *spec.extra_args], tuple(notes), sleeps=sleeps)
 
 
 def build_argv(

@@ -90,6 +90,11 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_concurrent: int | None = None
     max_queue: int | None = None
     fit: FitPolicy = "check"
+    # Sleep instead of stopping (swaps, the idle TTL): the engine is launched with
+    # SGLang's memory saver and releases its GPU memory; ``sleep_ttl`` seconds asleep
+    # (0 = never) and it is stopped.
+    sleep: bool = False
+    sleep_ttl: float = 0.0
 
 
 class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -112,6 +117,9 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     restart_window: float = 600.0
     cpu_reserve: int = 0
     one_engine_per_machine: bool = False
+    # Bound on each of SGLang's memory calls (release, resume) and on the health check
+    # after a resume; past it the engine is stopped and the next request reloads it.
+    memory_timeout: float = 120.0
 
 
 class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -199,6 +207,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_queue: int | None = None
     not_served_reason: str | None = None
     fit: FitPolicy = "check"
+    sleep: bool = False
+    sleep_ttl: float = 0.0
 
     @property
     def env(self) -> dict[str, str]:
@@ -220,6 +230,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
             self.dist_init_addr,
             self.numa,
             self.gpus,
+            # Only when on: the digest of every engine launched before sleep existed stays.
+            *(("sleep",) if self.sleep else ()),
         )
 
     def launch_digest(self) -> str:
@@ -405,6 +417,7 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
         "restart_max",
         "restart_window",
         "cpu_reserve",
+        "memory_timeout",
     ):
         _check_nonneg(getattr(d, field), name, f"$.daemon.{field}")
     if d.health_interval <= 0:
@@ -528,6 +541,9 @@ def resolve_models(
             )
         sources[entry.alias] = f"{models_name}: {at}.alias"
         _check_nonneg(entry.ttl, models_name, f"{at}.ttl")
+        _check_nonneg(entry.sleep_ttl, models_name, f"{at}.sleep_ttl")
+        if entry.sleep_ttl and not entry.sleep:
+            raise ConfigError(models_name, f"{at}.sleep_ttl", 'needs "sleep": true')
         _check_nonneg(entry.health_timeout, models_name, f"{at}.health_timeout")
         if isinstance(entry.numa, list) and len(set(entry.numa)) != len(entry.numa):
             raise ConfigError(models_name, f"{at}.numa", "lists a node twice")
@@ -586,5 +602,7 @@ def resolve_models(
             max_concurrent=entry.max_concurrent,
             max_queue=entry.max_queue,
             fit=entry.fit,
+            sleep=entry.sleep,
+            sleep_ttl=entry.sleep_ttl,
         )
     return models

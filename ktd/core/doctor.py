@@ -435,7 +435,20 @@ def argv_check(spec: ModelSpec, topo: Topology, catalog: Catalog | None) -> list
     detail = f"ktd emits {flags} ({against})"
     if launch.notes:
         detail += "; " + "; ".join(launch.notes)
-    return [Check(name, "ok", detail)]
+    checks = [Check(name, "ok", detail)]
+    if spec.sleep and launch.sleeps:
+        checks.append(Check(f"{spec.alias}.sleep", "ok", "sleeps instead of stopping"))
+    elif spec.sleep:
+        checks.append(
+            Check(
+                f"{spec.alias}.sleep",
+                "warn",
+                f"{catalog.label if catalog else 'its SGLang'} has no --enable-memory-saver: "
+                "this model's swaps stop and reload",
+                "install sglang-kt (or an SGLang with the memory saver) in its python",
+            )
+        )
+    return checks
 
 
 # ---------------------------------------------------------------- python / packages

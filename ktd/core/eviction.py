@@ -12,11 +12,12 @@ a crash of the new model must not leave the box serving nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ktd.core import states as S
+from ktd.core.placement import Holding
 
 __all__ = [
     "Evict",
@@ -30,6 +31,7 @@ __all__ = [
     "bring_back",
     "idle_for",
     "place_step",
+    "room_for",
     "waitable",
 ]
 
@@ -137,3 +139,39 @@ def bring_back(
     stopped and unwanted (nobody loaded or evicted them since), and placeable now
     without stopping anything."""
     return tuple(a for a in made_room if stopped.get(a, False) and fits.get(a, False))
+
+
+@dataclass(frozen=True)
+class RoomPlan:
+    """A wake's plan (a ``PlanView``): the asleep process is pinned to its own NUMA nodes
+    and GPUs, so it wakes there or not at all. Awake holders in the way that are idle
+    are made room of at once (``evict``: put to sleep or stopped); busy ones are
+    waited for, or refuse the wake (``blocked_by``, judged by ``place_step``)."""
+
+    evict: tuple[str, ...] = ()
+    blocked_by: tuple[str, ...] = ()
+    impossible: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.blocked_by
+
+    @property
+    def reason(self) -> str | None:
+        if not self.blocked_by:
+            return None
+        return f"its NUMA nodes or GPUs are held by {', '.join(self.blocked_by)}"
+
+
+def room_for(
+    numa_nodes: Sequence[int], gpus: Sequence[int], holders: Sequence[Holding]
+) -> RoomPlan:
+    """Who is in the way of waking an engine on ``numa_nodes`` and ``gpus``."""
+    nodes, cards = set(numa_nodes), set(gpus)
+    evict: list[str] = []
+    blocked: list[str] = []
+    for h in holders:
+        if not (nodes & set(h.numa_nodes) or cards & set(h.gpus)):
+            continue
+        (evict if h.evictable else blocked).append(h.alias)
+    return RoomPlan(tuple(evict), tuple(blocked))

@@ -27,9 +27,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ktd.core.states import READY, State
+from ktd.core.states import ASLEEP, READY, State
 
-__all__ = ["EvictIdle", "Expire", "Expiry", "IdleView", "RecallIdle", "ttl_due"]
+__all__ = ["EvictIdle", "Expire", "Expiry", "IdleView", "RecallIdle", "SleepIdle", "ttl_due"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class IdleView:
     claims: int  # standing claims on it
     waiting: int  # requests in its line
     idle_since: float  # monotonic: the end of its last request (or when it became ready)
+    sleeps: bool = False  # its TTL puts it to sleep instead of stopping it
+    sleep_ttl: float = 0.0  # asleep this long: stopped (0: never)
+    asleep_at: float | None = None  # monotonic: when it fell asleep
 
 
 @dataclass(frozen=True)
@@ -65,11 +68,24 @@ class EvictIdle:
     ttl: float
 
 
-Action = Expire | RecallIdle | EvictIdle
+@dataclass(frozen=True)
+class SleepIdle:
+    """Its TTL ran out and it can sleep: put it to sleep (a second TTL stops it later)."""
+
+    alias: str
+    ttl: float
+
+
+Action = Expire | RecallIdle | EvictIdle | SleepIdle
 
 
 def ttl_due(view: IdleView) -> float | None:
-    """When the TTL runs out (monotonic); None without one, or while busy, loading or going."""
+    """When the TTL runs out (monotonic); None without one, or while busy, loading or going.
+    Asleep: when its ``sleep_ttl`` runs out."""
+    if view.state == ASLEEP and not view.want_up:
+        if view.sleep_ttl <= 0 or view.asleep_at is None or view.waiting:
+            return None
+        return view.asleep_at + view.sleep_ttl
     if view.ttl <= 0 or view.state != READY or view.busy or view.waiting or not view.want_up:
         return None
     return view.idle_since + view.ttl
@@ -122,14 +138,14 @@ class Expiry:
 
     def idle(
         self, engines: Iterable[IdleView], now: float
-    ) -> tuple[list[RecallIdle | EvictIdle], float]:
+    ) -> tuple[list[RecallIdle | EvictIdle | SleepIdle], float]:
         """TTL decisions for every engine whose TTL ran out, and when the next one runs
         out (an engine acted on is looked at again when it changes, not before)."""
         if now < self.settled_at:
             return [], self.settled_at  # after a pause: the queued reports first
         if now - self.last_sweep > self.interval + self.lease_ttl / 2:
             return [], now  # the sweep is overdue: a pause it has not judged yet
-        out: list[RecallIdle | EvictIdle] = []
+        out: list[RecallIdle | EvictIdle | SleepIdle] = []
         next_due = math.inf
         for view in engines:
             due = ttl_due(view)
@@ -137,8 +153,12 @@ class Expiry:
                 continue
             if due > now:
                 next_due = min(next_due, due)
+            elif view.state == ASLEEP:
+                out.append(EvictIdle(view.alias, view.sleep_ttl))
             elif view.claims:
                 out.append(RecallIdle(view.alias, view.ttl))
+            elif view.sleeps:
+                out.append(SleepIdle(view.alias, view.ttl))
             else:
                 out.append(EvictIdle(view.alias, view.ttl))
         return out, next_due

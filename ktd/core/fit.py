@@ -174,22 +174,44 @@ class Freed:
     gpu_by_index: Mapping[int, int] = field(default_factory=dict)
 
 
-def freed_by(victims: Sequence[tuple[Estimate, Sequence[int], Sequence[int]]]) -> Freed:
-    """Sum what evicting ``(estimate, numa_nodes, gpus)`` victims frees, split like loads."""
+def asleep_host_bytes(est: Estimate) -> int | None:
+    """Host RAM an asleep engine holds: its experts (kt-kernel keeps them) plus the
+    host copy of its GPU weights (``--enable-weights-cpu-backup``)."""
+    if est.host_bytes is None and est.gpu_weights_bytes is None:
+        return None
+    return (est.host_bytes or 0) + (est.gpu_weights_bytes or 0)
+
+
+def freed_by(
+    victims: Sequence[tuple[Estimate, Sequence[int], Sequence[int]]],
+    sleepers: Sequence[tuple[Estimate, Sequence[int], Sequence[int]]] = (),
+) -> Freed:
+    """Sum what evicting ``(estimate, numa_nodes, gpus)`` victims frees, split like loads.
+    ``sleepers`` go to sleep instead: they free their GPU memory and *take* host RAM
+    for the copy of their GPU weights; their experts stay."""
     host: dict[int, int] = {}
     anywhere = 0
     gpu: dict[int, int] = {}
-    for est, nodes, gpus in victims:
-        if est.host_bytes:
-            if nodes:
-                for n in nodes:
-                    host[n] = host.get(n, 0) + est.host_bytes // len(nodes)
-            else:
-                anywhere += est.host_bytes
+
+    def add_host(nodes: Sequence[int], n: int) -> None:
+        nonlocal anywhere
+        if nodes:
+            for node in nodes:
+                host[node] = host.get(node, 0) + n // len(nodes)
+        else:
+            anywhere += n
+
+    for est, _, gpus in [*victims, *sleepers]:
         g = est.gpu_bytes
         if g and gpus:
             for i in gpus:
                 gpu[i] = gpu.get(i, 0) + g // len(gpus)
+    for est, nodes, _ in victims:
+        if est.host_bytes:
+            add_host(nodes, est.host_bytes)
+    for est, nodes, _ in sleepers:
+        if est.gpu_weights_bytes:
+            add_host(nodes, -est.gpu_weights_bytes)
     return Freed(host, anywhere, gpu)
 
 

@@ -1,6 +1,7 @@
 """The engine state machine (pure): states, legal moves, what each state allows, and phases.
 
-``stopped → starting → ready → draining → stopping → stopped``, plus ``failed``.
+``stopped → starting → ready → draining → stopping → stopped``, plus ``failed``,
+and sleep: ``ready → sleeping → asleep → waking → ready`` (``asleep → stopping``).
 Only an engine's own supervisor task moves it; a move not listed here is a bug,
 so ``check`` raises instead of letting the pool drift from the processes.
 
@@ -26,6 +27,12 @@ class State(StrEnum):
     DRAINING = "draining"
     STOPPING = "stopping"
     FAILED = "failed"
+    # Sleep (SGLang's memory API): drained and releasing its GPU memory; released
+    # (its process lives, its experts stay in host RAM, no CPU or GPU of its own);
+    # resuming, then checked with one generation before it is ready again.
+    SLEEPING = "sleeping"
+    ASLEEP = "asleep"
+    WAKING = "waking"
 
 
 STOPPED = State.STOPPED
@@ -34,6 +41,9 @@ READY = State.READY
 DRAINING = State.DRAINING
 STOPPING = State.STOPPING
 FAILED = State.FAILED
+SLEEPING = State.SLEEPING
+ASLEEP = State.ASLEEP
+WAKING = State.WAKING
 
 ALL: tuple[State, ...] = tuple(State)
 
@@ -44,16 +54,24 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # streams before this daemon has seen it healthy; an evict then drains it too.
     STARTING: frozenset({STARTING, READY, DRAINING, STOPPING, FAILED, STOPPED}),
     # ready → starting: a crash restart under the restart policy.
-    READY: frozenset({DRAINING, STOPPING, STARTING, FAILED, STOPPED}),
+    # starting → asleep: an adopted engine a previous daemon had put to sleep.
+    READY: frozenset({DRAINING, STOPPING, STARTING, FAILED, STOPPED, SLEEPING}),
     DRAINING: frozenset({STOPPING}),
     STOPPING: frozenset({STOPPED, FAILED, STARTING}),
     FAILED: frozenset({STARTING, STOPPED}),
+    # sleeping → ready: a request came back before the release (the sleep is called off).
+    SLEEPING: frozenset({ASLEEP, READY, STOPPING, STOPPED, FAILED, STARTING}),
+    ASLEEP: frozenset({WAKING, STOPPING, STOPPED, FAILED}),
+    # waking → asleep: no room for it (busy holders), or put back before the resume.
+    WAKING: frozenset({READY, ASLEEP, STOPPING, STOPPED, FAILED, SLEEPING, STARTING}),
 }
+TRANSITIONS[STARTING] = TRANSITIONS[STARTING] | {ASLEEP}
 
-# States in which the engine holds NUMA nodes, GPUs and a port.
-HOLDS_RESOURCES = frozenset({STARTING, READY, DRAINING, STOPPING})
+# States in which the engine holds its NUMA nodes' CPUs, its GPUs and a port: nobody
+# else may be placed there. An asleep engine holds only host memory and its port.
+HOLDS_RESOURCES = frozenset({STARTING, READY, DRAINING, STOPPING, SLEEPING, WAKING})
 # States in which processes may exist.
-HAS_PROCESSES = HOLDS_RESOURCES
+HAS_PROCESSES = HOLDS_RESOURCES | {ASLEEP}
 # States on the way down (a reason given by whoever asked for the stop applies).
 GOING_DOWN = frozenset({DRAINING, STOPPING, STOPPED})
 
@@ -82,6 +100,9 @@ class Step(StrEnum):
     DRAINING = "draining"  # requests in flight finish before the stop
     DEREGISTERING = "deregistering"  # off the gateway before the drain
     TERMINATING = "terminating"
+    RELEASING = "releasing"  # SGLang releases its GPU memory (sleep)
+    RESUMING = "resuming"  # SGLang takes its GPU memory back (wake)
+    CHECKING = "checking"  # one generation after a resume, before ready
 
 
 @dataclass(frozen=True)
@@ -112,4 +133,7 @@ _TEXT = {
     Step.DRAINING: "draining",
     Step.DEREGISTERING: "deregistering from the gateway",
     Step.TERMINATING: "terminating",
+    Step.RELEASING: "releasing GPU memory",
+    Step.RESUMING: "resuming GPU memory",
+    Step.CHECKING: "checking health after resume",
 }

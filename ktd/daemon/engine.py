@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import httpx
 import trio
@@ -25,6 +25,7 @@ from ktd.core.admission import EngineView, Gate, Limits
 from ktd.core.claimsync import ClaimRec
 from ktd.core.config import DaemonSection, ModelSpec
 from ktd.core.expiry import IdleView, ttl_due
+from ktd.core.lifecycle import Want
 from ktd.core.restart import RestartBudget, retry_delay
 from ktd.core.sglang_options import Catalog
 from ktd.core.states import Phase, State, Step
@@ -33,9 +34,6 @@ from ktd.daemon.enginelog import EngineLog
 from ktd.daemon.probe import Prober
 from ktd.daemon.running import Running as Running  # re-exported: pool modules import it here
 from ktd.protocol import EngineInfo
-
-if TYPE_CHECKING:
-    from ktd.daemon.supervisor import Supervisor
 
 
 class Busy(Exception):
@@ -93,6 +91,11 @@ class EngineHost(Protocol):
 
     async def before_drain(self, engine: Engine) -> None: ...
 
+    async def make_room(self, engine: Engine) -> str | None: ...  # a wake's swap; None = done
+
+    @property
+    def engine_drain(self) -> bool: ...  # a stop waits for the engine's /v1/loads too
+
     def log_lines(self, engine: Engine, lines: list[str]) -> None: ...
 
     def loaded(self, engine: Engine, seconds: float) -> None: ...  # a launch became ready
@@ -137,7 +140,12 @@ class Engine:
         self.error_code: str | None = None  # why the last attempt ended, for load waiters
         self.phase: Phase | None = None
         # Desires: set by anyone, read by the supervisor.
-        self.want_up = False
+        self.want = Want.DOWN
+        self.ups = 0  # request_up() calls: an evict sees a load that overtook it
+        # Arrivals in stopped or failed, and in asleep: a waiter sees the engine came to
+        # rest even when a load started it again before the waiter ran.
+        self.stops = 0
+        self.sleeps_done = 0
         self.down_reason: str | None = None
         self.force = False
         self.drain_timeout: float | None = None
@@ -162,7 +170,11 @@ class Engine:
         self.idle_since: float | None = None  # end of its last request (monotonic); None: never
         #                                      used nor ready
         self.stats = Stats()
-        self.supervisor: Supervisor | None = None
+        self.asleep_since: float | None = None  # wall clock: when it fell asleep
+        self.asleep_at: float | None = None  # the same on the monotonic clock (sleep_ttl)
+        self.host_bytes: int | None = None  # host RAM it holds asleep (the estimate)
+        self.sleeps = False  # its running SGLang has the memory saver (the launch says)
+        self._poke: Callable[[], None] = lambda: None  # its supervisor looks again
         self._changed = trio.Event()
         d = host.settings
         self.log = EngineLog(
@@ -173,6 +185,29 @@ class Engine:
         )
 
     # ------------------------------------------------------------ queries
+
+    @property
+    def want_up(self) -> bool:
+        return self.want == Want.UP
+
+    @want_up.setter
+    def want_up(self, up: bool) -> None:
+        self.want = Want.UP if up else Want.DOWN
+
+    def on_change(self, poke: Callable[[], None]) -> None:
+        """Its supervisor's wake-up (set once, by the supervisor: no import between them)."""
+        self._poke = poke
+
+    def sleep_mode(self) -> str:
+        """``on``: sleeps instead of stopping; ``unsupported``: configured, but its SGLang
+        has no memory saver (swaps reload); ``off``: not configured."""
+        if not self.spec.sleep:
+            return "off"
+        if self.run is not None or self.adopt is not None:
+            return "on" if self.sleeps else "unsupported"
+        if self.catalog is not None and self.catalog.exact("--enable-memory-saver") is None:
+            return "unsupported"
+        return "on"
 
     @property
     def alias(self) -> str:
@@ -198,10 +233,18 @@ class Engine:
         """Someone may still send it requests: a drain waits for this to end."""
         return bool(self.leases or self.claims)
 
+    def holders(self) -> int:
+        """Leases and claims on it (a drain, and a sleep's release, wait for zero)."""
+        return len(self.leases) + len(self.claims)
+
     def adopting(self) -> bool:
-        return (
-            self.state == S.STARTING and self.phase is not None and self.phase.step == Step.ADOPTING
-        )
+        """A previous daemon's engine not yet seen healthy by this one (its streams may
+        be running: a stop drains it, its restored claims live)."""
+        if self.state != S.STARTING:
+            return False
+        run = self.adopt or self.run
+        adopted = run is not None and run.adopted_state is not None
+        return adopted or (self.phase is not None and self.phase.step == Step.ADOPTING)
 
     def view(self) -> EngineView:
         """What its admission gate reads."""
@@ -225,7 +268,18 @@ class Engine:
             claims=len(self.claims),
             waiting=len(self.gate.line) + self.remote_queued,
             idle_since=self.idle_since if self.idle_since is not None else trio.current_time(),
+            sleeps=self.sleep_mode() == "on",
+            sleep_ttl=self.spec.sleep_ttl,
+            asleep_at=self.asleep_at,
         )
+
+    def _expires_at(self, due: float | None, last_used: float | None) -> float | None:
+        """When the TTL acts (wall clock): the idle TTL, or asleep, the ``sleep_ttl``."""
+        if due is None:
+            return None
+        if self.state == S.ASLEEP:
+            return None if self.asleep_since is None else self.asleep_since + self.spec.sleep_ttl
+        return None if last_used is None else last_used + self.spec.ttl
 
     def retry_in(self) -> float:
         """Seconds until a request may retry this failed engine (0 = now)."""
@@ -247,7 +301,7 @@ class Engine:
         return EngineInfo(
             started_at=run.started_at if run else None,
             ttl=self.spec.ttl,
-            expires_at=None if due is None or last_used is None else last_used + self.spec.ttl,
+            expires_at=self._expires_at(due, last_used),
             load_started=st.load_started if self.state == S.STARTING else None,
             load_eta=self.host.expected_load(self.alias),
             last_log=st.last_log,
@@ -284,6 +338,10 @@ class Engine:
             load_seconds_total=st.load_seconds_total,
             failures=st.failures,
             retry_in=self.retry_in() if self.state == S.FAILED else None,
+            sleep=self.sleep_mode(),
+            asleep_since=self.asleep_since if self.state == S.ASLEEP else None,
+            sleep_ttl=self.spec.sleep_ttl,
+            host_bytes=self.host_bytes if self.state == S.ASLEEP else None,
         )
 
     # ------------------------------------------------------------ requests (any task)
@@ -295,7 +353,12 @@ class Engine:
         there was lost, and the engine served on). One that daemon was stopping is
         stopped: a ``kill -9`` of ktd must not undo an evict."""
         self.adopt = run
-        self.want_up = run.adopted_state not in (S.DRAINING, S.STOPPING)
+        if run.adopted_state == S.ASLEEP:
+            self.want = Want.ASLEEP  # asleep until a request wakes it
+        elif run.adopted_state in (S.DRAINING, S.STOPPING):
+            self.want = Want.DOWN
+        else:
+            self.want = Want.UP
         self.state = S.STARTING
         self.since = time.time()
         self.phase = Phase.of(Step.ADOPTING)
@@ -303,7 +366,8 @@ class Engine:
     def request_up(self) -> None:
         if self.retired:
             return
-        self.want_up = True
+        self.want = Want.UP
+        self.ups += 1
         self.force = False
         self.down_reason = None
         self.notify_changed()
@@ -317,10 +381,23 @@ class Engine:
     ) -> None:
         """``reason`` (e.g. "evicted to make room for X") stays on the engine's way down
         and in its stopped status, so the operator sees why it went."""
-        self.want_up = False
+        self.want = Want.DOWN
         self.down_reason = reason or self.down_reason
         self.downs += 1
         self.force = self.force or force
+        self.drain_timeout = drain_timeout
+        self.notify_changed()
+
+    def request_sleep(
+        self, *, drain_timeout: float | None = None, reason: str | None = None
+    ) -> None:
+        """Put it to sleep once drained (a swap, the idle TTL, ``ktctl sleep``). Without
+        the memory saver the machine stops it instead: never a release without it."""
+        if self.want == Want.DOWN and self.state in (S.STOPPED, S.FAILED):
+            return
+        self.want = Want.ASLEEP
+        self.force = False
+        self.down_reason = reason or self.down_reason
         self.drain_timeout = drain_timeout
         self.notify_changed()
 
@@ -352,8 +429,7 @@ class Engine:
         """Something about it changed: its waiters and its admission gate look again."""
         self._changed.set()
         self._changed = trio.Event()
-        if self.supervisor is not None:
-            self.supervisor.poke()
+        self._poke()
         self.host.engine_changed(self)
 
     async def wait_changed(self) -> None:
@@ -367,10 +443,26 @@ class Engine:
         return False
 
     async def wait_stopped(self) -> None:
-        await self.wait_until(lambda: self.state in (S.STOPPED, S.FAILED))
+        """Until it is stopped or failed, or has been since this call (a load may have
+        started it again at once)."""
+        mark = self.stops
+        await self.wait_until(lambda: self.state in (S.STOPPED, S.FAILED) or self.stops > mark)
+
+    async def wait_off(self) -> None:
+        """Until it holds no CPU or GPU (stopped, failed or asleep), or has since this call
+        (a swap's wait: a request may have started or woken it again at once)."""
+        stops, sleeps = self.stops, self.sleeps_done
+        await self.wait_until(
+            lambda: (
+                self.state not in S.HOLDS_RESOURCES
+                or self.stops > stops
+                or self.sleeps_done > sleeps
+            )
+        )
 
     def load_settled(self) -> bool:
-        """For load waiters: ready, or the attempt ended without it (failed or stopped)."""
+        """For load waiters: ready, or the attempt ended without it (failed, stopped, or
+        still asleep: a wake that found no room)."""
         if self.state == S.READY:
             return True
-        return not self.want_up and self.state in (S.FAILED, S.STOPPED)
+        return not self.want_up and self.state in (S.FAILED, S.STOPPED, S.ASLEEP)

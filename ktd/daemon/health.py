@@ -90,6 +90,7 @@ class Watch:
             elif state() == S.READY:
                 await trio.sleep(health_interval)
                 if state() != S.READY:
+                    last_ok = trio.current_time()  # asleep meanwhile: no silence to count
                     continue
                 if await answers_health(http, base(), timeout=hang_timeout):
                     last_ok = trio.current_time()
@@ -98,4 +99,7 @@ class Watch:
                     wake()
                     return
             else:
+                # Asleep, going to sleep or waking: nothing that generates is sent (a
+                # /health generates a token); the wake checks readiness itself.
+                last_ok = trio.current_time()
                 await trio.sleep(0.2)

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ktd.core import states as S
-from ktd.core.command import ENGINE_MARK
+from ktd.core.command import ENGINE_MARK, SAVER
 from ktd.daemon import adoption, proctree, statefile
 from ktd.daemon.engine import Engine, Running
 
@@ -57,7 +57,7 @@ def snapshot(engines: list[Engine]) -> statefile.StateFile:
     records = []
     for e in engines:
         run = e.run
-        if run is None or e.state not in S.HOLDS_RESOURCES:
+        if run is None or e.state not in S.HAS_PROCESSES:
             continue
         plan = e.plan
         records.append(
@@ -165,6 +165,7 @@ def _adopt_one(
             port=port,
             argv=argv,
             pidfd=pidfd,
+            sleeps=SAVER in argv,
         )
     )
     engine.plan = plan

@@ -116,21 +116,71 @@ class Placer:
             allow_evict=spec.swap,
         )
 
-    async def fit(self, spec: ModelSpec, plan: Plan) -> tuple[fit.Estimate, fit.Fit]:
-        """The memory estimate of ``spec`` on ``plan``, counting what its evictions free."""
-        victims = [
-            (v.spec, tuple(v.plan.numa_nodes), tuple(v.plan.gpus))
-            for v in (self.engines.get(a) for a in plan.evict)
-            if v is not None and v.plan is not None
-        ]
+    async def fit(
+        self, spec: ModelSpec, plan: Plan, stop: tuple[str, ...] = ()
+    ) -> tuple[fit.Estimate, fit.Fit]:
+        """The memory estimate of ``spec`` on ``plan``, counting what its evictions free
+        (a victim that will sleep frees its GPU memory only) and what stopping the
+        sleepers ``stop`` frees (their host RAM)."""
+        going = [self.engines[a] for a in (*plan.evict, *stop) if a in self.engines]
+        held = [v for v in going if v.plan is not None]
+
+        def where(v: Engine) -> tuple[ModelSpec, tuple[int, ...], tuple[int, ...]]:
+            assert v.plan is not None
+            return (v.spec, tuple(v.plan.numa_nodes), tuple(v.plan.gpus))
+
+        sleepers = [where(v) for v in held if self._will_sleep(v) and v.alias not in stop]
+        victims = [where(v) for v in held if not self._will_sleep(v) or v.alias in stop]
         return await trio.to_thread.run_sync(
             weights.verdict,
             spec,
             tuple(plan.numa_nodes),
             tuple(plan.gpus),
             victims,
-            tuple(plan.evict),
+            tuple(plan.evict) + stop,
+            sleepers,
         )
+
+    @staticmethod
+    def _will_sleep(engine: Engine) -> bool:
+        """Made room for by sleeping, not stopping (or already asleep)."""
+        return engine.state == S.ASLEEP or engine.sleep_mode() == "on"
+
+    def sleepers(self, plan: Plan) -> list[Engine]:
+        """Asleep engines whose host memory is on ``plan``'s nodes, least recently used
+        first: stopped, in that order, when a load's host memory does not fit beside them."""
+        nodes = set(plan.numa_nodes)
+        out = [
+            e
+            for e in self.engines.values()
+            if e.state == S.ASLEEP
+            and e.plan is not None
+            and (not nodes or not e.plan.numa_nodes or nodes & set(e.plan.numa_nodes))
+        ]
+        return sorted(out, key=lambda e: e.idle_since if e.idle_since is not None else 0.0)
+
+    async def _fit_or_stop_sleepers(self, engine: Engine, plan: Plan) -> None:
+        """The memory check of a load, before anything is evicted. Short of host RAM
+        with sleepers on its nodes: stop the least recently used until it fits."""
+        _, verdict = await self.fit(engine.spec, plan)
+        if verdict.ok:
+            return
+        stop: tuple[str, ...] = ()
+        for sleeper in self.sleepers(plan):
+            stop += (sleeper.alias,)
+            _, verdict = await self.fit(engine.spec, plan, stop)
+            if verdict.ok:
+                break
+        if not verdict.ok:
+            raise Refused(f"{verdict.reason}; no engine was stopped")
+        why = f"stopped to make room in host memory for {engine.alias}"
+        for alias in stop:
+            victim = self.engines[alias]
+            victim.log.note(why)
+            victim.stats.evictions += 1
+            victim.request_down(reason=why)
+        for alias in stop:
+            await self.engines[alias].wait_stopped()
 
     async def place(self, engine: Engine) -> PlacementLike | None:
         """Plan, evict idle engines in the way, or wait for busy ones to become idle.
@@ -138,19 +188,49 @@ class Placer:
         Pinned holders, or ``swap: false`` on ``engine``, make it a plain ``Busy``.
         Returns None when ``engine`` stopped being wanted while it waited.
         """
+
+        def plan() -> Plan:
+            return self.make_plan(engine.spec, exclude=engine, catalog=engine.catalog)
+
+        placed = await self._place(engine, plan, fitted=engine.spec.fit == "ignore")
+        return placed if isinstance(placed, Plan) else None
+
+    async def make_room(self, engine: Engine) -> str | None:
+        """A wake: free ``engine``'s own NUMA nodes and GPUs of awake engines, as a load
+        does (idle ones sleep or stop, busy ones are waited for while they yield).
+        None when done; else why not (the engine stays asleep)."""
+        own = engine.plan
+        if own is None:
+            return None
+
+        def plan() -> eviction.RoomPlan:
+            holders = self.holdings(exclude=engine)
+            return eviction.room_for(own.numa_nodes, own.gpus, holders)
+
+        try:
+            if await self._place(engine, plan, fitted=True) is None:
+                return "the wake was called off"
+        except (Busy, Unplaceable, Refused) as exc:
+            return str(exc)
+        return None
+
+    async def _place(
+        self,
+        engine: Engine,
+        planner: Callable[[], Plan | eviction.RoomPlan],
+        *,
+        fitted: bool,
+    ) -> Plan | eviction.RoomPlan | None:
         yielded: list[tuple[Engine, int]] = []
-        fitted = engine.spec.fit == "ignore"
         try:
             while True:
                 async with self._lock:
-                    plan = self.make_plan(engine.spec, exclude=engine, catalog=engine.catalog)
-                    if plan.ok and not fitted:
+                    plan = planner()
+                    if isinstance(plan, Plan) and plan.ok and not fitted:
                         # Once, before anything is evicted: after an eviction the victim's
                         # memory may take a while to show up as free.
                         fitted = True
-                        _, verdict = await self.fit(engine.spec, plan)
-                        if not verdict.ok:
-                            raise Refused(f"{verdict.reason}; no engine was stopped")
+                        await self._fit_or_stop_sleepers(engine, plan)
                     views = {
                         a: holder_view(self.engines[a])
                         for a in plan.blocked_by
@@ -158,14 +238,13 @@ class Placer:
                     }
                     step = eviction.place_step(plan, views, swap=engine.spec.swap)
                     if isinstance(step, eviction.Use):
-                        result: PlacementLike = plan
-                        return result
+                        return plan
                     if isinstance(step, eviction.Evict):
                         await self._evict_for(engine, step.aliases)
                         continue
                     if isinstance(step, eviction.WaitLeaving):
                         for alias in step.aliases:
-                            await self.engines[alias].wait_stopped()
+                            await self.engines[alias].wait_off()
                         continue
                     if isinstance(step, eviction.Refuse):
                         if step.impossible:
@@ -196,17 +275,26 @@ class Placer:
                 h.notify_changed()
 
     async def _evict_for(self, engine: Engine, aliases: tuple[str, ...]) -> None:
+        """Make room: a victim that can sleep is put to sleep (its experts stay in host
+        RAM; waking it is a swap in seconds), any other is stopped."""
         engine.set_phase(Phase.of(Step.MAKING_ROOM, engines=aliases))
+        stopped: tuple[str, ...] = ()
         for alias in aliases:
             victim = self.engines[alias]
-            why = f"evicted to make room for {engine.alias}"
-            victim.log.note(why)
             victim.stats.evictions += 1
-            victim.request_down(reason=why)
-        engine.stats.made_room = tuple(dict.fromkeys(engine.stats.made_room + aliases))
-        engine.stats.owed = True
+            if victim.sleep_mode() == "on":
+                why = f"put to sleep to make room for {engine.alias}"
+                victim.log.note(why)
+                victim.request_sleep(reason=why)
+            else:
+                why = f"evicted to make room for {engine.alias}"
+                victim.log.note(why)
+                victim.request_down(reason=why)
+                stopped += (alias,)
+        engine.stats.made_room = tuple(dict.fromkeys(engine.stats.made_room + stopped))
+        engine.stats.owed = bool(engine.stats.made_room)
         for alias in aliases:
-            await self.engines[alias].wait_stopped()
+            await self.engines[alias].wait_off()
 
     def bring_back(self, engine: Engine) -> tuple[str, ...]:
         """``engine``'s launch failed before ready: start again what it stopped for room,

@@ -28,6 +28,8 @@ from ktd.core import states as S
 from ktd.core.claimsync import may_hold
 from ktd.core.command import build_env
 from ktd.core.config import Config, ModelSpec
+from ktd.core.lifecycle import Want
+from ktd.core.states import Step
 from ktd.daemon import persist, reloader, statefile
 from ktd.daemon.claimtable import ClaimTable, claim_side
 from ktd.daemon.engine import Engine, PlacementLike
@@ -52,6 +54,9 @@ class PoolObserver(Protocol):
     def engine_changed(self, engine: Engine) -> None: ...
 
     async def before_drain(self, engine: Engine) -> None: ...
+
+    @property
+    def routes_engines(self) -> bool: ...
 
     def annotate(self, info: EngineInfo) -> None: ...
 
@@ -113,20 +118,20 @@ class Pool:
         self.load_history = LoadHistory(
             state_path.parent / "load_history.json" if state_path else None
         )
-        for spec in config.served():
-            self._new_engine(spec)
+        self._pending: list[Supervisor] = [self._new_engine(spec) for spec in config.served()]
 
-    def _new_engine(self, spec: ModelSpec) -> Engine:
+    def _new_engine(self, spec: ModelSpec) -> Supervisor:
         engine = Engine(spec, self)
-        Supervisor(engine)
         self.engines[spec.alias] = engine
-        return engine
+        return Supervisor(engine)
 
     def add_engine(self, spec: ModelSpec) -> None:
         """A model added (or replaced) by a reload: a new engine with its supervisor."""
-        engine = self._new_engine(spec)
-        if self._nursery is not None and engine.supervisor is not None:
-            self._nursery.start_soon(engine.supervisor.run)
+        supervisor = self._new_engine(spec)
+        if self._nursery is not None:
+            self._nursery.start_soon(supervisor.run)
+        else:
+            self._pending.append(supervisor)
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self._nursery is not None:
@@ -137,9 +142,9 @@ class Pool:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with self.http, trio.open_nursery() as nursery:
             self._nursery = nursery
-            for engine in self.engines.values():
-                assert engine.supervisor is not None
-                nursery.start_soon(engine.supervisor.run)
+            for supervisor in self._pending:
+                nursery.start_soon(supervisor.run)
+            self._pending = []
             nursery.start_soon(self.sweeper.run)
             if self.keeper is not None:
                 nursery.start_soon(self.keeper.run)
@@ -207,9 +212,17 @@ class Pool:
 
     async def before_drain(self, engine: Engine) -> None:
         # The frontends stop routing to it now; the drain waits for their claims.
-        self.claims.recall(engine, reason=engine.down_reason or "stopping")
+        why = engine.down_reason or ("going to sleep" if engine.want == Want.ASLEEP else "stopping")
+        self.claims.recall(engine, reason=why)
         for observer in self.observers:
             await observer.before_drain(engine)
+
+    async def make_room(self, engine: Engine) -> str | None:
+        return await self.placer.make_room(engine)
+
+    @property
+    def engine_drain(self) -> bool:
+        return any(o.routes_engines for o in self.observers)
 
     def loaded(self, engine: Engine, seconds: float) -> None:
         self.load_history.record(engine.alias, seconds)
@@ -380,13 +393,113 @@ class Pool:
         else:
             raise ControlError(ErrorCode.BAD_REQUEST, "evict needs an alias or all=true")
         evicted = []
+        asked: dict[str, tuple[int, int]] = {}
         for engine in targets:
-            if engine.state in S.HOLDS_RESOURCES or engine.want_up:
+            if engine.state in S.HAS_PROCESSES or engine.want_up:
                 engine.request_down(force=force, drain_timeout=timeout)
+                asked[engine.alias] = (engine.ups, engine.stops)
                 evicted.append(engine.alias)
+        overtaken = []
         for engine in targets:
-            await engine.wait_stopped()
+            if engine.alias in asked:
+                # Ends when stopped, or when a load asked for it after this evict: that
+                # load wins (it is answered ready), and this evict says so at once.
+                if await self._stopped_or_overtaken(engine, *asked[engine.alias]):
+                    overtaken.append(engine.alias)
+        if overtaken:
+            raise ControlError(
+                ErrorCode.BUSY,
+                f"evict of {', '.join(overtaken)} overtaken by a load: still running",
+                {"overtaken": overtaken},
+            )
         return evicted
+
+    @staticmethod
+    async def _stopped_or_overtaken(engine: Engine, ups: int, stops: int) -> bool:
+        """Wait until it stopped since the evict (``stops``), or a load asked for it after
+        the evict (``ups``) before it began going down: that load wins. True when
+        overtaken."""
+
+        def stopped() -> bool:
+            return engine.stops > stops or (
+                engine.state in (S.STOPPED, S.FAILED) and not engine.want_up
+            )
+
+        def overtaken() -> bool:  # not on its way down: it serves on
+            step = engine.phase.step if engine.phase else None
+            going = engine.state in (S.DRAINING, S.STOPPING) or step == Step.DEREGISTERING
+            return engine.ups > ups and not going
+
+        await engine.wait_until(lambda: stopped() or overtaken())
+        return not stopped()
+
+    def _can_sleep(self, engine: Engine) -> None:
+        mode = engine.sleep_mode()
+        if mode == "off":
+            raise ControlError(
+                ErrorCode.NO_SLEEP,
+                f'{engine.alias} cannot sleep: its models.json entry has no "sleep": true',
+                {"sleep": mode},
+            )
+        if mode == "unsupported":
+            label = engine.catalog.label if engine.catalog else "its SGLang"
+            raise ControlError(
+                ErrorCode.NO_SLEEP,
+                f"{engine.alias} cannot sleep: {label} has no --enable-memory-saver "
+                "(install sglang-kt or SGLang >= 0.4.9); its swaps stop and reload",
+                {"sleep": mode},
+            )
+
+    async def sleep(self, alias: str, *, timeout: float | None = None) -> EngineInfo:
+        """Drain ``alias`` to zero, take it off the gateway, release its GPU memory.
+        Answers once it is asleep (or, if the drain did not reach zero in time or the
+        release failed, stopped, with why)."""
+        engine = self.engine(alias)
+        self._check_open()
+        self._can_sleep(engine)
+        if engine.state == S.ASLEEP and not engine.want_up:
+            return engine.info()
+        if engine.state not in (S.READY, S.STARTING, S.WAKING, S.SLEEPING):
+            raise ControlError(
+                ErrorCode.NOT_LOADED,
+                f"{alias} is {engine.state}: only a running engine can sleep",
+                {"state": engine.state},
+            )
+        engine.log.note("asked to sleep")
+        engine.request_sleep(drain_timeout=timeout, reason="put to sleep")
+        await engine.wait_until(
+            lambda: engine.want != Want.ASLEEP or engine.state in (S.ASLEEP, S.STOPPED, S.FAILED)
+        )
+        if engine.state == S.ASLEEP:
+            return engine.info()
+        if engine.want == Want.UP:
+            raise ControlError(
+                ErrorCode.BUSY,
+                f"sleep of {alias} overtaken by a load or a wake: it stays up",
+                {"state": engine.state},
+            )
+        if engine.state in (S.STOPPED, S.FAILED) and engine.reason:
+            why = engine.reason  # the drain did not reach zero in time, the release failed
+        else:
+            why = "overtaken by an evict, a reload or ktd's shutdown: it stops"
+        raise ControlError(
+            ErrorCode.LOAD_FAILED, f"sleep of {alias} ended: {why}", {"state": engine.state}
+        )
+
+    async def wake(self, alias: str, *, timeout: float | None = None) -> EngineInfo:
+        """Wake an asleep ``alias`` (a ready one: at once). Other states: a load."""
+        engine = self.engine(alias)
+        self._check_open()
+        if engine.state == S.READY and engine.want_up:
+            return engine.info()
+        if engine.state not in (S.ASLEEP, S.SLEEPING, S.WAKING):
+            self._can_sleep(engine)
+            raise ControlError(
+                ErrorCode.NOT_LOADED,
+                f"{alias} is {engine.state}, not asleep: `ktctl load {alias}` loads it",
+                {"state": engine.state},
+            )
+        return await self.load(alias, timeout=timeout)
 
     def logs(self, alias: str, lines: int, *, probes: bool = False) -> tuple[list[str], int]:
         """The last ``lines`` lines (ktd's own health-check access lines only if

@@ -31,6 +31,7 @@ class Running:
     started_at: float = field(default_factory=time.time)
     digest: str = ""  # the spec's launch digest when it was started
     adopted_state: str | None = None  # state recorded by the daemon that started it
+    sleeps: bool = False  # launched with SGLang's memory saver: it can sleep
 
     async def wait(self) -> None:
         if self.proc is not None:

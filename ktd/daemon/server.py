@@ -181,6 +181,11 @@ class ControlServer:
             case p.Evict(alias=alias, all=all_, force=force, timeout=timeout):
                 evicted = await pool.evict(alias, all=all_, force=force, timeout=timeout)
                 return p.EvictReply(evicted=evicted)
+            case p.Sleep(alias=alias, timeout=timeout):
+                # Long (a drain, then SGLang's release): in a task, like load and evict.
+                return p.LoadReply(engine=await pool.sleep(alias, timeout=timeout))
+            case p.Wake(alias=alias, timeout=timeout):
+                return p.LoadReply(engine=await pool.wake(alias, timeout=timeout))
             case p.Reload():
                 return p.Ok(message=await self._reload())
             case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):

@@ -1,10 +1,11 @@
-"""The engine supervisor: one trio task per engine, the only one that moves its state.
+"""The engine supervisor: one trio task per engine, the driver of its lifecycle machine.
 
-It reads the engine's desires (``want_up``) and its processes' facts (exit, health,
-log milestones) and acts: launch, watch, restart per policy, drain and stop. Its
-decisions over time are the pure policies of ``ktd.core`` (states, restart budget,
-exit classification; the stop sequence in ``ktd.daemon.kill``); this module is the
-loop that feeds them and carries them out.
+The decisions (readiness deadline, hang kill, drain, restart loop, sleep and wake)
+are ``ktd.core.lifecycle``'s: this task feeds it what it sees (the engine's
+desires, its holders, its health, its exit) and carries out the one action the
+machine answers: the launch pipeline (probe, preflight, place, spawn), the gateway
+and the claims' recall, SGLang's memory calls (``ktd.daemon.memory``), the stop
+sequence (``ktd.daemon.kill``). It is the only task that moves the engine's state.
 """
 
 from __future__ import annotations
@@ -14,18 +15,17 @@ import math
 import signal
 import subprocess
 import time
-from collections.abc import Coroutine
 from typing import Any
 
 import trio
 
+from ktd.core import lifecycle as L
 from ktd.core import loglines
 from ktd.core import states as S
 from ktd.core.command import LaunchError, build_env, build_launch
 from ktd.core.exits import Outcome, classify_exit
-from ktd.core.restart import GiveUp
-from ktd.core.states import Phase, State, Step
-from ktd.daemon import health, kill, preflight, proctree, spawn
+from ktd.core.states import Phase, Step
+from ktd.daemon import health, kill, memory, preflight, proctree, spawn
 from ktd.daemon.engine import Busy, Engine, Running, Unplaceable
 from ktd.daemon.inotify import FileWatch
 from ktd.daemon.probe import KT_FORK, missing_message
@@ -39,50 +39,31 @@ class Supervisor:
     def __init__(self, engine: Engine) -> None:
         self.e = engine
         self.host = engine.host
+        self.m = L.Lifecycle()
         self._poke = trio.Event()
         self._health = health.Watch()
-        engine.supervisor = self
+        self._watchers: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self._shown: tuple[Any, ...] = (self.m.state, self.m.phase, None, None)
+        engine.on_change(self.poke)
 
     def poke(self) -> None:
         self._poke.set()
 
-    # ------------------------------------------------------------ state moves
-
-    def _set(
-        self,
-        state: State,
-        *,
-        reason: str | None = None,
-        phase: Phase | None = None,
-        error_code: str | None = None,
-    ) -> None:
-        """The only way the state moves; ``error_code`` tells load waiters why it ended."""
-        e = self.e
-        old = e.state
-        if state != old:
-            S.check(old, state)
-            e.since = time.time()
-        if reason is None and not e.want_up and state in S.GOING_DOWN:
-            reason = e.down_reason
-        e.state = state
-        e.reason = reason
-        e.phase = phase
-        e.error_code = error_code
-        if state == S.READY and state != old:
-            # The idle TTL counts from now: whatever the last run's last request was,
-            # a fresh load (or a restart) has served none yet.
-            e.idle_since = trio.current_time()
-        e.notify_changed()
-        self.host.state_changed(e)
-
-    def _fail(self, reason: str) -> None:
-        e = self.e
-        e.want_up = False
-        e.stats.failures += 1
-        e.stats.failed_at = trio.current_time()
-        e.log.note(f"failed: {reason}")
-        self._set(S.FAILED, reason=reason, error_code="load_failed")
-        self.host.load_failed(e)
+    def _settings(self) -> L.Settings:
+        d, spec = self.host.settings, self.e.spec
+        return L.Settings(
+            stop_grace=d.stop_grace,
+            drain_timeout=d.drain_timeout,
+            hang_timeout=d.hang_timeout,
+            health_timeout=spec.health_timeout,
+            memory_timeout=d.memory_timeout,
+            restart=spec.restart != "no",
+            restart_backoff=d.restart_backoff,
+            restart_max=d.restart_max,
+            restart_window=d.restart_window,
+            drain_engine=self.host.engine_drain,
+        )
 
     async def _sleep_until_poked(self, timeout: float = math.inf) -> None:
         with trio.move_on_after(timeout):
@@ -95,99 +76,245 @@ class Supervisor:
         """The owner loop. Cancelled at daemon shutdown, after ``stop_all`` stopped the engine."""
         e = self.e
         try:
-            if e.adopt is not None:
-                run, e.adopt = e.adopt, None
-                await self._contained(self._cycle(adopted=run))
-            while not e.retired:
-                if e.want_up and e.state in (S.STOPPED, S.FAILED):
-                    await self._contained(self._cycle())
-                else:
-                    await self._sleep_until_poked()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if e.adopt is not None:
+                    run, e.adopt = e.adopt, None
+                    self._take_over(run)
+                while True:
+                    action = self._step()
+                    if isinstance(action, L.Idle):
+                        if e.retired:
+                            break
+                        await self._sleep_until_poked()
+                        continue
+                    await self._contained(action)
+                    await trio.lowlevel.checkpoint()  # every turn lets the others run
+                nursery.cancel_scope.cancel()
         finally:
+            if e.run is not None and not self.host.keeping_engines:
+                # Whatever happened (even cancellation at daemon exit), nothing may be left.
+                with trio.CancelScope(shield=True):
+                    await kill.kill_tree(e.run, grace=0.0, host=e.spec.host, note=e.log.note)
+                e.run = None
             e.finished = True
             e.notify_changed()
 
-    async def _contained(self, cycle: Coroutine[Any, Any, None]) -> None:
+    def _look(self) -> L.Look:
+        e, run = self.e, self.e.run
+        exited = None
+        if run is not None and run.exited.is_set():
+            exited = self._exit_outcome(run)
+        return L.Look(
+            now=trio.current_time(),
+            want=e.want,
+            force=e.force,
+            held=e.holders(),
+            healthy=self._health.healthy,
+            hung=self._health.hung,
+            exited=exited,
+            drain=e.drain_timeout,
+        )
+
+    def _step(self) -> L.Action:
+        self.m.settings = self._settings()
+        self.m.down_reason = self.e.down_reason
+        action = self.m.step(self._look())
+        self._show()
+        return action
+
+    async def _contained(self, action: L.Action) -> None:
         """A bug in one engine's supervision fails that engine, never the daemon and
-        every other engine with it. (``_supervise`` has already killed its processes.)"""
+        every other engine with it."""
         e = self.e
         try:
-            await cycle
+            await self._do(action)
         except Exception as exc:
             log.exception("supervisor of %s failed", e.alias)
-            e.want_up = False
-            e.run = None
-            e.plan = None
-            e.state = S.STOPPED  # any state may end here: bypass the transition check
-            self._fail(f"ktd internal error while supervising: {exc!r}")
+            if e.run is not None:
+                with trio.CancelScope(shield=True):
+                    await kill.kill_tree(e.run, grace=0.0, host=e.spec.host, note=e.log.note)
+                self._ended()
+            self.m = L.Lifecycle(state=S.FAILED)
+            self.m.reason = f"ktd internal error while supervising: {exc!r}"
+            self.m.error_code = "load_failed"
+            self.m.settle_want = L.Want.DOWN
+            self._show()
 
-    async def _cycle(self, adopted: Running | None = None) -> None:
-        """Start, supervise and restart (per policy) until stopped or failed."""
-        e = self.e
-        port_retries = 1
-        first = True
-        # A new cycle is an explicit load: crashes of an earlier (failed) attempt do not
-        # count against its restart budget.
-        e.budget.reset()
-        while e.want_up or (adopted is not None and first):
-            if adopted is not None and first:
-                outcome = await self._adopted(adopted)
-            else:
-                outcome = await self._run_once(restart=not first)
-            first = False
-            if outcome.kind == "port_taken" and port_retries > 0 and e.want_up:
-                port_retries -= 1
-                e.log.note(f"{outcome.reason}; retrying once on another port")
-                continue
-            if outcome.kind == "crashed" and e.want_up and e.spec.restart != "no":
-                if not await self._restart_after_crash(outcome.reason or "crashed"):
-                    return
-                continue
-            # "stopped" was asked for: leave want_up alone (a load may have come since).
-            if outcome.kind in ("crashed", "failed", "port_taken"):
-                self._fail(outcome.reason or outcome.kind)
-            elif outcome.kind == "exited":
-                e.want_up = False
-                e.log.note(outcome.reason or "exited")
-                self._set(S.STOPPED, reason=outcome.reason)
-            elif outcome.kind == "busy":
-                e.want_up = False
-                self._set(S.STOPPED, reason=outcome.reason, error_code="busy")
+    async def _do(self, action: L.Action) -> None:
+        m, e = self.m, self.e
+        match action:
+            case L.Wait(until=until):
+                await self._sleep_until_poked(until - trio.current_time())
+            case L.Launch():
+                failure = await self._launch()
+                m.launched(failure, self._deadline(e.run) if e.run else math.inf)
+            case L.Deregister():
+                await self.host.before_drain(e)
+                m.deregistered()
+            case L.CheckLoad():
+                count = await memory.read_load(self.host.http, self._url())
+                m.load(trio.current_time(), count)
+            case L.Release():
+                self._show()
+                why = await memory.release(
+                    self.host.http, self._url(), timeout=self.host.settings.memory_timeout
+                )
+                await self._then(m.released(why is None, why))
+            case L.MakeRoom():
+                self._show()
+                why = await self.host.make_room(e)
+                m.room(why is None, why)
+            case L.Resume():
+                self._show()
+                why = await memory.resume(
+                    self.host.http, self._url(), timeout=self.host.settings.memory_timeout
+                )
+                await self._then(m.resumed(trio.current_time(), why is None, why))
+            case L.CheckHealth():
+                ok = await health.is_ready(self.host.http, self._url(), e.alias)
+                m.checked(trio.current_time(), ok)
+            case L.Kill(grace=grace):
+                await self._kill(grace)
+        self._show()
+
+    async def _then(self, kill_: L.Kill | None) -> None:
+        if kill_ is not None:
+            self._show()
+            await self._kill(kill_.grace)
+
+    def _url(self) -> str:
+        assert self.e.run is not None
+        return self.e.url_for(self.e.run)
+
+    # ------------------------------------------------------------ showing the machine
+
+    def _show(self) -> None:
+        """Mirror the machine into the engine record; publish a change; the side effects
+        of arriving in a state (counters, the load history, the log)."""
+        m, e = self.m, self.e
+        if m.settle_want is not None:
+            e.want, m.settle_want = m.settle_want, None
+        if m.note is not None:
+            e.log.note(m.note)
+            m.note = None
+        shown = (m.state, m.phase, m.reason, m.error_code)
+        if shown == self._shown:
             return
+        old_state = self._shown[0]
+        self._shown = shown
+        now = time.time()
+        if m.state != e.state:
+            e.since = now
+        e.state, e.reason, e.error_code = m.state, m.reason, m.error_code
+        if m.phase != e.phase:
+            e.phase = m.phase
+        if m.state != old_state:
+            if m.state in (S.STOPPED, S.FAILED):
+                e.stops += 1
+            elif m.state == S.ASLEEP:
+                e.sleeps_done += 1
+            self._arrived(old_state)
+        e.notify_changed()
+        self.host.state_changed(e)
 
-    async def _restart_after_crash(self, reason: str) -> bool:
-        """The restart policy's step after a crash; False when the cycle ends here."""
+    def _arrived(self, old: S.State) -> None:
+        m, e, st = self.m, self.e, self.e.stats
+        if m.state == S.READY:
+            # The idle TTL counts from now: whatever the last run's last request was,
+            # a fresh load (or a restart, or a wake) has served none yet.
+            e.idle_since = trio.current_time()
+            e.asleep_since = e.asleep_at = None
+            if old == S.STARTING and e.run is not None:
+                self._became_ready(e.run)
+            elif old == S.WAKING:
+                e.log.note("awake: GPU memory resumed, health checked")
+        elif m.state == S.FAILED:
+            st.failures += 1
+            st.failed_at = trio.current_time()
+            e.log.note(f"failed: {m.reason}")
+            self.host.load_failed(e)
+        elif m.state == S.ASLEEP:
+            e.asleep_since, e.asleep_at = time.time(), trio.current_time()
+            e.log.note("asleep: GPU memory released; the experts stay in host RAM")
+        elif m.state == S.STARTING and m.phase is not None and m.phase.step == Step.RESTARTING:
+            st.restarts += 1
+        elif m.state == S.STOPPED and old != S.STOPPING and m.reason:
+            e.log.note(m.reason)
+
+    def _became_ready(self, run: Running) -> None:
+        e, st = self.e, self.e.stats
+        took = time.time() - run.started_at
+        e.log.note(f"ready on {e.url_for(run)} (pid {run.pid}) after {took:.1f}s")
+        st.loads += 1
+        st.load_seconds = took
+        st.load_seconds_total += took
+        st.failures = 0
+        if run.adopted_state is None and st.load_started is not None:
+            # From the load request (probe, preflight, placement included), as the
+            # operator waits for it; adopted engines' loads are not measured.
+            self.host.loaded(e, time.time() - st.load_started)
+
+    # ------------------------------------------------------------ runs
+
+    def _take_over(self, run: Running) -> None:
+        """An engine a previous daemon started (``Engine.begin_adoption`` set what it
+        wants: an evict since then stands; an asleep one stays asleep)."""
         e = self.e
-        d = self.host.settings
-        step = e.budget.on_crash(
-            time.monotonic(),
-            reason,
-            window=d.restart_window,
-            max_crashes=d.restart_max,
-            backoff=d.restart_backoff,
+        e.log.start_following(from_end=True)
+        e.stats.load_started = run.started_at
+        e.sleeps = run.sleeps
+        self.m.adopt(
+            S.State(run.adopted_state) if run.adopted_state else None,
+            self._deadline(run),
+            sleeps=run.sleeps,
         )
-        if isinstance(step, GiveUp):
-            self._fail(step.reason)
-            return False
-        e.stats.restarts += 1
-        text = f"restart in {step.delay:.1f}s"
-        self._set(S.STARTING, reason=reason, phase=Phase.of(Step.RESTARTING, text))
-        e.log.note(f"{reason}; restarting in {step.delay:.1f}s")
-        await self._sleep_until_poked(step.delay)
-        while self._poke.is_set():  # woken early (a request_down?): look, then wait the rest
-            self._poke = trio.Event()
-        if not e.want_up:
-            self._set(S.STOPPED, reason="stopped during restart backoff")
-            return False
-        return True
+        self._started(run)
+        self._show()
+
+    def _started(self, run: Running) -> None:
+        """A run began (spawned or adopted): watch its exit, log and health."""
+        assert self._nursery is not None
+        self.e.run = run
+        self._health = health.Watch()
+        scope = trio.CancelScope()
+        self._watchers = scope
+        self._nursery.start_soon(self._watch, run, scope)
+
+    async def _watch(self, run: Running, scope: trio.CancelScope) -> None:
+        with scope:
+            async with trio.open_nursery() as n:
+                n.start_soon(self._watch_exit, run)
+                if run.proc is not None and run.proc.stdout is not None:
+                    n.start_soon(self._pump_pipe, run.proc.stdout)
+                else:
+                    n.start_soon(self._follow_log)
+                n.start_soon(self._health_loop, run)
+
+    async def _kill(self, grace: float) -> None:
+        e = self.e
+        if e.run is not None:
+            await kill.kill_tree(e.run, grace=grace, host=e.spec.host, note=e.log.note)
+        self._ended()
+        self.m.killed(trio.current_time())
+
+    def _ended(self) -> None:
+        e = self.e
+        if self._watchers is not None:
+            self._watchers.cancel()
+            self._watchers = None
+        e.log.stop_following()
+        e.log.poll()
+        e.run = None
+        e.plan = None
 
     # ------------------------------------------------------------ one run
 
-    async def _run_once(self, *, restart: bool) -> Outcome:
+    async def _launch(self) -> Outcome | None:
+        """The launch pipeline: probe, preflight, place, spawn. None: the engine runs."""
         e = self.e
         e.stats.load_started = time.time()
         e.stats.made_room, e.stats.owed = (), False
-        self._set(S.STARTING, reason=e.reason if restart else None, phase=Phase.of(Step.PROBING))
         env = build_env(e.spec, self.host.base_env)
         probe = await self.host.prober.probe(e.spec.python, env)
         if e.spec.auto_build and probe.ok_python and probe.sglang is None:
@@ -204,8 +331,7 @@ class Supervisor:
             return Outcome("failed", problem)
         e.catalog = probe.catalog
         if not e.want_up:
-            self._set(S.STOPPED, reason="stopped before launch")
-            return Outcome("stopped")
+            return Outcome("stopped", "stopped before launch")
 
         # Before placing: placing may evict ready engines, and a load that cannot
         # start must never cost a running model. Among the checks: a flag the
@@ -228,8 +354,7 @@ class Supervisor:
             return Outcome("failed", str(exc))
         if not e.want_up:
             e.plan = None
-            self._set(S.STOPPED, reason="stopped before launch")
-            return Outcome("stopped")
+            return Outcome("stopped", "stopped before launch")
         port = e.spec.port or proctree.pick_port(e.spec.host)
         flags = e.plan.argv_flags() if e.plan else []
         try:
@@ -252,19 +377,9 @@ class Supervisor:
         except OSError as exc:
             e.plan = None
             return Outcome("failed", f"cannot start {argv[0]}: {exc.strerror or exc}")
-        e.run = run
-        e.set_phase(Phase.of(Step.LOADING))
-        return await self._supervise(run)
-
-    async def _adopted(self, run: Running) -> Outcome:
-        """Supervise an engine a previous daemon started (``Engine.begin_adoption`` set what
-        it wants: an evict since then stands)."""
-        e = self.e
-        e.run = run
-        e.log.start_following(from_end=True)
-        e.stats.load_started = run.started_at
-        self._set(S.STARTING, phase=Phase.of(Step.ADOPTING))
-        return await self._supervise(run)
+        e.sleeps = run.sleeps = self.m.sleeps = launch.sleeps
+        self._started(run)
+        return None
 
     async def _spawn(self, argv: list[str], env: dict[str, str], port: int, eid: str) -> Running:
         e = self.e
@@ -320,39 +435,7 @@ class Supervisor:
         e.log.poll()
         return code == 0
 
-    # ------------------------------------------------------------ supervision
-
-    def _deadline(self, run: Running) -> float:
-        """When a starting engine must be healthy. An adopted engine that was ready gets
-        ``hang_timeout`` (it hung while no ktd watched, or it answers at once); one that
-        was loading keeps what is left of its ``health_timeout``."""
-        now = trio.current_time()
-        if run.adopted_state == S.READY:
-            return now + self.host.settings.hang_timeout
-        elapsed = max(0.0, time.time() - run.started_at)
-        return now + max(0.0, self.e.spec.health_timeout - elapsed)
-
-    async def _supervise(self, run: Running) -> Outcome:
-        e = self.e
-        self._health = health.Watch()
-        deadline = self._deadline(run)
-        try:
-            async with trio.open_nursery() as n:
-                n.start_soon(self._watch_exit, run)
-                if run.proc is not None and run.proc.stdout is not None:
-                    n.start_soon(self._pump_pipe, run.proc.stdout)
-                else:
-                    n.start_soon(self._follow_log)
-                n.start_soon(self._health_loop, run)
-                outcome = await self._decide(run, deadline)
-                n.cancel_scope.cancel()
-        finally:
-            # Whatever happened (even cancellation at daemon exit), nothing may be left.
-            if e.run is run and not self.host.keeping_engines:
-                with trio.CancelScope(shield=True):
-                    await self._kill_everything(run, grace=0.0)
-        e.log.poll()
-        return outcome
+    # ------------------------------------------------------------ watching
 
     async def _watch_exit(self, run: Running) -> None:
         await run.wait()
@@ -413,93 +496,24 @@ class Supervisor:
             hang_timeout=d.hang_timeout,
         )
 
-    async def _decide(self, run: Running, deadline: float) -> Outcome:
-        e = self.e
-        hang = self.host.settings.hang_timeout
-        while True:
-            if run.exited.is_set():
-                return self._exit_outcome(run)
-            if not e.want_up:
-                await self._stop(run)
-                return Outcome("stopped")
-            if e.state == S.STARTING and self._health.healthy:
-                self._became_ready(run)
-            if e.state == S.STARTING and trio.current_time() >= deadline:
-                if run.adopted_state == S.READY:
-                    reason = f"hung: the adopted engine did not answer /health within {hang:g}s"
-                    e.log.note(f"{reason}; killing the engine")
-                    await self._kill_everything(run, grace=0.0)
-                    return Outcome("crashed", reason)
-                reason = f"not healthy within {e.spec.health_timeout:g}s (health_timeout); killed"
-                await self._kill_everything(run, grace=self.host.settings.stop_grace)
-                return Outcome("failed", reason)
-            if e.state == S.READY and self._health.hung:
-                reason = f"hung: /health did not answer 200 for {hang:g}s"
-                e.log.note(f"{reason}; killing the engine")
-                await self._kill_everything(run, grace=0.0)
-                return Outcome("crashed", reason)
-            wait = deadline - trio.current_time() if e.state == S.STARTING else math.inf
-            await self._sleep_until_poked(max(wait, 0.0))
-
-    def _became_ready(self, run: Running) -> None:
-        e, st = self.e, self.e.stats
-        took = time.time() - run.started_at
-        e.log.note(f"ready on {e.url_for(run)} (pid {run.pid}) after {took:.1f}s")
-        st.loads += 1
-        st.load_seconds = took
-        st.load_seconds_total += took
-        st.failures = 0
-        if run.adopted_state is None and st.load_started is not None:
-            # From the load request (probe, preflight, placement included), as the
-            # operator waits for it; adopted engines' loads are not measured.
-            self.host.loaded(e, time.time() - st.load_started)
-        self._set(S.READY)
-
     def _exit_outcome(self, run: Running) -> Outcome:
         e = self.e
         e.log.poll()
-        outcome = classify_exit(
+        return classify_exit(
             run.returncode,
-            was_ready=e.state == S.READY or run.adopted_state == S.READY,
+            was_ready=self.m.was_ready or run.adopted_state == S.READY,
             port=run.port,
             port_fixed=bool(e.spec.port),
             tail=e.log.last(80),
             log_path=str(e.log.path),
         )
-        if outcome.kind == "exited":  # a clean exit nobody asked for: not a crash
-            e.want_up = False
-        return outcome
 
-    async def _stop(self, run: Running) -> None:
-        """Drain (bounded), then the stop sequence (``ktd.daemon.kill``)."""
-        e = self.e
-        # Serving: ready, or adopted from a previous daemon and not yet seen healthy here
-        # (its streams may be running; a kill -9 of ktd must not cut them at the evict).
-        serving = e.state == S.READY or e.adopting()
-        if serving:
-            # Off the gateway first (sglang-router): nothing new arrives while it drains.
-            await self.host.before_drain(e)
-        if serving and e.holding() and not e.force:
-            timeout = e.drain_timeout
-            if timeout is None:
-                timeout = self.host.settings.drain_timeout
-            text = f"waiting for {e.busy()} request(s)"
-            self._set(S.DRAINING, phase=Phase.of(Step.DRAINING, text))
-            with trio.move_on_after(timeout):
-                while e.holding() and not e.force and not run.exited.is_set():
-                    await self._sleep_until_poked()
-            if e.holding():
-                e.log.note(f"drain ended with {e.busy()} request(s) still running")
-        self._set(S.STOPPING, phase=Phase.of(Step.TERMINATING))
-        await self._kill_everything(run, grace=0.0 if e.force else self.host.settings.stop_grace)
-
-    async def _kill_everything(self, run: Running, *, grace: float) -> None:
-        e = self.e
-        await kill.kill_tree(run, grace=grace, host=e.spec.host, note=e.log.note)
-        e.log.stop_following()
-        e.run = None
-        e.plan = None
-        if e.state == S.STOPPING:
-            self._set(S.STOPPED)
-        else:
-            self.host.state_changed(e)
+    def _deadline(self, run: Running) -> float:
+        """When a starting engine must be healthy. An adopted engine that was ready gets
+        ``hang_timeout`` (it hung while no ktd watched, or it answers at once); one that
+        was loading keeps what is left of its ``health_timeout``."""
+        now = trio.current_time()
+        if run.adopted_state == S.READY:
+            return now + self.host.settings.hang_timeout
+        elapsed = max(0.0, time.time() - run.started_at)
+        return now + max(0.0, self.e.spec.health_timeout - elapsed)

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 
 import trio
 
-from ktd.core.expiry import EvictIdle, Expiry
+from ktd.core import states as S
+from ktd.core.expiry import EvictIdle, Expiry, SleepIdle
 from ktd.daemon.engine import Engine
 
 log = logging.getLogger("ktd")
@@ -61,9 +62,15 @@ class Sweeper:
                 if engine is None:
                     continue
                 if isinstance(action, EvictIdle):
-                    why = f"idle for {action.ttl:g}s (ttl)"
+                    asleep = engine.state == S.ASLEEP
+                    why = f"{'asleep' if asleep else 'idle'} for {action.ttl:g}s "
+                    why += "(sleep_ttl)" if asleep else "(ttl)"
                     engine.log.note(f"{why}: evicting")
                     engine.request_down(reason=why)
+                elif isinstance(action, SleepIdle):
+                    why = f"idle for {action.ttl:g}s (ttl)"
+                    engine.log.note(f"{why}: going to sleep")
+                    engine.request_sleep(reason=why)
                 else:
                     self._recall_idle(engine, action.idle)
             until = min(self.expiry.next_sweep(), next_due)  # the sweep's time is finite

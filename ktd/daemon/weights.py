@@ -142,12 +142,17 @@ def verdict(
     gpus: tuple[int, ...],
     victims: list[tuple[ModelSpec, tuple[int, ...], tuple[int, ...]]],
     evicting: tuple[str, ...],
+    sleepers: list[tuple[ModelSpec, tuple[int, ...], tuple[int, ...]]] | None = None,
 ) -> tuple[fit.Estimate, fit.Fit]:
     """Estimate ``spec`` and check it against free memory plus what ``victims`` free
-    (blocking: files and nvidia-smi; run it in a thread)."""
+    and ``sleepers`` (victims that go to sleep) free and take (blocking: files and
+    nvidia-smi; run it in a thread)."""
     est = estimate_spec(spec)
     node_free, gpu_free = free_memory()
-    freed = fit.freed_by([(estimate_spec(v), n, g) for v, n, g in victims])
+    freed = fit.freed_by(
+        [(estimate_spec(v), n, g) for v, n, g in victims],
+        [(estimate_spec(v), n, g) for v, n, g in sleepers or ()],
+    )
     result = fit.check(
         est,
         node_free=node_free,

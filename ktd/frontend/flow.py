@@ -30,7 +30,9 @@ Request flow:
    Streaming: wait for the slot for at most ``stream_grace`` seconds. Decided in
    time -> the client gets the real status. Not decided (a load, or a queue) ->
    answer 200 at once and keep the client company with ``: loading`` /
-   ``: waiting for`` comments; from then on failures are in-band error events.
+   ``: waking`` / ``: waiting for`` comments; from then on failures are in-band
+   error events. An asleep engine is a model like one not loaded: the claim asks
+   the daemon, which wakes it.
 
 Client disconnects: once the body is read, ``http.disconnect`` cancels the
 request (as quart-trio does), and the ``finally`` closes the upstream
@@ -96,6 +98,8 @@ log = logging.getLogger("ktd.frontend")
 # 404...) so the connection stays usable; past it the answer closes the connection.
 DRAIN_BYTES = 1 << 20
 DRAIN_SECONDS = 2.0
+# States in which a request waits for a wake, not a load (the claim wakes it).
+WAKES = frozenset({S.ASLEEP, S.WAKING, S.SLEEPING})
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
@@ -468,10 +472,12 @@ class ProxyRoutes:
         async def progress(elapsed: float) -> bytes:
             info = await catalog.engine_status(broker, alias)
             if info is not None:
-                if info.state == S.STARTING and info.waiting_for:  # a swap
+                if info.state in (S.STARTING, S.WAKING) and info.waiting_for:  # a swap
                     return waiting_comment(", ".join(info.waiting_for), elapsed)
                 if info.state == S.READY:
                     return waiting_comment(alias, elapsed)  # queued for a slot
+                if info.state in WAKES:  # asleep: the claim wakes it (the daemon does)
+                    return loading_comment(alias, elapsed, verb="waking")
                 if info.load_started:  # the load's own age, and what loads took before
                     ran = max(elapsed, time.time() - info.load_started)
                     return loading_comment(alias, ran, info.load_eta)

@@ -10,7 +10,11 @@ module does, on raw ASGI ahead of Quart:
   ``ktctl load --estimate`` prints; ``modified_at`` = the model directory's mtime).
 * ``GET /api/ps``: the ready engines, in Ollama's shape; ``expires_at`` from the
   idle TTL (a busy engine's counts from now; no TTL reads as Ollama's "Forever"),
-  ``size``/``size_vram`` = host RAM + GPU and GPU alone, from the estimate.
+  ``size``/``size_vram`` = host RAM + GPU and GPU alone, from the estimate. Asleep
+  engines too (their process and host memory stay; a request wakes them in seconds):
+  ``size_vram`` 0, ``expires_at`` when the ``sleep_ttl`` stops them (``asleep_since +
+  sleep_ttl``; none: "Forever"). Engines on their way (starting, sleeping, waking,
+  draining) are not listed, as Ollama lists no model while it loads.
 * ``POST /api/show``: the ready engine's own answer; a model that is not loaded is
   described in SGLang's words from the config (``num_ctx`` from the estimate)
   *without loading it*: clients such as Open WebUI and Continue call it for every
@@ -38,6 +42,7 @@ from ktd import __version__, ollama_shapes
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
+from ktd.core import states as S
 from ktd.frontend import catalog, errors
 from ktd.frontend.body import parse_head
 from ktd.frontend.errors import ApiError
@@ -63,6 +68,9 @@ _encode = msgspec.json.Encoder().encode
 _JSON = b"application/json; charset=utf-8"
 ESTIMATE_TTL = 60.0  # seconds an engine's memory estimate is reused
 FOREVER = (2**63 - 1) / 1e9  # Go's longest Duration: Ollama's keep_alive -1
+# What ``/api/ps`` lists: loaded models. An asleep engine is loaded in host RAM (a
+# request wakes it in seconds, not a load's minutes); it holds no VRAM.
+PS_STATES = frozenset({S.READY, S.ASLEEP})
 
 _PULL = (
     "ktd serves the models configured in models.json; it does not {} models "
@@ -134,26 +142,51 @@ def tag_entry(model: p.ModelInfo, estimate: dict[str, Any] | None) -> dict[str, 
 def ps_entry(
     engine: p.EngineInfo, path: str, estimate: dict[str, Any] | None, now: float
 ) -> dict[str, Any]:
-    """One ``/api/ps`` model (pure)."""
+    """One ``/api/ps`` model (pure): a ready engine, or an asleep one (no VRAM)."""
     est = estimate or {}
-    if engine.expires_at is not None:
+    gpu = est.get("gpu_bytes") or 0
+    size = (est.get("host_bytes") or 0) + gpu
+    if engine.state == S.ASLEEP:
+        gpu = 0  # released; its host memory stays, so ``size`` is what it is awake
+        if engine.sleep_ttl <= 0:
+            until = now + FOREVER
+        elif engine.asleep_since is not None:
+            until = engine.asleep_since + engine.sleep_ttl
+        else:
+            until = now + engine.sleep_ttl
+    elif engine.expires_at is not None:
         until = engine.expires_at
     elif engine.ttl > 0:  # busy: the TTL counts from the end of its last request
         until = now + engine.ttl
     else:
         until = now + FOREVER
-    gpu = est.get("gpu_bytes") or 0
     name = f"{engine.alias}:latest"
     return {
         "name": name,
         "model": name,
-        "size": (est.get("host_bytes") or 0) + gpu,
+        "size": size,
         "digest": digest(engine.alias, path),
         "details": details(engine.alias),
         "expires_at": ollama_shapes.timestamp(until),
         "size_vram": gpu,
         "context_length": est.get("ctx") or None,
     }
+
+
+def ps_rows(
+    engines: list[p.EngineInfo],
+    paths: dict[str, str],
+    estimates: dict[str, dict[str, Any] | None],
+    now: float,
+) -> list[dict[str, Any]]:
+    """``/api/ps``'s models (pure): the ready and asleep engines, longest left first."""
+    rows = [
+        ps_entry(e, paths.get(e.alias, ""), estimates.get(e.alias), now)
+        for e in engines
+        if e.state in PS_STATES
+    ]
+    rows.sort(key=lambda r: r["expires_at"], reverse=True)  # Ollama: longest left first
+    return rows
 
 
 class OllamaRoutes:
@@ -222,13 +255,10 @@ class OllamaRoutes:
     async def ps(self) -> list[dict[str, Any]]:
         reply = await self._ask(p.Status())
         assert isinstance(reply, p.StatusReply)
-        ready = [e for e in reply.engines if e.state == "ready"]
+        listed = [e for e in reply.engines if e.state in PS_STATES]
         paths = {m.alias: m.path for m in await self._models()}
-        ests = await self._estimates_for([e.alias for e in ready])
-        now = time.time()
-        rows = [ps_entry(e, paths.get(e.alias, ""), ests.get(e.alias), now) for e in ready]
-        rows.sort(key=lambda r: r["expires_at"], reverse=True)  # Ollama: longest left first
-        return rows
+        ests = await self._estimates_for([e.alias for e in listed])
+        return ps_rows(listed, paths, ests, time.time())
 
     async def show(self, body: bytes, send: Send) -> None:
         head = parse_head(body, require_model=True, ollama=True)

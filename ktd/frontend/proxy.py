@@ -307,15 +307,18 @@ class StaleClaim(Exception):
     """Raised by ``open_upstream`` once it asked for a slot anew (``Exchange.handle``)."""
 
 
-def loading_comment(alias: str, elapsed: float, expected: float | None = None) -> bytes:
+def loading_comment(
+    alias: str, elapsed: float, expected: float | None = None, *, verb: str = "loading"
+) -> bytes:
     """An SSE comment: OpenAI clients skip it, proxies see traffic, humans see progress.
 
     The name comes from the client: control characters are dropped so that it
-    cannot end the comment line and forge an event. ``expected``: the load ETA.
+    cannot end the comment line and forge an event. ``expected``: the load ETA;
+    ``verb``: ``waking`` for an asleep engine (seconds, not a load's minutes).
     """
     safe = "".join(ch for ch in alias if ch.isprintable())
     eta = f" of ~{int(expected)}s expected" if expected else ""
-    return f": loading {safe} {int(elapsed)}s{eta}\n\n".encode()
+    return f": {verb} {safe} {int(elapsed)}s{eta}\n\n".encode()
 
 
 async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:

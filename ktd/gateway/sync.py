@@ -14,7 +14,6 @@ import math
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -37,8 +36,6 @@ log = logging.getLogger("ktd.gateway")
 PENDING_POLL = 0.2
 #: An add the router has not listed after this long is sent again (its job failed).
 ADD_RETRY_AFTER = 15.0
-#: How often an engine's ``/v1/loads`` is read while waiting for it to go idle.
-IDLE_POLL = 0.05
 
 
 @dataclass
@@ -86,16 +83,6 @@ class RouterState:
 def instance_id(pool_instance: str) -> str:
     """Stable across ktd restarts (state dir) and unique across hosts (host name)."""
     return f"{socket.gethostname()}/{pool_instance}"
-
-
-def in_flight(loads: Any) -> int:
-    """Requests an SGLang ``/v1/loads`` answer counts, running and waiting, over its DP ranks.
-
-    Raises KeyError/TypeError/AttributeError/ValueError on an answer of another shape."""
-    return sum(
-        int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0))
-        for x in loads["loads"]
-    )
 
 
 class GatewaySync:
@@ -223,19 +210,27 @@ class GatewaySync:
         self._poke.set()
 
     def engine_changed(self, engine: EngineLike) -> None:
-        if engine.state in (S.STOPPED, S.FAILED, S.STARTING):
-            self.leaving.discard(engine.alias)  # gone: a later ready registers it afresh
+        if engine.state in (S.STOPPED, S.FAILED, S.STARTING, S.ASLEEP):
+            # Gone (or asleep): a later ready (or wake) registers it afresh.
+            self.leaving.discard(engine.alias)
         if self.enabled:
             self.poke()
 
+    @property
+    def routes_engines(self) -> bool:
+        """Routers send requests straight to the engines: a stop waits for their
+        ``/v1/loads`` to count none (``ktd.core.lifecycle``'s drain)."""
+        return self.enabled and self.config.mode == "engines"
+
     async def before_drain(self, engine: EngineLike) -> None:
-        """Deregister ``engine`` everywhere, then let what the routers sent finish.
+        """Deregister ``engine`` everywhere.
 
         Runs in the engine's owner task before it drains: once every reachable
         router has confirmed (a ``GET /workers`` after the removal) that the URL
-        is gone, no new request can arrive; requests already in flight (they hold
-        no ktd lease, they came straight from the router) end before SIGTERM, up
-        to the drain timeout. A router that is down is not waited for.
+        is gone, no new request can arrive. Requests already in flight (they hold
+        no ktd lease, they came straight from the router) are the drain's: the
+        engine's lifecycle waits for its ``/v1/loads`` to count none, within the
+        same drain budget (``engine_drain``). A router that is down is not waited for.
         """
         if not self.enabled or self.config.mode != "engines":
             return
@@ -258,12 +253,6 @@ class GatewaySync:
                 engine.alias,
                 self.config.deregister_timeout,
             )
-        engine_url = engine.url
-        if not engine.force and url is not None and engine_url is not None:
-            timeout = engine.drain_timeout
-            if timeout is None:
-                timeout = self.pool.settings.drain_timeout
-            await self._wait_idle(engine, engine_url, timeout)
 
     def _gone_everywhere(self, url: str, marks: dict[str, int]) -> bool:
         """Every reachable router re-read since ``marks`` and does not list ``url``.
@@ -280,29 +269,6 @@ class GatewaySync:
             if u in r.adds_sent or any(plan.normalize_url(s.url) == u for s in r.seen):
                 return False
         return True
-
-    async def _wait_idle(self, engine: EngineLike, engine_url: str, timeout: float) -> None:
-        """Until SGLang's ``/v1/loads`` counts no request, running or waiting.
-
-        The route SGLang 0.5.23 has (``/get_load`` is gone: a 404 would end the wait
-        at once, a silent no-op). An engine without it, or one that stops answering,
-        ends the wait too: SGLang's own SIGTERM drain is the backstop. A forced evict
-        (or a second SIGTERM to ktd) during the wait ends it at once.
-        """
-        assert self._http is not None
-        with trio.move_on_after(timeout):
-            while not engine.force:
-                try:
-                    r = await self._http.get(f"{engine_url}/v1/loads?include=core", timeout=2.0)
-                    if r.status_code != 200:
-                        log.info("%s: GET /v1/loads: HTTP %d", engine.alias, r.status_code)
-                        return
-                    busy = in_flight(r.json())
-                except (httpx.HTTPError, OSError, ValueError, TypeError, AttributeError, KeyError):
-                    return
-                if busy == 0:
-                    return
-                await trio.sleep(IDLE_POLL)
 
     async def shutdown(self) -> None:
         """Daemon stop, frontend mode: the frontend leaves the routers before ktd goes."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import h11
+import msgspec
 import trio
 import zmq
 
@@ -201,6 +203,79 @@ class FakeDaemon:
                 max_queue=m.max_queue,
             ),
         )
+
+
+class StatusDaemon(FakeDaemon):
+    """A FakeDaemon that also answers what the dashboard and ``/api/ps`` ask: status (its
+    ``engines``), models (from them), machine, dry-runs (``estimate``), logs, and the
+    sleep/wake/evict buttons, which move an engine at once (``refuse``: alias -> the
+    ``Error`` code and message a sleep or a wake of it gets instead)."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint)
+        self.engines: dict[str, p.EngineInfo] = {}
+        self.machine = p.MachineReply()
+        self.estimate: dict[str, Any] = {}
+        self.refuse: dict[str, tuple[str, str]] = {}
+
+    def put(self, engine: p.EngineInfo) -> None:
+        self.engines[engine.alias] = engine
+
+    def _on_message(self, frames: Frames) -> None:
+        if self.mute:
+            return
+        req = p.decode_request(frames[-1])
+        reply = self._answer(req)
+        if reply is None:
+            super()._on_message(frames)
+            return
+        self.requests.append(req)
+        reply.id = req.id
+        self._reply(frames[0], reply)
+
+    def _answer(self, req: p.Request) -> p.Reply | None:
+        match req:
+            case p.Status(alias=alias):
+                found = [e for e in self.engines.values() if alias is None or e.alias == alias]
+                return p.StatusReply(engines=found)
+            case p.Models():
+                infos = [
+                    p.ModelInfo(
+                        alias=e.alias,
+                        backend="kt",
+                        served=True,
+                        path=f"/m/{e.alias}",
+                        state=e.state,
+                    )
+                    for e in self.engines.values()
+                ]
+                return p.ModelsReply(models=infos)
+            case p.Machine():
+                return self.machine
+            case p.Load(dry_run=True):
+                return p.PlanReply(plan={"ok": True, "estimate": self.estimate})
+            case p.Logs(alias=alias):
+                return p.LogsReply(alias=alias, lines=[f"[ktd] {alias}"])
+            case p.Sleep(alias=alias) | p.Wake(alias=alias) if alias in self.refuse:
+                code, message = self.refuse[alias]
+                return p.Error(code=code, message=message)
+            case p.Sleep(alias=alias):
+                return p.LoadReply(engine=self._move(alias, "asleep"))
+            case p.Wake(alias=alias):
+                return p.LoadReply(engine=self._move(alias, "ready"))
+            case p.Evict(alias=alias) if alias is not None:
+                self._move(alias, "stopped")
+                return p.EvictReply(evicted=[alias])
+        return None
+
+    def _move(self, alias: str, state: str) -> p.EngineInfo:
+        e = msgspec.structs.replace(self.engines[alias], state=state)
+        if state == "asleep":
+            e = msgspec.structs.replace(e, asleep_since=time.time(), host_bytes=8 << 30)
+        else:
+            e = msgspec.structs.replace(e, asleep_since=None, host_bytes=None)
+        self.engines[alias] = e
+        return e
 
 
 # ---------------------------------------------------------------- fake engine

@@ -6,10 +6,13 @@ import json
 
 import pytest
 
+from ktd import protocol as p
+from ktd.core import states as S
 from ktd.frontend import errors
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.body import check_declared_length, parse_head, read_limited
 from ktd.frontend.errors import ApiError
+from ktd.frontend.metrics import ENGINE_STATES, EngineCollector
 from ktd.frontend.proxy import forward_headers, loading_comment
 
 
@@ -179,3 +182,19 @@ def test_loading_comment_is_an_sse_comment() -> None:
     assert loading_comment("m", 4.7) == b": loading m 4s\n\n"
     assert loading_comment("m\n\ndata: x", 0) == b": loading mdata: x 0s\n\n"
     assert loading_comment("m", 12.2, 300.4) == b": loading m 12s of ~300s expected\n\n"
+    assert loading_comment("m", 2.5, verb="waking") == b": waking m 2s\n\n"
+
+
+def test_engine_state_gauge_has_every_state_sleep_included() -> None:
+    """``ktd_engine_state{alias,state}``: one series per state of ktd.core.states, so an
+    asleep engine reads 1 for ``asleep`` (and a dashboard can sum the sleepers)."""
+    assert set(ENGINE_STATES) == set(S.ALL) >= {"sleeping", "asleep", "waking"}
+    collector = EngineCollector()
+    collector.snapshot = [
+        p.EngineInfo(alias="m1", state="asleep"),
+        p.EngineInfo(alias="m2", state="waking"),
+    ]
+    [family] = [f for f in collector.collect() if f.name == "ktd_engine_state"]
+    on = {(s.labels["alias"], s.labels["state"]) for s in family.samples if s.value == 1.0}
+    assert on == {("m1", "asleep"), ("m2", "waking")}
+    assert len(family.samples) == 2 * len(S.ALL)

@@ -19,7 +19,7 @@ from ktd.core import states as S
 from ktd.core.config import FrontendSection, GatewaySection
 from ktd.core.states import Phase
 from ktd.gateway.plan import OWNER_LABEL
-from ktd.gateway.sync import IDLE_POLL, GatewaySync
+from ktd.gateway.sync import GatewaySync
 from ktd.protocol import EngineInfo
 
 ROUTER = "http://router:30000"
@@ -182,22 +182,6 @@ async def test_before_drain_returns_once_the_router_no_longer_lists_it(
     e.state = S.READY
     gw.engine_changed(e)  # type: ignore[arg-type]
     await until(lambda: fake_router.urls() == ["http://127.0.0.1:1"])
-
-
-async def test_before_drain_waits_until_v1_loads_counts_no_request(
-    fake_router: FakeRouter, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
-) -> None:
-    """Deregistered first, then the engine's own load route until it is idle."""
-    e = FakeEngine("m", run=FakeRun(1))
-    gw, _ = make(fake_router, [e])
-    await nursery.start(gw.run)
-    await until(lambda: fake_router.urls())
-    fake_router.engine_busy = [3, 2, 1]
-    t0 = trio.current_time()
-    await gw.before_drain(e)  # type: ignore[arg-type]
-    assert fake_router.urls() == [] and fake_router.engine_busy == []
-    assert fake_router.engine_paths == ["/v1/loads?include=core"] * 4
-    assert trio.current_time() - t0 >= 3 * IDLE_POLL  # it waited out the three busy reads
 
 
 async def test_a_router_that_is_down_never_holds_a_drain(

@@ -18,7 +18,8 @@ Paths (the page computes them from its own address, so they are relative to it):
 ``ui/api/events``      GET     the live stream (``?logs=ALIAS``)        key
 ``ui/api/logs``        GET     ``?alias=&lines=``: the log tail         key
 ``ui/api/plan``        GET     ``?alias=``: dry-run and memory estimate key
-``ui/api/action``      POST    ``{"action", "alias"}``: load/evict/reload key, ui_control
+``ui/api/action``      POST    ``{"action", "alias"}``: load/evict/     key, ui_control
+                               sleep/wake/reload
 =====================  ======  =============================================
 """
 
@@ -51,8 +52,13 @@ log = logging.getLogger("ktd.frontend.ui")
 
 MAX_BODY = 64 << 10
 TAIL_LINES = 500
-ACTION_WAIT = 5.0  # an evict that drains longer answers "under way"; the daemon goes on
-ACTIONS = ("load", "evict", "reload")
+# An evict or a sleep that drains longer (or a wake that takes longer) answers "under
+# way"; the daemon goes on.
+ACTION_WAIT = 5.0
+ACTIONS = ("load", "evict", "sleep", "wake", "reload")
+# What the daemon answers a sleep or a wake it will not do: no sleep configured or
+# supported, or not running / not asleep. The message says why (409, not a 503).
+_REFUSED = frozenset({p.ErrorCode.NO_SLEEP, p.ErrorCode.NOT_LOADED})
 _COMMON = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
@@ -270,7 +276,7 @@ class Dashboard:
             msg, alias = p.Reload(), ""
         else:
             alias = _alias(body.get("alias") if isinstance(body.get("alias"), str) else None)
-            msg = p.Load(alias=alias, wait=False) if action == "load" else p.Evict(alias=alias)
+            msg = _request(action, alias)
         broker = self.hub.broker
         log.info("dashboard: %s %r", action, alias or "(config)")
         reply: p.Reply | None = None
@@ -278,7 +284,12 @@ class Dashboard:
             await broker.ping()  # a daemon that is away is a 503 now, not "under way"
             with trio.move_on_after(ACTION_WAIT):
                 reply = await broker.request(msg, timeout=math.inf)
-        except (ControlError, Unreachable) as exc:
+        except ControlError as exc:
+            if action in ("sleep", "wake") and exc.code in _REFUSED:
+                # Not a daemon fault: this engine cannot (or need not) do it now; say why.
+                raise ApiError(409, exc.message, code=exc.code) from None
+            raise control_error(alias, exc) from None
+        except Unreachable as exc:
             raise control_error(alias, exc) from None
         if reply is None:
             message, status = f"{action} {alias}: under way", 202
@@ -392,6 +403,17 @@ def _alias(value: str | None) -> str:
     if not value or len(value) > p.MAX_MODEL_NAME:
         raise errors.bad_request("alias: expected a model name", param="alias")
     return value
+
+
+def _request(action: str, alias: str) -> p.Request:
+    """The control request a card's button sends (ktctl's: load --no-wait, evict, sleep, wake)."""
+    if action == "load":
+        return p.Load(alias=alias, wait=False)
+    if action == "sleep":
+        return p.Sleep(alias=alias)
+    if action == "wake":
+        return p.Wake(alias=alias)
+    return p.Evict(alias=alias)
 
 
 def _done(action: str, alias: str, reply: p.Reply) -> str:

@@ -1,11 +1,11 @@
 """What the dashboard shows, built from the daemon's answers. Pure.
 
 One card per configured model (``models`` lists them all, ``status`` has the
-served ones in detail) and the machine (``machine``: nodes, GPUs, holders); the
-traffic rates travel apart, with the series they end (hub.py). The page does its
-own clock arithmetic (uptime, TTL countdown, load progress) from the wall-clock
-instants given here, so the view only changes when something did, and pushes
-are rare.
+served ones in detail) and the machine (``machine``: nodes, GPUs, holders, and
+the host memory asleep engines keep on their nodes); the traffic rates travel
+apart, with the series they end (hub.py). The page does its own clock arithmetic
+(uptime, TTL countdowns, load progress, time asleep) from the wall-clock instants
+given here, so the view only changes when something did, and pushes are rare.
 
 Secrets never reach a browser: argv values and environment entries whose flag or
 name says key, token, secret or password are masked.
@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ktd import protocol as p
+from ktd.core import states as S
 from ktd.core.cpulist import format_cpulist
 
 MASK = "***"
@@ -120,12 +121,42 @@ def card(model: p.ModelInfo, engine: p.EngineInfo | None, colour: int) -> dict[s
         stale=e.stale,
         last_log=e.last_log,
         gateway=[{"router": r.router, "state": r.state} for r in e.gateway],
+        sleep=e.sleep,
+        asleep_since=e.asleep_since,
+        sleep_ttl=e.sleep_ttl,
+        sleep_expires=sleep_expires(e),
+        host_bytes=e.host_bytes,
     )
     return base
 
 
-def machine(m: p.MachineReply) -> dict[str, Any]:
-    """Nodes and GPUs, each part named with the engines that hold it."""
+def sleep_expires(e: p.EngineInfo) -> float | None:
+    """When an asleep engine's ``sleep_ttl`` stops it (wall clock); None: never, or awake."""
+    if e.state != S.ASLEEP or e.sleep_ttl <= 0 or e.asleep_since is None:
+        return None
+    return e.asleep_since + e.sleep_ttl
+
+
+def host_shares(engines: Sequence[p.EngineInfo]) -> dict[int, list[dict[str, Any]]]:
+    """NUMA node -> ``[{"alias", "bytes"}]``: host memory asleep engines keep there.
+
+    An asleep engine holds no CPU and no GPU (so it is no holder; others may be placed
+    on its nodes) but its experts stay in host RAM: ``host_bytes``, split evenly over
+    its nodes as it was placed (kt-kernel spreads experts over them)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for e in engines:
+        if e.state != S.ASLEEP or not e.host_bytes or not e.numa_nodes:
+            continue
+        share = e.host_bytes // len(e.numa_nodes)
+        for n in e.numa_nodes:
+            out.setdefault(n, []).append({"alias": e.alias, "bytes": share})
+    return out
+
+
+def machine(m: p.MachineReply, engines: Sequence[p.EngineInfo] = ()) -> dict[str, Any]:
+    """Nodes and GPUs, each part named with the engines that hold it; on each node, also
+    the host memory that asleep engines (``engines``, from status) keep there."""
+    asleep = host_shares(engines)
     node_holders: dict[int, list[str]] = {}
     gpu_holders: dict[int, list[str]] = {}
     cpu_owner: dict[int, str] = {}
@@ -147,6 +178,7 @@ def machine(m: p.MachineReply) -> dict[str, Any]:
                 "mem_free": n.mem_free,
                 "mem_available": n.mem_available,
                 "holders": node_holders.get(n.id, []),
+                "asleep": asleep.get(n.id, []),
             }
             for n in m.nodes
         ],
@@ -186,6 +218,6 @@ def build(
     return {
         "daemon": {"up": daemon_error is None, "error": daemon_error},
         "models": cards,
-        "machine": machine(machine_reply) if machine_reply is not None else None,
+        "machine": machine(machine_reply, engines) if machine_reply is not None else None,
         "loads": dict(machine_reply.load_history) if machine_reply is not None else {},
     }

@@ -121,3 +121,41 @@ def test_machine_names_what_each_engine_holds() -> None:
     assert m["gpus"][0]["holders"] == ["a"]
     assert m["cpu_owner"] == [[0, "a"], [1, "a"], [2, "a"]]
     assert m["reserved_cpus"] == [3]
+
+
+def test_an_asleep_card_and_the_host_memory_sleepers_keep_on_their_nodes() -> None:
+    """Asleep: no holder (no CPU, no GPU), but its host memory stays on its nodes, split
+    evenly; the card carries when it fell asleep and when its sleep TTL stops it."""
+    models = [
+        p.ModelInfo(alias="a", backend="kt", served=True, path="/m/a", state="ready"),
+        p.ModelInfo(alias="z", backend="kt", served=True, path="/m/z", state="asleep"),
+        p.ModelInfo(alias="u", backend="kt", served=True, path="/m/u", state="stopped"),
+    ]
+    engines = [
+        p.EngineInfo(alias="a", state="ready", numa_nodes=[0], cpus=[0, 1, 2], sleep="on"),
+        p.EngineInfo(
+            alias="z",
+            state="asleep",
+            numa_nodes=[0, 1],
+            sleep="on",
+            asleep_since=1000.0,
+            sleep_ttl=600.0,
+            host_bytes=50,
+            reason="put to sleep",
+        ),
+        p.EngineInfo(alias="u", state="stopped", sleep="unsupported", sleep_ttl=60.0),
+    ]
+    v = view.build(models, engines, _machine())
+    a, z, u = v["models"]
+    assert (a["sleep"], a["sleep_expires"], a["host_bytes"]) == ("on", None, None)
+    assert z["state"] == "asleep" and z["asleep_since"] == 1000.0 and z["sleep_ttl"] == 600.0
+    assert z["sleep_expires"] == 1600.0 and z["host_bytes"] == 50
+    assert (u["sleep"], u["sleep_expires"]) == ("unsupported", None)  # not asleep: no countdown
+    n0, n1 = v["machine"]["nodes"]
+    assert n0["holders"] == ["a"] and n0["asleep"] == [{"alias": "z", "bytes": 25}]
+    assert n1["holders"] == [] and n1["asleep"] == [{"alias": "z", "bytes": 25}]
+    assert v["machine"]["cpu_owner"] == [[0, "a"], [1, "a"], [2, "a"]]  # none for z
+    forever = p.EngineInfo(alias="z", state="asleep", asleep_since=5.0, host_bytes=8)
+    assert view.sleep_expires(forever) is None
+    assert view.host_shares([forever]) == {}  # no node known: nothing drawn
+    assert view.machine(_machine())["nodes"][0]["asleep"] == []  # no status: no sleepers

@@ -6,10 +6,28 @@ function holderChips(aliases, colours) {
   return aliases.map((a) => K.h("span", { class: "chip", style: { background: colours[a] || "#888" } }, a));
 }
 
-// A memory bar: the part in use (coloured by its holder when there is exactly one).
-function memBar(total, used, colour) {
-  const pct = total > 0 ? Math.min(100, (used / total) * 100) : 0;
-  return K.h("div", { class: "mem" }, K.h("div", { style: { width: pct + "%", background: colour } }));
+// Asleep engines keep host memory on a node without holding it: their chips are outlined.
+function asleepChips(asleep, colours) {
+  return asleep.map((s) => K.h("span", { class: "chip asleep", "data-asleep": s.alias,
+    style: { borderColor: colours[s.alias] || "#888", color: colours[s.alias] || "#888" },
+    title: `${s.alias} is asleep: it keeps ${K.fmtBytes(s.bytes)} of host memory here, no CPU` }, `${s.alias} · asleep`));
+}
+
+// Stripes in a sleeper's colour: its memory, told apart from the awake holder's solid fill.
+const asleepFill = (colour) => `repeating-linear-gradient(135deg, ${colour} 0 4px, transparent 4px 7px)`;
+
+// A memory bar: the part in use (coloured by its holder when there is exactly one), the
+// asleep engines' share of it first, striped in their colours.
+function memBar(total, used, colour, asleep, colours) {
+  const pct = (n) => (total > 0 ? Math.min(100, (n / total) * 100) : 0) + "%";
+  let left = used;
+  const parts = (asleep || []).map((s) => {
+    const take = Math.min(s.bytes, Math.max(0, left));
+    left -= take;
+    return K.h("div", { class: "asleep", "data-asleep": s.alias,
+      style: { width: pct(take), background: asleepFill(colours[s.alias] || "#888") } });
+  });
+  return K.h("div", { class: "mem" }, parts, K.h("div", { style: { width: pct(Math.max(0, left)), background: colour } }));
 }
 
 K.machine.render = function (root, machine, models, plan, selected) {
@@ -31,6 +49,8 @@ K.machine.render = function (root, machine, models, plan, selected) {
   const nodes = machine.nodes.map((n) => {
     const used = Math.max(0, n.mem_total - n.mem_available);
     const one = n.holders.length === 1 ? colours[n.holders[0]] : "var(--muted)";
+    const asleep = n.asleep || [];
+    const kept = asleep.reduce((sum, s) => sum + s.bytes, 0);
     const cpus = n.cpus.map((c) => {
       const who = owner.get(c);
       const cls = "cpu" + (reserved.has(c) && !who ? " reserved" : "");
@@ -41,12 +61,14 @@ K.machine.render = function (root, machine, models, plan, selected) {
     return h("div", { class: "part" + (planned ? " planned" : ""), "data-node": n.id,
       style: planned && planColour ? { borderColor: planColour } : {} },
     h("div", { class: "part-head" }, h("b", {}, `NUMA node ${n.id}`),
-      h("span", { class: "muted" }, `${n.cpus.length} CPUs · ${n.cpulist}`), holderChips(n.holders, colours)),
+      h("span", { class: "muted" }, `${n.cpus.length} CPUs · ${n.cpulist}`), holderChips(n.holders, colours),
+      asleepChips(asleep, colours)),
     h("div", { class: "cpus" }, cpus),
-    memBar(n.mem_total, used, one),
+    memBar(n.mem_total, used, one, asleep, colours),
     h("div", { class: "mem-text" },
       `${K.fmtBytes(n.mem_available)} free of ${K.fmtBytes(n.mem_total)}`,
-      n.mem_available !== n.mem_free ? ` (${K.fmtBytes(n.mem_free)} unused, the rest page cache)` : ""));
+      n.mem_available !== n.mem_free ? ` (${K.fmtBytes(n.mem_free)} unused, the rest page cache)` : "",
+      kept ? ` · ${K.fmtBytes(kept)} kept by ${asleep.map((s) => s.alias).join(", ")} asleep (striped)` : ""));
   });
 
   const gpus = machine.gpus.map((g) => {

@@ -1,0 +1,153 @@
+"""The control server's dispatch of ``sleep``/``wake`` (issue 28), against a fake pool:
+each is answered with a ``load`` reply in a task of its own, and the pool's errors keep
+their stable codes on the wire."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import trio
+import zmq
+
+from ktd import protocol as p
+from ktd.control.aclient import AsyncClient
+from ktd.control.errors import ControlError
+from ktd.daemon.pool import Pool
+from ktd.daemon.server import ControlServer
+
+
+class FakePool:
+    """Only what the server calls for these requests; ``gate`` holds a sleep until set."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, float | None]] = []
+        self.gate = trio.Event()
+        self.gate.set()
+
+    def _check(self, alias: str) -> None:
+        if alias == "x":
+            raise ControlError(
+                p.ErrorCode.NO_SLEEP,
+                "x cannot sleep: models.json does not set sleep",
+                {"sleep": "off"},
+            )
+        if alias != "m":
+            raise ControlError(p.ErrorCode.UNKNOWN_MODEL, f"unknown model {alias!r}")
+
+    async def sleep(self, alias: str, *, timeout: float | None = None) -> p.EngineInfo:
+        self.calls.append(("sleep", alias, timeout))
+        self._check(alias)
+        await self.gate.wait()
+        return p.EngineInfo(alias=alias, state="asleep", sleep="on", host_bytes=1 << 30)
+
+    async def wake(self, alias: str, *, timeout: float | None = None) -> p.EngineInfo:
+        self.calls.append(("wake", alias, timeout))
+        self._check(alias)
+        if timeout == 1:
+            raise ControlError(p.ErrorCode.TIMEOUT, f"{alias} not ready after 1s")
+        return p.EngineInfo(alias=alias, state="ready", url="http://127.0.0.1:30000")
+
+    def status(self, alias: str | None = None) -> list[p.EngineInfo]:
+        return []
+
+
+async def _unused() -> Any:
+    raise AssertionError("not called by these tests")
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path, pool: FakePool) -> AsyncIterator[AsyncClient]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    control = ctx.socket(zmq.ROUTER)
+    events = ctx.socket(zmq.XPUB)
+    for s in (control, events):
+        s.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/c.sock"
+    control.bind(endpoint)
+    events.bind(f"ipc://{tmp_path}/e.sock")
+    server = ControlServer(
+        cast(Pool, pool),
+        control,
+        events,
+        reload=_unused,
+        doctor=_unused,
+        dry_run=lambda alias: _unused(),
+        shutdown=lambda: None,
+    )
+    client = AsyncClient(endpoint, timeout=10)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            await nursery.start(client.run)
+            yield client
+            nursery.cancel_scope.cancel()
+    finally:
+        server.close()
+
+
+async def test_sleep_and_wake_answer_with_the_engine(tmp_path: Path) -> None:
+    pool = FakePool()
+    async with serving(tmp_path, pool) as client:
+        reply = await client.request(p.Sleep(alias="m", timeout=30), timeout=math.inf)
+        assert isinstance(reply, p.LoadReply)
+        assert (reply.engine.state, reply.engine.host_bytes) == ("asleep", 1 << 30)
+        reply = await client.request(p.Wake(alias="m"), timeout=math.inf)
+        assert isinstance(reply, p.LoadReply)
+        assert (reply.engine.state, reply.engine.url) == ("ready", "http://127.0.0.1:30000")
+    assert pool.calls == [("sleep", "m", 30.0), ("wake", "m", None)]
+
+
+@pytest.mark.parametrize(
+    ("msg", "code"),
+    [
+        (p.Sleep(alias="x"), "no_sleep"),
+        (p.Wake(alias="x"), "no_sleep"),
+        (p.Sleep(alias="nope"), "unknown_model"),
+        (p.Wake(alias="m", timeout=1), "timeout"),
+    ],
+)
+async def test_the_pools_errors_keep_their_codes(tmp_path: Path, msg: p.Request, code: str) -> None:
+    async with serving(tmp_path, FakePool()) as client:
+        with pytest.raises(ControlError) as info:
+            await client.request(msg)
+    assert info.value.code == code
+    if code == "no_sleep":
+        assert info.value.message == "x cannot sleep: models.json does not set sleep"
+        assert info.value.detail == {"sleep": "off"}
+
+
+async def test_a_sleep_waits_in_a_task_of_its_own(tmp_path: Path) -> None:
+    """A long sleep (the drain) blocks neither the socket nor other requests."""
+    pool = FakePool()
+    pool.gate = trio.Event()
+    async with serving(tmp_path, pool) as client:
+        replies: list[p.Reply] = []
+
+        async def sleep() -> None:
+            replies.append(await client.request(p.Sleep(alias="m"), timeout=math.inf))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sleep)
+            with trio.fail_after(5):
+                while not pool.calls:
+                    await trio.sleep(0.01)
+            assert isinstance(await client.request(p.Ping()), p.Pong)
+            woken = await client.request(p.Wake(alias="m"))
+            assert isinstance(woken, p.LoadReply) and not replies
+            pool.gate.set()
+        assert isinstance(replies[0], p.LoadReply) and replies[0].engine.state == "asleep"
+
+
+async def test_a_too_long_alias_is_a_bad_request(tmp_path: Path) -> None:
+    pool = FakePool()
+    async with serving(tmp_path, pool) as client:
+        for msg in (p.Sleep(alias="m" * 300), p.Wake(alias="m" * 300)):
+            with pytest.raises(ControlError) as info:
+                await client.request(msg)
+            assert info.value.code == "bad_request"
+    assert pool.calls == []

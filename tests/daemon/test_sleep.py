@@ -1,0 +1,124 @@
+"""Sleep and wake end to end: a real ``ktd serve`` and sim engines that serve SGLang's
+memory API (``/release_memory_occupation``, ``/resume_memory_occupation``), die when
+released with a request in flight, and count any generation sent while released."""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ConfigWriter, sim_model, wait_for
+
+
+def state(c: Any, alias: str) -> str:
+    return str(c.status(alias)[0].state)
+
+
+def server_info(port: int) -> dict[str, Any]:
+    r = httpx.get(f"http://127.0.0.1:{port}/get_server_info", timeout=5)
+    r.raise_for_status()
+    data: dict[str, Any] = r.json()
+    return data
+
+
+def sleepy(alias: str, **over: Any) -> dict[str, Any]:
+    """A sleep-enabled sim model on NUMA node 0 (this box has one: only one is awake)."""
+    return sim_model(alias, numa=[0], sleep=True, **over)
+
+
+def test_a_swap_puts_the_holder_to_sleep_and_a_request_wakes_it_in_place(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    d = daemon_factory(write_config([sleepy("a-kt"), sleepy("b-kt")]))
+    with d.client(timeout=60) as c:
+        a = c.load("a-kt")
+        assert a.sleep == "on" and "--enable-memory-saver" in a.argv
+        b = c.load("b-kt")  # needs node 0: a-kt sleeps instead of stopping
+        asleep = c.status("a-kt")[0]
+        assert asleep.state == "asleep" and asleep.pid == a.pid and asleep.asleep_since
+        assert asleep.reason is None or "b-kt" in (asleep.reason or "")
+        info = server_info(a.port)
+        assert info["memory_occupation"] == "released"
+        # A lease on the asleep model wakes it (the same process: no reload) and puts
+        # b-kt to sleep in turn.
+        lease = c.acquire("a-kt", "t")
+        woke = c.status("a-kt")[0]
+        assert woke.state == "ready" and woke.pid == a.pid and woke.loads == 1
+        assert state(c, "b-kt") == "asleep"
+        c.release(lease.lease)
+        for port in (a.port, b.port):
+            assert server_info(port)["generations_while_released"] == 0
+        log = d.ktctl("logs", "a-kt", "-n", "500").stdout
+        assert "asleep: GPU memory released" in log and "awake" in log
+
+
+def test_ktctl_sleep_and_wake_and_a_model_without_sleep(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    d = daemon_factory(write_config([sleepy("s-kt"), sim_model("plain-kt")]))
+    with d.client(timeout=60) as c:
+        c.load("s-kt")
+        r = d.ktctl("sleep", "--json", "s-kt")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["engine"]["state"] == "asleep"
+        r = d.ktctl("wake", "s-kt")
+        assert r.returncode == 0, r.stderr
+        assert state(c, "s-kt") == "ready"
+        r = d.ktctl("wake", "s-kt")  # a ready model: a no-op
+        assert r.returncode == 0, r.stderr
+        c.load("plain-kt")
+        r = d.ktctl("sleep", "plain-kt")
+        assert r.returncode == 1 and "sleep" in r.stderr, r.stderr
+        assert state(c, "plain-kt") == "ready"
+
+
+def test_a_wake_whose_resume_fails_stops_it_says_why_and_the_next_load_is_cold(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    from ktctl import KtdError
+
+    d = daemon_factory(write_config([sleepy("f-kt", env={"KTD_SIM_RESUME_FAIL": 1})]))
+    with d.client(timeout=60) as c:
+        first = c.load("f-kt")
+        c.sleep("f-kt")
+        with pytest.raises(KtdError) as err:
+            c.wake("f-kt")
+        assert err.value.code == "load_failed" and "wake failed" in err.value.message
+        assert state(c, "f-kt") == "stopped"
+        again = c.load("f-kt")  # a fresh process
+        assert again.pid != first.pid and again.state == "ready"
+
+
+def test_the_idle_ttl_puts_it_to_sleep_and_the_sleep_ttl_stops_it(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    d = daemon_factory(write_config([sleepy("t-kt", ttl=0.5, sleep_ttl=1.5)]))
+    with d.client(timeout=60) as c:
+        c.load("t-kt")
+        wait_for(lambda: state(c, "t-kt") == "asleep", timeout=20, what="ttl sleep")
+        wait_for(lambda: state(c, "t-kt") == "stopped", timeout=20, what="sleep_ttl stop")
+        assert "sleep_ttl" in "\n".join(c.logs("t-kt", 100))
+
+
+def test_kill9_of_ktd_readopts_an_asleep_engine_asleep_and_unprobed(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    cfg = write_config([sleepy("k-kt")], daemon={"health_interval": 0.2})
+    d1 = daemon_factory(cfg)
+    with d1.client(timeout=60) as c:
+        before = c.load("k-kt")
+        c.sleep("k-kt")
+    d1.stop(signal.SIGKILL)
+    d2 = daemon_factory(cfg)
+    with d2.client(timeout=60) as c:
+        now = wait_for(lambda: (s := c.status("k-kt")[0]).state == "asleep" and s, what="adopted")
+        assert now.pid == before.pid
+        assert server_info(before.port)["generations_while_released"] == 0
+        lease = c.acquire("k-kt", "t")  # woken by demand
+        assert state(c, "k-kt") == "ready" and c.status("k-kt")[0].pid == before.pid
+        c.release(lease.lease)
+        assert server_info(before.port)["generations_while_released"] == 0
