@@ -400,12 +400,11 @@ class Pool:
                 asked[engine.alias] = (engine.ups, engine.stops)
                 evicted.append(engine.alias)
         overtaken = []
-        for engine in targets:
-            if engine.alias in asked:
-                # Ends when stopped, or when a load asked for it after this evict: that
-                # load wins (it is answered ready), and this evict says so at once.
-                if await self._stopped_or_overtaken(engine, *asked[engine.alias]):
-                    overtaken.append(engine.alias)
+        for engine in (e for e in targets if e.alias in asked):
+            # Ends when stopped, or when a load asked for it after this evict: that load
+            # wins (it is answered ready), and this evict says so at once.
+            if await self._stopped_or_overtaken(engine, *asked[engine.alias]):
+                overtaken.append(engine.alias)
         if overtaken:
             raise ControlError(
                 ErrorCode.BUSY,

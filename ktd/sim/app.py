@@ -88,7 +88,7 @@ class Lifecycle:
         self.sched = sched
         self.rec = rec
         self.state = ServerState()
-        self.app = SimApp(args, knobs, self.state)
+        self.app = SimApp(args, knobs, self.state, die=self._scheduler_raised)
         self.exit_code = 0
         self._crashing = False
         self._scope = trio.CancelScope()
@@ -214,6 +214,15 @@ class Lifecycle:
             self.exit(-signal.SIGKILL)
         else:
             self.exit(0)
+
+    def _scheduler_raised(self, error: str) -> None:
+        """An exception in the scheduler (a release with a request in flight, a resume of
+        memory that was not released): SGLang's scheduler dies of it, the main process
+        gets its SIGQUIT and kills the whole tree."""
+        log("Scheduler hit an exception: Traceback (most recent call last):")
+        log(f"{error}")
+        log("Received sigquit from a child process. It usually means the child failed.")
+        self.exit(-signal.SIGKILL)
 
     async def _scheduler_crashed(self, code: int) -> None:
         """A group SIGTERM (what ktd once sent): SGLang sees its scheduler die first,

@@ -43,6 +43,12 @@ class Knobs:
     health_timeout: float = 20.0  # KTD_SIM_HEALTH_TIMEOUT: SGLANG_HEALTH_CHECK_TIMEOUT
     crash_diag: float = 5.0  # KTD_SIM_CRASH_DIAG: SGLang's wait "before crash diagnostics"
     record: str | None = None  # KTD_SIM_RECORD: path of the start-up record (JSON)
+    # SGLang's memory API (ktd/sim/memory.py): seconds a release and a resume take, and
+    # a resume that fails (answers an error, stays released) or never answers.
+    release_time: float = 0.05  # KTD_SIM_RELEASE_TIME
+    resume_time: float = 0.05  # KTD_SIM_RESUME_TIME
+    resume_fail: bool = False  # KTD_SIM_RESUME_FAIL
+    resume_hang: bool = False  # KTD_SIM_RESUME_HANG
 
     def token_time(self) -> float:
         """Seconds one token takes: a /health check generates exactly one."""
@@ -104,5 +110,9 @@ class Knobs:
             health_timeout=num("HEALTH_TIMEOUT", cls.health_timeout),
             crash_diag=num("CRASH_DIAG", cls.crash_diag),
             record=env.get(PREFIX + "RECORD") or None,
+            release_time=num("RELEASE_TIME", cls.release_time),
+            resume_time=num("RESUME_TIME", cls.resume_time),
+            resume_fail=flag("RESUME_FAIL"),
+            resume_hang=flag("RESUME_HANG"),
         )
         return knobs, warnings

@@ -32,6 +32,7 @@ from ktd.sim.cli import SimArgs
 from ktd.sim.httpd import Reply, Request
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import log
+from ktd.sim.memory import MemoryApi
 from ktd.sim.native import NativeServing
 from ktd.sim.ollama import OllamaServing
 from ktd.sim.shapes import WEIGHT_VERSION, json_reply, model_card
@@ -52,11 +53,19 @@ def _hf_config(model_path: str) -> dict[str, Any]:
 
 
 class SimApp:
-    def __init__(self, args: SimArgs, knobs: Knobs, state: ServerState) -> None:
+    def __init__(
+        self,
+        args: SimArgs,
+        knobs: Knobs,
+        state: ServerState,
+        die: Callable[[str], None] = lambda why: None,
+    ) -> None:
         self.args = args
         self.knobs = knobs
         self.state = state
         self.scheduler_info: dict[str, Any] = {}
+        saver = bool(args.server_args.get("enable_memory_saver"))
+        self.memory = MemoryApi(state, knobs, saver=saver, die=die)
         self.openai = OpenAIServing(args, knobs, state)
         self.agents = AgentServing(self.openai)
         self.native = NativeServing(self.openai)
@@ -104,6 +113,8 @@ class SimApp:
             "/": {"GET": self.ollama.root, "HEAD": self.ollama.root},
             "/metrics": {"GET": self.metrics},
             "/v1/loads": {"GET": self.v1_loads},
+            "/release_memory_occupation": {"GET": self.memory.release, "POST": self.memory.release},
+            "/resume_memory_occupation": {"GET": self.memory.resume, "POST": self.memory.resume},
             "/sim/stats": {"GET": self.stats},
         }
 
@@ -134,6 +145,9 @@ class SimApp:
             reply = json_reply({"detail": "Method Not Allowed"}, 405)
             reply.headers.append(("allow", ", ".join(methods)))
             return reply
+        refused = self.memory.refuse_generation(req)
+        if refused is not None:
+            return refused
         return await route(req)
 
     async def health(self, req: Request) -> Reply:
@@ -200,6 +214,7 @@ class SimApp:
         info.update(self.scheduler_info)
         info["internal_states"] = [{"last_gen_throughput": 0.0, "status": self.state.status}]
         info["version"] = SIM_VERSION
+        info.update(self.memory.info())
         return json_reply(info)
 
     async def v1_loads(self, req: Request) -> Reply:

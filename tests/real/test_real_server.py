@@ -281,6 +281,35 @@ def test_overlong_prompt_400_reaches_the_client_as_sglang_sent_it(stack: Stack) 
     assert direct.json()["object"] == "error"
 
 
+def test_the_memory_api_answers_as_the_sim_says_and_serves_after_a_resume(stack: Stack) -> None:
+    """SGLang's sleep calls, on the real server (no --enable-memory-saver here: on a CPU
+    the saver cannot start, so nothing is freed) and on the sim playing it: the same
+    status and body; after the resume the real server still generates."""
+    engine = stack.status()["url"]
+    body = {"tags": ["weights", "kv_cache", "cuda_graph"]}
+    got: dict[str, list[tuple[int, str, float]]] = {}
+    with sbs.sim_like(engine_env.model_dir(), stack.root / "sim-memory.log") as sim:
+        for name, base in (("real", engine), ("sim", sim)):
+            got[name] = []
+            for path in ("/release_memory_occupation", "/resume_memory_occupation"):
+                t0 = time.monotonic()
+                r = httpx.post(base + path, json=body, timeout=120)
+                got[name].append((r.status_code, r.text, time.monotonic() - t0))
+            # No body: FastAPI's validation error, nothing released (a resume now would
+            # kill the server: the scheduler removes tags that are not in its offload set).
+            missing = httpx.post(base + "/release_memory_occupation", timeout=30)
+            got[name].append((missing.status_code, "", 0.0))
+    print(f"\nmemory API: real {got['real']}\n            sim  {got['sim']}")
+    assert [(c, t) for c, t, _ in got["real"]] == [(c, t) for c, t, _ in got["sim"]]
+    assert got["real"][0][:2] == (200, "null") and got["real"][1][:2] == (200, "null")
+    reply = stack.client().chat.completions.create(
+        model=ALIAS,
+        messages=CHAT,  # type: ignore[arg-type]
+        max_tokens=4,
+    )
+    assert reply.choices[0].message.content is not None
+
+
 def test_kill9_of_ktd_then_restart_readopts_the_same_engine(stack: Stack) -> None:
     before = stack.status()
     assert stack.daemon.proc is not None
