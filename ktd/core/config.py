@@ -8,8 +8,10 @@ config at 3 a.m. should not have to guess which of thirty entries is wrong.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shlex
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -313,8 +315,26 @@ def split_args(value: ExtraArgs | None, file: str, path: str) -> tuple[str, ...]
         raise ConfigError(file, path, f"cannot split like a shell: {exc}") from None
 
 
+#: Linux refuses an exec whose one environment string is longer (MAX_ARG_STRLEN, 32
+#: pages): the engine could never start ("Argument list too long").
+MAX_ENV_STRING = 128 << 10
+
+
 def parse_env(value: ExtraEnv | None, file: str, path: str) -> dict[str, str]:
     """``extra_env`` as a seed-style ``"K=V K2='v 2'"`` string, a list of words, or an object."""
+    env = _parse_env(value, file, path)
+    for key, val in env.items():
+        if len(key) + len(val.encode()) + 2 > MAX_ENV_STRING:
+            raise ConfigError(
+                file,
+                f"{path}.{key}",
+                f"{len(val.encode())} bytes: the kernel passes at most {MAX_ENV_STRING} "
+                "bytes per environment variable to a program",
+            )
+    return env
+
+
+def _parse_env(value: ExtraEnv | None, file: str, path: str) -> dict[str, str]:
     if value is None:
         return {}
     if isinstance(value, dict):
@@ -366,12 +386,52 @@ def _check_nonneg(value: float | int | None, file: str, path: str) -> None:
 # ---------------------------------------------------------------- loading
 
 
+#: The largest config.json or models.json ktd reads: a file past it is a mistake (or
+#: ``/dev/zero``), and reading it whole would grow the daemon without bound.
+MAX_CONFIG_BYTES = 4 << 20
+
+
+def read_config_file(path: Path) -> bytes:
+    """A config file's bytes: a regular file only (a FIFO or a device would block or never
+    end; it is opened without blocking to find out), at most ``MAX_CONFIG_BYTES``.
+    Raises OSError with a sentence for people."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"not a regular file ({_file_kind(st.st_mode)})")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise OSError(f"{st.st_size} bytes: more than the {MAX_CONFIG_BYTES} ktd reads")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise OSError(f"more than the {MAX_CONFIG_BYTES} bytes ktd reads")
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a plain file"
+
+
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
-    """Read, validate and resolve a config; bad input raises ConfigError and nothing else."""
+    """Read, validate and resolve a config; bad input raises ConfigError and nothing else.
+    Blocking (files): the daemon calls it from a thread, bounded (``ktd.daemon.main``)."""
     cfg_path = Path(path)
     cfg_name = str(cfg_path)
     try:
-        data = cfg_path.read_bytes()
+        data = read_config_file(cfg_path)
     except OSError as exc:
         raise ConfigError(cfg_name, "", f"cannot read: {exc.strerror or exc}") from None
     file: ConfigFile = _decode_json(cfg_name, data, ConfigFile)
@@ -385,7 +445,7 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> C
     models_name = str(mpath)
     if mpath.exists() or explicit:
         try:
-            mdata = mpath.read_bytes()
+            mdata = read_config_file(mpath)
         except OSError as exc:
             raise ConfigError(
                 cfg_name, "$.models_file", f"cannot read {mpath}: {exc.strerror or exc}"

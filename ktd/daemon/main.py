@@ -40,6 +40,20 @@ from ktd.runtime import add_common_options, load_or_report, setup_logging
 log = logging.getLogger("ktd")
 
 
+#: Seconds a reload waits for the config files (a hung network filesystem): then the
+#: reload is refused and the running config kept; the daemon never waits on the files.
+CONFIG_READ_TIMEOUT = 10.0
+
+
+async def read_config(path: str) -> Config:
+    """``load_config`` off the daemon's loop, bounded: a read that hangs (a FIFO opened
+    by nobody is refused at once; a hung NFS mount is not) costs a thread, never the
+    daemon's status, health checks and stops."""
+    with trio.move_on_after(CONFIG_READ_TIMEOUT):
+        return await trio.to_thread.run_sync(load_config, path, abandon_on_cancel=True)
+    raise ConfigError(path, "", f"not read within {CONFIG_READ_TIMEOUT:g}s (a hung filesystem?)")
+
+
 class Setup:
     """Resolved paths for one daemon run."""
 
@@ -157,7 +171,7 @@ class Daemon:
     async def reload(self) -> str:
         assert self.pool is not None
         try:
-            new = load_config(self.config.path)
+            new = await read_config(self.config.path)
             check_placements(new, self.pool.placer.topology)
         except ConfigError as exc:
             log.error("reload refused: %s", exc)

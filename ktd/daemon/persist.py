@@ -11,15 +11,32 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK, SAVER
 from ktd.daemon import adoption, proctree, statefile
+from ktd.daemon.claimtable import ClaimTable
 from ktd.daemon.engine import Engine, Running
+from ktd.daemon.sweeper import Sweeper
 
-if TYPE_CHECKING:
-    from ktd.daemon.pool import Pool
+
+class Pool(Protocol):
+    """What adoption needs of the pool (``ktd.daemon.pool.Pool``; no import of it)."""
+
+    engines: dict[str, Engine]
+    restart_after_adoption: list[Engine]
+
+    @property
+    def state_path(self) -> Path | None: ...
+    @property
+    def instance(self) -> str: ...
+    @property
+    def claims(self) -> ClaimTable: ...
+    @property
+    def sweeper(self) -> Sweeper: ...
+
 
 log = logging.getLogger("ktd")
 

@@ -30,7 +30,7 @@ from ktd.core.command import build_env
 from ktd.core.config import Config, ModelSpec
 from ktd.core.lifecycle import Want
 from ktd.core.states import Step
-from ktd.daemon import persist, reloader, statefile
+from ktd.daemon import memory, persist, reloader, statefile
 from ktd.daemon.claimtable import ClaimTable, claim_side
 from ktd.daemon.engine import Engine, PlacementLike
 from ktd.daemon.gate import Gatekeeper
@@ -95,6 +95,7 @@ class Pool:
             config.daemon.lease_ttl,
             expire=self._expire,
             recall_idle=lambda e, ttl: self.claims.recall(e, kind="idle", idle=ttl, reason="ttl"),
+            engine_load=self._engine_load,
         )
         self.gate = Gatekeeper(
             self.claims,
@@ -268,6 +269,10 @@ class Pool:
         if persist_now:
             self.save_state()  # claims are rare (one per engine and frontend): at once
 
+    async def _engine_load(self, engine: Engine) -> int | None:
+        url = engine.url
+        return None if url is None else await memory.read_load(self.http, url)
+
     def _expire(self, clients: frozenset[str]) -> None:
         self.gate.release_clients(clients)
         self.claims.expire(clients)
@@ -374,9 +379,14 @@ class Pool:
         }
         if engine.state == S.FAILED:
             detail["retry_after"] = engine.retry_in()
+        why = engine.reason or (
+            "stopped before it was ready: an evict, a reload or ktd's shutdown ended the load"
+            if engine.state == S.STOPPED
+            else engine.state
+        )
         if engine.error_code == ErrorCode.BUSY:
-            raise ControlError(ErrorCode.BUSY, f"{engine.alias}: {engine.reason}", detail)
-        raise ControlError(ErrorCode.LOAD_FAILED, f"{engine.alias}: {engine.reason}", detail)
+            raise ControlError(ErrorCode.BUSY, f"{engine.alias}: {why}", detail)
+        raise ControlError(ErrorCode.LOAD_FAILED, f"{engine.alias}: {why}", detail)
 
     async def evict(
         self,

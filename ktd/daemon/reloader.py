@@ -9,15 +9,32 @@ their last request ends; removed ones drain and stop; new ones appear stopped.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from ktd.core import states as S
-from ktd.core.config import Config, ModelSpec
+from ktd.core.config import Config, DaemonSection, ModelSpec
 from ktd.core.reload import EngineView, plan_reload
+from ktd.daemon.claimtable import ClaimTable
 from ktd.daemon.engine import Engine
+from ktd.daemon.probe import Prober
 
-if TYPE_CHECKING:
-    from ktd.daemon.pool import Pool
+
+class Pool(Protocol):
+    """What a reload needs of the pool (``ktd.daemon.pool.Pool``; no import of it)."""
+
+    config: Config
+    settings: DaemonSection
+    engines: dict[str, Engine]
+
+    @property
+    def prober(self) -> Prober: ...
+    @property
+    def claims(self) -> ClaimTable: ...
+
+    def add_engine(self, spec: ModelSpec) -> None: ...
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
 
 
 def apply_config(pool: Pool, new: Config) -> str:

@@ -19,13 +19,13 @@ from typing import Any
 
 import trio
 
+from ktd.core import fit, loglines
 from ktd.core import lifecycle as L
-from ktd.core import loglines
 from ktd.core import states as S
 from ktd.core.command import LaunchError, build_env, build_launch
 from ktd.core.exits import Outcome, classify_exit
 from ktd.core.states import Phase, Step
-from ktd.daemon import health, kill, memory, preflight, proctree, spawn
+from ktd.daemon import health, kill, memory, preflight, proctree, spawn, weights
 from ktd.daemon.engine import Busy, Engine, Running, Unplaceable
 from ktd.daemon.inotify import FileWatch
 from ktd.daemon.probe import KT_FORK, missing_message
@@ -161,6 +161,8 @@ class Supervisor:
                     self.host.http, self._url(), timeout=self.host.settings.memory_timeout
                 )
                 await self._then(m.released(why is None, why))
+                if m.state == S.ASLEEP:
+                    await self._count_host_memory()
             case L.MakeRoom():
                 self._show()
                 why = await self.host.make_room(e)
@@ -177,6 +179,13 @@ class Supervisor:
             case L.Kill(grace=grace):
                 await self._kill(grace)
         self._show()
+
+    async def _count_host_memory(self) -> None:
+        """What it holds asleep on its nodes (status, the dashboard's machine picture)."""
+        spec = self.e.spec
+        est = await trio.to_thread.run_sync(weights.estimate_spec, spec)
+        self.e.host_bytes = fit.asleep_host_bytes(est)
+        self.host.state_changed(self.e)
 
     async def _then(self, kill_: L.Kill | None) -> None:
         if kill_ is not None:
@@ -271,6 +280,9 @@ class Supervisor:
         )
         self._started(run)
         self._show()
+        if self.m.state == S.ASLEEP:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._count_host_memory)
 
     def _started(self, run: Running) -> None:
         """A run began (spawned or adopted): watch its exit, log and health."""

@@ -8,12 +8,12 @@ soonest TTL) or when an engine changed, and carries them out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
 from ktd.core import states as S
-from ktd.core.expiry import EvictIdle, Expiry, SleepIdle
+from ktd.core.expiry import EvictIdle, Expiry, SleepIdle, ttl_due
 from ktd.daemon.engine import Engine
 
 log = logging.getLogger("ktd")
@@ -27,8 +27,12 @@ class Sweeper:
         *,
         expire: Callable[[frozenset[str]], None],
         recall_idle: Callable[[Engine, float], object],
+        engine_load: Callable[[Engine], Awaitable[int | None]] | None = None,
     ) -> None:
         self.engines = engines
+        # The engine's own count of requests (``/v1/loads``): the TTL asks it last, so a
+        # stream whose holder could not report (a stopped or starved frontend) is kept.
+        self._engine_load = engine_load
         self.expiry = Expiry(lease_ttl, trio.current_time())
         self._expire = expire  # the leases and claims of clients that went silent
         self._recall_idle = recall_idle  # ask claim holders back if idle that long
@@ -61,6 +65,8 @@ class Sweeper:
                 engine = self.engines.get(action.alias)
                 if engine is None:
                     continue
+                if isinstance(action, EvictIdle | SleepIdle) and await self._busy_inside(engine):
+                    continue
                 if isinstance(action, EvictIdle):
                     asleep = engine.state == S.ASLEEP
                     why = f"{'asleep' if asleep else 'idle'} for {action.ttl:g}s "
@@ -74,5 +80,22 @@ class Sweeper:
                 else:
                     self._recall_idle(engine, action.idle)
             until = min(self.expiry.next_sweep(), next_due)  # the sweep's time is finite
+            now = trio.current_time()
             with trio.move_on_at(max(until, now + 0.01)):
                 await self._wake.wait()
+
+    async def _busy_inside(self, engine: Engine) -> bool:
+        """The TTL ran out by what its holders reported; the engine itself still counts a
+        request running or waiting (a frontend stalled past ``lease_ttl`` lost its claim,
+        its stream did not end): the engine counts as used now, and stays."""
+        if self._engine_load is None or engine.state != S.READY:
+            return False
+        count = await self._engine_load(engine)
+        due = ttl_due(engine.idle_view())
+        if due is None or due > trio.current_time():
+            return True  # used (or going) meanwhile: nothing to do now
+        if not count:
+            return False
+        engine.log.note(f"ttl: the engine still counts {count} request(s) in flight: kept")
+        engine.used(ago=0, busy=True)
+        return True

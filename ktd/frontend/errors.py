@@ -285,9 +285,9 @@ def from_control(model: str, code: str, message: str, detail: Mapping[str, Any])
     if code == ErrorCode.BUSY:
         return busy(model, message)
     if code == ErrorCode.SHUTTING_DOWN:
-        return ApiError(
-            503, f"ktd is shutting down: {message}", type=UNAVAILABLE, code="shutting_down"
-        )
+        said = message if message.startswith("ktd is shutting down") else None
+        text = said or f"ktd is shutting down: {message}"  # never the same words twice
+        return ApiError(503, text, type=UNAVAILABLE, code="shutting_down")
     # bad_request / internal / anything newer: the daemon's problem, not the
     # client's input. 503 so clients retry, never a 500 that looks like a bug here.
     return ApiError(503, f"ktd error ({code}): {message}", type=UNAVAILABLE, code="daemon_error")

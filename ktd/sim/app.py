@@ -88,7 +88,8 @@ class Lifecycle:
         self.sched = sched
         self.rec = rec
         self.state = ServerState()
-        self.app = SimApp(args, knobs, self.state, die=self._scheduler_raised)
+        self.app = SimApp(args, knobs, self.state, die=self._scheduler_died)
+        self.app.memory.on_change = lambda info: self.rec.write(memory=info)
         self.exit_code = 0
         self._crashing = False
         self._scope = trio.CancelScope()
@@ -159,7 +160,7 @@ class Lifecycle:
             uvicorn("INFO", "Application shutdown complete.")
             return None
         bound = listeners[0].socket.getsockname()[1]
-        self.rec.write(port=bound)
+        self.rec.write(port=bound, memory=self.app.memory.info())
         uvicorn(
             "INFO", f"Uvicorn running on http://{_url_host(host)}:{bound} (Press CTRL+C to quit)"
         )
@@ -215,13 +216,33 @@ class Lifecycle:
         else:
             self.exit(0)
 
-    def _scheduler_raised(self, error: str) -> None:
-        """An exception in the scheduler (a release with a request in flight, a resume of
-        memory that was not released): SGLang's scheduler dies of it, the main process
-        gets its SIGQUIT and kills the whole tree."""
-        log("Scheduler hit an exception: Traceback (most recent call last):")
-        log(f"{error}")
-        log("Received sigquit from a child process. It usually means the child failed.")
+    def _scheduler_died(self, output: str, exit_code: int | None) -> None:
+        """The scheduler dies of a memory call (memory.py). ``exit_code`` None: it raised
+        (a release with a request in flight, a resume of what is not released); its
+        ``except`` logs the traceback and SIGQUITs the server, whose running-phase
+        handler (installed with the tokenizer manager's loop, called without arguments)
+        kills the whole tree, itself included: -9. ``exit_code`` 1: torch_memory_saver
+        called ``exit(1)``; upstream's subprocess watchdog notices and SIGQUITs the
+        server alike, the fork has no watchdog and is left serving with no scheduler:
+        everything that needs one hangs from now."""
+        pid = os.getpid()
+        if exit_code is None:
+            log(f"Scheduler hit an exception: {output}", " TP0")
+        else:
+            try:
+                sys.stderr.write(output + "\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            if flags.flavor() == "kt":
+                log("sim: the scheduler is gone and nothing notices: every request hangs")
+                self.state.set_hung(True)
+                return
+            log(f"Subprocess scheduler_0 (pid={self.sched.pid}) crashed with exit code "
+                f"{exit_code}. Triggering SIGQUIT for cleanup...")  # fmt: skip
+        log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+        if flags.flavor() == "upstream":
+            log(f"kill_process_tree called: parent_pid={pid}, include_parent=True, pid={pid}")
         self.exit(-signal.SIGKILL)
 
     async def _scheduler_crashed(self, code: int) -> None:

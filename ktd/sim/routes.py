@@ -13,6 +13,8 @@ Why these behaviours:
   no ``/get_load`` (SGLang 0.5.23's load route is ``/v1/loads``, loads.py).
 * Ollama's API as SGLang serves it (``/api/chat``, ``/api/generate``, ``/api/tags``,
   ``/api/show``, ``GET``/``HEAD /``): ollama.py.
+* the memory API (``/release_memory_occupation``, ``/resume_memory_occupation``) and
+  what a generation meets on released memory: memory.py.
 """
 
 from __future__ import annotations
@@ -58,14 +60,13 @@ class SimApp:
         args: SimArgs,
         knobs: Knobs,
         state: ServerState,
-        die: Callable[[str], None] = lambda why: None,
+        die: Callable[[str, int | None], None] = lambda output, code: None,
     ) -> None:
         self.args = args
         self.knobs = knobs
         self.state = state
         self.scheduler_info: dict[str, Any] = {}
-        saver = bool(args.server_args.get("enable_memory_saver"))
-        self.memory = MemoryApi(state, knobs, saver=saver, die=die)
+        self.memory = MemoryApi(state, knobs, server_args=args.server_args, die=die)
         self.openai = OpenAIServing(args, knobs, state)
         self.agents = AgentServing(self.openai)
         self.native = NativeServing(self.openai)
@@ -145,7 +146,7 @@ class SimApp:
             reply = json_reply({"detail": "Method Not Allowed"}, 405)
             reply.headers.append(("allow", ", ".join(methods)))
             return reply
-        refused = self.memory.refuse_generation(req)
+        refused = await self.memory.admit(req)
         if refused is not None:
             return refused
         return await route(req)
@@ -153,7 +154,9 @@ class SimApp:
     async def health(self, req: Request) -> Reply:
         """SGLang's ``/health`` is a one-token generation through the scheduler: it costs a
         token's time, and a scheduler that gives no output answers 503 after
-        ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) while the HTTP server itself stays up."""
+        ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) while the HTTP server itself stays up.
+        Its token is a request the scheduler runs (a release meanwhile asserts), and on
+        released GPU memory it fails (memory.py)."""
         if self.state.status == DRAINING:
             log("Health check request received during shutdown. Returning 503.")
             return Reply(503, content_type=None)
@@ -162,7 +165,13 @@ class SimApp:
         self.state.drain_handler = True
         with trio.move_on_after(self.knobs.health_timeout):
             await self.state.wait_unhung()
-            await trio.sleep(self.knobs.token_time())
+            if await self.memory.health_refused(req):
+                return Reply(503, content_type=None)
+            self.state.health_active += 1
+            try:
+                await trio.sleep(self.knobs.token_time())
+            finally:
+                self.state.health_active -= 1
             return Reply(200, content_type=None)
         log(f"Health check failed. Server couldn't get a response from detokenizer for last "
             f"{self.knobs.health_timeout:g} seconds.")  # fmt: skip

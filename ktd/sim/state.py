@@ -54,6 +54,9 @@ class ServerState:
         # SGLang installs its SIGTERM drain handler with the tokenizer manager's loop, at
         # the first request that goes through it (a generation, or /health's one token).
         self.drain_handler = False
+        # /health tokens the scheduler is running (not generation requests: /sim/stats
+        # and /v1/loads leave them out, but a release asserts on them too).
+        self.health_active = 0
         self._unhung = trio.Event()
         self._unhung.set()
         self._idle = trio.Event()

@@ -18,6 +18,24 @@ from ktd.sim.shapes import field_error, validation_reply
 _decode = msgspec.json.Decoder().decode
 
 
+def json_invalid(raw: bytes) -> dict[str, Any]:
+    """FastAPI's error for a body that is not JSON: the position and reason of
+    ``json.loads`` (what FastAPI itself calls)."""
+    try:
+        json.loads(raw)
+        pos, why = 0, "Invalid JSON"
+    except ValueError as exc:
+        pos = getattr(exc, "pos", 0)
+        why = getattr(exc, "msg", str(exc))
+    return {
+        "type": "json_invalid",
+        "loc": ("body", pos),
+        "msg": "JSON decode error",
+        "input": {},
+        "ctx": {"error": why},
+    }
+
+
 def parse_body(req: Request) -> dict[str, Any] | Reply:
     """The JSON object of a request, or SGLang's 400 for what FastAPI would reject."""
     ctype = req.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -31,20 +49,7 @@ def parse_body(req: Request) -> dict[str, Any] | Reply:
     try:
         body = _decode(req.body)
     except msgspec.DecodeError:
-        try:
-            json.loads(req.body)
-            pos, why = 0, "Invalid JSON"
-        except ValueError as exc:
-            pos = getattr(exc, "pos", 0)
-            why = getattr(exc, "msg", str(exc))
-        err = {
-            "type": "json_invalid",
-            "loc": ("body", pos),
-            "msg": "JSON decode error",
-            "input": {},
-            "ctx": {"error": why},
-        }
-        return validation_reply([err])
+        return validation_reply([json_invalid(req.body)])
     if not isinstance(body, dict):
         return validation_reply(
             [

@@ -198,3 +198,32 @@ def test_multi_host_kt_is_refused_not_ignored(tmp_path: Path, kt: Any, field: st
     assert load_config(write(tmp_path, {"ktransformers": {}}, other)).route("a") is None
     single = [{"path": "/m", "backend": "kt", "alias": "a", "kt": {"nnodes": 1}}]
     assert load_config(write(tmp_path, {"ktransformers": {}}, single)).route("a") is not None
+
+
+def test_a_fifo_a_device_or_a_huge_file_is_refused_at_once_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    """Issue 31, item 6: a FIFO froze the daemon, /dev/zero grew it to 1.86 GB."""
+    import os
+
+    from ktd.core.config import MAX_CONFIG_BYTES
+
+    with pytest.raises(ConfigError, match=r"/dev/zero.*not a regular file \(a character device\)"):
+        load_config("/dev/zero")
+    cfg = write(tmp_path, SEED)
+    fifo = tmp_path / "models.json"
+    os.mkfifo(fifo)  # nobody writes: opening it for reading would block for ever
+    with pytest.raises(ConfigError, match=r"models\.json.*not a regular file \(a FIFO\)"):
+        load_config(cfg)
+    fifo.unlink()
+    fifo.write_bytes(b" " * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ConfigError, match=r"models\.json.*more than"):
+        load_config(cfg)
+
+
+def test_an_environment_variable_the_kernel_would_refuse_is_a_config_error() -> None:
+    """Issue 31, item 8: a 3 MB ``extra_env`` was "internal error while supervising:
+    OSError(7, 'Argument list too long')" at the load."""
+    with pytest.raises(ConfigError, match=r"\$\.kt\.extra_env\.BIG: 3145728 bytes"):
+        parse_env({"BIG": "x" * (3 << 20)}, "models.json", "$.kt.extra_env")
+    assert parse_env({"OK": "x" * 1000}, "m", "$") == {"OK": "x" * 1000}

@@ -84,3 +84,27 @@ def test_idle_for_counts_only_requests_before_the_cutoff() -> None:
     assert not idle_for(holder("a", S.STARTING), cutoff=5)
     assert idle_for(holder("a", S.STOPPED), cutoff=5)
     assert idle_for(holder("a", S.STARTING, want_up=False), cutoff=5)
+
+
+def test_a_wake_needs_its_own_nodes_and_gpus_idle_holders_go_busy_ones_are_waited_for() -> None:
+    from ktd.core.eviction import room_for
+    from ktd.core.placement import Holding
+
+    holders = [
+        Holding("idle", (0,), ()),
+        Holding("busy", (), (1,), leases=2),
+        Holding("elsewhere", (1,), (2,)),
+        Holding("pinned", (0,), (), pinned=True),
+    ]
+    plan = room_for((0,), (1,), holders)
+    assert plan.evict == ("idle",) and plan.blocked_by == ("busy", "pinned") and not plan.ok
+    assert "busy" in (plan.reason or "")
+    assert room_for((3,), (), holders).ok
+    views = {
+        "busy": HolderView("busy", S.READY, want_up=True, leases=2),
+        "pinned": HolderView("pinned", S.READY, want_up=True, pinned=True),
+    }
+    assert isinstance(place_step(plan, views, swap=True), Refuse)  # pinned: never waited for
+    del views["pinned"]
+    plan = room_for((0,), (1,), holders[:3])
+    assert isinstance(place_step(plan, views, swap=True), WaitIdle)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ktd.core import states as S
-from ktd.core.expiry import EvictIdle, Expiry, IdleView, RecallIdle, ttl_due
+from ktd.core.expiry import EvictIdle, Expiry, IdleView, RecallIdle, SleepIdle, ttl_due
 
 
 def view(**kw: object) -> IdleView:
@@ -32,6 +32,19 @@ def test_ttl_counts_from_the_last_request_and_never_while_held_busy_or_going() -
     assert ttl_due(view(ttl=0.0)) is None
     assert ttl_due(view(state=S.STARTING)) is None
     assert ttl_due(view(want_up=False)) is None
+
+
+def test_a_sleep_model_sleeps_at_its_ttl_and_is_stopped_at_its_sleep_ttl() -> None:
+    e = Expiry(lease_ttl=15, now=195.0)
+    acts, _ = e.idle([view(alias="s", sleeps=True), view(alias="h", sleeps=True, claims=1)], 199.0)
+    assert acts == [SleepIdle("s", 60.0), RecallIdle("h", 60.0)]
+    asleep = view(alias="s", state=S.ASLEEP, want_up=False, sleeps=True, asleep_at=150.0)
+    assert ttl_due(asleep) is None  # no sleep_ttl: asleep for good
+    asleep = view(**{**asleep.__dict__, "sleep_ttl": 30.0})
+    assert ttl_due(asleep) == 180.0
+    assert ttl_due(view(**{**asleep.__dict__, "waiting": 1})) is None  # a wake is wanted
+    acts, _ = e.idle([asleep], 199.0)
+    assert acts == [EvictIdle("s", 30.0)]
 
 
 def test_an_idle_engine_with_claims_is_recalled_one_without_is_evicted() -> None:

@@ -128,3 +128,13 @@ def test_estimate_without_weights_or_config(tmp_path: Path) -> None:
     assert est.host_bytes is None and est.gpu_bytes is None and len(est.notes) == 2
     assert fit.check(est, node_free={0: 0}, numa_nodes=(0,), gpu_free={0: 0}, gpus=(0,)).ok
     assert dataclasses.asdict(est)  # plain data
+
+
+def test_a_victim_that_sleeps_frees_its_gpu_and_takes_host_ram_for_its_weights_copy() -> None:
+    est = fit.Estimate(host_bytes=100, gpu_weights_bytes=10, kv_bytes=30)
+    stopped = fit.freed_by([(est, (0, 1), (0,))])
+    assert stopped.host_by_node == {0: 50, 1: 50} and stopped.gpu_by_index == {0: 40}
+    asleep = fit.freed_by([], [(est, (0, 1), (0,))])
+    assert asleep.host_by_node == {0: -5, 1: -5} and asleep.gpu_by_index == {0: 40}
+    assert fit.asleep_host_bytes(est) == 110
+    assert fit.asleep_host_bytes(fit.Estimate(None, None, None)) is None

@@ -122,3 +122,38 @@ def test_kill9_of_ktd_readopts_an_asleep_engine_asleep_and_unprobed(
         assert state(c, "k-kt") == "ready" and c.status("k-kt")[0].pid == before.pid
         c.release(lease.lease)
         assert server_info(before.port)["generations_while_released"] == 0
+
+
+def test_an_evict_a_load_overtakes_answers_at_once_saying_so(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """Issue 31, item 3: ``evict m`` and ``load m`` sent together: the load answered
+    ready at once and the evict never answered. Both now answer at once: the load ready,
+    the evict ``busy`` saying a load overtook it (or, if the stop had begun, evicted)."""
+    import msgspec
+    import zmq
+
+    d = daemon_factory(write_config([sim_model("race-kt")]))
+    with d.client(timeout=60) as c:
+        c.load("race-kt")
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(f"ipc://{d.socket}")
+    try:
+        s.send(msgspec.msgpack.encode({"op": "evict", "id": 1, "alias": "race-kt"}))
+        s.send(msgspec.msgpack.encode({"op": "load", "id": 2, "alias": "race-kt"}))
+        replies = {}
+        poller = zmq.Poller()
+        poller.register(s, zmq.POLLIN)
+        while len(replies) < 2 and poller.poll(30_000):
+            r = msgspec.msgpack.decode(s.recv())
+            replies[r["id"]] = r
+    finally:
+        s.close()
+    assert set(replies) == {1, 2}, replies  # neither waits for ever
+    assert replies[2]["type"] == "load" and replies[2]["engine"]["state"] == "ready"
+    evict = replies[1]
+    if evict["type"] == "error":
+        assert evict["code"] == "busy" and "overtaken by a load" in evict["message"]
+    else:
+        assert evict["type"] == "evict" and evict["evicted"] == ["race-kt"]

@@ -286,3 +286,20 @@ def test_an_evict_while_a_restarted_daemon_adopts_drains_the_streams(launch: Any
     assert res.returncode == 0, res.stderr
     stream.join()
     assert stream.done and stream.tokens == 6
+
+
+def test_a_stalled_frontends_live_stream_is_never_cut_by_the_idle_ttl(launch: Any) -> None:
+    """Issue 31, item 4: the frontend stopped (SIGSTOP: swapped out, starved) past
+    ``lease_ttl`` loses its claim; the TTL then judged the engine idle and evicted it
+    under a live stream. The TTL now asks the engine's own ``/v1/loads`` last."""
+    daemon, fe, stream = streaming(launch, 10, 150, ttl=3, lease_ttl=5)  # 15 s
+    os.kill(fe.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(8)  # past lease_ttl and the TTL
+    finally:
+        os.kill(fe.proc.pid, signal.SIGCONT)
+    stream.join()
+    assert stream.done and stream.tokens == 150
+    e = status(daemon)["m"]
+    assert e["evictions"] == 0 and e["loads"] == 1
+    assert "still counts" in daemon.ktctl("logs", "m", "-n", "300").stdout

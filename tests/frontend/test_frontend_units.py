@@ -198,3 +198,13 @@ def test_engine_state_gauge_has_every_state_sleep_included() -> None:
     on = {(s.labels["alias"], s.labels["state"]) for s in family.samples if s.value == 1.0}
     assert on == {("m1", "asleep"), ("m2", "waking")}
     assert len(family.samples) == 2 * len(S.ALL)
+
+
+def test_the_daemons_shutting_down_is_said_once() -> None:
+    """Issue 31, item 8: "ktd is shutting down: ktd is shutting down"."""
+    from ktd.frontend.errors import from_control
+
+    err = from_control("m", "shutting_down", "ktd is shutting down", {})
+    assert err.status == 503 and err.message == "ktd is shutting down"
+    err = from_control("m", "shutting_down", "stopping engines", {})
+    assert err.message == "ktd is shutting down: stopping engines"
