@@ -8,7 +8,7 @@ Every path goes through ``loglines.probe_path`` so the engine log can hide probe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import trio
@@ -62,6 +62,25 @@ class Watch:
         self.healthy = False
         self.hung = False
         self.ready_line = trio.Event()
+        self._probing = 0  # probes in flight (each /health generates a token)
+        self._quiet = trio.Event()
+        self._quiet.set()
+
+    async def quiet(self) -> None:
+        """Until no probe of this watch is in flight: a release must not meet one (SGLang
+        asserts that nothing runs when it releases). No new one starts once the engine
+        is not starting or ready."""
+        await self._quiet.wait()
+
+    async def _probe(self, ask: Awaitable[bool]) -> bool:
+        self._probing += 1
+        self._quiet = trio.Event()
+        try:
+            return await ask
+        finally:
+            self._probing -= 1
+            if not self._probing:
+                self._quiet.set()
 
     async def run(
         self,
@@ -80,7 +99,7 @@ class Watch:
         last_ok = trio.current_time()
         while True:
             if state() == S.STARTING and not self.healthy:
-                if await is_ready(http, base(), alias):
+                if await self._probe(is_ready(http, base(), alias)):
                     self.healthy = True
                     wake()
                     continue
@@ -92,7 +111,7 @@ class Watch:
                 if state() != S.READY:
                     last_ok = trio.current_time()  # asleep meanwhile: no silence to count
                     continue
-                if await answers_health(http, base(), timeout=hang_timeout):
+                if await self._probe(answers_health(http, base(), timeout=hang_timeout)):
                     last_ok = trio.current_time()
                 elif trio.current_time() - last_ok >= hang_timeout:
                     self.hung = True

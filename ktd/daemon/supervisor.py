@@ -157,6 +157,7 @@ class Supervisor:
                 m.load(trio.current_time(), count)
             case L.Release():
                 self._show()
+                await self._health.quiet()  # its own last /health probe has ended
                 why = await memory.release(
                     self.host.http, self._url(), timeout=self.host.settings.memory_timeout
                 )

@@ -230,7 +230,7 @@ class SimApp:
         """SGLang's per-DP-rank load (ktd's gateway waits for no request before an evict)."""
         sa = self.args.server_args
         load = loads.snapshot(
-            running=self.state.stats.active,
+            running=self.state.stats.active + self.state.health_active,  # a /health is a request
             max_total_tokens=int(sa.get("max_total_tokens") or self.args.context_length),
             max_running=int(sa.get("max_running_requests") or 2048),
         )
