@@ -11,6 +11,9 @@ so there is exactly one task per socket, and trio's one-waiter-per-fd rule holds
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from collections import deque
 from collections.abc import Callable
 
@@ -44,7 +47,15 @@ class TrioSocket:
         self._max_outbox = max_outbox
         self._wait_scope: trio.CancelScope | None = None
         self._closed = False
+        self._rebind: tuple[str, int] | None = None
         self.dropped = 0
+
+    def rebind(self, endpoint: str, *, umask: int) -> None:
+        """Bind ``endpoint`` again (its ipc file was removed or replaced), creating it
+        under ``umask``: done by the pump, the only code that calls into the socket."""
+        self._rebind = (endpoint, umask)
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
 
     def send(self, frames: Frames) -> None:
         """Queue a multipart message; never blocks. Past ``max_outbox`` the oldest is dropped.
@@ -97,6 +108,15 @@ class TrioSocket:
         """The pump: the only code that calls into the zmq socket."""
         try:
             while True:
+                if self._rebind is not None:
+                    (endpoint, umask), self._rebind = self._rebind, None
+                    with contextlib.suppress(zmq.ZMQError):
+                        self.sock.unbind(endpoint)
+                    old = os.umask(umask)
+                    try:
+                        self.sock.bind(endpoint)
+                    finally:
+                        os.umask(old)
                 # on_message must not block: handlers that take time spawn tasks.
                 if self._on_message is not None:
                     for frames in self._drain_recv():

@@ -15,6 +15,12 @@ import trio
 
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+#: A directory's entries come and go (a socket file removed, renamed or replaced).
+DIR_CHANGES = IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 
@@ -38,13 +44,15 @@ class FileWatch:
         self.fd = fd
 
     @classmethod
-    def open(cls, path: Path) -> FileWatch | None:
+    def open(cls, path: Path, mask: int = IN_MODIFY | IN_ATTRIB) -> FileWatch | None:
+        """Watch ``path`` for ``mask`` (a file's writes by default; ``DIR_CHANGES`` for
+        a directory's entries)."""
         if _libc is None:
             return None
         fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             return None
-        if _libc.inotify_add_watch(fd, os.fsencode(path), IN_MODIFY | IN_ATTRIB) < 0:
+        if _libc.inotify_add_watch(fd, os.fsencode(path), mask) < 0:
             os.close(fd)
             return None
         return cls(fd)

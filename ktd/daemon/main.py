@@ -29,6 +29,7 @@ from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
 from ktd.daemon import proctree, safedir, sdnotify, statefile, statelock, weights
 from ktd.daemon.doctor import daemon_report, dry_run_plan
+from ktd.daemon.inotify import DIR_CHANGES, FileWatch
 from ktd.daemon.machine import MachineReader
 from ktd.daemon.pool import Pool
 from ktd.daemon.server import ControlServer
@@ -248,6 +249,7 @@ class Daemon:
             await nursery.start(pool.run)
             await nursery.start(gateway.run)
             nursery.start_soon(self._watchdog)
+            nursery.start_soon(self._keep_sockets, server)
             sdnotify.notify("READY=1\nSTATUS=serving")
             log.info("ktd ready: control %s, %d kt model(s)", self.setup.control, len(pool.engines))
             await self.stop_requested.wait()
@@ -295,6 +297,36 @@ class Daemon:
                     log.info("received %s", signal_name(sig))
                     self.request_stop()
 
+    async def _keep_sockets(self, server: ControlServer) -> None:
+        """Bind the control and event sockets again when their files are removed or
+        replaced (``systemd-tmpfiles``, a mistaken ``rm``): a running ktd must never become
+        unreachable. Woken by inotify on the runtime directory; a slow look as well."""
+        setup = self.setup
+        umask = 0o007 if setup.group else 0o077
+        # Their files as this daemon bound them (before the watch: nothing is missed).
+        kept = {path: _inode(path) for path in (setup.control, setup.events)}
+        watch = FileWatch.open(setup.control.parent, DIR_CHANGES)
+        try:
+            while True:
+                for path, sock in ((setup.control, server.control), (setup.events, server.events)):
+                    now = _inode(path)
+                    if now is not None and now == kept[path]:
+                        continue
+                    what = "removed" if now is None else "replaced"
+                    log.warning("%s was %s: binding it again", path, what)
+                    sock.rebind(paths.endpoint(path), umask=umask)
+                    await trio.sleep(0.05)  # the pump binds it
+                    kept[path] = _inode(path)
+                with trio.move_on_after(30.0 if watch is not None else 2.0):
+                    if watch is not None:
+                        await watch.wait()
+                    else:
+                        await trio.sleep_forever()
+                await trio.sleep(0.05)  # a burst of changes (rm and re-create) is one look
+        finally:
+            if watch is not None:
+                watch.close()
+
     async def _watchdog(self) -> None:
         interval = sdnotify.watchdog_interval()
         if interval is None:
@@ -302,6 +334,14 @@ class Daemon:
         while True:
             sdnotify.notify("WATCHDOG=1")
             await trio.sleep(interval)
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def main(argv: list[str]) -> int:

@@ -497,3 +497,21 @@ def test_evict_is_sglangs_own_shutdown_not_a_crash(
     assert "SIGTERM received" in log and "crashed" not in log and "SIGKILL to" not in log
     assert f"stopped cleanly by SIGTERM (pid {e.pid}, exit {code})" in log
     assert not engine_procs()
+
+
+def test_a_removed_or_replaced_control_socket_is_bound_again(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """Issue 31, item 7: ``rm control.sock`` (systemd-tmpfiles, a mistake) left a running
+    ktd unreachable for good. It notices (inotify on its runtime dir) and binds again."""
+    d = daemon_factory(write_config([sim_model("sock-kt")]))
+    for replace in (False, True):
+        d.socket.unlink()
+        if replace:
+            d.socket.write_text("not a socket")
+        wait_for(lambda: d.ktctl("status").returncode == 0, timeout=15, what="bound again")
+        assert d.socket.is_socket() and (d.socket.stat().st_mode & 0o077) == 0
+    events = d.socket.parent / "events.sock"
+    events.unlink()
+    wait_for(events.is_socket, timeout=15, what="events bound again")
+    assert "binding it again" in d.output()
