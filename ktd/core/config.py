@@ -134,6 +134,10 @@ class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Seconds a client connection may sit idle (before its first request, or
     # between keep-alive requests) before the frontend closes it.
     idle_timeout: float = 15.0
+    # Seconds a client may take to accept one chunk of a streamed answer (it stopped
+    # reading): then the stream is cut, its slot freed and the engine's request
+    # aborted (nginx's send_timeout).
+    send_timeout: float = 60.0
     # The dashboard at /ui may load, evict and reload (for a holder of one of api_keys);
     # off: the dashboard is read-only.
     ui_control: bool = False
@@ -487,6 +491,8 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
     _check_nonneg(f.load_timeout, name, "$.frontend.load_timeout")
     if f.idle_timeout <= 0:
         raise ConfigError(name, "$.frontend.idle_timeout", "must be > 0")
+    if f.send_timeout <= 0:
+        raise ConfigError(name, "$.frontend.send_timeout", "must be > 0")
     if not f.bind.startswith("unix:") and ":" not in f.bind:
         raise ConfigError(
             name, "$.frontend.bind", f"expected HOST:PORT or unix:PATH, got {f.bind!r}"

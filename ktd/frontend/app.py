@@ -51,7 +51,8 @@ def error_response(err: ApiError) -> Response:
 
 def create_app(options: FrontendOptions) -> QuartTrio:
     """Build the app. Background tasks (control client, heartbeats) start with it."""
-    transport.install()  # Hypercorn's writes: the fast path, and the HTTP/2 close race
+    # Hypercorn's writes: the fast path, the HTTP/2 close race, and deaf clients let go.
+    transport.install(options.frontend.send_timeout)
     intake.install()  # Hypercorn's request intake: no scheduler trips for nothing
     app = QuartTrio("ktd.frontend")
     app.config["MAX_CONTENT_LENGTH"] = None  # counted by read_limited, OpenAI-shaped 413

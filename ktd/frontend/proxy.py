@@ -31,6 +31,7 @@ from ktd.frontend import errors
 from ktd.frontend.broker import Admission, ClaimBroker, Slot
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.metrics import UNKNOWN_MODEL, Metrics
+from ktd.frontend.transport import ClientDeaf
 from ktd.frontend.upstream import (
     ConnectFailed,
     Response,
@@ -42,6 +43,7 @@ from ktd.frontend.upstream import (
 log = logging.getLogger("ktd.frontend")
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+Give = Callable[[bytes, bool], Awaitable[None]]  # one body chunk, and whether more follow
 
 # Request headers never forwarded to the engine: hop-by-hop (RFC 9110 7.6.1),
 # ones the upstream client sets itself (upstream.py), and the client's
@@ -283,6 +285,15 @@ class Exchange:
     def first_byte(self) -> None:
         self.metrics.first_byte(self.label, trio.current_time() - self.started)
 
+    def client_deaf(self) -> None:
+        """The client stopped reading (``frontend.send_timeout``): the stream is cut;
+        closing the exchange frees its slot and aborts the engine's request."""
+        log.warning(
+            "client stopped reading a stream of %s (frontend.send_timeout): cut, slot freed",
+            self.label,
+        )
+        self.status = 499  # nginx's "client closed request": counted apart from the 200s
+
     # ------------------------------------------------------------ end
 
     async def aclose(self) -> None:
@@ -329,15 +340,29 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
     its slot comes, then open the upstream. Any failure after the status line
     went out becomes one ``data: {"error": ...}`` event and ``data: [DONE]``
     (an ``{"error": ...}`` line in an NDJSON stream).
-    Ends the HTTP response (``more_body: False``) unless cancelled.
+    Ends the HTTP response (``more_body: False``) unless cancelled, or unless the client
+    stopped reading (``ClientDeaf``, ``frontend.send_timeout``): its slot must not be
+    held for ever; the connection is closed, and the exchange's end frees the slot and
+    closes the upstream (SGLang aborts the request).
     """
+
+    async def give(data: bytes, more: bool) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": more})
+
+    try:
+        await _relay(ex, give, interval)
+    except ClientDeaf:
+        ex.client_deaf()
+
+
+async def _relay(ex: Exchange, give: Give, interval: float) -> None:
     last = b"\n\n"
     tail = b""
     try:
         if ex.response is None:
-            await _body(send, await _comment(ex))
+            await give(await _comment(ex), True)
             while True:
-                slot = await _next_slot(ex, send, interval)
+                slot = await _next_slot(ex, give, interval)
                 ex.got_slot(slot, trio.current_time() - ex.started)
                 try:
                     opened = await ex.open_upstream()
@@ -358,16 +383,16 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
             ex.first_byte()
             last = data
             if response.done:
-                await send({"type": "http.response.body", "body": data, "more_body": False})
+                await give(data, False)
                 return
-            await send({"type": "http.response.body", "body": data, "more_body": True})
+            await give(data, True)
         receive = response.receive
         while not response.done:
             data = await receive()
             if data:
                 last = data
                 more = not response.done
-                await send({"type": "http.response.body", "body": data, "more_body": more})
+                await give(data, more)
                 if not more:
                     return
     except UpstreamError as exc:
@@ -375,10 +400,10 @@ async def relay(ex: Exchange, send: Send, *, interval: float = 2.0) -> None:
     except ApiError as err:
         ex.failed(err)
         tail = _error_tail(ex, err, b"\n\n")
-    await send({"type": "http.response.body", "body": tail, "more_body": False})
+    await give(tail, False)
 
 
-async def _next_slot(ex: Exchange, send: Send, interval: float) -> Slot:
+async def _next_slot(ex: Exchange, give: Give, interval: float) -> Slot:
     """Wait for the exchange's slot, a ``: loading`` comment every ``interval`` seconds."""
     assert ex.handle is not None
     while True:
@@ -388,7 +413,7 @@ async def _next_slot(ex: Exchange, send: Send, interval: float) -> Slot:
             raise ex.failed(control_error(ex.model, exc)) from None
         if slot is not None:
             return slot
-        await _body(send, await _comment(ex))
+        await give(await _comment(ex), True)
 
 
 def _error_tail(ex: Exchange, err: ApiError, last: bytes) -> bytes:
@@ -413,7 +438,3 @@ def waiting_comment(what: str, elapsed: float) -> bytes:
     """``: waiting for <alias> Ns``: the engine waits for another to go idle (or a slot)."""
     safe = "".join(ch for ch in what if ch.isprintable())
     return f": waiting for {safe} {int(elapsed)}s\n\n".encode()
-
-
-async def _body(send: Send, data: bytes) -> None:
-    await send({"type": "http.response.body", "body": data, "more_body": True})

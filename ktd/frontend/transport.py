@@ -41,14 +41,33 @@ the one place Hypercorn writes to a client socket.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import trio
 
 
-def install() -> None:
-    """Patch Hypercorn's trio ``TCPServer.protocol_send`` (idempotent)."""
+class ClientDeaf(Exception):
+    """A write to the client waited longer than ``frontend.send_timeout``: the client
+    stopped reading. The connection is closed; the caller (the stream's relay) ends
+    its exchange, which frees the slot and aborts the engine's request."""
+
+
+_send_timeout = [math.inf]  # seconds one write may wait for the client (set by install)
+
+
+def install(send_timeout: float = math.inf) -> None:
+    """Patch Hypercorn's trio ``TCPServer.protocol_send`` (idempotent; the last
+    ``send_timeout`` given applies).
+
+    **A client that stops reading is let go.** Hypercorn writes under a shielded
+    cancel scope with no bound: a client that never reads holds its stream, and the
+    engine slot behind it, for ever. A write the kernel does not take at once waits
+    for the socket at most ``send_timeout`` (nginx's ``send_timeout``), still shielded
+    from outside cancellation; past it the connection is closed and ``ClientDeaf``
+    raised to the ASGI ``send`` that wrote."""
+    _send_timeout[0] = send_timeout
     from hypercorn.events import Closed, RawData
     from hypercorn.trio import tcp_server
 
@@ -72,6 +91,9 @@ def install() -> None:
                     return
                 if sent > 0:
                     event = RawData(data=data[sent:])
+        if type(event) is RawData and _send_timeout[0] < math.inf:
+            await _bounded_send(self, event, original, Closed)
+            return
         try:
             await original(self, event)
         except trio.BusyResourceError:
@@ -80,6 +102,20 @@ def install() -> None:
     cls.protocol_send = protocol_send
     cls._ktd_transport = True
     _install_chunk_path()
+
+
+async def _bounded_send(server: Any, event: Any, original: Any, closed: Any) -> None:
+    """Hypercorn's write (under its lock, shielded), bounded by the send timeout."""
+    async with server.send_lock:
+        with trio.CancelScope(shield=True), trio.move_on_after(_send_timeout[0]) as bound:
+            try:
+                await server.stream.send_all(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                await server.protocol.handle(closed())
+                return
+    if bound.cancelled_caught:
+        await original(server, closed())  # close the socket, tell the protocol
+        raise ClientDeaf
 
 
 def _install_chunk_path() -> None:

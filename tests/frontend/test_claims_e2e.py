@@ -303,3 +303,39 @@ def test_a_stalled_frontends_live_stream_is_never_cut_by_the_idle_ttl(launch: An
     e = status(daemon)["m"]
     assert e["evictions"] == 0 and e["loads"] == 1
     assert "still counts" in daemon.ktctl("logs", "m", "-n", "300").stdout
+
+
+def test_a_client_that_stops_reading_loses_its_slot_after_the_send_timeout(
+    write_config: Any, daemon_factory: Any, frontend_factory: Any
+) -> None:
+    """Issue 31, item 5: with ``max_concurrent: 1`` a stream whose client never read made
+    every other request 429 (or wait) for good. After ``frontend.send_timeout`` the
+    stream is cut, the slot freed, and the engine's request aborted."""
+    cfg = write_config(
+        [sim_model("m", max_concurrent=1)], frontend={"send_timeout": 1, "idle_timeout": 60}
+    )
+    daemon, fe = daemon_factory(cfg), frontend_factory(cfg)
+    assert chat(fe.url) == 200  # loaded
+    host, port = fe.url.removeprefix("http://").rsplit(":", 1)
+    deaf = socket.socket()
+    deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    deaf.connect((host, int(port)))
+    body = json.dumps({"model": "m", "messages": CHAT, "max_tokens": 4000, "stream": True}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    deaf.sendall(head.encode() + body)  # ... and never reads
+    try:
+        wait_for(lambda: status(daemon)["m"]["leases"] == 1, what="the deaf stream in flight")
+        t0 = time.monotonic()
+        with httpx.Client(timeout=60) as c:
+            r = c.post(
+                f"{fe.url}/v1/chat/completions",
+                json={"model": "m", "messages": CHAT, "max_tokens": 2},
+            )
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - t0 < 30
+        assert "client stopped reading" in fe.output()
+    finally:
+        deaf.close()
