@@ -88,7 +88,7 @@ def plan_reload(engines: Mapping[str, EngineView], served: Mapping[str, ModelSpe
             plan.changes.append(Change(alias, kind, spec))
         elif spec == view.spec:
             plan.changes.append(Change(alias, "same", spec))
-        elif spec.launch_key() == view.spec.launch_key() or view.state not in S.HOLDS_RESOURCES:
+        elif spec.launch_key() == view.spec.launch_key() or view.state not in S.HAS_PROCESSES:
             plan.changes.append(Change(alias, "update", spec))
         else:
             kind = "stale" if view.leases else "restart"

@@ -82,3 +82,9 @@ def test_summary_lists_every_kind_in_a_fixed_order() -> None:
     assert plan_reload(engines, {s.alias: s for s in served}).summary() == (
         "added: n; removed: x; restarting: r; stale until idle: s; updated in place: u"
     )
+
+
+def test_a_changed_launch_of_an_asleep_engine_restarts_it() -> None:
+    """Its process lives (asleep): a wake would resume the old launch."""
+    plan = plan_reload({"a": EngineView(spec("a"), S.ASLEEP)}, {"a": spec("a", ctx=999)})
+    assert [(c.alias, c.kind) for c in plan.changes] == [("a", "restart")]

@@ -157,3 +157,29 @@ def test_an_evict_a_load_overtakes_answers_at_once_saying_so(
         assert evict["code"] == "busy" and "overtaken by a load" in evict["message"]
     else:
         assert evict["type"] == "evict" and evict["evicted"] == ["race-kt"]
+
+
+def test_a_reload_or_a_shutdown_stops_an_asleep_engine_without_a_wake(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """A changed launch (a reload) and ktd's SIGTERM stop an asleep engine as it is:
+    no resume, no generation; the reload's new launch is a cold load on demand."""
+    from tests.reliability._util import engine_procs
+
+    d = daemon_factory(write_config([sleepy("r-kt")]))
+    with d.client(timeout=60) as c:
+        first = c.load("r-kt")
+        c.sleep("r-kt")
+        write_config([sleepy("r-kt", kt={"ctx": 2048})])
+        c.reload()
+        wait_for(lambda: state(c, "r-kt") == "stopped", timeout=20, what="stopped by the reload")
+        log = "\n".join(c.logs("r-kt", 300))
+        assert "resum" not in log.split("asleep: GPU memory released")[-1]
+        again = c.load("r-kt")
+        assert again.pid != first.pid and "2048" in again.argv
+        c.sleep("r-kt")
+        port = again.port
+    assert server_info(port)["generations_while_released"] == 0
+    assert d.stop(signal.SIGTERM) == 0
+    assert "Traceback" not in d.output()
+    assert not engine_procs()
