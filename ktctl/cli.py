@@ -219,41 +219,39 @@ def _unsettled(alias: str, engine: p.EngineInfo, code: str, wanted: str) -> KtdE
 
 
 def cmd_sleep(client: Client, args: argparse.Namespace) -> int:
-    alias: str = args.alias
-    asked, started = time.time(), time.monotonic()
-    progress = _progress(args, S.SLEEPING)
-    try:
-        engine = client.sleep(alias, timeout=args.timeout, progress=progress)
-    finally:
-        if progress is not None:
-            progress.clear()
-    elapsed = time.monotonic() - started
-    if engine.state != S.ASLEEP:
-        # Still (or again) serving: the sleep was called off; else it went down.
-        serving = engine.state in (S.READY, S.WAKING, S.STARTING, S.SLEEPING)
-        code = p.ErrorCode.BUSY if serving else p.ErrorCode.LOAD_FAILED
-        raise _unsettled(alias, engine, code, S.ASLEEP)
-    already = _already(engine, asked)
-    doc = {"engine": engine, "elapsed": round(elapsed, 3), "already": already}
-    _emit(args, doc, render.sleep_line(engine, elapsed, already=already))
-    return EXIT_OK
+    return _memory_command(client.sleep, args, S.SLEEPING, S.ASLEEP, render.sleep_line)
 
 
 def cmd_wake(client: Client, args: argparse.Namespace) -> int:
+    return _memory_command(client.wake, args, S.WAKING, S.READY, render.wake_line)
+
+
+def _memory_command(
+    call: Callable[..., p.EngineInfo],
+    args: argparse.Namespace,
+    during: str,
+    wanted: str,
+    line: Callable[..., str],
+) -> int:
+    """``ktctl sleep`` / ``ktctl wake``: progress on a terminal, then the engine in its
+    ``wanted`` state (or why not), and whether it already was."""
     alias: str = args.alias
     asked, started = time.time(), time.monotonic()
-    progress = _progress(args, S.WAKING)
+    progress = _progress(args, during)
     try:
-        engine = client.wake(alias, timeout=args.timeout, progress=progress)
+        engine = call(alias, timeout=args.timeout, progress=progress)
     finally:
         if progress is not None:
             progress.clear()
     elapsed = time.monotonic() - started
-    if engine.state != S.READY:
-        raise _unsettled(alias, engine, p.ErrorCode.LOAD_FAILED, S.READY)
+    if engine.state != wanted:
+        # A sleep still (or again) serving was called off; anything else went down.
+        serving = wanted == S.ASLEEP and engine.state in (S.READY, S.WAKING, S.STARTING, S.SLEEPING)
+        code = p.ErrorCode.BUSY if serving else p.ErrorCode.LOAD_FAILED
+        raise _unsettled(alias, engine, code, wanted)
     already = _already(engine, asked)
     doc = {"engine": engine, "elapsed": round(elapsed, 3), "already": already}
-    _emit(args, doc, render.wake_line(engine, elapsed, already=already))
+    _emit(args, doc, line(engine, elapsed, already=already))
     return EXIT_OK
 
 

@@ -286,12 +286,9 @@ class Exchange:
         self.metrics.first_byte(self.label, trio.current_time() - self.started)
 
     def client_deaf(self) -> None:
-        """The client stopped reading (``frontend.send_timeout``): the stream is cut;
-        closing the exchange frees its slot and aborts the engine's request."""
-        log.warning(
-            "client stopped reading a stream of %s (frontend.send_timeout): cut, slot freed",
-            self.label,
-        )
+        """The client stopped reading (``frontend.send_timeout``; the transport said so and
+        closed the connection): closing the exchange frees its slot and aborts the
+        engine's request."""
         self.status = 499  # nginx's "client closed request": counted apart from the 200s
 
     # ------------------------------------------------------------ end

@@ -41,11 +41,14 @@ the one place Hypercorn writes to a client socket.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any
 
 import trio
+
+log = logging.getLogger("ktd.frontend")
 
 
 class ClientDeaf(Exception):
@@ -114,8 +117,21 @@ async def _bounded_send(server: Any, event: Any, original: Any, closed: Any) -> 
                 await server.protocol.handle(closed())
                 return
     if bound.cancelled_caught:
+        log.warning(
+            "client %s stopped reading for %gs (frontend.send_timeout): connection closed",
+            _peer(server),
+            _send_timeout[0],
+        )
         await original(server, closed())  # close the socket, tell the protocol
         raise ClientDeaf
+
+
+def _peer(server: Any) -> str:
+    try:
+        host, port = server.stream.socket.getpeername()[:2]
+    except (OSError, AttributeError, ValueError, TypeError):
+        return "?"
+    return f"{host}:{port}"
 
 
 def _install_chunk_path() -> None:

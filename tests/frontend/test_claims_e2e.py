@@ -336,6 +336,6 @@ def test_a_client_that_stops_reading_loses_its_slot_after_the_send_timeout(
             )
         assert r.status_code == 200, r.text
         assert time.monotonic() - t0 < 30
-        assert "client stopped reading" in fe.output()
+        wait_for(lambda: "stopped reading for 1s" in fe.output(), what="the frontend says so")
     finally:
         deaf.close()

@@ -92,3 +92,27 @@ def status_view(client: Any) -> dict[str, tuple[Any, ...]]:
         e.alias: (e.state, e.pid, e.port, e.leases, e.restarts, e.reason, e.stale)
         for e in client.status()
     }
+
+
+def run_against_daemon(machine: type[Any], d: Any, examples: int, steps: int) -> None:
+    """A process-level hypothesis machine over the live daemon ``d``: then ``d`` must
+    still run, its log hold no traceback, and no engine process be left."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    assert d.proc.poll() is None, d.output()
+    with d.client() as c:
+        c.evict(all=True, force=True)
+    log = d.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, log[-6000:]
+    assert engine_procs() == {}

@@ -20,21 +20,19 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 
 from ktctl import Client, KtdError
 from ktd.core import states as S
 from tests.conftest import ConfigWriter, sim_model
 
-from ._util import FAST_DAEMON, engine_procs, kill_group, wait_for
+from ._util import FAST_DAEMON, engine_procs, kill_group, run_against_daemon, wait_for
 
 ALIASES = ("sl-a", "sl-b")
 AWAKE = {str(s) for s in S.HOLDS_RESOURCES}
@@ -171,20 +169,7 @@ class SleepMachine(RuleBasedStateMachine):
 def run_machine(write_config: ConfigWriter, daemon_factory: Any, examples: int, steps: int) -> None:
     d = daemon_factory(write_config(models(), daemon=DAEMON))
     SleepMachine.daemon = d
-    run_state_machine_as_test(
-        SleepMachine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=steps,
-            deadline=None,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
-    assert d.proc.poll() is None, d.output()
-    log = d.log_path.read_text(errors="replace")
-    assert "Traceback" not in log, log[-6000:]
-    assert engine_procs() == {}
+    run_against_daemon(SleepMachine, d, examples, steps)
 
 
 @pytest.mark.timeout(300)

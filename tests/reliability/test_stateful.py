@@ -33,7 +33,6 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -41,14 +40,20 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from ktctl import Client, KtdError
 from ktd.daemon import proctree
 from tests.conftest import ConfigWriter, sim_model
 
-from ._util import FAST_DAEMON, engine_procs, kill_group, listening_ports, wait_for
+from ._util import (
+    FAST_DAEMON,
+    engine_procs,
+    kill_group,
+    listening_ports,
+    run_against_daemon,
+    wait_for,
+)
 
 ALIASES = ("sm-a", "sm-b")
 BASE_CTX = 4096
@@ -340,24 +345,9 @@ def run_machine(write_config: ConfigWriter, daemon_factory: Any, examples: int, 
     harness = Harness(d, write_config)
     DaemonMachine.harness = harness
     try:
-        run_state_machine_as_test(
-            DaemonMachine,
-            settings=settings(
-                max_examples=examples,
-                stateful_step_count=steps,
-                deadline=None,
-                database=None,
-                suppress_health_check=list(HealthCheck),
-            ),
-        )
-        assert d.proc.poll() is None, d.output()
-        with d.client() as c:
-            c.evict(all=True, force=True)
+        run_against_daemon(DaemonMachine, d, examples, steps)
     finally:
         harness.close()
-    log = d.log_path.read_text(errors="replace")
-    assert "Traceback" not in log, log[-6000:]
-    assert engine_procs() == {}
 
 
 @pytest.mark.timeout(300)  # few, slow steps: the decisions themselves are tested in tests/core by
