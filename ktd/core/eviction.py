@@ -104,7 +104,10 @@ Step = Use | Evict | WaitLeaving | WaitIdle | Refuse
 def waitable(holder: HolderView, *, swap: bool) -> bool:
     """Will ``holder`` become evictable, for a launch allowed to ``swap``, just by
     finishing its work?"""
-    return swap and holder.want_up and not holder.pinned and holder.state in (S.READY, S.STARTING)
+    # Waking is a load in seconds: waited for like one (a wake refused while the other
+    # side wakes made every second request of a ping-pong busy).
+    awake = (S.READY, S.STARTING, S.WAKING)
+    return swap and holder.want_up and not holder.pinned and holder.state in awake
 
 
 def idle_for(holder: HolderView, cutoff: int) -> bool:

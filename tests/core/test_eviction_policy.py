@@ -108,3 +108,11 @@ def test_a_wake_needs_its_own_nodes_and_gpus_idle_holders_go_busy_ones_are_waite
     del views["pinned"]
     plan = room_for((0,), (1,), holders[:3])
     assert isinstance(place_step(plan, views, swap=True), WaitIdle)
+
+
+def test_a_holder_that_is_waking_is_waited_for_like_one_loading() -> None:
+    """Measured (bench/sleep.py): two sleep models swapping back and forth refused the
+    wake of one while the other woke: 13 of 60 requests got 503 busy."""
+    waking = HolderView("a", S.WAKING, want_up=True)
+    assert waitable(waking, swap=True)
+    assert not idle_for(waking, cutoff=10)
