@@ -67,6 +67,9 @@ models.json: one entry per model.
   kt.extra_args   per-model flags; kt is used only with --kt-num-gpu-experts or
                   --kt-gpu-experts-ratio
   numa, gpus      placement ("auto"); ttl: idle seconds before eviction (0: never)
+  sleep           true: swaps and the ttl put it to sleep (SGLang's memory saver frees
+                  its GPU memory, the experts stay in RAM) and a request wakes it in
+                  seconds; sleep_ttl: seconds asleep before it is stopped (0: never)
   fit             "check" refuses a load whose memory estimate does not fit the
                   planned NUMA nodes and GPUs; "ignore" loads anyway
 
