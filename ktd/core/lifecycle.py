@@ -394,10 +394,15 @@ class Lifecycle:
     def _exited(self, look: Look) -> Action:
         out = look.exited
         assert out is not None
-        self.going = None
+        going, self.going = self.going, None
         if self.state == S.ASLEEP or self.memory_released:
             # A dead engine is never woken: the next request loads it afresh.
             return self._kill(0.0, _End.DROPPED, f"exited while asleep: {out.reason or out.kind}")
+        if going is not None:  # it was being stopped (or put to sleep) anyway: stopped
+            if going == S.SLEEPING:
+                self.settle_want = Want.DOWN
+            why = f"exited while {going}: {out.reason or out.kind}"
+            return self._kill(0.0, _End.STOPPED, why, stopping=True)
         if out.kind == "exited":  # a clean exit nobody asked for: not a crash
             return self._kill(0.0, _End.STOPPED, out.reason or "exited")
         if out.kind == "port_taken" and self.port_retries > 0 and look.want == Want.UP:

@@ -443,3 +443,17 @@ LifecycleMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None
 )
 test_lifecycle_machine = LifecycleMachine.TestCase
+
+
+def test_an_engine_that_dies_while_it_drains_is_stopped_not_failed() -> None:
+    """Found by the state machine: a crash during an evict's drain (requests still held)
+    took the engine from draining to failed, a move the state table refuses."""
+    m, w = machine()
+    up(m, w)
+    w.held = 1
+    w.want = L.Want.DOWN
+    drive(m, w, until=w.now + 1)
+    assert m.state == S.DRAINING
+    w.crashed = Outcome("crashed", "killed by signal 9")
+    drive(m, w)
+    assert m.state == S.STOPPED and "exited while draining" in (m.reason or "")
