@@ -10,12 +10,16 @@ tokens), timed on this script's clock.
 1. **Swap latency.** Sim load ``--load-time`` (30 s), resume ``--resume-time`` (1 s),
    release ``--release-time`` (0.05 s). Sleep mode: ``b`` is loaded, then ``a`` (so
    ``b`` is asleep); reload mode: ``a`` only (``b`` stopped). Then one request at a
-   time for the model that is not awake (``b``, ``a``, ``b``...): the time to the
-   first byte of its response is the swap as a client sees it. ktd's own overhead on
-   a wake = TTFB - (resume + release of the other engine + the sim's token time: the
+   time for the model that is not awake (``b``, ``a``, ``b``...): the time to its
+   first ``data:`` event is the swap as a client sees it (the first byte is the
+   frontend's ``: waking`` / ``: loading`` comment once ``stream_grace``, 0.5 s, is
+   over; it is shown too). ktd's own overhead on a wake = that time - (resume +
+   release of the other engine + the sim's token time: the
    readiness check's ``/health`` generates one token, and so does the request with
-   ``KTD_SIM_TOKEN_RATE``); target < 50 ms. A warm request (model awake) is timed too:
-   the frontend's proxy cost, which the overhead includes.
+   ``KTD_SIM_TOKEN_RATE``); target < 50 ms. It is split on the daemon's event stamps
+   (before the release, between it and ``ready``, ``ready`` to the data). A warm
+   request (model awake) is timed too: the frontend's proxy cost, which the overhead
+   includes.
 2. **Mixed traffic.** Sim load ``--mixed-load-time`` (3 s), same resume/release,
    open-loop arrivals at ``--rate`` requests/s (Poisson, ``--seed``) for ``--duration``
    seconds (60), each for ``a`` or ``b`` at random 50/50; the same schedule in both
@@ -30,7 +34,7 @@ Everything runs against 127.0.0.1; the script stops the daemon, the frontend and
 (through them) the engines on exit, Ctrl-C and its own ``--limit``, then checks that
 no engine process it saw is left (and kills any that is).
 
-    python bench/sleep.py                                   # full: ~10 minutes
+    python bench/sleep.py                                   # full: ~7 minutes
     python bench/sleep.py --load-time 3 --duration 15 --reload-swaps 2 --wake-swaps 4
 """
 
@@ -239,15 +243,17 @@ def wakes(events: Sequence[tuple[float, str, str]]) -> list[tuple[str, float, fl
     return out
 
 
-def moving_seconds(events: Sequence[tuple[float, str, str]], start: float, end: float) -> float:
-    """Wall time in [start, end] while at least one engine was in a ``MOVING`` state."""
+def union_seconds(
+    events: Sequence[tuple[float, str, str]], states: frozenset[str], start: float, end: float
+) -> float:
+    """Wall time in [start, end] while at least one engine was in one of ``states``."""
     state: dict[str, str] = {}
     busy_since: float | None = None
     total = 0.0
     for t, alias, st in sorted(events):
         t = min(max(t, start), end)
         state[alias] = st
-        busy = any(s in MOVING for s in state.values())
+        busy = any(s in states for s in state.values())
         if busy and busy_since is None:
             busy_since = t
         elif not busy and busy_since is not None:
@@ -366,7 +372,7 @@ def swap_part(sleep: bool, sim: Sim, n: int, tokens: int, warm_n: int) -> SwapRu
             r = request(bench.stack.port, "a", tokens, 30)
             if not r.ok:
                 raise SystemExit(f"bench: warm request failed: {r.error}")
-            run.warm.append(r.first)
+            run.warm.append(r.first_data)
         target, other = "b", "a"
         for i in range(n):
             time.sleep(0.5)  # let the last swap's tail (events, logs) settle
@@ -408,10 +414,12 @@ class MixedRun:
     cold_loads: int
     cold_seconds: float
     wakes: int
-    wake_seconds: float
+    wake_seconds: float  # summed over the wakes (two overlap when one waits for the other)
+    waking: float  # wall time while at least one engine was waking
     awake_log_lines: int
     moving: float
     window: float
+    timeline: list[tuple[float, str, str]]  # (seconds from the start, alias, state)
 
 
 def schedule(duration: float, rate: float, seed: int) -> list[tuple[float, str]]:
@@ -464,6 +472,7 @@ def mixed_part(
         time.sleep(0.5)
         after = bench.status()
         events = bench.events.between(start, end)
+        since_setup = bench.events.between(0, end)  # the states at ``start`` too
         ws = wakes(events)
         with lock:
             done = list(results)
@@ -479,9 +488,11 @@ def mixed_part(
             ),
             wakes=len(ws),
             wake_seconds=sum(r - w for _, w, r in ws),
+            waking=union_seconds(since_setup, frozenset({"waking"}), start, end),
             awake_log_lines=bench.awake_lines() - awake_before,
-            moving=moving_seconds(events, start, end),
+            moving=union_seconds(since_setup, MOVING, start, end),
             window=end - start,
+            timeline=[(t - start, a, st) for t, a, st in events],
         )
 
 
@@ -490,10 +501,6 @@ def mixed_part(
 
 def ms(x: float) -> str:
     return f"{x * 1e3:.1f} ms"
-
-
-def secs(x: float) -> str:
-    return f"{x:.2f} s"
 
 
 def ratio(a: float, b: float) -> str:
@@ -523,6 +530,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="part 2: traffic (s)")
     ap.add_argument("--rate", type=float, default=1.0, help="part 2: requests/s (Poisson)")
     ap.add_argument("--seed", type=int, default=28)
+    ap.add_argument("--timeline", action="store_true", help="part 2: print the state events")
     ap.add_argument("--skip", choices=("swaps", "mixed"), help="leave one part out")
     ap.add_argument("--limit", type=float, default=1800, help="hard limit on the whole run (s)")
     args = ap.parse_args()
@@ -571,18 +579,21 @@ def main() -> int:
     if runs:
         report_swaps(runs[True], runs[False], swap_sim)
     if mixed:
-        report_mixed(mixed[True], mixed[False])
+        report_mixed(mixed[True], mixed[False], args.timeline)
     return 0
 
 
 def report_swaps(wake: SwapRun, reload: SwapRun, sim: Sim) -> None:
     floor = sim.resume_time + sim.release_time + sim.token_time()
     print(
-        f"\n1. swap: time to the first byte of the first request after it (client clock)\n"
+        f"\n1. swap: the first request after it, from its send (client clock)\n"
         f"   engine floor of a wake: resume {sim.resume_time:g} + release {sim.release_time:g}"
         f" + token time {sim.token_time():g} = {floor * 1e3:.1f} ms"
     )
-    print(f"\n{'':<8}{'swaps':>6}{'errors':>8}{'p50':>12}{'min':>12}{'max':>12}{'first data':>13}")
+    print(
+        f"\n{'':<8}{'swaps':>6}{'errors':>8}{'first byte':>12}"
+        f"{'first data':>13}{'min':>12}{'max':>12}   (medians, min and max of the data)"
+    )
     for run in (wake, reload):
         xs = [s.ttfb for s in run.swaps if s.error is None]
         fd = [s.first_data for s in run.swaps if s.error is None]
@@ -592,8 +603,8 @@ def report_swaps(wake: SwapRun, reload: SwapRun, sim: Sim) -> None:
             continue
         print(
             f"{mode_name(run.sleep):<8}{len(run.swaps):>6}{errors:>8}"
-            f"{ms(statistics.median(xs)):>12}{ms(min(xs)):>12}{ms(max(xs)):>12}"
-            f"{ms(statistics.median(fd)):>13}"
+            f"{ms(statistics.median(xs)):>12}{ms(statistics.median(fd)):>13}"
+            f"{ms(min(fd)):>12}{ms(max(fd)):>12}"
         )
     # The first byte of a stream that waits is a ``: waking``/``: loading`` comment (the
     # frontend commits to 200 after stream_grace): the swap as a client sees it ends at
@@ -611,23 +622,58 @@ def report_swaps(wake: SwapRun, reload: SwapRun, sim: Sim) -> None:
     print("  " + ", ".join(f"{x * 1e3:.1f}" for x in over) + " ms")
     if over:
         med = statistics.median(over)
+        verdict = "MET" if med < 0.05 else "MISSED"
+        print(f"  median {ms(med)}, max {ms(max(over))}")
+        print(f"  {verdict:<8} ktd overhead on a wake < 50 ms: {ms(med)}")
         print(
-            f"  median {ms(med)}, max {ms(max(over))}; a warm request's TTFB (no swap) "
-            f"median {ms(warm)}, so the wake itself adds {ms(med - warm)}"
+            f"  (a warm request's first data event, no swap: median {ms(warm)}; "
+            f"the wake beyond it: {ms(med - warm)})"
         )
-        verdict = "MET" if med - warm < 0.05 else "MISSED"
-        print(f"  {verdict:<8} ktd's own time on a wake < 50 ms: {ms(med - warm)}")
-    print("\nper wake, from the send: other engine asleep at / target ready at / TTFB (ms)")
-    for s in wake.swaps:
-        at = (s.other_down, s.ready, s.ttfb)
-        print(f"  -> {s.target}: " + " ".join(f"{x * 1e3:8.1f}" for x in at))
+    # Where ktd's time goes, on the daemon's event stamps (same clock as ours):
+    # before: send -> holder asleep, less the release; between: holder asleep ->
+    # target ready, less resume and the readiness check's token; after: target ready ->
+    # the client's first data event (the frontend hears of ready and proxies).
+    token = Knobs(token_rate=sim.token_rate).token_time()
+    parts = [
+        (
+            s.other_down - sim.release_time,
+            s.ready - s.other_down - sim.resume_time - token,
+            s.first_data - s.ready,
+        )
+        for s in wake.swaps
+        if s.error is None
+    ]
+    print(
+        "\nper wake, ms from the send: holder asleep / target ready / first byte / first data;"
+        "\n  ktd's share: before the release / between release and ready / ready -> data"
+    )
+    for s, (before, between, after) in zip(
+        [s for s in wake.swaps if s.error is None], parts, strict=True
+    ):
+        at = (s.other_down, s.ready, s.ttfb, s.first_data)
+        print(
+            f"  -> {s.target}: "
+            + " ".join(f"{x * 1e3:8.1f}" for x in at)
+            + "   | "
+            + " ".join(f"{x * 1e3:6.1f}" for x in (before, between, after))
+        )
+    if parts:
+        meds = [statistics.median(p[i] for p in parts) * 1e3 for i in range(3)]
+        print(
+            f"  medians of ktd's share: {meds[0]:.1f} before the release, {meds[1]:.1f} "
+            f"between release and ready, {meds[2]:.1f} from ready to the first data event"
+        )
 
 
-def report_mixed(sleep: MixedRun, reload: MixedRun) -> None:
-    print("\n2. mixed traffic (latency: send to last byte)")
+def report_mixed(sleep: MixedRun, reload: MixedRun, timeline: bool) -> None:
+    print(
+        "\n2. mixed traffic (latency: send to last byte; s loading: the cold loads' own time;"
+        "\n   s waking: wall time while an engine was waking, summed over wakes in brackets;"
+        "\n   s moving: wall time while any engine was starting, waking, sleeping or stopping)"
+    )
     header = (
         f"{'':<8}{'requests':>9}{'errors':>7}{'cold loads':>11}{'wakes':>6}{'s loading':>10}"
-        f"{'s waking':>9}{'s moving':>9}{'p50':>9}{'p95':>9}{'max':>9}"
+        f"{'s waking':>16}{'s moving':>9}{'p50':>9}{'p95':>9}{'max':>9}"
     )
     print(header)
     rows: dict[bool, tuple[float, float, float]] = {}
@@ -635,21 +681,32 @@ def report_mixed(sleep: MixedRun, reload: MixedRun) -> None:
         lat = [r.total for r in m.results if r.ok]
         errors = sum(not r.ok for r in m.results)
         p50, p95 = pct(lat, 0.5), pct(lat, 0.95)
-        rows[m.sleep] = (p50, p95, m.cold_seconds + m.wake_seconds)
+        rows[m.sleep] = (p50, p95, m.cold_seconds + m.waking)
+        waking = f"{m.waking:.1f} ({m.wake_seconds:.1f})"
         print(
             f"{mode_name(m.sleep):<8}{len(m.results):>9}{errors:>7}{m.cold_loads:>11}"
-            f"{m.wakes:>6}{m.cold_seconds:>10.1f}{m.wake_seconds:>9.1f}{m.moving:>9.1f}"
+            f"{m.wakes:>6}{m.cold_seconds:>10.1f}{waking:>16}{m.moving:>9.1f}"
             f"{p50:>8.2f}s{p95:>8.2f}s{max(lat, default=math.nan):>8.2f}s"
         )
+        durations = [r - w for _, w, r in wakes([(t, a, st) for t, a, st in m.timeline])]
+        if durations:
+            print(
+                f"  one wake (waking -> ready): median {ms(statistics.median(durations))}, "
+                f"max {ms(max(durations))}"
+            )
         if m.awake_log_lines != m.wakes:
             print(f"  note: {m.awake_log_lines} 'awake' log lines against {m.wakes} wake events")
         for r in m.results:
             if not r.ok:
                 print(f"  error ({r.model}): {r.error}")
-    s, r = rows[True], rows[False]
+        if timeline:
+            print("  timeline (s from the first request, engine, state):")
+            for t, alias, st in m.timeline:
+                print(f"    {t:8.3f} {alias} {st}")
+    on, off = rows[True], rows[False]
     print(
-        f"\nreload / sleep: seconds loading+waking {ratio(r[2], s[2])}, "
-        f"p50 {ratio(r[0], s[0])}, p95 {ratio(r[1], s[1])}"
+        f"\nreload / sleep: seconds loading or waking {ratio(off[2], on[2])}, "
+        f"p50 {ratio(off[0], on[0])}, p95 {ratio(off[1], on[1])}"
     )
 
 
