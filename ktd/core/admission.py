@@ -98,6 +98,7 @@ class EngineView:
     retry_in: float = 0.0  # failed: seconds until a request may retry it
     retired: bool = False
     closing: bool = False
+    restarting: bool = False  # a reload's restart: its stop is not the load's end
 
 
 @dataclass
@@ -166,7 +167,7 @@ class Gate:
             return [Answer(w.ticket, Outcome.QUEUE_FULL)]
         # An asleep engine is parked like a stopped one: a request wakes it (a Launch).
         w.riding = view.state in (STARTING, WAKING) or (
-            view.state in (STOPPED, ASLEEP) and view.want_up
+            view.state in (STOPPED, ASLEEP) and (view.want_up or view.restarting)
         )
         self.line.append(w)
         self.line.sort(key=lambda x: x.ticket)
@@ -204,7 +205,7 @@ class Gate:
             self.line = []
         elif view.state == READY:
             out += self._grant(view, limits)
-        elif view.state in (STOPPED, FAILED, ASLEEP) and not view.want_up:
+        elif view.state in (STOPPED, FAILED, ASLEEP) and not (view.want_up or view.restarting):
             out += self._settle(view)
         return out
 

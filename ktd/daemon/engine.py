@@ -155,6 +155,9 @@ class Engine:
         self.finished = False  # the supervisor task has returned
         self.pending_spec: ModelSpec | None = None
         self.stale = False
+        # A reload's restart is under way (down, then up with the new launch): who
+        # waits for the load rides the next one instead of failing with the stop.
+        self.restarting = False
         # Its processes and where they run.
         self.run: Running | None = None
         self.plan: PlacementLike | None = None
@@ -255,6 +258,7 @@ class Engine:
             retry_in=self.retry_in() if self.state == S.FAILED else 0.0,
             retired=self.retired,
             closing=self.host.closing,
+            restarting=self.restarting,
         )
 
     def idle_view(self) -> IdleView:
@@ -465,4 +469,6 @@ class Engine:
         still asleep: a wake that found no room)."""
         if self.state == S.READY:
             return True
+        if self.restarting:
+            return False  # the reload brings it up again: the load goes on
         return not self.want_up and self.state in (S.FAILED, S.STOPPED, S.ASLEEP)

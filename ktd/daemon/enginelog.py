@@ -17,6 +17,7 @@ file through ``/proc/<pid>/fd/1`` even when no path names it any more.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 from collections import deque
@@ -80,18 +81,20 @@ class EngineLog:
             os.close(fd)
             return False
         self._set_source(fd)
+        # Rotation may have just emptied the file: what came before is in the backup,
+        # which the file continues byte for byte (a line may straddle the two).
+        before = b""
         if self.backups > 0:
-            # Rotation may have just emptied the file: what came before is in the backup.
             try:
                 bfd = os.open(self.path.with_name(f"{self.path.name}.1"), os.O_RDONLY)
             except OSError:
                 pass
             else:
                 try:
-                    self._backfill(bfd, os.fstat(bfd).st_size)
+                    before = _read_last(bfd, os.fstat(bfd).st_size)
                 finally:
                     os.close(bfd)
-        self._backfill(fd, st.st_size)
+        self._backfill(before + _read_last(fd, st.st_size))
         return True
 
     def _set_source(self, fd: int) -> None:
@@ -99,14 +102,9 @@ class EngineLog:
             os.close(self._source)
         self._source = fd
 
-    def _backfill(self, fd: int, size: int, limit: int = 256 << 10) -> None:
-        start = max(0, size - limit)
-        try:
-            data = os.pread(fd, size - start, start)
-        except OSError:
-            return
+    def _backfill(self, data: bytes) -> None:
         lines = data.split(b"\n")
-        if start > 0:
+        if len(data) >= _BACKFILL:
             lines = lines[1:]  # cut mid-line
         if lines and lines[-1] == b"":
             lines.pop()
@@ -182,15 +180,26 @@ class EngineLog:
         self._offset += len(data)
         lines = self.feed(data)
         if self.max_bytes and self._offset >= self.max_bytes:
-            self._rotate()
+            lines += self._rotate()
         return lines
 
-    def _rotate(self) -> None:
-        """copytruncate through the fd: the engine's O_APPEND fd keeps writing at the new
-        end, and a file whose path was deleted or replaced is bounded all the same."""
+    def _rotate(self) -> list[str]:
+        """Move what was read into ``.1`` and drop it from the file, losing no line.
+
+        The engine's O_APPEND fd keeps writing at the end whatever ktd does, so the
+        file is cut through ktd's own fd (a log deleted or replaced by hand is bounded
+        all the same). Everything the engine wrote is first read into the tail; then
+        the head is *collapsed* out of the file (``FALLOC_FL_COLLAPSE_RANGE``: the
+        kernel removes it under the inode lock the engine's appends take, so a line
+        written meanwhile simply moves down), and the backup gets exactly what was
+        removed: backup and file continue each other byte for byte. Where the
+        filesystem cannot collapse (tmpfs, a read-only fd), it falls back to logrotate's
+        copytruncate, whose lost window is shrunk to the two calls between the last read
+        and the truncate. The lines read on the way are returned (as ``poll`` does)."""
         rfd = self._rfd
         if rfd is None:
-            return
+            return []
+        lines: list[str] = []
         if self.detached() and not self._detached_noted:
             self._detached_noted = True
             self._add(
@@ -200,15 +209,42 @@ class EngineLog:
                 ]
             )
         try:
+            lines += self._catch_up(rfd)[1]
             for i in range(self.backups - 1, 0, -1):
                 src = self.path.with_name(f"{self.path.name}.{i}")
                 if src.exists():
                     src.replace(self.path.with_name(f"{self.path.name}.{i + 1}"))
-            if self.backups > 0:
-                self._copy_out(rfd, self.path.with_name(f"{self.path.name}.1"))
         except OSError as exc:
-            self._file_error(exc)  # no backup (disk full?): the size bound matters more
+            self._file_error(exc)
+        cut = _collapsible(rfd, self._offset) if self._rfd_writable else 0
+        if cut:
+            try:
+                if self.backups > 0:
+                    self._copy_out(rfd, self.path.with_name(f"{self.path.name}.1"), cut)
+            except OSError as exc:
+                self._file_error(exc)  # no backup (disk full?): the size bound matters more
+            if _collapse(rfd, cut):
+                self._offset -= cut
+                return lines
+        return lines + self._copy_truncate(rfd)
+
+    def _copy_truncate(self, rfd: int) -> list[str]:
+        backup = self.path.with_name(f"{self.path.name}.1")
         try:
+            if self.backups > 0:
+                self._copy_out(rfd, backup, os.fstat(rfd).st_size)
+        except OSError as exc:
+            self._file_error(exc)
+        lines: list[str] = []
+        try:
+            # What came during the copy: into the tail and the backup.
+            late, lines = self._catch_up(rfd)
+            if late and self.backups > 0:
+                fd = os.open(backup, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.write(fd, late)
+                finally:
+                    os.close(fd)
             if self._rfd_writable:
                 os.ftruncate(rfd, 0)
             else:
@@ -216,10 +252,23 @@ class EngineLog:
             self._offset = 0
         except OSError as exc:
             self._file_error(exc)
+        return lines
+
+    def _catch_up(self, rfd: int) -> tuple[bytes, list[str]]:
+        """Read everything past the offset into the tail: the bytes and the lines."""
+        data = b""
+        lines: list[str] = []
+        while True:
+            chunk = os.pread(rfd, 4 << 20, self._offset)
+            if not chunk:
+                return data, lines
+            self._offset += len(chunk)
+            lines += self.feed(chunk)
+            data += chunk
 
     @staticmethod
-    def _copy_out(rfd: int, dest: Path) -> None:
-        size = os.fstat(rfd).st_size
+    def _copy_out(rfd: int, dest: Path, size: int) -> None:
+        """The file's first ``size`` bytes into ``dest`` (replaced)."""
         fd = os.open(
             dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640
         )
@@ -294,3 +343,47 @@ class EngineLog:
         if n <= 0:
             return []
         return list(self.tail)[-n:]
+
+
+_BACKFILL = 256 << 10  # what a restarted ktd reads back of a log, at most
+
+
+def _read_last(fd: int, size: int) -> bytes:
+    start = max(0, size - _BACKFILL)
+    try:
+        return os.pread(fd, size - start, start)
+    except OSError:
+        return b""
+
+
+_FALLOC_FL_COLLAPSE_RANGE = 0x08
+_libc: list[ctypes.CDLL | None] = []
+
+
+def _collapsible(fd: int, read: int) -> int:
+    """How much of the file's head may be collapsed: whole blocks of what was read,
+    short of the end of the file (the kernel refuses a range that reaches it)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return 0
+    block = st.st_blksize or 4096
+    cut = min(read, st.st_size - 1) // block * block
+    return max(cut, 0)
+
+
+def _collapse(fd: int, length: int) -> bool:
+    """Remove the file's first ``length`` bytes in place; False where unsupported."""
+    if not _libc:
+        libc: ctypes.CDLL | None = None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        except (OSError, AttributeError):
+            libc = None
+        _libc.append(libc)
+    found = _libc[0]
+    if found is None:
+        return False
+    # Any refusal (EOPNOTSUPP on tmpfs, EINVAL, EIO...) falls back to copytruncate.
+    return bool(found.fallocate(fd, _FALLOC_FL_COLLAPSE_RANGE, 0, length) == 0)

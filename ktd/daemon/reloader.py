@@ -109,12 +109,17 @@ async def restart_when_idle(pool: Pool, engine: Engine) -> None:
     if engine.pending_spec is None:
         return  # a later reload went back to the running launch
     was_up = engine.want_up or engine.state == S.READY
-    engine.request_down()
-    downs = engine.downs
-    await engine.wait_stopped()
-    # Re-read: a reload during the stop may have replaced the pending spec.
-    engine.spec = engine.pending_spec or engine.spec
-    engine.pending_spec = None
-    engine.stale = False
-    if was_up and engine.downs == downs:  # an evict meanwhile wins over the restart
-        engine.request_up()
+    engine.restarting = was_up  # requests waiting for its load ride the restarted one
+    try:
+        engine.request_down(reason="restarting with the reloaded config")
+        downs = engine.downs
+        await engine.wait_stopped()
+        # Re-read: a reload during the stop may have replaced the pending spec.
+        engine.spec = engine.pending_spec or engine.spec
+        engine.pending_spec = None
+        engine.stale = False
+        if was_up and engine.downs == downs:  # an evict meanwhile wins over the restart
+            engine.request_up()
+    finally:
+        engine.restarting = False
+        engine.notify_changed()  # the gate looks again: riders ride on, or the load ended

@@ -94,6 +94,28 @@ def test_requests_that_waited_through_an_evict_bring_the_engine_back_with_one_lo
     assert all(w.riding for w in g.line)
 
 
+def test_requests_waiting_for_a_load_ride_through_a_reloads_restart() -> None:
+    """Issue 31: a reload that changed a loading model failed the requests waiting for
+    it, although the restarted engine came up a moment later. The restart's stop is
+    not the load's end: they ride the new load; an evict during the restart ends it."""
+    g = Gate()
+    starting = EngineView(state=S.STARTING, want_up=True)
+    g.arrive(Waiter(1), starting, Limits(), now=0)
+    for state in (S.STOPPING, S.STOPPED):
+        restart = EngineView(state=state, want_up=False, restarting=True)
+        assert g.update(restart, Limits(), now=1) == []
+    assert g.arrive(Waiter(2), restart, Limits(), now=1) == []  # a late one rides too
+    assert all(w.riding for w in g.line)
+    assert outcomes(g.update(ready(), Limits(), now=2)) == [
+        (1, Outcome.GRANTED),
+        (2, Outcome.GRANTED),
+    ]
+    g.arrive(Waiter(3), starting, Limits(), now=3)
+    assert g.update(restart, Limits(), now=3) == []
+    evicted = EngineView(state=S.STOPPED, want_up=False)  # the evict won over the restart
+    assert outcomes(g.update(evicted, Limits(), now=4)) == [(3, Outcome.ATTEMPT_ENDED)]
+
+
 def test_no_autoload_means_not_loaded_and_deadlines_time_out() -> None:
     g = Gate()
     stopped = EngineView(state=S.STOPPED, want_up=False)
@@ -148,6 +170,7 @@ class GateMachine(RuleBasedStateMachine):
         self.limits = Limits(max_concurrent=2, max_queue=2)
         self.state = S.STOPPED
         self.want_up = False
+        self.restarting = False  # a reload's restart: down, then up again
         self.retry_in = 0.0
         self.now = 0.0
         self.ticket = 0
@@ -159,7 +182,11 @@ class GateMachine(RuleBasedStateMachine):
 
     def view(self) -> EngineView:
         return EngineView(
-            state=self.state, want_up=self.want_up, in_flight=self.leases, retry_in=self.retry_in
+            state=self.state,
+            want_up=self.want_up,
+            in_flight=self.leases,
+            retry_in=self.retry_in,
+            restarting=self.restarting,
         )
 
     def apply(self, actions: list[adm.GateAction]) -> None:
@@ -182,6 +209,8 @@ class GateMachine(RuleBasedStateMachine):
                     self.leases += 1
             if a.outcome == Outcome.TIMEOUT:
                 assert w.deadline <= self.now
+            if a.outcome == Outcome.ATTEMPT_ENDED:
+                assert not self.restarting, "a restart's stop ended the load it waited for"
 
     def update(self) -> None:
         self.apply(self.gate.update(self.view(), self.limits, self.now))
@@ -219,6 +248,24 @@ class GateMachine(RuleBasedStateMachine):
             self.state = S.DRAINING
         else:
             self.state, self.leases, self.claims = S.STOPPED, 0, 0
+        self.update()
+
+    @precondition(lambda self: self.state in (S.READY, S.STARTING) and not self.restarting)
+    @rule()
+    def reload_restarts_it(self) -> None:
+        """A reload changed its launch: down (leases end first: restart-when-idle)..."""
+        if self.leases:
+            return
+        self.want_up, self.restarting = False, True
+        self.state, self.claims = S.STOPPED, 0
+        self.update()
+
+    @precondition(lambda self: self.restarting and self.state == S.STOPPED)
+    @rule(evicted=st.booleans())
+    def restart_goes_on(self, evicted: bool) -> None:
+        """... then up with the new launch, unless an evict came meanwhile."""
+        self.restarting = False
+        self.want_up = not evicted
         self.update()
 
     @precondition(lambda self: self.state == S.DRAINING)
@@ -281,7 +328,7 @@ class GateMachine(RuleBasedStateMachine):
         if not self.gate.line:
             return
         if self.state in (S.STOPPED, S.FAILED):
-            assert self.want_up, "stopped, not wanted, and requests wait"
+            assert self.want_up or self.restarting, "stopped, not wanted, and requests wait"
         if self.state == S.READY:
             head = self.gate.line[0]
             held_back = self.gate.cutoff is not None and head.ticket >= self.gate.cutoff

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from ktd.daemon.enginelog import EngineLog
 
@@ -148,3 +153,92 @@ def test_adopt_output_follows_the_process_stdout_and_backfills(tmp_path: Path) -
     finally:
         proc.kill()
         proc.wait()
+
+
+def _shm_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory on tmpfs (which cannot collapse a file's head), removed afterwards."""
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm")) if Path("/dev/shm").is_dir() else tmp_path
+    try:
+        yield shm
+    finally:
+        if shm != tmp_path:
+            shutil.rmtree(shm)
+
+
+@pytest.fixture(params=["collapse", "copytruncate"])
+def log_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """Both ways of cutting a log: in place on ext4/xfs (here: the tmp dir), and
+    logrotate's copytruncate where the filesystem refuses (tmpfs)."""
+    if request.param == "collapse":
+        if _cannot_collapse(tmp_path):
+            pytest.skip("this filesystem cannot collapse a file's head")
+        yield tmp_path
+    else:
+        yield from _shm_dir(tmp_path)
+
+
+def _cannot_collapse(where: Path) -> bool:
+    from ktd.daemon.enginelog import _collapse
+
+    probe = where / "collapse-probe"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"x" * 3 * 65536)
+        return not _collapse(fd, 65536)
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+def test_a_line_written_while_rotating_is_neither_lost_nor_doubled(log_dir: Path) -> None:
+    """Issue 31, the lost log line: the engine wrote between ktd's read and the cut.
+
+    ``publish`` runs inside ``poll`` after its read and before the rotation, exactly
+    where an engine's write raced the old copytruncate (the line went to the backup
+    but never to the tail)."""
+    path = log_dir / "a.log"
+    log = EngineLog(path, max_bytes=16384, backups=1, tail=10_000)
+    fd = log.open_for_engine()
+    assert fd is not None
+    log.start_following(from_end=True)
+    written: list[str] = []
+
+    def write(n: int) -> None:
+        line = f"{n:05d} ".ljust(1000, "x")
+        written.append(line)
+        os.write(fd, line.encode() + b"\n")
+
+    def racing(lines: list[str]) -> None:
+        if len(written) < 60:
+            write(len(written))  # while ktd is between its read and the rotation
+
+    log.publish = racing
+    while len(written) < 60:
+        write(len(written))
+        log.poll()
+    log.poll()
+    assert list(log.tail) == written
+    # Nothing lost on disk either: the backup ends where the file begins.
+    on_disk = (path.with_name("a.log.1").read_bytes() + path.read_bytes()).decode()
+    assert on_disk.endswith("\n".join(written[-3:]) + "\n")
+    assert os.fstat(fd).st_size < 16384 + 65536
+    os.close(fd)
+
+
+def test_collapsed_rotation_keeps_the_file_and_backup_contiguous(log_dir: Path) -> None:
+    """Whichever way the file is cut, the backup holds exactly what left it: ``cat
+    a.log.1 a.log`` is the engine's output since the last rotation, whole."""
+    path = log_dir / "a.log"
+    log = EngineLog(path, max_bytes=8192, backups=1)
+    fd = log.open_for_engine()
+    assert fd is not None
+    log.start_following(from_end=True)
+    out = b"".join(f"line {i:04d} {'y' * 40}\n".encode() for i in range(400))
+    for i in range(0, len(out), 700):
+        os.write(fd, out[i : i + 700])
+        log.poll()
+    joined = path.with_name("a.log.1").read_bytes() + path.read_bytes()
+    assert out.endswith(joined)
+    assert len(joined) >= 8192 and path.stat().st_size < 8192 + 700
+    assert log.last(1) == ["line 0399 " + "y" * 40]
+    os.close(fd)

@@ -630,6 +630,40 @@ def test_model_readded_while_its_engine_drains_is_served(
     assert_clean()
 
 
+def test_a_reload_that_restarts_a_loading_model_lets_its_waiters_ride(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """Issue 31, item 8: a reload that changed a model while it loaded failed the load
+    waiting for it (``load_failed``) although the restarted engine came up a moment
+    later. Now the waiter rides the restarted load, and gets the new launch."""
+    import threading
+
+    slow = {"KTD_SIM_LOAD_TIME": "3"}
+    d = daemon_factory(write_config([sim_model("rl-kt", env=slow, kt={"ctx": 4096})]))
+    got: list[Any] = []
+
+    def load() -> None:
+        with d.client(timeout=60) as c2:
+            try:
+                got.append(c2.load("rl-kt"))
+            except Exception as exc:
+                got.append(exc)
+
+    t = threading.Thread(target=load)
+    with d.client(timeout=60) as c:
+        t.start()
+        wait_for(state_is(c, "rl-kt", "starting"), what="the load under way")
+        write_config([sim_model("rl-kt", env=slow, kt={"ctx": 8192})])
+        assert "restarting: rl-kt" in c.reload().message
+        t.join(60)
+        assert len(got) == 1 and not isinstance(got[0], Exception), got
+        [e] = c.status("rl-kt")
+        assert e.state == "ready" and "8192" in e.argv and not e.stale
+        assert e.pid == got[0].pid  # the answer is the restarted engine
+        c.evict(all=True, force=True)
+    assert_clean()
+
+
 def test_adopted_engine_follows_a_config_changed_while_ktd_was_down(
     write_config: ConfigWriter, daemon_factory: Any
 ) -> None:

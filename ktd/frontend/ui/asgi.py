@@ -43,6 +43,7 @@ from ktd.frontend import errors
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ASGIApp, Receive, Scope, Send
 from ktd.frontend.proxy import control_error
+from ktd.frontend.transport import ClientDeaf
 from ktd.frontend.ui import wire
 from ktd.frontend.ui.access import CONTROL_HEADER, Access, cookie_value, set_cookie
 from ktd.frontend.ui.hub import SUBSCRIBE_WAIT, Hub, Item, LogLines, Viewer
@@ -323,7 +324,12 @@ class Dashboard:
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(until_disconnect)
-                await self._stream(req, viewer)
+                try:
+                    await self._stream(req, viewer)
+                except ClientDeaf:
+                    # Its reader stopped for ``frontend.send_timeout`` (the transport
+                    # said so in the log and closed the connection): let the page go.
+                    gone = True
                 nursery.cancel_scope.cancel()
             if not gone:  # the frontend is stopping, or the page fell behind: end cleanly
                 await req.send({"type": "http.response.body", "body": b"", "more_body": False})

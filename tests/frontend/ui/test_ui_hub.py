@@ -201,6 +201,32 @@ async def test_a_page_that_falls_behind_is_dropped_after_what_it_has() -> None:
     assert len(got) == hubmod.QUEUE  # what was queued goes out; then the stream ends
 
 
+async def test_a_page_that_stops_reading_is_let_go_after_the_send_timeout(
+    daemon: Any, start_frontend: StartFrontend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31, item 5: a dropped page whose reader stopped stayed blocked in its write
+    for ever (0 of 30 let go after 512 messages). Now its write is bounded by
+    ``frontend.send_timeout``: the connection closes, the page leaves the hub, quietly."""
+    fe = await frontend(start_frontend, daemon, send_timeout=0.5)
+    hub = fe.app.extensions["ktd.ui"]
+    host, port = fe.url.removeprefix("http://").rsplit(":", 1)
+    deaf = trio.socket.socket()
+    deaf.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    with deaf:
+        await deaf.connect((host, int(port)))
+        await deaf.send(f"GET /ui/api/events HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        with trio.fail_after(10):
+            while not hub.viewers:
+                await trio.sleep(0.01)
+        big = b"x" * 65536  # views far bigger than any, until the page's writes block
+        with trio.fail_after(30):
+            while hub.viewers:
+                hub._broadcast(big)
+                await trio.sleep(0.01)
+    assert not any(r.exc_info for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert any("stopped reading" in r.getMessage() for r in caplog.records)
+
+
 def test_sigterm_ends_live_streams_at_once(
     box_factory: Callable[..., Box],
 ) -> None:
