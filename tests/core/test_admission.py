@@ -556,6 +556,17 @@ class DeskMachine(RuleBasedStateMachine):
         idle = {"drain": 0.0, "ttl": 3.0, "restart": 0.0}[kind]
         self.apply(self.desk.recall(claim, drain=kind == "drain", idle=idle, now=self.now))
 
+    @precondition(lambda self: bool(self.given_back))
+    @rule(data=st.data(), kind=st.sampled_from(["drain", "ttl", "restart"]))
+    def a_recall_crosses_the_return(self, data: st.DataObject, kind: str) -> None:
+        """The daemon's reply was on its way when the claim went back: the recall names a
+        claim the desk no longer holds. Answered by another Return, and nothing else."""
+        claim = data.draw(st.sampled_from(sorted(self.given_back)))
+        idle = 3.0 if kind == "ttl" else 0.0
+        actions = self.desk.recall(claim, drain=kind == "drain", idle=idle, now=self.now)
+        assert actions == [adm.GiveBack(claim)]
+        self.apply(actions)
+
     @precondition(lambda self: bool(self.desk.claims))
     @rule(data=st.data())
     def daemon_drops(self, data: st.DataObject) -> None:

@@ -20,6 +20,7 @@ from hypercorn.trio import serve
 
 from ktd.core.config import FrontendSection
 from ktd.frontend.app import create_app
+from ktd.frontend.main import hypercorn_config
 from ktd.frontend.state import FrontendOptions
 
 
@@ -49,8 +50,6 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
         ui_sample_interval: float = 10.0,
         **section: Any,
     ) -> Frontend:
-        from hypercorn.config import Config as HyperConfig
-
         options = FrontendOptions(
             frontend=FrontendSection(bind="127.0.0.1:0", **section),
             control_endpoint=endpoint or f"ipc://{runtime_dir}/control.sock",
@@ -60,11 +59,13 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
             ui_sample_interval=ui_sample_interval,
         )
         app = create_app(options)
-        hc = HyperConfig()
-        hc.bind = ["127.0.0.1:0"]
-        hc.graceful_timeout = 1.0
-        hc.errorlog = None
-        hc.accesslog = None
+        # The server as `ktd frontend` configures it (backlog, keep-alive, error log).
+        hc = hypercorn_config(
+            "127.0.0.1:0",
+            graceful_timeout=1.0,
+            access_log=False,
+            idle_timeout=options.frontend.idle_timeout,
+        )
         scope = trio.CancelScope()
         shutdown = trio.Event()
 

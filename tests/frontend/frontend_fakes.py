@@ -52,7 +52,9 @@ class FakeDaemon:
         self.models: dict[str, FakeModel] = {}
         self.claims: dict[str, str] = {}  # claim id -> alias
         self.acquires = 0  # Claim requests
-        self.returns = 0
+        # Claims given back, in order. A claim may come back twice: a recall that
+        # crossed its Return is answered with another (the frontend no longer holds it).
+        self.returned: list[str] = []
         self.heartbeats = 0  # reports (Sync)
         self.reported: dict[str, int] = {}  # claim -> in flight, from the last report
         self.recalls: list[p.Recall] = []
@@ -83,6 +85,10 @@ class FakeDaemon:
                 task_status.started()
         finally:
             self._sock.close()
+
+    @property
+    def returns(self) -> int:
+        return len(self.returned)
 
     @property
     def in_flight(self) -> int:
@@ -143,7 +149,7 @@ class FakeDaemon:
             ]
             self._reply(ident, p.ModelsReply(id=rid, models=infos))
         elif isinstance(req, p.Return):
-            self.returns += 1
+            self.returned.append(req.claim)
             self.claims.pop(req.claim, None)
             self.reported.pop(req.claim, None)
             self._reply(ident, p.Ok(id=rid))

@@ -92,8 +92,11 @@ async def test_a_drain_recall_stops_routing_at_once_and_waits_for_the_request_th
         assert fake_daemon.acquires == 2
         assert fake_daemon.returns == 0
     # The stream ended: the recalled claim goes back.
-    await wait_for(lambda: fake_daemon.returns == 1 and claim not in fake_daemon.claims, what="ret")
-    assert claim not in broker.desk.claims
+    # (Not ``returns == 1``: a recall that crossed the Return is answered by another,
+    # and a check between the two was the flake issue 31 measured at 1 run in 12.)
+    await wait_for(lambda: claim in fake_daemon.returned, what="ret")
+    assert claim not in broker.desk.claims and claim not in fake_daemon.claims
+    assert set(fake_daemon.returned) == {claim}  # the new claim is kept
 
 
 async def test_an_idle_recall_is_refused_while_busy_and_answered_when_idle(
@@ -118,8 +121,8 @@ async def test_an_idle_recall_is_refused_while_busy_and_answered_when_idle(
     await ttl_recall_is_kept()  # idle, but for less than 60 s
     fake_daemon.recalls.clear()
     fake_daemon.recall("m", kind="idle", idle=0.0)  # restart-when-idle: back at once
-    await wait_for(lambda: fake_daemon.returns == 1, what="given back")
-    assert claim not in broker.desk.claims
+    await wait_for(lambda: claim in fake_daemon.returned, what="given back")
+    assert claim not in broker.desk.claims and set(fake_daemon.returned) == {claim}
 
 
 async def test_local_admission_applies_max_concurrent_and_max_queue(
