@@ -397,7 +397,9 @@ class ClaimBroker:
             self._do(self.desk.dropped(claim))
         for recall in reply.recalls:
             drain = recall.kind == "drain"
-            self._do(self.desk.recall(recall.claim, drain=drain, idle=recall.idle, now=now))
+            actions = self.desk.recall(recall.claim, drain=drain, idle=recall.idle, now=now)
+            log.debug("recall %s %s idle=%g: %s", recall.claim, recall.kind, recall.idle, actions)
+            self._do(actions)
 
     def _send_return(self, claim: str) -> None:
         if self._nursery is not None:
@@ -405,6 +407,7 @@ class ClaimBroker:
             self._nursery.start_soon(self._return_task, claim)
 
     async def _return_task(self, claim: str) -> None:
+        log.debug("returning claim %s", claim)
         try:
             for attempt in range(3):
                 try:
