@@ -34,7 +34,7 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
     catalog = probe.catalog if probe else None
     sglang = probe.sglang_label if probe and probe.sglang else None
     try:
-        plan = pool.placer.make_plan(spec, exclude=engine, catalog=catalog)
+        plan = pool.plan(spec, exclude=engine, catalog=catalog)
         launch = build_launch(spec, spec.port, plan.argv_flags(), catalog)
     except LaunchError as exc:
         return {"alias": alias, "ok": False, "reason": str(exc), "error": str(exc),
@@ -117,7 +117,7 @@ async def daemon_report(
 
     extra = await gateway.doctor_checks() if gateway is not None else []
     topo = await trio.to_thread.run_sync(weights.read_machine)  # the one the pool places on
-    pool.placer.refresh_topology(topo)
+    pool.refresh_topology(topo)
     running = {e.alias: e.run.port for e in pool.engines.values() if e.run is not None}
     return await trio.to_thread.run_sync(
         lambda: build_report(config, topo, running=running, where="daemon", extra_checks=extra)

@@ -173,7 +173,7 @@ class Daemon:
         assert self.pool is not None
         try:
             new = await read_config(self.config.path)
-            check_placements(new, self.pool.placer.topology)
+            check_placements(new, self.pool.topology)
         except ConfigError as exc:
             log.error("reload refused: %s", exc)
             raise ControlError(
@@ -200,11 +200,11 @@ class Daemon:
         out = dry_run_plan(self.pool, alias, probe)
         spec = engine.spec
         try:
-            plan = self.pool.placer.make_plan(spec, exclude=engine, catalog=probe.catalog)
+            plan = self.pool.plan(spec, exclude=engine, catalog=probe.catalog)
         except LaunchError:  # already reported in ``out``; estimate on the plain plan
-            plan = self.pool.placer.make_plan(spec, exclude=engine)
+            plan = self.pool.plan(spec, exclude=engine)
         # The memory estimate reads file sizes and runs nvidia-smi: off the event loop.
-        est, verdict = await self.pool.placer.fit(spec, plan)
+        est, verdict = await self.pool.fit(spec, plan)
         out["estimate"] = est.to_dict()
         out["fit"] = {**verdict.to_dict(), "policy": spec.fit}
         return out

@@ -11,32 +11,17 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK, SAVER
 from ktd.daemon import adoption, proctree, statefile
-from ktd.daemon.claimtable import ClaimTable
 from ktd.daemon.engine import Engine, Running
-from ktd.daemon.sweeper import Sweeper
 
-
-class Pool(Protocol):
-    """What adoption needs of the pool (``ktd.daemon.pool.Pool``; no import of it)."""
-
-    engines: dict[str, Engine]
-    restart_after_adoption: list[Engine]
-
-    @property
-    def state_path(self) -> Path | None: ...
-    @property
-    def instance(self) -> str: ...
-    @property
-    def claims(self) -> ClaimTable: ...
-    @property
-    def sweeper(self) -> Sweeper: ...
-
+#: Gives an adopted engine back the claims its frontends held: (claim id, client) pairs.
+RestoreClaims = Callable[[Engine, Iterable[tuple[str, str]]], None]
 
 log = logging.getLogger("ktd")
 
@@ -99,99 +84,123 @@ def snapshot(engines: list[Engine]) -> statefile.StateFile:
     return statefile.StateFile(daemon_pid=os.getpid(), engines=records)
 
 
-def adopt(pool: Pool) -> tuple[list[str], list[int]]:
-    """Take over the engines a previous daemon left running; kill what cannot be adopted.
+class Persister:
+    """The state file's contents and the adoption of what it names; built by the pool
+    with what it needs (no pool behind it)."""
 
-    Call before the pool runs. Returns (adopted aliases, killed pids).
-    """
-    records: list[statefile.EngineRecord] = []
-    if pool.state_path is not None:
-        loaded = statefile.load(pool.state_path)
-        if loaded.problem:
-            log.error("%s; engines are recognised by their marker alone this time", loaded.problem)
-        records = loaded.state.engines
-    found = adoption.scan(pool.instance)
-    decision = adoption.decide(records, found, set(pool.engines))
-    for ignored, why in decision.ignored:
-        log.warning(
-            "state file names %s (pid %d) but %s: not adopted, not signalled",
-            ignored.alias,
-            ignored.pid,
-            why,
-        )
-    adopted: list[str] = []
-    for f, rec in decision.adopt:
-        if _adopt_one(pool, pool.engines[f.alias], f, rec):
-            adopted.append(f.alias)
-    killed: list[int] = []
-    for f, why in decision.kill:
-        pids = adoption.kill(f)
-        if pids:
-            log.warning("killed engine %s (pids %s): %s", f.engine_id, pids, why)
-        killed += pids
-    return adopted, killed
+    def __init__(
+        self,
+        engines: dict[str, Engine],
+        *,
+        state_path: Path | None,
+        instance: str,
+        restore_claims: RestoreClaims,
+    ) -> None:
+        self.engines = engines
+        self.state_path = state_path
+        self.instance = instance
+        self._restore_claims = restore_claims
+        # Adopted engines whose launch changed while no ktd watched: restart when idle.
+        self.restart_later: list[Engine] = []
 
+    def snapshot(self) -> statefile.StateFile:
+        return snapshot(list(self.engines.values()))
 
-def _adopt_one(
-    pool: Pool, engine: Engine, f: adoption.Found, rec: statefile.EngineRecord | None
-) -> bool:
-    try:
-        pidfd: int | None = os.pidfd_open(f.pid)
-    except OSError:
-        pidfd = None
-    if not (proctree.owned_by_us(f.pid) and proctree.environ_has(f.pid, ENGINE_MARK, f.engine_id)):
-        # Gone (or replaced) since the scan: nothing to adopt, nothing to kill.
-        if pidfd is not None:
-            os.close(pidfd)
-        return False
-    if rec is not None:
-        digest, state = rec.digest, rec.state
-        started_at = rec.started_at or rec.since
-        port, argv = rec.port, list(rec.argv)
-        plan = FixedPlacement(
-            numa_nodes=tuple(rec.numa_nodes),
-            cpus=tuple(rec.cpus),
-            gpus=tuple(rec.gpus),
-            env=dict(rec.env),
+    def adopt(self) -> tuple[list[str], list[int]]:
+        """Take over the engines a previous daemon left running; kill what cannot be
+        adopted. Call before the pool runs. Returns (adopted aliases, killed pids)."""
+        records: list[statefile.EngineRecord] = []
+        if self.state_path is not None:
+            loaded = statefile.load(self.state_path)
+            if loaded.problem:
+                log.error(
+                    "%s; engines are recognised by their marker alone this time", loaded.problem
+                )
+            records = loaded.state.engines
+        found = adoption.scan(self.instance)
+        decision = adoption.decide(records, found, set(self.engines))
+        for ignored, why in decision.ignored:
+            log.warning(
+                "state file names %s (pid %d) but %s: not adopted, not signalled",
+                ignored.alias,
+                ignored.pid,
+                why,
+            )
+        adopted: list[str] = []
+        for f, rec in decision.adopt:
+            if self._adopt_one(self.engines[f.alias], f, rec):
+                adopted.append(f.alias)
+        killed: list[int] = []
+        for f, why in decision.kill:
+            pids = adoption.kill(f)
+            if pids:
+                log.warning("killed engine %s (pids %s): %s", f.engine_id, pids, why)
+            killed += pids
+        return adopted, killed
+
+    def _adopt_one(
+        self, engine: Engine, f: adoption.Found, rec: statefile.EngineRecord | None
+    ) -> bool:
+        try:
+            pidfd: int | None = os.pidfd_open(f.pid)
+        except OSError:
+            pidfd = None
+        owned = proctree.owned_by_us(f.pid)
+        if not (owned and proctree.environ_has(f.pid, ENGINE_MARK, f.engine_id)):
+            # Gone (or replaced) since the scan: nothing to adopt, nothing to kill.
+            if pidfd is not None:
+                os.close(pidfd)
+            return False
+        if rec is not None:
+            digest, state = rec.digest, rec.state
+            started_at = rec.started_at or rec.since
+            port, argv = rec.port, list(rec.argv)
+            plan = FixedPlacement(
+                numa_nodes=tuple(rec.numa_nodes),
+                cpus=tuple(rec.cpus),
+                gpus=tuple(rec.gpus),
+                env=dict(rec.env),
+            )
+        else:
+            # No record (lost to a failed write, or corrupt): what the process itself says.
+            # Unknown state: it gets a fresh health_timeout to answer (a ready one does at
+            # once), rather than being judged by a deadline computed from a guess.
+            digest = f.digest or engine.spec.launch_digest()
+            state, started_at = None, time.time()
+            port, argv = f.port or 0, list(f.argv)
+            plan = FixedPlacement(
+                numa_nodes=f.numa_nodes,
+                cpus=f.cpus,
+                gpus=f.gpus,
+                env={} if f.gpus_env is None else {"CUDA_VISIBLE_DEVICES": f.gpus_env},
+            )
+            log.warning(
+                "recovered engine %s (pid %d, port %d) without a state record",
+                f.alias,
+                f.pid,
+                port,
+            )
+        engine.log.adopt_output(f.pid)
+        engine.begin_adoption(
+            Running(
+                digest=digest,
+                adopted_state=state,
+                started_at=started_at,
+                pid=f.pid,
+                start=f.start,
+                engine_id=f.engine_id,
+                port=port,
+                argv=argv,
+                pidfd=pidfd,
+                sleeps=SAVER in argv,
+            )
         )
-    else:
-        # No record (lost to a failed write, or corrupt): what the process itself says.
-        # Unknown state: it gets a fresh health_timeout to answer (a ready one does at
-        # once), rather than being judged by a deadline computed from a guess.
-        digest = f.digest or engine.spec.launch_digest()
-        state, started_at = None, time.time()
-        port, argv = f.port or 0, list(f.argv)
-        plan = FixedPlacement(
-            numa_nodes=f.numa_nodes,
-            cpus=f.cpus,
-            gpus=f.gpus,
-            env={} if f.gpus_env is None else {"CUDA_VISIBLE_DEVICES": f.gpus_env},
-        )
-        log.warning(
-            "recovered engine %s (pid %d, port %d) without a state record", f.alias, f.pid, port
-        )
-    engine.log.adopt_output(f.pid)
-    engine.begin_adoption(
-        Running(
-            digest=digest,
-            adopted_state=state,
-            started_at=started_at,
-            pid=f.pid,
-            start=f.start,
-            engine_id=f.engine_id,
-            port=port,
-            argv=argv,
-            pidfd=pidfd,
-            sleeps=SAVER in argv,
-        )
-    )
-    engine.plan = plan
-    if rec is not None and rec.claims:
-        for client in pool.claims.restore(engine, ((c.id, c.client) for c in rec.claims)):
-            pool.sweeper.heard(client)  # its holder has lease_ttl from now to report
-    if digest != engine.spec.launch_digest():
-        # The config changed while no ktd watched: restart it when idle, as a reload would.
-        engine.pending_spec = engine.spec
-        engine.stale = True
-        pool.restart_after_adoption.append(engine)
-    return True
+        engine.plan = plan
+        if rec is not None and rec.claims:
+            self._restore_claims(engine, [(c.id, c.client) for c in rec.claims])
+        if digest != engine.spec.launch_digest():
+            # The config changed while no ktd watched: restart it when idle, as a reload would.
+            engine.pending_spec = engine.spec
+            engine.stale = True
+            self.restart_later.append(engine)
+        return True

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,20 +23,25 @@ import trio
 
 from ktd import protocol as p
 from ktd.control.errors import ControlError
-from ktd.core import loglines
+from ktd.core import fit, loglines
 from ktd.core import states as S
 from ktd.core.claimsync import may_hold
 from ktd.core.command import build_env
 from ktd.core.config import Config, ModelSpec
 from ktd.core.lifecycle import Want
+from ktd.core.placement import Plan
+from ktd.core.sglang_options import Catalog
 from ktd.core.states import Step
-from ktd.daemon import memory, persist, reloader, statefile
+from ktd.core.topology import Topology
+from ktd.daemon import memory, statefile
 from ktd.daemon.claimtable import ClaimTable, claim_side
 from ktd.daemon.engine import Engine, PlacementLike
 from ktd.daemon.gate import Gatekeeper
 from ktd.daemon.loadhistory import LoadHistory
+from ktd.daemon.persist import Persister
 from ktd.daemon.placer import Placer
 from ktd.daemon.probe import Prober, ProbeResult
+from ktd.daemon.reloader import Reloader
 from ktd.daemon.statekeeper import StateKeeper
 from ktd.daemon.supervisor import Supervisor
 from ktd.daemon.sweeper import Sweeper
@@ -89,32 +94,44 @@ class Pool:
         self.http: httpx.AsyncClient = httpx.AsyncClient(trust_env=False)
         self.base_env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
         self.engines: dict[str, Engine] = {}
-        self.claims = ClaimTable(on_change=self._claim_changed)
-        self.sweeper = Sweeper(
+        self._claims = ClaimTable(on_change=self._claim_changed)
+        self._sweeper = Sweeper(
             self.engines,
             config.daemon.lease_ttl,
             expire=self._expire,
-            recall_idle=lambda e, ttl: self.claims.recall(e, kind="idle", idle=ttl, reason="ttl"),
+            recall_idle=lambda e, ttl: self._claims.recall(e, kind="idle", idle=ttl, reason="ttl"),
             engine_load=self._engine_load,
         )
-        self.gate = Gatekeeper(
-            self.claims,
-            heard=self.sweeper.heard,
+        self._gate = Gatekeeper(
+            self._claims,
+            heard=self._sweeper.heard,
             on_lease=self._lease_event,
             settle=self._settled,
             known=lambda: sorted(a for a, e in self.engines.items() if not e.retired),
         )
-        self.placer = Placer(
+        self._placer = Placer(
             self.engines,
             lambda: self.settings,
-            ticket=self.gate.ticket,
-            update=self.gate.update,
-            recall=lambda e, why: self.claims.recall(e, reason=why),
+            ticket=self._gate.ticket,
+            update=self._gate.update,
+            recall=lambda e, why: self._claims.recall(e, reason=why),
+        )
+        self._persister = Persister(
+            self.engines,
+            state_path=state_path,
+            instance=self.instance,
+            restore_claims=self._restore_claims,
+        )
+        self._reloader = Reloader(
+            self.engines,
+            add_engine=self.add_engine,
+            start_soon=self.start_soon,
+            recall_idle=lambda e, why: self._claims.recall(e, kind="idle", idle=0.0, reason=why),
+            forget_probes=self.prober.forget,
         )
         self.keeping_engines = False
         self.shutting_down = False
         self.observers: list[PoolObserver] = []
-        self.restart_after_adoption: list[Engine] = []
         self._nursery: trio.Nursery | None = None
         self.load_history = LoadHistory(
             state_path.parent / "load_history.json" if state_path else None
@@ -146,11 +163,11 @@ class Pool:
             for supervisor in self._pending:
                 nursery.start_soon(supervisor.run)
             self._pending = []
-            nursery.start_soon(self.sweeper.run)
+            nursery.start_soon(self._sweeper.run)
             if self.keeper is not None:
                 nursery.start_soon(self.keeper.run)
-            for engine in self.restart_after_adoption:
-                nursery.start_soon(reloader.restart_when_idle, self, engine)
+            for engine in self._persister.restart_later:
+                nursery.start_soon(self._reloader.restart_when_idle, engine)
             task_status.started()
             await trio.sleep_forever()
 
@@ -164,10 +181,17 @@ class Pool:
             await engine.wait_stopped()
 
     def adopt(self) -> tuple[list[str], list[int]]:
-        return persist.adopt(self)
+        return self._persister.adopt()
 
     def apply_config(self, new: Config) -> str:
-        return reloader.apply_config(self, new)
+        summary = self._reloader.apply({s.alias: s for s in new.served()})
+        self.config = new
+        self.settings = new.daemon
+        return summary
+
+    def _restore_claims(self, engine: Engine, claims: Iterable[tuple[str, str]]) -> None:
+        for client in self._claims.restore(engine, claims):
+            self._sweeper.heard(client)  # its holder has lease_ttl from now to report
 
     # ------------------------------------------------------------ EngineHost
 
@@ -176,7 +200,7 @@ class Pool:
         return self.shutting_down
 
     async def place(self, engine: Engine) -> PlacementLike | None:
-        return await self.placer.place(engine)
+        return await self._placer.place(engine)
 
     def state_changed(self, engine: Engine) -> None:
         run = engine.run
@@ -200,26 +224,26 @@ class Pool:
             ),
         )
         if engine.claims and not may_hold(claim_side(engine)):
-            self.claims.revoke(engine)  # crashed, force-stopped: nothing to give back
+            self._claims.revoke(engine)  # crashed, force-stopped: nothing to give back
         # Written at once, not batched: a kill -9 right after this change must find it.
         self.save_state()
         for observer in self.observers:
             observer.engine_changed(engine)
 
     def engine_changed(self, engine: Engine) -> None:
-        self.gate.update(engine)
-        self.sweeper.wake()
-        self.placer.poke()
+        self._gate.update(engine)
+        self._sweeper.wake()
+        self._placer.poke()
 
     async def before_drain(self, engine: Engine) -> None:
         # The frontends stop routing to it now; the drain waits for their claims.
         why = engine.down_reason or ("going to sleep" if engine.want == Want.ASLEEP else "stopping")
-        self.claims.recall(engine, reason=why)
+        self._claims.recall(engine, reason=why)
         for observer in self.observers:
             await observer.before_drain(engine)
 
     async def make_room(self, engine: Engine) -> str | None:
-        return await self.placer.make_room(engine)
+        return await self._placer.make_room(engine)
 
     @property
     def engine_drain(self) -> bool:
@@ -231,7 +255,7 @@ class Pool:
 
     def load_failed(self, engine: Engine) -> None:
         """A launch failed before ready: bring back what it stopped to make room."""
-        back = self.placer.bring_back(engine)
+        back = self._placer.bring_back(engine)
         if back:
             engine.reason = f"{engine.reason}; started {', '.join(back)} again"
             engine.log.note(f"started {', '.join(back)} again, stopped for this load")
@@ -274,13 +298,13 @@ class Pool:
         return None if url is None else await memory.read_load(self.http, url)
 
     def _expire(self, clients: frozenset[str]) -> None:
-        self.gate.release_clients(clients)
-        self.claims.expire(clients)
+        self._gate.release_clients(clients)
+        self._claims.expire(clients)
 
     # ------------------------------------------------------------ state file
 
     def snapshot(self) -> statefile.StateFile:
-        return persist.snapshot(list(self.engines.values()))
+        return self._persister.snapshot()
 
     def save_state(self) -> None:
         if self.keeper is not None:
@@ -333,6 +357,25 @@ class Pool:
                 )
             )
         return out
+
+    # ------------------------------------------------------------ placement, for others
+
+    @property
+    def topology(self) -> Topology:
+        return self._placer.topology
+
+    def refresh_topology(self, topo: Topology) -> None:
+        self._placer.refresh_topology(topo)
+
+    def plan(
+        self, spec: ModelSpec, *, exclude: Engine | None = None, catalog: Catalog | None = None
+    ) -> Plan:
+        """Where ``spec`` would go now (``LaunchError`` if nowhere): dry runs, doctor."""
+        return self._placer.make_plan(spec, exclude=exclude, catalog=catalog)
+
+    async def fit(self, spec: ModelSpec, plan: Plan) -> tuple[fit.Estimate, fit.Fit]:
+        """Its memory estimate against the box (off the event loop)."""
+        return await self._placer.fit(spec, plan)
 
     async def probe(self, spec: ModelSpec) -> ProbeResult:
         """What the engine's interpreter has (cached): for dry-runs, as launches see it."""
@@ -524,7 +567,7 @@ class Pool:
     # ------------------------------------------------------------ leases and claims
 
     def heartbeat(self, client: str) -> None:
-        self.sweeper.heard(client)
+        self._sweeper.heard(client)
 
     async def acquire(
         self,
@@ -538,7 +581,7 @@ class Pool:
         """A lease (or, with ``claim``, a frontend's standing claim) on ``model``'s engine."""
         engine = self.engine(model)
         self._check_open()
-        granted = await self.gate.acquire(
+        granted = await self._gate.acquire(
             engine, client, claim=claim, autoload=autoload, timeout=timeout
         )
         return granted, engine
@@ -548,22 +591,22 @@ class Pool:
         engine = self.engines.get(model)
         if engine is None or self.shutting_down:
             return None
-        granted = self.gate.grant_now(engine, client, claim=claim)
+        granted = self._gate.grant_now(engine, client, claim=claim)
         return None if granted is None else (granted, engine)
 
     def release(self, lease_id: str) -> bool:
-        return self.gate.release(lease_id)
+        return self._gate.release(lease_id)
 
     def sync(self, msg: p.Sync) -> p.SyncReply | None:
         """Record a frontend's report (its heartbeat too); the reply now, or None to park it."""
         self.heartbeat(msg.client)
-        self.claims.report(msg, self.engines)
+        self._claims.report(msg, self.engines)
         for e in self.engines.values():
-            queued = self.claims.queued_for(e.alias)
+            queued = self._claims.queued_for(e.alias)
             if queued != e.remote_queued:
                 e.remote_queued = queued
                 e.notify_changed()
-        if msg.wait <= 0 or self.claims.has_news(msg.client):
+        if msg.wait <= 0 or self._claims.has_news(msg.client):
             return self.sync_reply(msg.client)
         return None
 
@@ -573,8 +616,15 @@ class Pool:
             for e in self.engines.values()
             if e.spec.max_concurrent is not None or e.spec.max_queue is not None
         }
-        return self.claims.sync_reply(client, limits)
+        return self._claims.sync_reply(client, limits)
+
+    def claim_reply(self, claim: str) -> p.ClaimReply:
+        return self._claims.reply_for(claim)
+
+    async def park(self, client: str, wait: float) -> None:
+        """Hold a frontend's long poll until there is news for it, or ``wait`` is over."""
+        await self._claims.park(client, wait)
 
     def give_back(self, client: str, claim: str) -> bool:
         self.heartbeat(client)
-        return self.claims.give_back(client, claim)
+        return self._claims.give_back(client, claim)

@@ -157,7 +157,7 @@ class ControlServer:
                 return p.Ok()
             case p.Claim(model=model, client=client):
                 now = pool.grant_now(model, client, claim=True)
-                return None if now is None else pool.claims.reply_for(now[0])
+                return None if now is None else pool.claim_reply(now[0])
             case p.Sync():
                 # Recorded here, in the pass that read it: a heartbeat is never judged late
                 # because its task had not run yet. None: parked (the long poll).
@@ -197,9 +197,9 @@ class ControlServer:
                 claim, _ = await pool.acquire(
                     model, client, autoload=autoload, timeout=timeout, claim=True
                 )
-                return pool.claims.reply_for(claim)
+                return pool.claim_reply(claim)
             case p.Sync(client=client, wait=wait):
-                await pool.claims.park(client, wait)
+                await pool.park(client, wait)
                 return pool.sync_reply(client)
             case p.Doctor():
                 return p.DoctorReply(report=await self._doctor())
