@@ -212,6 +212,12 @@ class Machine(Request, tag="machine"):
     picture; read afresh each time, nvidia-smi included)."""
 
 
+class EngineKeys(Request, tag="engine_keys"):
+    """Every running engine's API key by its URL: what a client of the engines (the
+    frontend) sends as ``Authorization: Bearer`` (issue 32). Only on this socket, whose
+    directory only ktd's user (and ``daemon.group``) may enter; never in status."""
+
+
 AnyRequest = (
     Ping
     | Status
@@ -231,6 +237,7 @@ AnyRequest = (
     | Doctor
     | Shutdown
     | Machine
+    | EngineKeys
 )
 
 # ---------------------------------------------------------------- replies
@@ -376,6 +383,7 @@ class AcquireReply(Reply, tag="acquire"):
     lease: str
     alias: str
     url: str
+    api_key: str | None = None  # the engine's own: send it as ``Authorization: Bearer``
 
 
 class ClaimReply(Reply, tag="claim"):
@@ -386,6 +394,7 @@ class ClaimReply(Reply, tag="claim"):
     grant: int = 0  # grant number within that run (``Sync.seen``)
     max_concurrent: int | None = None  # admission, applied by the frontend per claim
     max_queue: int | None = None
+    api_key: str | None = None  # the engine's own: send it as ``Authorization: Bearer``
 
 
 class Recall(msgspec.Struct, kw_only=True):
@@ -460,6 +469,10 @@ class MachineReply(Reply, tag="machine"):
     load_history: dict[str, list[float]] = {}  # alias -> recent load durations (s), oldest first
 
 
+class EngineKeysReply(Reply, tag="engine_keys"):
+    keys: dict[str, str] = {}  # engine URL -> its API key (engines without one left out)
+
+
 class Ok(Reply, tag="ok"):
     message: str = ""
 
@@ -483,6 +496,7 @@ AnyReply = (
     | SyncReply
     | DoctorReply
     | MachineReply
+    | EngineKeysReply
     | Ok
     | Error
 )

@@ -54,6 +54,18 @@ def marked_processes() -> list[tuple[int, list[str]]]:
     return out
 
 
+def engine_auth(port: int | None) -> dict[str, str]:
+    """``Authorization`` for the engine of this test run listening on ``port``: every engine
+    answers 401 without its key (issue 32), which is in the 0600 file its command line
+    names (``--config``; the tests run as ktd's own user)."""
+    from ktd.daemon.enginekey import auth_headers, key_of_argv
+
+    for _pid, cmd in marked_processes():
+        if "--port" in cmd[:-1] and cmd[cmd.index("--port") + 1] == str(port):
+            return auth_headers(key_of_argv(cmd)[0])
+    return {}
+
+
 def kill_marked() -> None:
     for pid, _ in marked_processes():
         try:

@@ -81,6 +81,48 @@ def test_config_values_never_reach_a_shell(
         rec = json.loads(record.read_text())
         args = rec["args"]
         assert args[args.index("--model") + 1] == evil
-        assert args[-2:] == ["--kt-method", f"AMX INT4; touch {pwned}"]
+        assert args[-4:-2] == ["--kt-method", f"AMX INT4; touch {pwned}"]
+        assert args[-2] == "--config"  # the engine's key file (issue 32)
         c.evict("evil-kt")
     assert not pwned.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_user_cannot_use_an_engine(write_config: ConfigWriter, daemon_factory: Any) -> None:
+    """Issue 32: uid 65534 got 200 from an engine's port and could generate past every
+    limit. Now the engine wants its key, which that user can read nowhere: not in the
+    file (0600 in a 0700 dir), not on the command line."""
+    from ktd.daemon.enginekey import key_of_argv
+
+    d = daemon_factory(write_config([sim_model("own-kt")]))
+    with d.client(timeout=60) as c:
+        e = c.load("own-kt")
+    key, key_file = key_of_argv(e.argv)
+    assert key and key_file is not None and e.port
+    nobody = pwd.getpwnam("nobody")
+
+    def get(path: str, key_: str | None = None) -> int:
+        with socket.create_connection(("127.0.0.1", e.port), timeout=10) as s:
+            auth = f"authorization: Bearer {key_}\r\n" if key_ else ""
+            s.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\n{auth}connection: close\r\n\r\n".encode())
+            head = s.recv(64)
+        return int(head.split()[1])
+
+    def as_nobody() -> int:
+        if get("/v1/models") != 401 or get("/health") != 200:
+            return 3
+        try:
+            key_file.read_text()
+        except PermissionError:
+            pass
+        else:
+            return 4
+        with open(f"/proc/{e.pid}/cmdline", "rb") as f:
+            if key.encode() in f.read():
+                return 5
+        return 0
+
+    "127.0.0.1".encode("idna")  # the codec a connect needs, loaded before the fork: the
+    # interpreter's files under /root are not that user's to read
+    assert as_user(nobody.pw_uid, nobody.pw_gid, as_nobody) == 0
+    assert get("/v1/models", key) == 200  # ktd's user, with the key

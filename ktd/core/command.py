@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ktd.core.config import ModelSpec
 from ktd.core.sglang_options import Catalog, Option, OptionError, UserFlag, parse_user_args
-from ktd.core.userflags import flag_names
+from ktd.core.userflags import flag_names, user_flags
 
 # Set on every engine so the daemon can recognise its own processes (and a
 # re-started daemon its predecessor's) from /proc/<pid>/environ.
@@ -195,6 +195,90 @@ def build_launch(
             continue
         argv += [flag, *values]
     return Launch([*argv, *spec.extra_args], tuple(notes), sleeps=sleeps)
+
+
+#: How ktd hands an engine its API key (issue 32): in a YAML file SGLang reads with
+#: ``--config`` (``ConfigArgumentMerger``: each key becomes ``--<key> <value>`` ahead of
+#: the command line, so the key is spelled as the flag, ``api-key``), never on the
+#: command line, which every local user can read in ``/proc/PID/cmdline``.
+CONFIG_FLAG = "--config"
+KEY_FLAG = "--api-key"
+
+
+@dataclass(frozen=True)
+class Keying:
+    """Whether the engine gets a key of ktd's own (``config``: ktd writes the file and
+    appends ``--config FILE``), or runs with the user's ``--api-key`` from extra_args
+    (``user_key``), or without one (``note`` says why: its port answers every local user)."""
+
+    config: bool = False
+    user_key: str | None = None
+    note: str | None = None
+
+
+def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
+    """How ``spec``'s engine is keyed under the installed SGLang (``catalog``).
+
+    Raises :class:`LaunchError` for a ``--config`` of the user's own: SGLang reads one
+    config file only ("Multiple config files specified"), and ktd's carries the key."""
+    if catalog is None:
+        values = user_flags(spec.extra_args).get(KEY_FLAG)
+        if values:
+            return Keying(user_key=values[-1], note=_USER_KEY_NOTE)
+        return Keying(note="no API key: the installed SGLang's options are unknown")
+    user_key: str | None = None
+    workers = 1
+    for f in read_user_args(spec.extra_args, catalog):
+        if f.option.dest == "api_key" and f.values:
+            user_key = f.values[-1]
+        elif f.option.dest == "tokenizer_worker_num" and f.values:
+            workers = int(f.values[-1]) if f.values[-1].isdigit() else 1
+        elif f.option.dest == "config":
+            raise LaunchError(
+                f"extra_args {f.written}: ktd gives each engine a config file of its own "
+                "(its API key, readable by ktd alone); write those options in extra_args"
+            )
+    if user_key is not None:
+        return Keying(user_key=user_key, note=_USER_KEY_NOTE)
+    if workers > 1:
+        # Each tokenizer worker asserts ``api_key is None`` (http_server.py, both packages).
+        return Keying(
+            note="no API key: SGLang takes none with --tokenizer-worker-num above 1; "
+            "its port answers every local user"
+        )
+    if catalog.exact(CONFIG_FLAG) is None or catalog.exact(KEY_FLAG) is None:
+        return Keying(
+            note=f"no API key: {catalog.label} has no {CONFIG_FLAG} and {KEY_FLAG}; "
+            "its port answers every local user"
+        )
+    return Keying(config=True)
+
+
+_USER_KEY_NOTE = (
+    f"{KEY_FLAG} from extra_args is on the engine's command line, readable by every local "
+    "user; without it ktd gives the engine a key of its own in a file only ktd reads"
+)
+
+
+def with_key_file(argv: Sequence[str], path: str) -> list[str]:
+    """``argv`` reading the engine's key file: ``--config PATH`` as two words (SGLang
+    merges the file only when ``--config`` stands alone, not as ``--config=PATH``)."""
+    return [*argv, CONFIG_FLAG, path]
+
+
+def key_file_of(argv: Sequence[str]) -> str | None:
+    """The ``--config`` file an engine's argv names (an adopted engine's key is there)."""
+    args = list(argv)
+    for i, tok in enumerate(args[:-1]):
+        if tok == CONFIG_FLAG:
+            return args[i + 1]
+    return None
+
+
+def user_key_of(argv: Sequence[str]) -> str | None:
+    """The ``--api-key`` an engine's argv carries, as argparse reads it (last one wins)."""
+    values = user_flags(argv).get(KEY_FLAG)
+    return values[-1] if values else None
 
 
 def build_argv(

@@ -154,8 +154,8 @@ class GatewaySection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     working behind the router. ``advertise`` is the host (``frontend``: host or
     host:port) the router must reach; by default the bind address. ``api_key``
     is the router's control-plane key (Bearer on ``/workers``); ``worker_api_key``
-    is what the router sends to the worker (default: the engine's ``--api-key`` or
-    the frontend's first key).
+    is what the router sends to the frontend (default: the frontend's first key); an
+    engine is registered with its own key, the only one it accepts (issue 32).
     """
 
     routers: list[str] = []

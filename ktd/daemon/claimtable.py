@@ -111,6 +111,7 @@ class ClaimTable:
             grant=rec.grant,
             max_concurrent=engine.spec.max_concurrent,
             max_queue=engine.spec.max_queue,
+            api_key=engine.api_key,
         )
 
     def sync_reply(self, client: str, limits: dict[str, p.Limits]) -> p.SyncReply:

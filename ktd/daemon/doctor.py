@@ -11,7 +11,14 @@ import subprocess
 from typing import TYPE_CHECKING, Any
 
 from ktd.core import doctor
-from ktd.core.command import LaunchError, build_env, build_launch, env_additions
+from ktd.core.command import (
+    LaunchError,
+    build_env,
+    build_launch,
+    env_additions,
+    keying,
+    with_key_file,
+)
 from ktd.core.config import Config, ModelSpec, load_config
 from ktd.daemon import proctree, weights
 from ktd.daemon.probe import PROBE_CODE, ProbeResult, parse_probe_output
@@ -36,14 +43,17 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
     try:
         plan = pool.plan(spec, exclude=engine, catalog=catalog)
         launch = build_launch(spec, spec.port, plan.argv_flags(), catalog)
+        keyed = keying(spec, catalog)
     except LaunchError as exc:
         return {"alias": alias, "ok": False, "reason": str(exc), "error": str(exc),
                 "sglang": sglang, "state": engine.state}  # fmt: skip
     argv = launch.argv
     if not spec.port:
         argv[argv.index("--port") + 1] = "<auto>"
+    if keyed.config:  # the engine's key file, written at launch (issue 32)
+        argv = with_key_file(argv, str(pool.key_dir.file_for(alias)))
     out: dict[str, Any] = plan.to_dict()
-    out["notes"] = [*out["notes"], *launch.notes]
+    out["notes"] = [*out["notes"], *launch.notes, *([keyed.note] if keyed.note else [])]
     if catalog is None:
         out["notes"].append(
             "SGLang's options could not be read"

@@ -30,6 +30,7 @@ from ktd.core.restart import RestartBudget, retry_delay
 from ktd.core.sglang_options import Catalog
 from ktd.core.states import Phase, State, Step
 from ktd.daemon import health
+from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.enginelog import EngineLog
 from ktd.daemon.probe import Prober
 from ktd.daemon.running import Running as Running  # re-exported: pool modules import it here
@@ -74,6 +75,8 @@ class EngineHost(Protocol):
     def prober(self) -> Prober: ...
     @property
     def http(self) -> httpx.AsyncClient: ...
+    @property
+    def key_dir(self) -> KeyDir: ...  # the engines' API key files
     @property
     def base_env(self) -> Mapping[str, str]: ...
     @property
@@ -219,6 +222,11 @@ class Engine:
     @property
     def url(self) -> str | None:
         return None if self.run is None else self.url_for(self.run)
+
+    @property
+    def api_key(self) -> str | None:
+        """Its run's API key (what every client of the engine sends); never in ``info``."""
+        return None if self.run is None else self.run.api_key
 
     def url_for(self, run: Running) -> str:
         """Where to reach the engine: a wildcard bind is reached on loopback."""

@@ -13,6 +13,12 @@ Everything follows the *file descriptor*, not the path: ktd reads, rotates
 the very file the engine writes to. A log deleted or renamed by hand is still
 bounded and still in the tail, and a restarted ktd finds an adopted engine's
 file through ``/proc/<pid>/fd/1`` even when no path names it any more.
+
+The engine's API key (``redact``) never reaches the tail, the events or ``ktctl
+logs``: SGLang logs its whole ``server_args`` at start, ``api_key`` included. In
+the file itself each occurrence is overwritten with as many ``*`` as soon as ktd
+reads it (a same-length write in place, through an fd of ktd's own without
+O_APPEND: the engine's appends are not disturbed), so backups never hold it.
 """
 
 from __future__ import annotations
@@ -48,6 +54,12 @@ class EngineLog:
         self._source: int | None = None  # the engine's own file, for the next follow
         self._offset = 0
         self._detached_noted = False
+        # The keys to mask (the last few runs'), and the end of the last read, where a
+        # key may straddle two reads: (bytes, their offset in the file).
+        self._secrets: list[bytes] = []
+        self._carry = b""
+        self._carry_at = 0
+        self._wfd: int | None = None  # the followed file without O_APPEND, for masking
 
     # ------------------------------------------------------------ the engine's side
 
@@ -97,6 +109,54 @@ class EngineLog:
         self._backfill(before + _read_last(fd, st.st_size))
         return True
 
+    def redact(self, secret: str | None) -> None:
+        """Hide ``secret`` (an engine's API key) from here on: in the tail, the events,
+        and the file (``MASK`` bytes in place)."""
+        if not secret:
+            return
+        raw = secret.encode()
+        if raw not in self._secrets:
+            self._secrets = [*self._secrets, raw][-4:]
+
+    def _scrub(self, data: bytes, at: int) -> None:
+        """Mask, in the file, every key in ``data`` (just read at file offset ``at``),
+        one that straddles the previous read included. The lines themselves are
+        masked as whole strings when added (``_hide``)."""
+        if not self._secrets:
+            return
+        if self._carry and self._carry_at + len(self._carry) == at:
+            window, base = self._carry + data, self._carry_at
+        else:
+            window, base = data, at
+        for raw in self._secrets:
+            i = window.find(raw)
+            while i >= 0:
+                self._mask_in_file(base + i, len(raw))
+                i = window.find(raw, i + len(raw))
+        keep = max(len(raw) for raw in self._secrets) - 1
+        self._carry = window[-keep:] if keep else b""
+        self._carry_at = base + len(window) - len(self._carry)
+
+    def _masked(self, data: bytes) -> bytes:
+        for raw in self._secrets:
+            data = data.replace(raw, MASK * len(raw))
+        return data
+
+    def _mask_in_file(self, offset: int, length: int) -> None:
+        if self._wfd is None:
+            if self._rfd is None or not self._rfd_writable:
+                return
+            try:
+                # A new open file description, without O_APPEND: pwrite on an O_APPEND fd
+                # appends on Linux, whatever the offset.
+                self._wfd = os.open(f"/proc/self/fd/{self._rfd}", os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                return
+        try:
+            os.pwrite(self._wfd, MASK * length, offset)
+        except OSError:
+            pass
+
     def _set_source(self, fd: int) -> None:
         if self._source is not None:
             os.close(self._source)
@@ -109,7 +169,7 @@ class EngineLog:
         if lines and lines[-1] == b"":
             lines.pop()
         self.tail.extend(
-            ln.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1] for ln in lines
+            self._hide(ln.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1]) for ln in lines
         )
         self.count += len(lines)
 
@@ -136,8 +196,12 @@ class EngineLog:
                 return
         self._offset = os.fstat(self._rfd).st_size if from_end else 0
         self._partial = b""
+        self._carry = b""
 
     def stop_following(self) -> None:
+        if self._wfd is not None:
+            os.close(self._wfd)
+            self._wfd = None
         if self._rfd is not None:
             os.close(self._rfd)
             self._rfd = None
@@ -170,6 +234,7 @@ class EngineLog:
             size = os.fstat(self._rfd).st_size
             if size < self._offset:  # truncated (rotation): start over
                 self._offset = 0
+                self._carry = b""
             if size == self._offset:
                 return []
             data = os.pread(self._rfd, min(size - self._offset, 4 << 20), self._offset)
@@ -177,6 +242,7 @@ class EngineLog:
             self._file_error(exc)
             self.stop_following()
             return []
+        self._scrub(data, self._offset)
         self._offset += len(data)
         lines = self.feed(data)
         if self.max_bytes and self._offset >= self.max_bytes:
@@ -225,6 +291,7 @@ class EngineLog:
                 self._file_error(exc)  # no backup (disk full?): the size bound matters more
             if _collapse(rfd, cut):
                 self._offset -= cut
+                self._carry_at -= cut
                 return lines
         return lines + self._copy_truncate(rfd)
 
@@ -242,7 +309,7 @@ class EngineLog:
             if late and self.backups > 0:
                 fd = os.open(backup, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
                 try:
-                    os.write(fd, late)
+                    os.write(fd, self._masked(late))
                 finally:
                     os.close(fd)
             if self._rfd_writable:
@@ -250,6 +317,7 @@ class EngineLog:
             else:
                 os.truncate(self.path, 0)
             self._offset = 0
+            self._carry = b""
         except OSError as exc:
             self._file_error(exc)
         return lines
@@ -262,6 +330,7 @@ class EngineLog:
             chunk = os.pread(rfd, 4 << 20, self._offset)
             if not chunk:
                 return data, lines
+            self._scrub(chunk, self._offset)
             self._offset += len(chunk)
             lines += self.feed(chunk)
             data += chunk
@@ -331,7 +400,16 @@ class EngineLog:
                     return
         self._add([text])
 
+    def _hide(self, line: str) -> str:
+        for raw in self._secrets:
+            secret = raw.decode()
+            if secret in line:
+                line = line.replace(secret, "*" * len(secret))
+        return line
+
     def _add(self, lines: list[str]) -> list[str]:
+        if self._secrets:
+            lines = [self._hide(line) for line in lines]
         if lines:
             self.tail.extend(lines)
             self.count += len(lines)
@@ -346,6 +424,7 @@ class EngineLog:
 
 
 _BACKFILL = 256 << 10  # what a restarted ktd reads back of a log, at most
+MASK = b"*"  # what a key becomes in the log, one per byte
 
 
 def _read_last(fd: int, size: int) -> bytes:

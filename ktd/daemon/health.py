@@ -15,6 +15,7 @@ import trio
 
 from ktd.core import loglines
 from ktd.core import states as S
+from ktd.daemon.enginekey import auth_headers
 
 __all__ = ["Watch", "answers_health", "engine_url", "is_ready"]
 
@@ -28,25 +29,34 @@ def engine_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-async def answers_health(http: httpx.AsyncClient, base: str, *, timeout: float) -> bool:
-    """``GET /health`` answered 200 within ``timeout``."""
+async def answers_health(
+    http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
+) -> bool:
+    """``GET /health`` answered 200 within ``timeout``. (SGLang leaves ``/health`` open
+    whatever its key; ktd sends the key all the same: one rule for every request.)"""
     try:
-        r = await http.get(base + loglines.probe_path("/health"), timeout=timeout)
+        r = await http.get(
+            base + loglines.probe_path("/health"), timeout=timeout, headers=auth_headers(key)
+        )
     except (httpx.HTTPError, OSError):
         return False
     return r.status_code == 200
 
 
-async def is_ready(http: httpx.AsyncClient, base: str, alias: str) -> bool:
-    """SGLang answers /v1/models before warm-up ends; /health says when it really is up."""
+async def is_ready(
+    http: httpx.AsyncClient, base: str, alias: str, *, key: str | None = None
+) -> bool:
+    """SGLang answers /v1/models before warm-up ends; /health says when it really is up.
+    ``key``: the engine's API key (``/v1/models`` answers 401 without it)."""
+    headers = auth_headers(key)
     try:
-        r = await http.get(base + loglines.probe_path("/v1/models"), timeout=2.0)
+        r = await http.get(base + loglines.probe_path("/v1/models"), timeout=2.0, headers=headers)
         if r.status_code != 200:
             return False
         ids = [m.get("id") for m in r.json().get("data", [])]
         if alias not in ids:
             return False
-        h = await http.get(base + loglines.probe_path("/health"), timeout=20.0)
+        h = await http.get(base + loglines.probe_path("/health"), timeout=20.0, headers=headers)
         return h.status_code == 200
     except (httpx.HTTPError, OSError, ValueError, AttributeError):
         return False
@@ -92,6 +102,7 @@ class Watch:
         wake: Callable[[], None],
         health_interval: float,
         hang_timeout: float,
+        key: str | None = None,
     ) -> None:
         """Probe the engine at ``base()`` until hung (``wake`` is called on each
         verdict); ``state`` is the engine's current state, which says what to ask."""
@@ -99,7 +110,7 @@ class Watch:
         last_ok = trio.current_time()
         while True:
             if state() == S.STARTING and not self.healthy:
-                if await self._probe(is_ready(http, base(), alias)):
+                if await self._probe(is_ready(http, base(), alias, key=key)):
                     self.healthy = True
                     wake()
                     continue
@@ -111,7 +122,7 @@ class Watch:
                 if state() != S.READY:
                     last_ok = trio.current_time()  # asleep meanwhile: no silence to count
                     continue
-                if await self._probe(answers_health(http, base(), timeout=hang_timeout)):
+                if await self._probe(answers_health(http, base(), timeout=hang_timeout, key=key)):
                     last_ok = trio.current_time()
                 elif trio.current_time() - last_ok >= hang_timeout:
                     self.hung = True

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from ktd.core import loglines
+from ktd.daemon.enginekey import auth_headers
 
 __all__ = ["in_flight", "read_load", "release", "resume"]
 
@@ -32,10 +33,14 @@ def in_flight(loads: Any) -> int:
     )
 
 
-async def read_load(http: httpx.AsyncClient, base: str) -> int | None:
+async def read_load(http: httpx.AsyncClient, base: str, *, key: str | None = None) -> int | None:
     """What ``/v1/loads`` counts now; None when it does not answer in SGLang's shape."""
     try:
-        r = await http.get(base + loglines.probe_path("/v1/loads") + "&include=core", timeout=2.0)
+        r = await http.get(
+            base + loglines.probe_path("/v1/loads") + "&include=core",
+            timeout=2.0,
+            headers=auth_headers(key),
+        )
         if r.status_code != 200:
             return None
         return in_flight(r.json())
@@ -43,9 +48,11 @@ async def read_load(http: httpx.AsyncClient, base: str) -> int | None:
         return None
 
 
-async def _call(http: httpx.AsyncClient, url: str, timeout: float) -> str | None:
+async def _call(http: httpx.AsyncClient, url: str, timeout: float, key: str | None) -> str | None:
     try:
-        r = await http.post(url, json={"tags": list(TAGS)}, timeout=timeout)
+        r = await http.post(
+            url, json={"tags": list(TAGS)}, timeout=timeout, headers=auth_headers(key)
+        )
     except httpx.TimeoutException:
         return f"no answer within {timeout:g}s"
     except (httpx.HTTPError, OSError) as exc:
@@ -55,11 +62,15 @@ async def _call(http: httpx.AsyncClient, url: str, timeout: float) -> str | None
     return None
 
 
-async def release(http: httpx.AsyncClient, base: str, *, timeout: float) -> str | None:
+async def release(
+    http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
+) -> str | None:
     """Release the engine's GPU memory; None when done, else why not."""
-    return await _call(http, base + "/release_memory_occupation", timeout)
+    return await _call(http, base + "/release_memory_occupation", timeout, key)
 
 
-async def resume(http: httpx.AsyncClient, base: str, *, timeout: float) -> str | None:
+async def resume(
+    http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
+) -> str | None:
     """Take the GPU memory back; None when done, else why not."""
-    return await _call(http, base + "/resume_memory_occupation", timeout)
+    return await _call(http, base + "/resume_memory_occupation", timeout, key)

@@ -19,6 +19,7 @@ from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK, SAVER
 from ktd.daemon import adoption, proctree, statefile
 from ktd.daemon.engine import Engine, Running
+from ktd.daemon.enginekey import KeyDir, key_of_argv
 
 #: Gives an adopted engine back the claims its frontends held: (claim id, client) pairs.
 RestoreClaims = Callable[[Engine, Iterable[tuple[str, str]]], None]
@@ -95,8 +96,10 @@ class Persister:
         state_path: Path | None,
         instance: str,
         restore_claims: RestoreClaims,
+        key_dir: KeyDir | None = None,
     ) -> None:
         self.engines = engines
+        self.key_dir = key_dir
         self.state_path = state_path
         self.instance = instance
         self._restore_claims = restore_claims
@@ -136,6 +139,11 @@ class Persister:
             if pids:
                 log.warning("killed engine %s (pids %s): %s", f.engine_id, pids, why)
             killed += pids
+        if self.key_dir is not None:
+            # Key files no adopted engine names: their engines died while no ktd watched.
+            keep = [e.adopt.key_file for e in self.engines.values() if e.adopt and e.adopt.key_file]
+            for path in self.key_dir.sweep(keep):
+                log.info("removed %s: no running engine reads it", path)
         return adopted, killed
 
     def _adopt_one(
@@ -180,6 +188,11 @@ class Persister:
                 f.pid,
                 port,
             )
+        # Its key: from the 0600 file its argv names (never from the state file).
+        key, key_file = key_of_argv(argv)
+        if key_file is not None and key is None:
+            log.warning("engine %s: key file %s is gone; ktd cannot reach it", f.alias, key_file)
+        engine.log.redact(key)
         engine.log.adopt_output(f.pid)
         engine.begin_adoption(
             Running(
@@ -193,6 +206,8 @@ class Persister:
                 argv=argv,
                 pidfd=pidfd,
                 sleeps=SAVER in argv,
+                api_key=key,
+                key_file=key_file,
             )
         )
         engine.plan = plan

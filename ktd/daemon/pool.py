@@ -36,6 +36,7 @@ from ktd.core.topology import Topology
 from ktd.daemon import memory, statefile
 from ktd.daemon.claimtable import ClaimTable, claim_side
 from ktd.daemon.engine import Engine, PlacementLike
+from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.gate import Gatekeeper
 from ktd.daemon.loadhistory import LoadHistory
 from ktd.daemon.persist import Persister
@@ -85,6 +86,9 @@ class Pool:
         self.publish = publish
         self.state_path = state_path
         self.instance = statefile.instance_key(state_path.parent) if state_path else "ktd"
+        # The engines' key files (``ktd.daemon.enginekey``): beside the state, in a dir
+        # of this daemon's own (the state dir is locked to one daemon).
+        self.key_dir = KeyDir((state_path.parent if state_path else log_dir) / "keys")
         self.keeper = (
             StateKeeper(state_path, self.snapshot, on_error=self._state_error)
             if state_path is not None
@@ -121,6 +125,7 @@ class Pool:
             state_path=state_path,
             instance=self.instance,
             restore_claims=self._restore_claims,
+            key_dir=self.key_dir,
         )
         self._reloader = Reloader(
             self.engines,
@@ -260,6 +265,15 @@ class Pool:
             engine.reason = f"{engine.reason}; started {', '.join(back)} again"
             engine.log.note(f"started {', '.join(back)} again, stopped for this load")
 
+    def engine_keys(self) -> dict[str, str]:
+        """URL -> API key of every engine that has both (``EngineKeys``)."""
+        out: dict[str, str] = {}
+        for engine in self.engines.values():
+            run = engine.run
+            if run is not None and run.api_key:
+                out[engine.url_for(run)] = run.api_key
+        return out
+
     def expected_load(self, alias: str) -> float | None:
         return self.load_history.expected(alias)
 
@@ -294,8 +308,10 @@ class Pool:
             self.save_state()  # claims are rare (one per engine and frontend): at once
 
     async def _engine_load(self, engine: Engine) -> int | None:
-        url = engine.url
-        return None if url is None else await memory.read_load(self.http, url)
+        url, run = engine.url, engine.run
+        if url is None or run is None:
+            return None
+        return await memory.read_load(self.http, url, key=run.api_key)
 
     def _expire(self, clients: frozenset[str]) -> None:
         self._gate.release_clients(clients)

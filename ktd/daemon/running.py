@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
@@ -32,6 +33,10 @@ class Running:
     digest: str = ""  # the spec's launch digest when it was started
     adopted_state: str | None = None  # state recorded by the daemon that started it
     sleeps: bool = False  # launched with SGLang's memory saver: it can sleep
+    # Its API key (every request of ktd's carries it) and the 0600 file SGLang read it
+    # from, removed when the run ends (``ktd.daemon.enginekey``). Never in status.
+    api_key: str | None = field(default=None, repr=False)
+    key_file: Path | None = None
 
     async def wait(self) -> None:
         if self.proc is not None:

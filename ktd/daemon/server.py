@@ -148,7 +148,9 @@ class ControlServer:
                 if now is None:
                     return None
                 lease, engine = now
-                return p.AcquireReply(lease=lease, alias=engine.alias, url=engine.url or "")
+                return p.AcquireReply(
+                    lease=lease, alias=engine.alias, url=engine.url or "", api_key=engine.api_key
+                )
             case p.Release(lease=lease):
                 found = pool.release(lease)
                 return p.Ok(message="released" if found else "unknown lease (already expired)")
@@ -165,6 +167,8 @@ class ControlServer:
             case p.Return(client=client, claim=claim):
                 found = pool.give_back(client, claim)
                 return p.Ok(message="returned" if found else "unknown claim (already gone)")
+            case p.EngineKeys():
+                return p.EngineKeysReply(keys=pool.engine_keys())
             case p.Shutdown():
                 self._shutdown()
                 return p.Ok(message="shutting down")
@@ -192,7 +196,9 @@ class ControlServer:
                 lease, engine = await pool.acquire(
                     model, client, autoload=autoload, timeout=timeout
                 )
-                return p.AcquireReply(lease=lease, alias=engine.alias, url=engine.url or "")
+                return p.AcquireReply(
+                    lease=lease, alias=engine.alias, url=engine.url or "", api_key=engine.api_key
+                )
             case p.Claim(model=model, client=client, autoload=autoload, timeout=timeout):
                 claim, _ = await pool.acquire(
                     model, client, autoload=autoload, timeout=timeout, claim=True

@@ -15,6 +15,7 @@ import math
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -22,13 +23,15 @@ import trio
 from ktd.core import fit, loglines
 from ktd.core import lifecycle as L
 from ktd.core import states as S
-from ktd.core.command import LaunchError, build_env, build_launch
+from ktd.core.command import LaunchError, build_env, build_launch, keying, with_key_file
 from ktd.core.exits import Outcome, classify_exit
 from ktd.core.states import Phase, Step
-from ktd.daemon import health, kill, memory, preflight, proctree, spawn, weights
+from ktd.daemon import enginekey, health, kill, memory, preflight, proctree, spawn, weights
 from ktd.daemon.engine import Busy, Engine, Running, Unplaceable
+from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.inotify import FileWatch
 from ktd.daemon.probe import KT_FORK, missing_message
+from ktd.daemon.safedir import UnsafeDir
 
 log = logging.getLogger("ktd.engine")
 
@@ -96,6 +99,7 @@ class Supervisor:
                 # Whatever happened (even cancellation at daemon exit), nothing may be left.
                 with trio.CancelScope(shield=True):
                     await kill.kill_tree(e.run, grace=0.0, host=e.spec.host, note=e.log.note)
+                KeyDir.remove(e.run.key_file)
                 e.run = None
             e.finished = True
             e.notify_changed()
@@ -153,13 +157,16 @@ class Supervisor:
                 await self.host.before_drain(e)
                 m.deregistered()
             case L.CheckLoad():
-                count = await memory.read_load(self.host.http, self._url())
+                count = await memory.read_load(self.host.http, self._url(), key=self._key())
                 m.load(trio.current_time(), count)
             case L.Release():
                 self._show()
                 await self._health.quiet()  # its own last /health probe has ended
                 why = await memory.release(
-                    self.host.http, self._url(), timeout=self.host.settings.memory_timeout
+                    self.host.http,
+                    self._url(),
+                    timeout=self.host.settings.memory_timeout,
+                    key=self._key(),
                 )
                 await self._then(m.released(why is None, why))
                 if m.state == S.ASLEEP:
@@ -171,11 +178,14 @@ class Supervisor:
             case L.Resume():
                 self._show()
                 why = await memory.resume(
-                    self.host.http, self._url(), timeout=self.host.settings.memory_timeout
+                    self.host.http,
+                    self._url(),
+                    timeout=self.host.settings.memory_timeout,
+                    key=self._key(),
                 )
                 await self._then(m.resumed(trio.current_time(), why is None, why))
             case L.CheckHealth():
-                ok = await health.is_ready(self.host.http, self._url(), e.alias)
+                ok = await health.is_ready(self.host.http, self._url(), e.alias, key=self._key())
                 m.checked(trio.current_time(), ok)
             case L.Kill(grace=grace):
                 await self._kill(grace)
@@ -196,6 +206,9 @@ class Supervisor:
     def _url(self) -> str:
         assert self.e.run is not None
         return self.e.url_for(self.e.run)
+
+    def _key(self) -> str | None:
+        return None if self.e.run is None else self.e.run.api_key
 
     # ------------------------------------------------------------ showing the machine
 
@@ -289,6 +302,7 @@ class Supervisor:
         """A run began (spawned or adopted): watch its exit, log and health."""
         assert self._nursery is not None
         self.e.run = run
+        self.e.log.redact(run.api_key)
         self._health = health.Watch()
         scope = trio.CancelScope()
         self._watchers = scope
@@ -318,6 +332,8 @@ class Supervisor:
             self._watchers = None
         e.log.stop_following()
         e.log.poll()
+        if e.run is not None:
+            KeyDir.remove(e.run.key_file)  # the process is gone: so goes its key
         e.run = None
         e.plan = None
 
@@ -372,11 +388,12 @@ class Supervisor:
         flags = e.plan.argv_flags() if e.plan else []
         try:
             launch = build_launch(e.spec, port, flags, e.catalog)
+            keyed = keying(e.spec, e.catalog)
         except LaunchError as exc:
             e.plan = None
             return Outcome("failed", str(exc))
         argv = launch.argv
-        e.launch_notes = launch.notes
+        e.launch_notes = launch.notes + ((keyed.note,) if keyed.note else ())
         engine_id = f"{self.host.instance}/{e.alias}@{time.time_ns()}"
         env = build_env(
             e.spec,
@@ -385,18 +402,41 @@ class Supervisor:
             engine_id=engine_id,
             digest=e.spec.launch_digest(),
         )
+        key, key_file = keyed.user_key, None
+        if keyed.config:
+            key = enginekey.new_key()
+            try:
+                key_file = await trio.to_thread.run_sync(self.host.key_dir.write, e.alias, key)
+            except (OSError, UnsafeDir) as exc:
+                e.plan = None
+                why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                return Outcome("failed", f"cannot write the engine's key file: {why}")
+            argv = with_key_file(argv, str(key_file))
         try:
-            run = await self._spawn(argv, env, port, engine_id)
-        except OSError as exc:
+            run = await self._spawn(argv, env, port, engine_id, key=key, key_file=key_file)
+        except BaseException as exc:
+            KeyDir.remove(key_file)  # nothing runs that would read it
+            if not isinstance(exc, OSError):
+                raise
             e.plan = None
             return Outcome("failed", f"cannot start {argv[0]}: {exc.strerror or exc}")
         e.sleeps = run.sleeps = self.m.sleeps = launch.sleeps
         self._started(run)
         return None
 
-    async def _spawn(self, argv: list[str], env: dict[str, str], port: int, eid: str) -> Running:
+    async def _spawn(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        port: int,
+        eid: str,
+        *,
+        key: str | None = None,
+        key_file: Path | None = None,
+    ) -> Running:
         e = self.e
         plan = e.plan
+        e.log.redact(key)  # SGLang logs its server_args, the key among them, at once
         cmd, env = spawn.pinned(
             argv,
             env,
@@ -419,6 +459,8 @@ class Supervisor:
             port=port,
             argv=argv,
             proc=proc,
+            api_key=key,
+            key_file=key_file,
         )
         self.host.state_changed(e)
         return run
@@ -507,6 +549,7 @@ class Supervisor:
             wake=self.poke,
             health_interval=d.health_interval,
             hang_timeout=d.hang_timeout,
+            key=run.api_key,
         )
 
     def _exit_outcome(self, run: Running) -> Outcome:

@@ -180,6 +180,8 @@ class ClaimBroker:
         self._first_reply = trio.Event()  # the daemon's limits are known
         self._dirty = trio.Event()
         self._on_unreachable = on_unreachable  # each time the daemon stops answering
+        # Each claim's engine key goes to the engine hop (State wires it; issue 32).
+        self.on_engine_key: Callable[[str, str | None], None] = lambda url, key: None
         self._returning = 0
         self._returned = trio.Event()
 
@@ -374,6 +376,7 @@ class ClaimBroker:
         if reply.daemon != self.daemon_run:
             self.daemon_run, self.seen = reply.daemon, 0
         self.seen = max(self.seen, reply.grant)
+        self.on_engine_key(reply.url, reply.api_key)  # the engine hop sends it (issue 32)
         grant = adm.ClaimGrant(
             claim=reply.claim,
             alias=reply.alias,

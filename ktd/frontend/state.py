@@ -6,10 +6,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ktd import protocol as p
+from ktd.control.aclient import Unreachable
 from ktd.core.config import FrontendSection
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.catalog import ResponseBook
+from ktd.frontend.enginekeys import EngineKeys
 from ktd.frontend.metrics import Metrics
 from ktd.frontend.upstream import UpstreamPool
 
@@ -41,6 +44,17 @@ class State:
             heartbeat_interval=options.heartbeat_interval,
             on_unreachable=self.metrics.daemon_errors.inc,
         )
-        self.upstream = UpstreamPool(read_timeout=options.frontend.read_timeout)
+        # The engines' own keys (issue 32): from each claim, else asked of the daemon.
+        self.engine_keys = EngineKeys(self._ask_engine_keys)
+        self.broker.on_engine_key = self.engine_keys.learn
+        self.upstream = UpstreamPool(
+            read_timeout=options.frontend.read_timeout, keys=self.engine_keys
+        )
         self.created = int(time.time())
         self.responses = ResponseBook()
+
+    async def _ask_engine_keys(self) -> dict[str, str]:
+        reply = await self.broker.request(p.EngineKeys())
+        if not isinstance(reply, p.EngineKeysReply):
+            raise Unreachable(f"unexpected reply: {type(reply).__name__}")
+        return reply.keys

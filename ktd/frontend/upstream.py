@@ -21,6 +21,12 @@ costs one ``recv`` and no trip through the scheduler (trio's SocketStream
 yields after every successful call); the read timeout's cancel scope exists
 only while we actually wait.
 
+Every request carries the engine's own API key (``Authorization: Bearer``, from
+``EngineKeys``; the client's credentials never pass, proxy.py drops them): an
+engine answers 401 to anyone without it. A 401 from the engine makes the pool ask
+the daemon for the keys once and send again when the key changed (a new run on
+the same port); the 401 comes from SGLang's middleware before anything ran.
+
 Closing is synchronous (``Response.close``): a response read to its end returns
 its connection to the pool, anything else closes the socket, which is how
 SGLang learns that the client went away and aborts the generation. Being
@@ -40,6 +46,7 @@ from urllib.parse import urlsplit
 import trio
 from trio.lowlevel import notify_closing, wait_readable, wait_writable
 
+from ktd.frontend.enginekeys import EngineKeys
 from ktd.frontend.h1 import (
     END,
     NEED_DATA,
@@ -250,7 +257,9 @@ class UpstreamPool:
         write_timeout: float = 60.0,
         idle_expiry: float = 4.0,
         max_idle_per_host: int = 1024,
+        keys: EngineKeys | None = None,
     ) -> None:
+        self.keys = keys if keys is not None else EngineKeys()
         self.read_timeout = read_timeout or None
         self.connect_timeout = connect_timeout
         self.write_timeout = write_timeout
@@ -401,7 +410,31 @@ class UpstreamPool:
         """
         if self.closed:
             raise ConnectFailed("upstream pool is closed")
+        auth = self.keys.header(base_url)
+        if auth is None:
+            auth = await self.keys.header_for(base_url)
+        response = await self._send(base_url, target, headers, body, method, auth)
+        if response.status != 401:
+            return response
+        await self.keys.refresh(force=True)
+        fresh = self.keys.header(base_url)
+        if fresh is None or fresh == auth:
+            return response
+        response.close()
+        return await self._send(base_url, target, headers, body, method, fresh)
+
+    async def _send(
+        self,
+        base_url: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        method: bytes,
+        auth: bytes | None,
+    ) -> Response:
         key, netloc = self._target(base_url)
+        if auth is not None:
+            headers = [*headers, (b"authorization", auth)]
         try:
             head = build_request(method, target, netloc, headers, len(body))
         except ValueError as exc:

@@ -63,6 +63,19 @@ def server_info_shape(alias: str, path: str, *, status: str) -> dict[str, Any]:
     }
 
 
+#: Fields of SGLang's ``/server_info`` (its server args) that hold its keys.
+_KEY_FIELDS = ("api_key", "admin_api_key")
+
+
+def without_keys(info: Any) -> Any:
+    """An engine's ``/server_info`` without its keys (pure): SGLang lists every server
+    arg, ``api_key`` among them, and the frontend's clients must never see the key
+    ktd gave the engine."""
+    if isinstance(info, dict):
+        return {k: (None if k in _KEY_FIELDS and v is not None else v) for k, v in info.items()}
+    return info
+
+
 def sum_loads(per_engine: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """sglang-router's ``/get_load`` from the engines' ``/v1/loads`` entries, rank by rank (pure).
 
@@ -113,7 +126,7 @@ def install(app: QuartTrio, state: State) -> None:
             resp.close()
         if resp.status != 200:
             raise UpstreamError(f"{path}: HTTP {resp.status}")
-        return json.loads(body)
+        return without_keys(json.loads(body))
 
     def reply(obj: Any) -> Response:
         return Response(errors._encoder.encode(obj), status=200, content_type=_JSON)

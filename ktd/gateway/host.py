@@ -59,6 +59,8 @@ class EngineLike(Protocol):
     def drain_timeout(self) -> float | None: ...
     @property
     def url(self) -> str | None: ...  # where the running engine answers
+    @property
+    def api_key(self) -> str | None: ...  # its run's key: the router must send it
 
     def notify_changed(self) -> None: ...
 

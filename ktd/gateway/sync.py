@@ -23,7 +23,6 @@ from ktd.core import states as S
 from ktd.core.config import FrontendSection, GatewaySection
 from ktd.core.doctor import Check
 from ktd.core.states import Phase, Step
-from ktd.core.userflags import user_flags
 from ktd.gateway import plan
 from ktd.gateway.client import RouterClient, RouterError
 from ktd.gateway.host import EngineLike, PoolLike
@@ -193,16 +192,17 @@ class GatewaySync:
         )
 
     def _worker_api_key(self, worker: plan.Worker) -> str | None:
-        if self.config.worker_api_key:
-            return self.config.worker_api_key
+        """What the router sends the worker. An engine accepts its own key alone (ktd's,
+        or the user's ``--api-key``: ``Engine.api_key``), whatever ``worker_api_key``
+        says; the frontend takes ``worker_api_key``, else its first key."""
         if worker.alias is None:
+            if self.config.worker_api_key:
+                return self.config.worker_api_key
             return self.frontend.api_keys[0] if self.frontend.api_keys else None
         engine = self.pool.engines.get(worker.alias)
-        if engine is not None:
-            key = user_flags(engine.spec.extra_args).get("--api-key")
-            if key:
-                return key[0]
-        return None
+        if engine is not None and engine.api_key:
+            return engine.api_key
+        return self.config.worker_api_key
 
     # ------------------------------------------------------------ pool hooks
 

@@ -10,11 +10,14 @@ served name, context length, kt weights ...) are read from the namespace.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ktd.sim import flags
+import yaml
+
+from ktd.sim import configfile, flags
 
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -47,8 +50,17 @@ def build_parser(which: str | None = None) -> argparse.ArgumentParser:
 
 
 def parse(argv: Sequence[str] | None = None, which: str | None = None) -> SimArgs:
-    """Parse exactly as SGLang does: an unknown flag or a bad value exits 2."""
-    ns = build_parser(which).parse_args(argv)
+    """Parse exactly as SGLang does: an unknown flag or a bad value exits 2; a
+    ``--config`` file is merged first (``ktd.sim.configfile``; a bad one exits 1)."""
+    which = which or flags.flavor()
+    parser = build_parser(which)
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        words = configfile.merge(words, which)
+    except (configfile.ConfigFileError, OSError, yaml.YAMLError) as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    ns = parser.parse_args(words)
     args: dict[str, Any] = vars(ns)
     model = args["model_path"]
     tokenizer = args.get("tokenizer_path") or model

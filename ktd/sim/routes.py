@@ -7,8 +7,12 @@ Why these behaviours:
   200 from the moment the port is bound. ktd's readiness needs both.
 * a hang (``KTD_SIM_HANG_AFTER``, SIGUSR1) makes *every* request wait without
   an answer, health included: the case of an engine stuck on the GPU.
-* ``--api-key`` is enforced as SGLang's middleware does (``/health*`` and
-  ``/metrics`` exempt; 401 ``{"error": "Unauthorized"}``).
+* ``--api-key`` is enforced as SGLang's middleware does (``utils/auth.py``,
+  ``decide_request_auth``, before any routing): ``OPTIONS`` and paths starting with
+  ``/health`` or ``/metrics`` pass (upstream 0.5.23 adds ``/ready``; the kt fork
+  0.7.2 does not), everything else needs ``Authorization: Bearer <key>`` (scheme in
+  any case) or gets 401 ``{"error": "Unauthorized"}``. The sim's own ``/sim/*``
+  routes (no SGLang has them) stay open: tests read an engine's counters there.
 * unknown paths and methods answer FastAPI's ``{"detail": ...}`` 404/405; there is
   no ``/get_load`` (SGLang 0.5.23's load route is ``/v1/loads``, loads.py).
 * Ollama's API as SGLang serves it (``/api/chat``, ``/api/generate``, ``/api/tags``,
@@ -20,6 +24,7 @@ Why these behaviours:
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,7 +32,7 @@ from typing import Any
 
 import trio
 
-from ktd.sim import loads, lora, metrics
+from ktd.sim import flags, loads, lora, metrics
 from ktd.sim.agents import AgentServing
 from ktd.sim.api import OpenAIServing
 from ktd.sim.cli import SimArgs
@@ -86,6 +91,10 @@ class SimApp:
             "model_type": hf.get("model_type"),
             "architectures": hf.get("architectures"),
         }
+        # The paths SGLang's key middleware leaves open, per package.
+        self._open_paths: tuple[str, ...] = ("/health", "/metrics")
+        if flags.flavor() == "upstream":
+            self._open_paths += ("/ready",)
         self.routes: dict[str, dict[str, Route]] = {
             "/health": {"GET": self.health},
             "/health_generate": {"GET": self.health},
@@ -123,12 +132,7 @@ class SimApp:
         if self.state.hung and not req.path.startswith(("/health", "/v1/models")):
             await self.state.wait_unhung()
         key = self.args.api_key
-        if (
-            key
-            and not req.path.startswith(("/health", "/metrics"))
-            and req.method != "OPTIONS"
-            and req.headers.get("authorization") != f"Bearer {key}"
-        ):
+        if key and not self._authorized(req, key):
             return json_reply({"error": "Unauthorized"}, 401)
         methods = self.routes.get(req.path)
         if methods is None:
@@ -150,6 +154,12 @@ class SimApp:
         if refused is not None:
             return refused
         return await route(req)
+
+    def _authorized(self, req: Request, key: str) -> bool:
+        if req.method == "OPTIONS" or req.path.startswith((*self._open_paths, "/sim/")):
+            return True
+        scheme, _, token = (req.headers.get("authorization") or "").partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode())
 
     async def health(self, req: Request) -> Reply:
         """SGLang's ``/health`` is a one-token generation through the scheduler: it costs a

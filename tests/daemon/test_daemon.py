@@ -40,7 +40,7 @@ def port_in_use(port: int) -> bool:
 
 
 def test_load_status_evict_end_to_end(
-    write_config: ConfigWriter, daemon_factory: Any, tmp_path: Path
+    write_config: ConfigWriter, daemon_factory: Any, tmp_path: Path, ktd_env: dict[str, str]
 ) -> None:
     record = tmp_path / "argv.json"
     cfg = write_config(
@@ -85,7 +85,10 @@ def test_load_status_evict_end_to_end(
         "--context-length",
         "8192",
     ]
-    assert args[-2:] == ["--kt-method", "AMXINT4"]
+    # extra_args last of the config's; then the engine's key file (issue 32).
+    assert args[-4:-2] == ["--kt-method", "AMXINT4"]
+    keys = Path(ktd_env["KTD_STATE_DIR"], "keys")
+    assert args[-2:] == ["--config", str(keys / "deepseek-v4-kt.yml")]
     assert rec["env"].get("KT_EXTRA") == "1"
     # The tree: the engine and its scheduler child, all in the engine's session.
     members = [p for p in proctree.all_procs().values() if p.sid == pid]
@@ -467,7 +470,8 @@ def test_launch_follows_what_the_installed_sglang_declares(
         assert e.state == "ready" and e.sglang == "sglang 0.5.23+sim"
         assert "--kt-numa-nodes" not in e.argv and "--kt-cpuinfer" not in e.argv
         assert e.argv[e.argv.index("--kt-threadpool-count") + 1] == "1"
-        assert e.argv[-4:] == ["--kt-cpu", "1", "--kt-num-gpu-experts", "0"]
+        assert e.argv[-6:-2] == ["--kt-cpu", "1", "--kt-num-gpu-experts", "0"]
+        assert e.argv[-2] == "--config"  # the engine's key file (issue 32)
         assert e.notes == ["--kt-numa-nodes left out: not an option of sglang 0.5.23+sim"]
         seen = json.loads(rec.read_text())
         assert seen["args"] == e.argv[3:]  # what the engine got is what status says

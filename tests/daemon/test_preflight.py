@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import REPO, SHIM, ConfigWriter, sim_model
+from tests.conftest import REPO, SHIM, ConfigWriter, engine_auth, sim_model
 from tests.fixtures.topology import build_xeon, smi_script
 
 GIB = 1 << 30
@@ -68,6 +68,7 @@ def serves(d: Any, alias: str) -> bool:
         f"{e.url}/v1/chat/completions",
         json={"model": alias, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
         timeout=10,
+        headers=engine_auth(e.port),
     )
     return r.status_code == 200
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ConfigWriter, sim_model, wait_for
+from tests.conftest import ConfigWriter, engine_auth, sim_model, wait_for
 
 
 def state(c: Any, alias: str) -> str:
@@ -19,7 +19,7 @@ def state(c: Any, alias: str) -> str:
 
 
 def server_info(port: int) -> dict[str, Any]:
-    r = httpx.get(f"http://127.0.0.1:{port}/get_server_info", timeout=5)
+    r = httpx.get(f"http://127.0.0.1:{port}/get_server_info", timeout=5, headers=engine_auth(port))
     r.raise_for_status()
     data: dict[str, Any] = r.json()
     return data

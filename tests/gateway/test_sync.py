@@ -100,6 +100,7 @@ class FakeEngine:
     drain_timeout: float | None = None
     phase: Phase | None = None
     spec: FakeSpec = field(default_factory=FakeSpec)
+    api_key: str | None = None  # its run's key (ktd's own, issue 32)
 
     @property
     def url(self) -> str | None:
@@ -150,12 +151,13 @@ def fake_router() -> FakeRouter:
 async def test_registers_ready_engines_and_reports_them(
     fake_router: FakeRouter, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    e = FakeEngine("m", run=FakeRun(1234))
+    e = FakeEngine("m", run=FakeRun(1234), api_key="engine-key")
     gw, _ = make(fake_router, [e], labels={"rack": "r"})
     await nursery.start(gw.run)
     await until(lambda: fake_router.urls() == ["http://127.0.0.1:1234"])
     body = fake_router.posts[0]
     assert body["model_id"] == "m" and body["labels"][OWNER_LABEL] == "h/abc"
+    assert body["api_key"] == "engine-key"  # the router reaches the keyed engine with it
     assert body["labels"]["rack"] == "r" and body["health_check_interval_secs"] == 10
     await until(lambda: gw.routers[ROUTER].seen)
     info = EngineInfo(alias="m", state="ready")

@@ -4,7 +4,9 @@ Reads a JSON list of argv lists (``sys.argv[1:]`` of ``sglang.launch_server``)
 on stdin; prints one JSON list: ``{"ok": true, "args": {dest: value}}`` or
 ``{"ok": false, "error": "..."}`` per argv. Parsing is exactly what
 ``prepare_server_args`` does before ``ServerArgs`` post-processing:
-``argparse.ArgumentParser()`` + ``ServerArgs.add_cli_args`` + ``parse_args``.
+``argparse.ArgumentParser()`` + ``ServerArgs.add_cli_args``, the ``--config`` file
+merged by SGLang's own ``ConfigArgumentMerger`` when the word ``--config`` is there
+(its ``ValueError``: ``{"ok": false, "code": 1}``), then ``parse_args``.
 """
 
 import argparse
@@ -16,9 +18,22 @@ import sys
 from sglang.srt.server_args import ServerArgs
 
 
+def merger() -> type:
+    try:  # upstream 0.5.23
+        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+    except ImportError:  # the kt fork 0.7.2
+        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+    return ConfigArgumentMerger
+
+
 def parse(argv: list[str]) -> dict[str, object]:
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
+    if "--config" in argv:
+        try:
+            argv = merger()(parser).merge_config_with_args(argv)
+        except ValueError as exc:
+            return {"ok": False, "code": 1, "error": f"ValueError: {exc}"}
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):

@@ -116,10 +116,18 @@ def shape(media: str, text: str) -> str:
         return "text"
 
 
-def answer(base: str, method: str, path: str, body: Any, rid: str | None) -> tuple[Answer, Any]:
-    """One request; returns its Answer and the decoded JSON body (for ids)."""
+def answer(
+    base: str,
+    method: str,
+    path: str,
+    body: Any,
+    rid: str | None,
+    headers: dict[str, str] | None = None,
+) -> tuple[Answer, Any]:
+    """One request; returns its Answer and the decoded JSON body (for ids). ``headers``:
+    the engine's key, for a ktd engine (it answers 401 without, issue 32)."""
     target = base + path.replace("{rid}", rid or "resp_none")
-    kw: dict[str, Any] = {"timeout": 300}
+    kw: dict[str, Any] = {"timeout": 300, "headers": headers or {}}
     if body == "multipart":
         kw["files"] = {"file": ("a.wav", b"RIFF" + bytes(64), "audio/wav")}
         kw["data"] = {"model": ALIAS}

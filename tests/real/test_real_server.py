@@ -27,6 +27,7 @@ import openai
 import pytest
 
 from ktd.daemon import proctree
+from ktd.daemon.enginekey import key_of_argv
 from tests.conftest import DaemonProc, marked_processes, wait_for
 from tests.real import engine_env
 from tests.real import sidebyside as sbs
@@ -57,6 +58,15 @@ class Stack:
 
     def log(self) -> str:
         return (self.root / "state" / "logs" / f"{ALIAS}.log").read_text(errors="replace")
+
+    def engine_key(self) -> str:
+        """The engine's own API key: in the 0600 file its argv names (issue 32)."""
+        key, path = key_of_argv(self.status()["argv"])
+        assert key is not None and path is not None
+        return key
+
+    def engine_auth(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.engine_key()}"}
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.frontend_url}/v1", api_key="none", timeout=300)
@@ -168,6 +178,34 @@ def test_default_config_loads_to_ready(stack: Stack) -> None:
     print(f"\nreal SGLang: ktctl load -> ready in {MEASURED['load_s']:.1f}s")
 
 
+def test_the_engine_answers_only_with_its_key(stack: Stack) -> None:
+    """Issue 32: the real server ktd started reads its key from the 0600 ``--config`` file
+    (never on a command line) and answers 401 without it; ``/health`` and ``/metrics``
+    stay open (SGLang's middleware), ktd's probes and the frontend carry the key, and
+    the key shows nowhere ktd shows the engine (status, logs, the log file)."""
+    e = stack.status()
+    key, path = key_of_argv(e["argv"])
+    assert key is not None and path is not None
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    url = e["url"]
+    denied = httpx.get(f"{url}/v1/models", timeout=10)
+    assert (denied.status_code, denied.json()) == (401, {"error": "Unauthorized"})
+    wrong = httpx.get(f"{url}/v1/models", headers={"authorization": "Bearer nope"}, timeout=10)
+    assert wrong.status_code == 401
+    chat = {"model": ALIAS, "messages": CHAT, "max_tokens": 2}
+    assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).status_code == 401
+    assert httpx.get(f"{url}/v1/models", headers=stack.engine_auth(), timeout=10).status_code == 200
+    assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+    assert httpx.get(f"{url}/metrics", timeout=10).status_code != 401
+    for pid in {m[0] for m in tree_of(e["pid"])}:
+        assert key not in " ".join(proctree.cmdline(pid))
+    assert key not in stack.daemon.ktctl("status", "--json").stdout
+    logs = stack.daemon.ktctl("logs", ALIAS, "-n", "2000").stdout
+    assert key not in logs and key not in stack.log()
+    masked = "*" * len(key)
+    print(f"\nreal SGLang with its key: 401 without; the log shows it masked: {masked in logs}")
+
+
 def test_openai_stream_through_the_frontend_with_usage(stack: Stack) -> None:
     stream = stack.client().chat.completions.create(
         model=ALIAS,
@@ -188,6 +226,7 @@ def test_real_frontend_and_sim_answer_every_proxied_route_alike(stack: Stack) ->
     to the sim (playing upstream 0.5.23): printed side by side; the frontend answers as the
     engine does, and the sim as the real server does (status, media type, keys)."""
     engine = stack.status()["url"]
+    auth = stack.engine_auth()
     rows: list[tuple[str, sbs.Answer, sbs.Answer | None, sbs.Answer]] = []
     with sbs.sim_like(engine_env.model_dir(), stack.root / "sim.log") as sim:
         rids: dict[str, str | None] = {}
@@ -197,7 +236,8 @@ def test_real_frontend_and_sim_answer_every_proxied_route_alike(stack: Stack) ->
                 if name == "frontend" and (method, path, body) in sbs.ENGINE_ONLY:
                     got[name] = None
                     continue
-                got[name], decoded = sbs.answer(base, method, path, body, rids.get(name))
+                headers = auth if name == "real" else None
+                got[name], decoded = sbs.answer(base, method, path, body, rids.get(name), headers)
                 if path == "/v1/responses" and isinstance(decoded, dict):
                     rids[name] = decoded.get("id")
             real, fe, sim_got = got["real"], got["frontend"], got["sim"]
@@ -272,7 +312,11 @@ def test_overlong_prompt_400_reaches_the_client_as_sglang_sent_it(stack: Stack) 
         stack.client().chat.completions.create(**body)  # type: ignore[call-overload]
     assert "longer than the model's context length" in str(err.value)
     engine_url = stack.status()["url"]
-    direct = httpx.post(f"{engine_url}/v1/chat/completions", json={**body, "stream": True})
+    direct = httpx.post(
+        f"{engine_url}/v1/chat/completions",
+        json={**body, "stream": True},
+        headers=stack.engine_auth(),
+    )
     proxied = httpx.post(
         f"{stack.frontend_url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
     )
@@ -286,6 +330,7 @@ def test_the_memory_api_answers_as_the_sim_says_and_serves_after_a_resume(stack:
     the saver cannot start, so nothing is freed) and on the sim playing it: the same
     status and body; after the resume the real server still generates."""
     engine = stack.status()["url"]
+    auth = stack.engine_auth()
     body = {"tags": ["weights", "kv_cache", "cuda_graph"]}
     got: dict[str, list[tuple[int, str, float]]] = {}
     with sbs.sim_like(engine_env.model_dir(), stack.root / "sim-memory.log") as sim:
@@ -293,11 +338,11 @@ def test_the_memory_api_answers_as_the_sim_says_and_serves_after_a_resume(stack:
             got[name] = []
             for path in ("/release_memory_occupation", "/resume_memory_occupation"):
                 t0 = time.monotonic()
-                r = httpx.post(base + path, json=body, timeout=120)
+                r = httpx.post(base + path, json=body, timeout=120, headers=auth)
                 got[name].append((r.status_code, r.text, time.monotonic() - t0))
             # No body: FastAPI's validation error, nothing released (a resume now would
             # kill the server: the scheduler removes tags that are not in its offload set).
-            missing = httpx.post(base + "/release_memory_occupation", timeout=30)
+            missing = httpx.post(base + "/release_memory_occupation", timeout=30, headers=auth)
             got[name].append((missing.status_code, "", 0.0))
     print(f"\nmemory API: real {got['real']}\n            sim  {got['sim']}")
     assert [(c, t) for c, t, _ in got["real"]] == [(c, t) for c, t, _ in got["sim"]]
@@ -319,6 +364,7 @@ def test_kill9_of_ktd_then_restart_readopts_the_same_engine(stack: Stack) -> Non
     stack.daemon.start()
     wait_for(lambda: stack.status()["state"] == "ready", timeout=120, what="re-adopted and ready")
     assert stack.status()["pid"] == before["pid"]
+    assert key_of_argv(stack.status()["argv"]) == key_of_argv(before["argv"])  # its file kept
     reply = stack.client().chat.completions.create(
         model=ALIAS,
         messages=CHAT,  # type: ignore[arg-type]
@@ -342,10 +388,12 @@ def test_evict_is_sglangs_own_clean_shutdown(stack: Stack) -> None:
     watcher = threading.Thread(target=watch)
     t0 = time.monotonic()
     watcher.start()
+    key_file = key_of_argv(e["argv"])[1]
     r = stack.daemon.ktctl("evict", ALIAS, "--json", timeout=180)
     MEASURED["evict_s"] = time.monotonic() - t0
     watcher.join(10)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert key_file is not None and not key_file.exists()  # the key went with the engine
     assert not [m for m in members if proctree.alive(m)]
     assert proctree.port_free("127.0.0.1", e["port"])
     log = stack.log()[log_before:]

@@ -23,7 +23,7 @@ import pytest
 
 from ktd.core.command import ENGINE_MARK
 from ktd.daemon import proctree, statefile
-from tests.conftest import ConfigWriter, sim_model
+from tests.conftest import ConfigWriter, engine_auth, sim_model
 
 from ._util import (
     FAST_DAEMON,
@@ -507,7 +507,7 @@ def test_unwritable_log_dir_still_loads_and_shows_the_tail(
         assert "The server is fired up and ready to roll!" in r.stdout
         # Still ready a while later: its output is drained, nothing blocks on a full pipe.
         url = f"http://127.0.0.1:{e.port}"
-        with httpx.Client(trust_env=False, timeout=5) as http:
+        with httpx.Client(trust_env=False, timeout=5, headers=engine_auth(e.port)) as http:
             for _ in range(300):  # ~100 bytes of access log each: more than a pipe buffer
                 assert http.get(f"{url}/v1/models").status_code == 200
         [again] = c.status("nolog-kt")
@@ -554,7 +554,7 @@ def test_log_disk_full_keeps_engine_and_daemon_up(
         with d.client(timeout=60) as c:
             e = c.load("full-kt")
             url = f"http://127.0.0.1:{e.port}"
-            with httpx.Client(trust_env=False, timeout=5) as http:
+            with httpx.Client(trust_env=False, timeout=5, headers=engine_auth(e.port)) as http:
                 for _ in range(1500):  # ~100 bytes each: well past 64 KiB
                     assert http.get(f"{url}/v1/models").status_code == 200
                 free = os.statvfs(mnt)

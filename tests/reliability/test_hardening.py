@@ -24,7 +24,7 @@ import zmq
 from ktd import protocol as p
 from ktd.core.command import ENGINE_MARK
 from ktd.daemon import proctree, statefile
-from tests.conftest import ConfigWriter, sim_model
+from tests.conftest import ConfigWriter, engine_auth, sim_model
 
 from ._util import FAST_DAEMON, alive, engine_procs, session_of, wait_for
 from .test_faults import assert_clean, small_tmpfs, state_is
@@ -446,7 +446,8 @@ def test_deleted_engine_log_is_still_rotated_and_shown_after_restart(
         log_path.unlink()
         engine_file = f"/proc/{e.pid}/fd/1"
         url = f"http://127.0.0.1:{e.port}"
-        with httpx.Client(trust_env=False, timeout=5) as http:
+        auth = engine_auth(e.port)
+        with httpx.Client(trust_env=False, timeout=5, headers=auth) as http:
             for i in range(400):  # ~100 bytes of access log each: ~40 KB in all
                 assert http.get(f"{url}/v1/models", params={"n": f"before-{i}"}).status_code == 200
         wait_for(lambda: os.stat(engine_file).st_size < 4096, what="rotation of the deleted file")
@@ -459,7 +460,7 @@ def test_deleted_engine_log_is_still_rotated_and_shown_after_restart(
     d2 = daemon_factory(cfg)
     with d2.client(timeout=60) as c:
         wait_for(state_is(c, "rm-kt", "ready"), what="adopted")
-        with httpx.Client(trust_env=False, timeout=5) as http:
+        with httpx.Client(trust_env=False, timeout=5, headers=auth) as http:
             assert http.get(f"{url}/v1/models", params={"n": "after-restart"}).status_code == 200
         r = d2.ktctl("logs", "rm-kt", "-n", "200")
         assert r.returncode == 0, r.stderr

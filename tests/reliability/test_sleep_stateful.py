@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 
 from ktctl import Client, KtdError
 from ktd.core import states as S
-from tests.conftest import ConfigWriter, sim_model
+from tests.conftest import ConfigWriter, engine_auth, sim_model
 
 from ._util import FAST_DAEMON, engine_procs, kill_group, run_against_daemon, wait_for
 
@@ -152,7 +152,7 @@ class SleepMachine(RuleBasedStateMachine):
             return None
         try:
             data: dict[str, Any] = httpx.get(
-                f"http://127.0.0.1:{port}/get_server_info", timeout=2
+                f"http://127.0.0.1:{port}/get_server_info", timeout=2, headers=engine_auth(port)
             ).json()
             return data
         except (httpx.HTTPError, ValueError):

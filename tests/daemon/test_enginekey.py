@@ -1,0 +1,148 @@
+"""An engine's API key (issue 32): how it is given (``keying``), kept (``KeyDir``) and hidden
+from the engine's log (``EngineLog.redact``), file and tail alike."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ktd.core.command import LaunchError, key_file_of, keying, with_key_file
+from ktd.core.config import ModelSpec
+from ktd.core.sglang_options import Catalog, CatalogData
+from ktd.daemon.enginekey import KeyDir, key_of_argv, new_key, read_key
+from ktd.daemon.enginelog import EngineLog
+from ktd.sim import flags
+
+KEY = "f00d" * 16
+
+
+def catalog(which: str = "kt", drop: tuple[str, ...] = ()) -> Catalog:
+    data = dict(flags.catalog(which))
+    data["options"] = [o for o in data["options"] if not set(o["flags"]) & set(drop)]
+    data["package"] = "sglang-kt" if which == "kt" else "sglang"
+    return Catalog.from_data(msgspec.convert(data, CatalogData))
+
+
+def spec(*extra: str) -> ModelSpec:
+    return ModelSpec(
+        alias="m", backend="kt", path="/m", served=True, source="t", python="/py", extra_args=extra
+    )
+
+
+# ---------------------------------------------------------------- keying (pure)
+
+
+@pytest.mark.parametrize("which", ["kt", "upstream"])
+def test_an_engine_gets_a_key_file_when_its_sglang_reads_one(which: str) -> None:
+    got = keying(spec(), catalog(which))
+    assert got.config and got.user_key is None and got.note is None
+    argv = with_key_file(["python", "-m", "sglang.launch_server"], "/s/keys/m.yml")
+    assert argv[-2:] == ["--config", "/s/keys/m.yml"] and key_file_of(argv) == "/s/keys/m.yml"
+
+
+def test_the_users_own_key_is_used_and_said_to_be_visible() -> None:
+    got = keying(spec("--api-key", "mine"), catalog())
+    assert not got.config and got.user_key == "mine"
+    assert got.note is not None and "readable by every local user" in got.note
+    assert keying(spec("--api-k=mine2"), catalog()).user_key == "mine2"  # argparse's prefix
+    assert keying(spec("--api-key", "x"), None).user_key == "x"  # no catalogue: as written
+
+
+def test_a_users_config_file_is_refused_and_an_old_sglang_runs_without_a_key() -> None:
+    with pytest.raises(LaunchError, match="config file of its own"):
+        keying(spec("--config", "/etc/mine.yaml"), catalog())
+    old = keying(spec(), catalog(drop=("--config",)))
+    assert not old.config and old.note is not None and "answers every local user" in old.note
+    many = keying(spec("--tokenizer-worker-num", "2"), catalog())  # SGLang asserts no key then
+    assert not many.config and many.note is not None and "tokenizer-worker-num" in many.note
+
+
+# ---------------------------------------------------------------- the key file
+
+
+def test_the_key_file_is_0600_in_a_0700_dir_read_back_and_swept(tmp_path: Path) -> None:
+    keys = KeyDir(tmp_path / "state" / "keys")
+    key = new_key()
+    assert len(key) == 64 and not key.startswith("-")
+    path = keys.write("m", key)
+    assert path == tmp_path / "state" / "keys" / "m.yml"
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    assert read_key(path) == key
+    assert key_of_argv(["py", "--port", "1", "--config", str(path)]) == (key, path)
+    assert key_of_argv(["py", "--api-key", "u"]) == ("u", None)
+    other = keys.write("n", new_key())
+    (keys.path / ".tmp-dead.yml").write_text("x")  # a write cut short
+    assert sorted(p.name for p in keys.sweep([path])) == [".tmp-dead.yml", "n.yml"]
+    assert path.exists() and not other.exists()
+    KeyDir.remove(path)
+    KeyDir.remove(path)  # gone already: fine
+    assert not path.exists() and read_key(path) is None
+
+
+def test_a_key_dir_others_may_write_to_is_refused(tmp_path: Path) -> None:
+    from ktd.daemon.safedir import UnsafeDir
+
+    d = tmp_path / "keys"
+    d.mkdir(mode=0o777)
+    os.chmod(d, 0o777)
+    with pytest.raises(UnsafeDir):
+        KeyDir(d).write("m", KEY)
+
+
+# ---------------------------------------------------------------- the log
+
+
+def engine_writes(path: Path, *chunks: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        for c in chunks:
+            os.write(fd, c)
+    finally:
+        os.close(fd)
+
+
+def test_the_key_is_masked_in_the_file_the_tail_and_the_events(tmp_path: Path) -> None:
+    published: list[str] = []
+    log = EngineLog(tmp_path / "m.log", publish=published.extend)
+    fd = log.open_for_engine()
+    assert fd is not None
+    os.close(fd)
+    log.redact(KEY)
+    log.start_following(from_end=False)
+    line = f"server_args=ServerArgs(port=1, api_key='{KEY}', x=2)\n".encode()
+    # Split mid-key across two reads, as a slow writer would.
+    engine_writes(log.path, line[:40])
+    assert log.poll() == []
+    engine_writes(log.path, line[40:], b"ready\n")
+    lines = log.poll()
+    masked = f"server_args=ServerArgs(port=1, api_key='{'*' * 64}', x=2)"
+    assert lines == [masked, "ready"] and published == lines
+    assert log.last(5) == [masked, "ready"]
+    on_disk = log.path.read_bytes()
+    assert KEY.encode() not in on_disk and masked.encode() in on_disk
+    assert len(on_disk) == len(line) + len(b"ready\n")  # masked in place, nothing moved
+    # Written to the engine's own fd later on: masked in the file as it is read.
+    engine_writes(log.path, f"again {KEY}\n".encode())
+    assert log.poll() == [f"again {'*' * 64}"]
+    assert KEY.encode() not in log.path.read_bytes()
+    log.stop_following()
+
+
+def test_the_key_is_masked_in_the_pipe_fallback_and_after_rotation(tmp_path: Path) -> None:
+    log = EngineLog(tmp_path / "m.log", max_bytes=200, backups=1)
+    log.redact(KEY)
+    assert log.feed(f"a {KEY} b\n".encode()) == [f"a {'*' * 64} b"]  # the pipe: memory only
+    fd = log.open_for_engine()
+    assert fd is not None
+    os.close(fd)
+    log.start_following(from_end=False)
+    for i in range(4):
+        engine_writes(log.path, f"{i} api_key='{KEY}'\n".encode())
+        log.poll()
+    log.stop_following()
+    for path in (log.path, log.path.with_name("m.log.1")):
+        assert KEY.encode() not in path.read_bytes()
+    assert all(KEY not in line for line in log.last(10))
