@@ -172,6 +172,21 @@ class _Blocked(_Fail):
     """Possible on an empty machine, but other engines hold what is needed."""
 
 
+@dataclass(frozen=True)
+class _Ask:
+    """One call's request, as :func:`plan` was given it: carried whole to the helpers."""
+
+    alias: str
+    numa: NumaRequest
+    gpus: GpuRequest
+    extra_args: Sequence[str]
+    tp_size: int | None
+    reserved_cpus: Sequence[int]
+    cpu_reserve: int
+    single_engine: bool
+    allow_evict: bool
+
+
 def plan(
     alias: str,
     numa: NumaRequest,
@@ -193,37 +208,29 @@ def plan(
     nothing. ``reserved_cpus`` are kept off the engine (the daemon's own CPUs);
     ``cpu_reserve`` more cores are left for SGLang's own threads.
     """
+    ask = _Ask(
+        alias,
+        numa,
+        gpus,
+        extra_args,
+        tp_size,
+        reserved_cpus,
+        cpu_reserve,
+        single_engine,
+        allow_evict,
+    )
     if numa == "none":
-        return _unpinned(
-            alias,
-            gpus,
-            extra_args,
-            topo,
-            holdings,
-            tp_size=tp_size,
-            reserved_cpus=reserved_cpus,
-            cpu_reserve=cpu_reserve,
-            allow_evict=allow_evict,
-        )
+        return _unpinned(ask, topo, holdings)
+    return _planned(ask, topo, holdings)
+
+
+def _planned(ask: _Ask, topo: Topology, holdings: Sequence[Holding]) -> Plan:
     notes: list[str] = []
     try:
-        return _plan(
-            alias,
-            numa,
-            gpus,
-            extra_args,
-            topo,
-            holdings,
-            tp_size=tp_size,
-            reserved_cpus=reserved_cpus,
-            cpu_reserve=cpu_reserve,
-            single_engine=single_engine,
-            allow_evict=allow_evict,
-            notes=notes,
-        )
+        return _plan(ask, topo, holdings, notes)
     except _Fail as exc:
         return Plan(
-            alias=alias,
+            alias=ask.alias,
             ok=False,
             blocked_by=exc.blocked_by,
             reason=exc.reason,
@@ -232,21 +239,14 @@ def plan(
         )
 
 
-def _unpinned(
-    alias: str,
-    gpus: GpuRequest,
-    extra_args: Sequence[str],
-    topo: Topology,
-    holdings: Sequence[Holding],
-    **kw: Any,
-) -> Plan:
+def _unpinned(ask: _Ask, topo: Topology, holdings: Sequence[Holding]) -> Plan:
     """``numa: "none"`` (ktd's extension): no NUMA ownership and no pinning; only GPUs
     are planned. kt-kernel still needs ``--kt-cpuinfer`` and ``--kt-threadpool-count``
     (without them it divides None by None when the first MoE layer is built), so
     they are derived from every CPU the engine may use; ``--kt-numa-nodes`` is
     left to kt-kernel (pool *i* on node *i*)."""
     free = [dataclasses.replace(h, numa_nodes=()) for h in holdings]
-    p = plan(alias, "all", gpus, extra_args, topo, free, single_engine=False, **kw)
+    p = _planned(dataclasses.replace(ask, numa="all", single_engine=False), topo, free)
     if not p.ok:
         return p
     return dataclasses.replace(
@@ -395,40 +395,26 @@ class _Request:
     single_engine: bool
 
 
-def _plan(
-    alias: str,
-    numa: NumaRequest,
-    gpus: GpuRequest,
-    extra_args: Sequence[str],
-    topo: Topology,
-    holdings: Sequence[Holding],
-    *,
-    tp_size: int | None,
-    reserved_cpus: Sequence[int],
-    cpu_reserve: int,
-    single_engine: bool,
-    allow_evict: bool,
-    notes: list[str],
-) -> Plan:
-    uflags = user_flags(extra_args)
+def _plan(ask: _Ask, topo: Topology, holdings: Sequence[Holding], notes: list[str]) -> Plan:
+    uflags = user_flags(ask.extra_args)
     req = _Request(
-        nodes=_numa_need(numa, topo, uflags, single_engine, notes),
-        gpus=_gpu_need(gpus, topo, _tp_size(tp_size, uflags), notes),
-        others=tuple(h for h in holdings if h.alias != alias and h.state != S.STOPPED),
+        nodes=_numa_need(ask.numa, topo, uflags, ask.single_engine, notes),
+        gpus=_gpu_need(ask.gpus, topo, _tp_size(ask.tp_size, uflags), notes),
+        others=tuple(h for h in holdings if h.alias != ask.alias and h.state != S.STOPPED),
         usable_nodes=tuple(n.id for n in topo.nodes if n.cpus),
         mem_free={n.id: n.mem_free_kb for n in topo.nodes},
         gpu_free_mib={g.index: g.memory_total_mib - g.memory_used_mib for g in topo.gpus},
         gpu_ids=tuple(g.index for g in topo.gpus),
-        single_engine=single_engine,
+        single_engine=ask.single_engine,
     )
-    (nodes, chosen_gpus), evict = _place(req, topo, allow_evict)
-    cpus, cpuinfer = cpus_for(topo, nodes, reserved_cpus, cpu_reserve, notes)
+    (nodes, chosen_gpus), evict = _place(req, topo, ask.allow_evict)
+    cpus, cpuinfer = cpus_for(topo, nodes, ask.reserved_cpus, ask.cpu_reserve, notes)
     node_cores = len(topo.physical_cores(topo.node_cpus(nodes)))
     flags = flags_for(uflags, nodes, cpuinfer, node_cores, notes)
     for h in evict:
         notes.append(f"evicts {h.alias} (idle, least recently used) to free its resources")
     return Plan(
-        alias=alias,
+        alias=ask.alias,
         ok=True,
         numa_nodes=nodes,
         cpus=cpus,

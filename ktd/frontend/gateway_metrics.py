@@ -14,13 +14,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import trio
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from quart_trio import QuartTrio
 
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
+from ktd.frontend import promtable
+from ktd.frontend.promtable import Family
 
 if TYPE_CHECKING:
     from ktd.frontend.state import State
@@ -36,40 +38,36 @@ class GatewayCollector(Collector):
         reply = self.status
         if reply is None or reply.gateway is None:
             return
-        up = GaugeMetricFamily(
-            "ktd_gateway_router_up", "1 while the sglang-router answers ktd.", labels=["router"]
-        )
-        fails = GaugeMetricFamily(
-            "ktd_gateway_router_failures",
-            "Consecutive failed syncs with the router (ktd backs off meanwhile).",
-            labels=["router"],
-        )
-        added = CounterMetricFamily(
-            "ktd_gateway_registrations", "Registrations ktd sent.", labels=["router"]
-        )
-        removed = CounterMetricFamily(
-            "ktd_gateway_deregistrations", "Deregistrations ktd sent.", labels=["router"]
-        )
-        errors = CounterMetricFamily(
-            "ktd_gateway_errors", "Failed calls to the router.", labels=["router"]
-        )
-        for r in reply.gateway.routers:
-            up.add_metric([r.url], 1.0 if r.up else 0.0)
-            fails.add_metric([r.url], r.failures)
-            added.add_metric([r.url], r.added)
-            removed.add_metric([r.url], r.removed)
-            errors.add_metric([r.url], r.errors)
-        registered = GaugeMetricFamily(
-            "ktd_gateway_registered",
-            "1 while the router lists the engine as registered by ktd (engines mode).",
-            labels=["router", "model"],
-        )
-        for e in reply.engines:
-            for reg in e.gateway:
-                registered.add_metric(
-                    [reg.router, e.alias], 1.0 if reg.state == "registered" else 0
-                )
-        yield from (up, fails, added, removed, errors, registered)
+        routers = [((r.url,), r) for r in reply.gateway.routers]
+        yield from promtable.collect(ROUTER_FAMILIES, ["router"], routers)
+        registrations = [((g.router, e.alias), g) for e in reply.engines for g in e.gateway]
+        yield from promtable.collect((REGISTERED,), ["router", "model"], registrations)
+
+
+#: Per router, read off the daemon's ``RouterInfo``.
+ROUTER_FAMILIES = (
+    Family("ktd_gateway_router_up", "1 while the sglang-router answers ktd.", lambda r: r.up),
+    Family(
+        "ktd_gateway_router_failures",
+        "Consecutive failed syncs with the router (ktd backs off meanwhile).",
+        lambda r: r.failures,
+    ),
+    Family("ktd_gateway_registrations", "Registrations ktd sent.", lambda r: r.added, counter=True),
+    Family(
+        "ktd_gateway_deregistrations",
+        "Deregistrations ktd sent.",
+        lambda r: r.removed,
+        counter=True,
+    ),
+    Family("ktd_gateway_errors", "Failed calls to the router.", lambda r: r.errors, counter=True),
+)
+
+#: Per engine and router, read off the engine's registrations.
+REGISTERED = Family(
+    "ktd_gateway_registered",
+    "1 while the router lists the engine as registered by ktd (engines mode).",
+    lambda reg: reg.state == "registered",
+)
 
 
 def install(app: QuartTrio, state: State, *, interval: float = 5.0) -> None:

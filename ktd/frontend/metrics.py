@@ -19,8 +19,11 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ktd.core import states as S
+from ktd.frontend import promtable
+from ktd.frontend.promtable import Family
 
 # Placeholder model labels for requests that never reached a configured model.
 NO_MODEL = "_none"  # bad body, bad key: no model to speak of
@@ -157,54 +160,54 @@ class EngineCollector:
     def __init__(self) -> None:
         self.snapshot: list[Any] = []
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
+    def collect(self) -> Iterator[Metric]:
         state = GaugeMetricFamily(
             "ktd_engine_state", "1 for the engine's current state.", labels=["alias", "state"]
-        )
-        leases = GaugeMetricFamily(
-            "ktd_engine_leases", "Requests holding a lease on the engine.", labels=["alias"]
-        )
-        queued = GaugeMetricFamily(
-            "ktd_engine_queue_depth",
-            "Requests waiting for the engine (a slot, a load or a swap).",
-            labels=["alias"],
-        )
-        last = GaugeMetricFamily(
-            "ktd_engine_last_load_seconds",
-            "Duration of the engine's last load.",
-            labels=["alias"],
-        )
-        restarts = CounterMetricFamily(
-            "ktd_engine_restarts", "Automatic restarts after a crash.", labels=["alias"]
-        )
-        evictions = CounterMetricFamily(
-            "ktd_engine_evictions", "Stops to make room for another engine.", labels=["alias"]
-        )
-        loads = CounterMetricFamily(
-            "ktd_engine_loads", "Loads that reached ready.", labels=["alias"]
-        )
-        load_total = CounterMetricFamily(
-            "ktd_engine_load_seconds_spent",
-            "Seconds spent in loads that reached ready.",
-            labels=["alias"],
         )
         for e in self.snapshot:
             for name in ENGINE_STATES:
                 state.add_metric([e.alias, name], 1.0 if e.state == name else 0.0)
-            leases.add_metric([e.alias], e.leases)
-            queued.add_metric([e.alias], e.queued)
-            if e.load_seconds is not None:
-                last.add_metric([e.alias], e.load_seconds)
-            restarts.add_metric([e.alias], e.restarts)
-            evictions.add_metric([e.alias], e.evictions)
-            loads.add_metric([e.alias], e.loads)
-            load_total.add_metric([e.alias], e.load_seconds_total)
-        yield from (state, leases, queued, last, restarts, evictions, loads, load_total)
+        yield state
+        rows = [((e.alias,), e) for e in self.snapshot]
+        yield from promtable.collect(ENGINE_FAMILIES, ["alias"], rows)
+
+
+#: ktd's per-engine series, read off each engine's ``EngineInfo``.
+ENGINE_FAMILIES = (
+    Family("ktd_engine_leases", "Requests holding a lease on the engine.", lambda e: e.leases),
+    Family(
+        "ktd_engine_queue_depth",
+        "Requests waiting for the engine (a slot, a load or a swap).",
+        lambda e: e.queued,
+    ),
+    Family(
+        "ktd_engine_last_load_seconds",
+        "Duration of the engine's last load.",
+        lambda e: e.load_seconds,
+    ),
+    Family(
+        "ktd_engine_restarts",
+        "Automatic restarts after a crash.",
+        lambda e: e.restarts,
+        counter=True,
+    ),
+    Family(
+        "ktd_engine_evictions",
+        "Stops to make room for another engine.",
+        lambda e: e.evictions,
+        counter=True,
+    ),
+    Family("ktd_engine_loads", "Loads that reached ready.", lambda e: e.loads, counter=True),
+    Family(
+        "ktd_engine_load_seconds_spent",
+        "Seconds spent in loads that reached ready.",
+        lambda e: e.load_seconds_total,
+        counter=True,
+    ),
+)
 
 
 def _child(cache: dict[Any, Any], key: object, metric: Any, *labels: str) -> Any:
