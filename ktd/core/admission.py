@@ -42,17 +42,17 @@ __all__ = [
     "Gate",
     "GiveBack",
     "Grant",
-    "Launch",
-    "Limits",
-    "Outcome",
+    "QueueLimits",
     "Refuse",
     "Tell",
+    "WaitEnd",
     "Waiter",
+    "WantUp",
 ]
 
 
 @dataclass(frozen=True)
-class Limits:
+class QueueLimits:
     max_concurrent: int | None = None
     max_queue: int | None = None
 
@@ -72,7 +72,7 @@ class Limits:
         return f"{waiting} request(s) already waiting (max_queue {self.max_queue})"
 
 
-class Outcome(StrEnum):
+class WaitEnd(StrEnum):
     """How a wait ended (the daemon renders each as a reply, ``ktd.daemon.gate``)."""
 
     GRANTED = "granted"
@@ -115,15 +115,15 @@ class Waiter:
 @dataclass(frozen=True)
 class Answer:
     ticket: int
-    outcome: Outcome
+    outcome: WaitEnd
 
 
 @dataclass(frozen=True)
-class Launch:
+class WantUp:
     """Ask the engine's supervisor for the engine (a load)."""
 
 
-GateAction = Answer | Launch
+GateAction = Answer | WantUp
 
 
 class Gate:
@@ -146,7 +146,7 @@ class Gate:
     def waits_before(self, cutoff: int) -> bool:
         return any(w.ticket < cutoff for w in self.line)
 
-    def may_pass(self, *, claim: bool, view: EngineView, limits: Limits) -> bool:
+    def may_pass(self, *, claim: bool, view: EngineView, limits: QueueLimits) -> bool:
         """Granted at once, without joining the line: nobody ahead, nothing held back."""
         return (
             view.state == READY
@@ -156,16 +156,18 @@ class Gate:
             and (claim or limits.free(view.in_flight) > 0)
         )
 
-    def arrive(self, w: Waiter, view: EngineView, limits: Limits, now: float) -> list[GateAction]:
+    def arrive(
+        self, w: Waiter, view: EngineView, limits: QueueLimits, now: float
+    ) -> list[GateAction]:
         if view.closing:
-            return [Answer(w.ticket, Outcome.CLOSED)]
+            return [Answer(w.ticket, WaitEnd.CLOSED)]
         if self.may_pass(claim=w.claim, view=view, limits=limits):
-            return [Answer(w.ticket, Outcome.GRANTED)]
+            return [Answer(w.ticket, WaitEnd.GRANTED)]
         if not w.claim and not limits.may_join(
             in_flight=view.in_flight, waiting=self.leases_waiting()
         ):
-            return [Answer(w.ticket, Outcome.QUEUE_FULL)]
-        # An asleep engine is parked like a stopped one: a request wakes it (a Launch).
+            return [Answer(w.ticket, WaitEnd.QUEUE_FULL)]
+        # An asleep engine is parked like a stopped one: a request wakes it (a WantUp).
         w.riding = view.state in (STARTING, WAKING) or (
             view.state in (STOPPED, ASLEEP) and (view.want_up or view.restarting)
         )
@@ -188,19 +190,19 @@ class Gate:
         if self.cutoff == cutoff:
             self.cutoff = None
 
-    def update(self, view: EngineView, limits: Limits, now: float) -> list[GateAction]:
+    def update(self, view: EngineView, limits: QueueLimits, now: float) -> list[GateAction]:
         """Everything the line can decide now (call on every change of the engine,
         a lease's end, a yield's end, and at the next deadline)."""
         out: list[GateAction] = []
         keep: list[Waiter] = []
         for w in self.line:
             if w.deadline <= now:
-                out.append(Answer(w.ticket, Outcome.TIMEOUT))
+                out.append(Answer(w.ticket, WaitEnd.TIMEOUT))
             else:
                 keep.append(w)
         self.line = keep
         if view.closing or view.retired:
-            end = Outcome.CLOSED if view.closing else Outcome.REMOVED
+            end = WaitEnd.CLOSED if view.closing else WaitEnd.REMOVED
             out += [Answer(w.ticket, end) for w in self.line]
             self.line = []
         elif view.state == READY:
@@ -212,7 +214,7 @@ class Gate:
     def next_deadline(self) -> float:
         return min((w.deadline for w in self.line), default=math.inf)
 
-    def _grant(self, view: EngineView, limits: Limits) -> list[GateAction]:
+    def _grant(self, view: EngineView, limits: QueueLimits) -> list[GateAction]:
         out: list[GateAction] = []
         in_flight = view.in_flight
         while self.line:
@@ -223,7 +225,7 @@ class Gate:
                 break  # in arrival order: nobody overtakes the head
             self.line.pop(0)
             in_flight += not w.claim
-            out.append(Answer(w.ticket, Outcome.GRANTED))
+            out.append(Answer(w.ticket, WaitEnd.GRANTED))
         return out
 
     def _settle(self, view: EngineView) -> list[GateAction]:
@@ -233,19 +235,19 @@ class Gate:
         launched = False
         for w in self.line:
             if w.riding:
-                out.append(Answer(w.ticket, Outcome.ATTEMPT_ENDED))
+                out.append(Answer(w.ticket, WaitEnd.ATTEMPT_ENDED))
             elif launched:
                 w.riding = True
                 keep.append(w)
             elif not w.autoload:
-                out.append(Answer(w.ticket, Outcome.NOT_LOADED))
+                out.append(Answer(w.ticket, WaitEnd.NOT_LOADED))
             elif view.state == FAILED and view.retry_in > 0:
-                out.append(Answer(w.ticket, Outcome.RETRY_LATER))
+                out.append(Answer(w.ticket, WaitEnd.RETRY_LATER))
             else:
                 launched = True
                 w.riding = True
                 keep.append(w)
-                out.append(Launch())
+                out.append(WantUp())
         self.line = keep
         return out
 
@@ -260,7 +262,7 @@ class ClaimGrant:
     claim: str
     alias: str
     url: str
-    limits: Limits = Limits()
+    limits: QueueLimits = QueueLimits()
 
 
 @dataclass
@@ -284,7 +286,7 @@ class Line:
     held: Held | None = None
     fetching: bool = False
     waiting: deque[int] = field(default_factory=deque)  # request ids, in arrival order
-    limits: Limits = Limits()
+    limits: QueueLimits = QueueLimits()
 
     def has_slot(self) -> bool:
         held = self.held
@@ -476,13 +478,13 @@ class Desk:
                 out += self.fetch_failed(line.model, reason)
         return out
 
-    def limits(self, limits: dict[str, Limits]) -> list[DeskAction]:
+    def limits(self, limits: dict[str, QueueLimits]) -> list[DeskAction]:
         """The daemon's current limits for every model (absent: none); a raised limit
         lets waiters in at once."""
         self.limits_known = True
         out: list[DeskAction] = []
         for model, line in self.lines.items():
-            line.limits = limits.get(model, Limits())
+            line.limits = limits.get(model, QueueLimits())
             out += self._serve(line)
         return out
 

@@ -59,7 +59,7 @@ class LaunchError(ValueError):
 
 
 @dataclass(frozen=True)
-class Launch:
+class Command:
     """The argv, plus what ktd left out and why (shown by ``--dry-run`` and status)."""
 
     argv: list[str]
@@ -139,7 +139,7 @@ def build_launch(
     port: int,
     placement_flags: Sequence[str] = (),
     catalog: Catalog | None = None,
-) -> Launch:
+) -> Command:
     """The engine's argv in the seed's order; ``placement_flags`` are the plan's derived ones.
 
     With ``catalog`` (the installed SGLang's options) a derived flag is emitted
@@ -174,7 +174,7 @@ def build_launch(
         for flag, values in derived:
             if flag not in user or flag in ("--host", "--port", "--model", "--served-model-name"):
                 argv += [flag, *values]
-        return Launch([*argv, *spec.extra_args], sleeps=sleeps)
+        return Command([*argv, *spec.extra_args], sleeps=sleeps)
 
     if spec.kt_weight_path and not catalog.has_kt:
         raise LaunchError(
@@ -194,7 +194,7 @@ def build_launch(
         if id(option) in user_set:
             continue
         argv += [flag, *values]
-    return Launch([*argv, *spec.extra_args], tuple(notes), sleeps=sleeps)
+    return Command([*argv, *spec.extra_args], tuple(notes), sleeps=sleeps)
 
 
 #: How ktd hands an engine its API key (issue 32): in a YAML file SGLang reads with

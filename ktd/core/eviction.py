@@ -20,10 +20,10 @@ from ktd.core import states as S
 from ktd.core.placement import Holding
 
 __all__ = [
-    "Evict",
     "HolderView",
+    "MakeRoom",
+    "NoLaunch",
     "PlanView",
-    "Refuse",
     "Step",
     "Use",
     "WaitIdle",
@@ -69,7 +69,7 @@ class Use:
 
 
 @dataclass(frozen=True)
-class Evict:
+class MakeRoom:
     """Stop these idle engines, wait for them, then plan again."""
 
     aliases: tuple[str, ...]
@@ -90,7 +90,7 @@ class WaitIdle:
 
 
 @dataclass(frozen=True)
-class Refuse:
+class NoLaunch:
     """No launch now: ``impossible`` = never on this machine (a config error), else busy."""
 
     reason: str
@@ -98,7 +98,7 @@ class Refuse:
     impossible: bool = False
 
 
-Step = Use | Evict | WaitLeaving | WaitIdle | Refuse
+Step = Use | MakeRoom | WaitLeaving | WaitIdle | NoLaunch
 
 
 def waitable(holder: HolderView, *, swap: bool) -> bool:
@@ -122,16 +122,16 @@ def idle_for(holder: HolderView, cutoff: int) -> bool:
 def place_step(plan: PlanView, holders: Mapping[str, HolderView], *, swap: bool) -> Step:
     """What to do with ``plan``; ``holders`` has every engine the plan may name."""
     if plan.ok:
-        return Evict(tuple(plan.evict)) if plan.evict else Use()
+        return MakeRoom(tuple(plan.evict)) if plan.evict else Use()
     reason = plan.reason or "cannot be placed"
     if plan.impossible:
-        return Refuse(reason, impossible=True)
+        return NoLaunch(reason, impossible=True)
     blocking = [holders[a] for a in plan.blocked_by if a in holders]
     leaving = tuple(h.alias for h in blocking if not h.want_up)
     if leaving:  # already being evicted: wait for them rather than fail
         return WaitLeaving(leaving)
     if not blocking or not all(waitable(h, swap=swap) for h in blocking):
-        return Refuse(reason, tuple(plan.blocked_by))
+        return NoLaunch(reason, tuple(plan.blocked_by))
     return WaitIdle(tuple(h.alias for h in blocking))
 
 

@@ -50,7 +50,7 @@ __all__ = [
     "Lifecycle",
     "Look",
     "MakeRoom",
-    "Release",
+    "ReleaseMemory",
     "Resume",
     "Settings",
     "Wait",
@@ -135,7 +135,7 @@ class CheckLoad:
 
 
 @dataclass(frozen=True)
-class Release:
+class ReleaseMemory:
     """``POST /release_memory_occupation`` (bounded by ``memory_timeout``). Report with
     ``released``."""
 
@@ -165,7 +165,16 @@ class Kill:
 
 
 Action = (
-    Idle | Wait | Launch | Deregister | CheckLoad | Release | MakeRoom | Resume | CheckHealth | Kill
+    Idle
+    | Wait
+    | Launch
+    | Deregister
+    | CheckLoad
+    | ReleaseMemory
+    | MakeRoom
+    | Resume
+    | CheckHealth
+    | Kill
 )
 
 
@@ -340,7 +349,7 @@ class Lifecycle:
                 return self._stop(look)
             self.phase = Phase.of(Step.RELEASING)
             self.memory_released = True  # from the call on, nothing that generates is sent
-            return Release()
+            return ReleaseMemory()
         if look.now >= self.drain_until:
             if sleep:
                 left = f"{look.held} held" if look.held else "the engine not idle"

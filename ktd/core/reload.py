@@ -16,7 +16,7 @@ from typing import Literal
 from ktd.core import states as S
 from ktd.core.config import ModelSpec
 
-__all__ = ["Change", "EngineView", "ReloadPlan", "plan_reload"]
+__all__ = ["Change", "Existing", "ReloadPlan", "plan_reload"]
 
 ChangeKind = Literal[
     "remove",  # gone from the config: drain, stop, forget
@@ -31,7 +31,7 @@ ChangeKind = Literal[
 
 
 @dataclass(frozen=True)
-class EngineView:
+class Existing:
     """What the diff reads of an engine the pool has."""
 
     spec: ModelSpec
@@ -73,7 +73,7 @@ class ReloadPlan:
         return "; ".join(parts) or "no changes"
 
 
-def plan_reload(engines: Mapping[str, EngineView], served: Mapping[str, ModelSpec]) -> ReloadPlan:
+def plan_reload(engines: Mapping[str, Existing], served: Mapping[str, ModelSpec]) -> ReloadPlan:
     """The changes that take ``engines`` to the served entries of the new config."""
     plan = ReloadPlan()
     for alias in engines:

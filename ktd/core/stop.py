@@ -28,13 +28,13 @@ __all__ = [
     "KILL_BOUND",
     "Action",
     "Done",
-    "Phase",
+    "ObserveAt",
+    "Observed",
     "Scan",
-    "Seen",
-    "Signal",
+    "Send",
     "StopMachine",
+    "StopPhase",
     "Target",
-    "Wait",
     "find_server",
     "launch_tail",
 ]
@@ -48,7 +48,7 @@ FOLLOW = 3.0
 KILL_BOUND = 10.0
 
 
-class Phase(StrEnum):
+class StopPhase(StrEnum):
     START = "start"  # nothing sent yet
     DRAIN = "drain"  # the server has SIGTERM and drains, bounded by the grace
     FOLLOW = "follow"  # the server is gone; the rest have SIGTERM, bounded by FOLLOW
@@ -63,7 +63,7 @@ class Target(StrEnum):
 
 
 @dataclass(frozen=True)
-class Seen:
+class Observed:
     """One observation. ``others``: members other than the server that are alive.
     ``full``: it comes from a full scan for the engine's members (which finds
     processes forked since the last one), not only from the members known so far."""
@@ -75,14 +75,14 @@ class Seen:
 
 
 @dataclass(frozen=True)
-class Signal:
+class Send:
     sig: signal.Signals
     to: Target
     why: str = ""  # the end of the log line "SIGKILL to N process(es) <why>"; "" = none
 
 
 @dataclass(frozen=True)
-class Wait:
+class ObserveAt:
     """Observe again at ``until`` at the latest. ``on_server``: the wait may end at
     the server's exit (an event where there is one); else poll the members."""
 
@@ -92,7 +92,7 @@ class Wait:
 
 @dataclass(frozen=True)
 class Scan:
-    """Observe again with a full member scan (``Seen.full``)."""
+    """Observe again with a full member scan (``Observed.full``)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class Done:
     left: bool = False
 
 
-Action = Signal | Wait | Scan | Done
+Action = Send | ObserveAt | Scan | Done
 
 
 class StopMachine:
@@ -119,7 +119,7 @@ class StopMachine:
         self.grace = grace
         self.follow = follow
         self.kill_bound = kill_bound
-        self.phase = Phase.START
+        self.phase = StopPhase.START
         self.started: float | None = None
         self.deadline = 0.0  # the current phase's
         self.terminated = False
@@ -128,15 +128,15 @@ class StopMachine:
         self._sent = False  # the current phase's signal went out since the last scan
         self._last_scan = False  # the kill bound ran out and a last scan was asked for
 
-    def step(self, seen: Seen) -> Action:
-        if self.phase is Phase.DONE:
+    def step(self, seen: Observed) -> Action:
+        if self.phase is StopPhase.DONE:
             raise RuntimeError("the stop is already done")
         if self.started is None:
             self.started = seen.now
             return self._start(seen)
-        if self.phase is Phase.DRAIN:
+        if self.phase is StopPhase.DRAIN:
             return self._drain(seen)
-        if self.phase is Phase.FOLLOW:
+        if self.phase is StopPhase.FOLLOW:
             return self._follow(seen)
         return self._kill(seen)
 
@@ -147,27 +147,27 @@ class StopMachine:
 
     # ------------------------------------------------------------ phases
 
-    def _start(self, seen: Seen) -> Action:
+    def _start(self, seen: Observed) -> Action:
         if not seen.server and not seen.others:
             return self._confirm(seen)
         if self.grace <= 0:
             return self._enter_kill(seen.now, Target.ALL, why="")
         if seen.server:
-            self.phase = Phase.DRAIN
+            self.phase = StopPhase.DRAIN
             self.deadline = seen.now + self.grace
             self.terminated = True
-            return Signal(signal.SIGTERM, Target.SERVER)
+            return Send(signal.SIGTERM, Target.SERVER)
         return self._enter_follow(seen)
 
-    def _drain(self, seen: Seen) -> Action:
+    def _drain(self, seen: Observed) -> Action:
         if not seen.server:
             return self._enter_follow(seen)
         if seen.now >= self.deadline:
             return self._enter_kill(seen.now, Target.ALL, why=f"left after {self.grace:g}s")
-        return Wait(self.deadline, on_server=True)
+        return ObserveAt(self.deadline, on_server=True)
 
-    def _enter_follow(self, seen: Seen) -> Action:
-        self.phase = Phase.FOLLOW
+    def _enter_follow(self, seen: Observed) -> Action:
+        self.phase = StopPhase.FOLLOW
         self.deadline = seen.now + self.follow
         self._sent = False
         # The server's exit changed the tree (its orphans are no one's descendants
@@ -175,7 +175,7 @@ class StopMachine:
         # when the stop began.
         return self._follow(seen) if seen.full else Scan()
 
-    def _follow(self, seen: Seen) -> Action:
+    def _follow(self, seen: Observed) -> Action:
         if not seen.others:
             return self._confirm(seen)
         if seen.now >= self.deadline:
@@ -183,37 +183,37 @@ class StopMachine:
             return self._enter_kill(seen.now, Target.REST, why=why)
         if not self._sent or seen.full:
             self._sent = True  # a full scan that finds someone: late forks get theirs
-            return Signal(signal.SIGTERM, Target.REST)
-        return Wait(self.deadline, on_server=False)
+            return Send(signal.SIGTERM, Target.REST)
+        return ObserveAt(self.deadline, on_server=False)
 
     def _enter_kill(self, now: float, target: Target, *, why: str) -> Action:
-        self.phase = Phase.KILL
+        self.phase = StopPhase.KILL
         self.deadline = now + self.kill_bound
         self._rest_target = target
         self.killed = True
         self._sent = True
-        return Signal(signal.SIGKILL, target, why)
+        return Send(signal.SIGKILL, target, why)
 
-    def _kill(self, seen: Seen) -> Action:
+    def _kill(self, seen: Observed) -> Action:
         if not seen.server and not seen.others:
             return self._confirm(seen)
         if not self._sent or seen.full:
             self._sent = True  # also past the deadline: a last SIGKILL costs no time
-            return Signal(signal.SIGKILL, self._rest_target)
+            return Send(signal.SIGKILL, self._rest_target)
         if seen.now >= self.deadline:
             if not self._last_scan:  # what forked meanwhile gets its SIGKILL too
                 self._last_scan = True
                 return Scan()
             return self._done(left=True)
-        return Wait(self.deadline, on_server=False)
+        return ObserveAt(self.deadline, on_server=False)
 
-    def _confirm(self, seen: Seen) -> Action:
+    def _confirm(self, seen: Observed) -> Action:
         """Nothing alive of what is known: a full scan has the last word (a process
         forked meanwhile is not known yet)."""
         return self._done(left=False) if seen.full else Scan()
 
     def _done(self, *, left: bool) -> Done:
-        self.phase = Phase.DONE
+        self.phase = StopPhase.DONE
         return Done(terminated=self.terminated, killed=self.killed, left=left)
 
 

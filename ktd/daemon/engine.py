@@ -21,7 +21,7 @@ import httpx
 import trio
 
 from ktd.core import states as S
-from ktd.core.admission import EngineView, Gate, Limits
+from ktd.core.admission import EngineView, Gate, QueueLimits
 from ktd.core.claimsync import ClaimRec
 from ktd.core.config import DaemonSection, ModelSpec
 from ktd.core.expiry import IdleView, ttl_due
@@ -233,8 +233,8 @@ class Engine:
         return health.engine_url(self.spec.host, run.port)
 
     @property
-    def limits(self) -> Limits:
-        return Limits(self.spec.max_concurrent, self.spec.max_queue)
+    def limits(self) -> QueueLimits:
+        return QueueLimits(self.spec.max_concurrent, self.spec.max_queue)
 
     def busy(self) -> int:
         """Requests in flight: acquire leases, and what the claims' holders report."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ktd.control.errors import ControlError
-from ktd.core.admission import Answer, Launch, Outcome, Waiter
+from ktd.core.admission import Answer, WaitEnd, Waiter, WantUp
 from ktd.daemon.engine import Engine, Lease
 from ktd.protocol import ErrorCode
 
@@ -32,7 +32,7 @@ class _Pending:
     waiter: Waiter
     client: str
     done: trio.Event = field(default_factory=trio.Event)
-    outcome: Outcome | None = None
+    outcome: WaitEnd | None = None
     granted: str = ""  # the lease or claim id
 
 
@@ -114,28 +114,28 @@ class Gatekeeper:
     def _answer(self, engine: Engine, pending: _Pending, limit: float) -> str:
         outcome = pending.outcome
         alias = engine.alias
-        if outcome == Outcome.GRANTED:
+        if outcome == WaitEnd.GRANTED:
             return pending.granted
-        if outcome == Outcome.QUEUE_FULL:
+        if outcome == WaitEnd.QUEUE_FULL:
             waiting = engine.gate.leases_waiting()
             raise ControlError(
                 ErrorCode.QUEUE_FULL,
                 engine.limits.full_message(waiting),
                 {"queued": waiting, "retry_after": 1.0},
             )
-        if outcome == Outcome.TIMEOUT:
+        if outcome == WaitEnd.TIMEOUT:
             raise ControlError(
                 ErrorCode.TIMEOUT,
                 f"{alias} not ready after {limit:g}s (still {engine.state}; the load goes on)",
                 {"state": engine.state},
             )
-        if outcome == Outcome.NOT_LOADED:
+        if outcome == WaitEnd.NOT_LOADED:
             raise ControlError(
                 ErrorCode.NOT_LOADED,
                 f"{alias} is not loaded (state {engine.state}); run: ktctl load {alias}",
                 {"state": engine.state},
             )
-        if outcome == Outcome.RETRY_LATER:
+        if outcome == WaitEnd.RETRY_LATER:
             wait = engine.retry_in()
             raise ControlError(
                 ErrorCode.LOAD_FAILED,
@@ -143,13 +143,13 @@ class Gatekeeper:
                 f"retries it (or run `ktctl load {alias}`)",
                 {"reason": engine.reason, "log_tail": engine.log.last(20), "retry_after": wait},
             )
-        if outcome == Outcome.REMOVED:
+        if outcome == WaitEnd.REMOVED:
             raise ControlError(
                 ErrorCode.UNKNOWN_MODEL,
                 f"{alias} was removed from the config while the request waited",
                 {"models": self._known()},
             )
-        if outcome == Outcome.CLOSED:
+        if outcome == WaitEnd.CLOSED:
             raise ControlError(ErrorCode.SHUTTING_DOWN, "ktd is shutting down")
         # ATTEMPT_ENDED: the load it waited for ended without ready; ``settle`` raises why
         # (load_failed, or busy). Should another load have made it ready since, say so.
@@ -175,15 +175,15 @@ class Gatekeeper:
         finally:
             self._updating.discard(alias)
 
-    def _carry_out(self, engine: Engine, actions: list[Answer | Launch]) -> None:
+    def _carry_out(self, engine: Engine, actions: list[Answer | WantUp]) -> None:
         for action in actions:
-            if isinstance(action, Launch):
+            if isinstance(action, WantUp):
                 engine.request_up()
                 continue
             pending = self._pending.get(action.ticket)
             if pending is None:
                 continue
-            if action.outcome == Outcome.GRANTED:
+            if action.outcome == WaitEnd.GRANTED:
                 pending.granted = self._grant(engine, pending.client, pending.waiter.claim)
             pending.outcome = action.outcome
             pending.done.set()

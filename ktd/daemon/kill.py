@@ -142,20 +142,20 @@ class _Driver:
             full = False
             if isinstance(action, stop.Done):
                 return action
-            if isinstance(action, stop.Signal):
+            if isinstance(action, stop.Send):
                 self._send(action)
-            elif isinstance(action, stop.Wait):
+            elif isinstance(action, stop.ObserveAt):
                 await self._wait(action)
             else:
                 self.found |= members(self.running)
                 full = True
             seen = self._look(full=full)
 
-    def _look(self, *, full: bool) -> stop.Seen:
+    def _look(self, *, full: bool) -> stop.Observed:
         # Orphans re-parented to ktd (a child subreaper) are ours to reap; the main
         # process is trio's.
         proctree.reap(pid for pid, _ in self.found if pid != self.running.pid)
-        return stop.Seen(
+        return stop.Observed(
             now=trio.current_time(),
             server=proctree.alive(self.server),
             others=len(self.alive(stop.Target.REST)),
@@ -168,7 +168,7 @@ class _Driver:
         skip = self.server if to is stop.Target.REST else None
         return [m for m in self.found if m != skip and proctree.alive(m)]
 
-    def _send(self, action: stop.Signal) -> None:
+    def _send(self, action: stop.Send) -> None:
         targets = self.alive(action.to)
         name = action.sig.name
         if action.to is stop.Target.SERVER:
@@ -195,7 +195,7 @@ class _Driver:
             else:
                 proctree.signal_ident(ident, action.sig)
 
-    async def _wait(self, action: stop.Wait) -> None:
+    async def _wait(self, action: stop.ObserveAt) -> None:
         left = action.until - trio.current_time()
         if left <= 0:
             return

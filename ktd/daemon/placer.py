@@ -239,14 +239,14 @@ class Placer:
                     step = eviction.place_step(plan, views, swap=engine.spec.swap)
                     if isinstance(step, eviction.Use):
                         return plan
-                    if isinstance(step, eviction.Evict):
+                    if isinstance(step, eviction.MakeRoom):
                         await self._evict_for(engine, step.aliases)
                         continue
                     if isinstance(step, eviction.WaitLeaving):
                         for alias in step.aliases:
                             await self.engines[alias].wait_off()
                         continue
-                    if isinstance(step, eviction.Refuse):
+                    if isinstance(step, eviction.NoLaunch):
                         if step.impossible:
                             raise Unplaceable(step.reason)
                         raise Busy(step.reason, step.blocked_by)

@@ -14,7 +14,7 @@ from typing import Any
 
 from ktd.core import states as S
 from ktd.core.config import ModelSpec
-from ktd.core.reload import EngineView, plan_reload
+from ktd.core.reload import Existing, plan_reload
 from ktd.daemon.engine import Engine
 
 StartSoon = Callable[..., Any]  # the pool's nursery.start_soon (a no-op before it runs)
@@ -44,7 +44,7 @@ class Reloader:
         """Take the engines to the new config's served models; the reload's summary."""
         self._forget_probes()  # a venv may have been upgraded: the next launch probes again
         views = {
-            alias: EngineView(
+            alias: Existing(
                 spec=e.spec,
                 state=e.state,
                 leases=e.busy(),

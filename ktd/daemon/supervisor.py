@@ -159,7 +159,7 @@ class Supervisor:
             case L.CheckLoad():
                 count = await memory.read_load(self.host.http, self._url(), key=self._key())
                 m.load(trio.current_time(), count)
-            case L.Release():
+            case L.ReleaseMemory():
                 self._show()
                 await self._health.quiet()  # its own last /health probe has ended
                 why = await memory.release(

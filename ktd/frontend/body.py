@@ -25,7 +25,7 @@ class RequestHead(msgspec.Struct):
     stream: Any = msgspec.UNSET
 
 
-class Head(msgspec.Struct, frozen=True):
+class Peeked(msgspec.Struct, frozen=True):
     model: str | None  # None only when the route allows it (``require_model=False``)
     stream: bool
 
@@ -33,7 +33,7 @@ class Head(msgspec.Struct, frozen=True):
 _decoder = msgspec.json.Decoder(RequestHead)
 
 
-def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False) -> Head:
+def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False) -> Peeked:
     """Validate the routing fields; raise ``ApiError`` 400 in OpenAI's words otherwise.
 
     JSON nested deeper than the decoder's recursion limit (~1,000 levels) is a
@@ -63,7 +63,7 @@ def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False)
     stream = ollama_stream(head.stream) if ollama else _stream(head.stream)
     if head.model is msgspec.UNSET or head.model is None:
         if not require_model:
-            return Head(model=None, stream=stream)
+            return Peeked(model=None, stream=stream)
         raise errors.bad_request("you must provide a model parameter", param="model")
     if not isinstance(head.model, str):
         raise errors.bad_request(
@@ -71,7 +71,7 @@ def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False)
             param="model",
             code="invalid_type",
         )
-    return Head(model=check_model(head.model), stream=stream)
+    return Peeked(model=check_model(head.model), stream=stream)
 
 
 def check_model(model: str) -> str:

@@ -381,7 +381,7 @@ class ClaimBroker:
             claim=reply.claim,
             alias=reply.alias,
             url=reply.url.rstrip("/"),
-            limits=adm.Limits(reply.max_concurrent, reply.max_queue),
+            limits=adm.QueueLimits(reply.max_concurrent, reply.max_queue),
         )
         return self.desk.granted(model, grant, trio.current_time())
 
@@ -392,7 +392,9 @@ class ClaimBroker:
             # A restarted daemon: our report told it what we hold; its grants count anew.
             self.daemon_run, self.seen = reply.daemon, 0
         # The daemon's current limits (a reload may have changed them), per model.
-        limits = {m: adm.Limits(v.max_concurrent, v.max_queue) for m, v in reply.limits.items()}
+        limits = {
+            m: adm.QueueLimits(v.max_concurrent, v.max_queue) for m, v in reply.limits.items()
+        }
         self._do(self.desk.limits(limits))
         self._first_reply.set()
         now = trio.current_time()

@@ -21,7 +21,7 @@ import trio
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 
-__all__ = ["EngineKeys"]
+__all__ = ["KeyCache"]
 
 Ask = Callable[[], Awaitable[dict[str, str]]]
 
@@ -30,7 +30,7 @@ def _norm(url: str) -> str:
     return url.rstrip("/")
 
 
-class EngineKeys:
+class KeyCache:
     def __init__(self, ask: Ask | None = None, *, min_interval: float = 1.0) -> None:
         self._ask = ask
         self._headers: dict[str, bytes] = {}

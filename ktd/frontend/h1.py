@@ -38,11 +38,11 @@ MAX_CHUNK_LINE: Final = 4096  # chunk size + extensions
 _HEX: Final = b"0123456789abcdefABCDEF"
 
 
-class ProtocolError(Exception):
+class BrokenResponse(Exception):
     """The server broke HTTP/1.1: nothing more on this connection can be trusted."""
 
 
-class IncompleteMessage(ProtocolError):
+class IncompleteMessage(BrokenResponse):
     """EOF before the response was complete (the server closed or died)."""
 
 
@@ -193,7 +193,7 @@ class ResponseParser:
     # ------------------------------------------------------------ events
 
     def next_event(self) -> Event:
-        """What the buffered bytes amount to next; raises ProtocolError on a broken response.
+        """What the buffered bytes amount to next; raises BrokenResponse on a broken response.
 
         After a body ``bytes``, everything buffered has been consumed that
         could be: the next call returns END (``complete``) or NEED_DATA,
@@ -229,20 +229,20 @@ class ResponseParser:
                         pos += 2
                         sub = _SIZE
                     elif end - pos >= 2 or buf[pos] != 13:
-                        raise ProtocolError("chunk data not followed by CRLF")
+                        raise BrokenResponse("chunk data not followed by CRLF")
                     else:
                         break
                 elif sub == _SIZE:
                     i = buf.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
                     if i < 0:
                         if end - pos >= MAX_CHUNK_LINE:
-                            raise ProtocolError("chunk size line too long")
+                            raise BrokenResponse("chunk size line too long")
                         break
                     line = buf[pos:i]
                     if b";" in line:  # chunk extensions: allowed, ignored
                         line = line.partition(b";")[0].rstrip(b" \t")
                     if not line or len(line) > 16 or line.strip(_HEX):
-                        raise ProtocolError(f"bad chunk size: {buf[pos:i][:20]!r}")
+                        raise BrokenResponse(f"bad chunk size: {buf[pos:i][:20]!r}")
                     pos = i + 2
                     size = int(line, 16)
                     if size:
@@ -254,7 +254,7 @@ class ResponseParser:
                     i = buf.find(b"\r\n", pos)
                     if i < 0:
                         if self._trailer_bytes + end - pos > MAX_HEAD:
-                            raise ProtocolError("trailers too large")
+                            raise BrokenResponse("trailers too large")
                         break
                     if i == pos:
                         pos += 2
@@ -263,7 +263,7 @@ class ResponseParser:
                         break
                     self._trailer_bytes += i + 2 - pos
                     if self._trailer_bytes > MAX_HEAD:
-                        raise ProtocolError("trailers too large")
+                        raise BrokenResponse("trailers too large")
                     self.trailers.append(_parse_field(buf[pos:i]))
                     pos = i + 2
             self._chunk = sub
@@ -326,7 +326,7 @@ class ResponseParser:
         end = buf.find(b"\r\n\r\n", start)
         if end < 0:
             if len(buf) - pos > MAX_HEAD:
-                raise ProtocolError("response head too large")
+                raise BrokenResponse("response head too large")
             self._scanned = len(buf) - pos
             if self._eof:
                 if pos == len(buf):
@@ -334,13 +334,13 @@ class ResponseParser:
                 raise IncompleteMessage("EOF inside the response head")
             return NEED_DATA
         if end - pos > MAX_HEAD:
-            raise ProtocolError("response head too large")
+            raise BrokenResponse("response head too large")
         self._pos = end + 4
         self._scanned = 0
         status, reason, http10, headers = _parse_head(buf[pos:end])
         if status < 200:
             if status == 101:
-                raise ProtocolError("101 Switching Protocols, but no upgrade was asked for")
+                raise BrokenResponse("101 Switching Protocols, but no upgrade was asked for")
             return Interim(status, reason, headers)
         head = Head(status, reason, headers)
         self.head = head
@@ -376,7 +376,7 @@ class ResponseParser:
             found = {v.strip(b" \t") for value in lengths for v in value.split(b",")}
             value = found.pop() if len(found) == 1 else b""
             if not value.isdigit() or len(value) > 18:
-                raise ProtocolError(f"bad content-length: {b', '.join(lengths)[:40]!r}")
+                raise BrokenResponse(f"bad content-length: {b', '.join(lengths)[:40]!r}")
             self._remaining = int(value)
             if self._remaining:
                 self._state = _LENGTH
@@ -410,7 +410,7 @@ def _parse_head(head: bytes) -> tuple[int, bytes, bool, list[tuple[bytes, bytes]
         or b"\r" in line
         or b"\n" in line
     ):
-        raise ProtocolError(f"bad status line: {line[:80]!r}")
+        raise BrokenResponse(f"bad status line: {line[:80]!r}")
     return int(code), reason, version == b"HTTP/1.0", [_parse_field(f) for f in lines[1:]]
 
 
@@ -426,5 +426,5 @@ def _parse_field(line: bytes) -> tuple[bytes, bytes]:
         or b"\n" in line
         or b"\0" in line
     ):
-        raise ProtocolError(f"bad header line: {line[:80]!r}")
+        raise BrokenResponse(f"bad header line: {line[:80]!r}")
     return name.lower(), value.strip(b" \t")

@@ -12,7 +12,7 @@ from ktd.core.config import FrontendSection
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.catalog import ResponseBook
-from ktd.frontend.enginekeys import EngineKeys
+from ktd.frontend.enginekeys import KeyCache
 from ktd.frontend.metrics import Metrics
 from ktd.frontend.upstream import UpstreamPool
 
@@ -45,7 +45,7 @@ class State:
             on_unreachable=self.metrics.daemon_errors.inc,
         )
         # The engines' own keys (issue 32): from each claim, else asked of the daemon.
-        self.engine_keys = EngineKeys(self._ask_engine_keys)
+        self.engine_keys = KeyCache(self._ask_engine_keys)
         self.broker.on_engine_key = self.engine_keys.learn
         self.upstream = UpstreamPool(
             read_timeout=options.frontend.read_timeout, keys=self.engine_keys

@@ -46,13 +46,13 @@ from urllib.parse import urlsplit
 import trio
 from trio.lowlevel import notify_closing, wait_readable, wait_writable
 
-from ktd.frontend.enginekeys import EngineKeys
+from ktd.frontend.enginekeys import KeyCache
 from ktd.frontend.h1 import (
     END,
     NEED_DATA,
+    BrokenResponse,
     Head,
     IncompleteMessage,
-    ProtocolError,
     ResponseParser,
     build_request,
 )
@@ -78,7 +78,7 @@ class _Retry(Exception):
     """A reused connection died before answering: try a fresh one."""
 
 
-def _bad_response(exc: ProtocolError) -> UpstreamError:
+def _bad_response(exc: BrokenResponse) -> UpstreamError:
     if isinstance(exc, IncompleteMessage):
         return UpstreamError("the engine closed the connection before the response was complete")
     return UpstreamError(f"bad response from the engine: {exc}")
@@ -217,7 +217,7 @@ class Response:
             while event is NEED_DATA:
                 parser.feed(await conn.recv(self._timeout))
                 event = parser.next_event()
-        except ProtocolError as exc:
+        except BrokenResponse as exc:
             raise _bad_response(exc) from None
         if event is END:
             self.done = True
@@ -257,9 +257,9 @@ class UpstreamPool:
         write_timeout: float = 60.0,
         idle_expiry: float = 4.0,
         max_idle_per_host: int = 1024,
-        keys: EngineKeys | None = None,
+        keys: KeyCache | None = None,
     ) -> None:
-        self.keys = keys if keys is not None else EngineKeys()
+        self.keys = keys if keys is not None else KeyCache()
         self.read_timeout = read_timeout or None
         self.connect_timeout = connect_timeout
         self.write_timeout = write_timeout
@@ -487,7 +487,7 @@ class UpstreamPool:
         while True:
             try:
                 event = parser.next_event()
-            except ProtocolError as exc:  # EOF is never fed here: it is handled below
+            except BrokenResponse as exc:  # EOF is never fed here: it is handled below
                 raise _bad_response(exc) from None
             if isinstance(event, Head):
                 return Response(self, conn, parser, event, timeout)

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from ktd.gateway.plan import Seen, Worker
+from ktd.gateway.plan import Listed, Worker
 
 
 class RouterError(Exception):
@@ -53,7 +53,7 @@ class RouterClient:
         text = r.text[:300].strip()
         return RouterError(f"{what}: HTTP {r.status_code}" + (f": {text}" if text else ""))
 
-    async def list_workers(self) -> list[Seen]:
+    async def list_workers(self) -> list[Listed]:
         r = await self._call("GET", "/workers")
         if r.status_code != 200:
             raise self._fail(r, "GET /workers")
@@ -101,14 +101,14 @@ class RouterClient:
             raise self._fail(r, "DELETE /workers")
 
 
-def parse_workers(doc: Any) -> list[Seen]:
-    """``GET /workers``'s body → ``Seen`` entries (labels are in ``metadata``)."""
+def parse_workers(doc: Any) -> list[Listed]:
+    """``GET /workers``'s body → ``Listed`` entries (labels are in ``metadata``)."""
     items = doc["workers"] if isinstance(doc, dict) else doc
-    out: list[Seen] = []
+    out: list[Listed] = []
     for w in items:
         meta = w.get("metadata") or w.get("labels") or {}
         out.append(
-            Seen(
+            Listed(
                 id=str(w.get("id") or w["url"]),
                 url=str(w["url"]),
                 model_id=str(w.get("model_id") or ""),

@@ -23,7 +23,7 @@ from ktd.gateway.client import RouterClient, RouterError, parse_workers
 @dataclass(frozen=True)
 class RouterProbe:
     url: str
-    workers: list[plan.Seen] | None = None
+    workers: list[plan.Listed] | None = None
     error: str | None = None
 
 

@@ -34,7 +34,7 @@ class Worker:
 
 
 @dataclass(frozen=True)
-class Seen:
+class Listed:
     """One worker in a router's ``GET /workers``."""
 
     id: str
@@ -57,7 +57,7 @@ class Action:
 
 
 @dataclass(frozen=True)
-class EngineView:
+class Local:
     """What the plan needs of an engine (a snapshot; the pool builds it)."""
 
     alias: str
@@ -131,7 +131,7 @@ def _csv(values: Iterable[int]) -> str:
 
 
 def engine_worker(
-    e: EngineView, *, advertise: str | None, labels: Mapping[str, str], fqdn: str | None = None
+    e: Local, *, advertise: str | None, labels: Mapping[str, str], fqdn: str | None = None
 ) -> Worker:
     host = url_host(advertised_host(e.host, advertise, fqdn))
     own = dict(labels)
@@ -147,7 +147,7 @@ def engine_worker(
 
 
 def desired_engines(
-    engines: Sequence[EngineView],
+    engines: Sequence[Local],
     *,
     advertise: str | None,
     labels: Mapping[str, str],
@@ -182,7 +182,7 @@ def desired_frontend(
     return Desired((Worker(url=url, model_id=model_id, labels=tuple(sorted(labels.items()))),))
 
 
-def reconcile(desired: Desired, seen: Sequence[Seen], instance: str) -> list[Action]:
+def reconcile(desired: Desired, seen: Sequence[Listed], instance: str) -> list[Action]:
     """The router's view → the actions that make it ``desired``.
 
     * a desired URL the router lacks → add;
@@ -195,7 +195,7 @@ def reconcile(desired: Desired, seen: Sequence[Seen], instance: str) -> list[Act
 
     Removals come first, so a model_id change is remove-then-add of one URL.
     """
-    by_url: dict[str, list[Seen]] = {}
+    by_url: dict[str, list[Listed]] = {}
     for s in seen:
         by_url.setdefault(normalize_url(s.url), []).append(s)
     want = {normalize_url(w.url): w for w in desired.workers}
@@ -224,7 +224,7 @@ def reconcile(desired: Desired, seen: Sequence[Seen], instance: str) -> list[Act
     return removes + adds + updates
 
 
-def registration_state(url: str, desired: Desired, seen: Sequence[Seen] | None) -> str:
+def registration_state(url: str, desired: Desired, seen: Sequence[Listed] | None) -> str:
     """One engine's registration on one router, for ``ktctl status``.
 
     ``registered`` / ``unhealthy`` (listed; the router's health check failing),

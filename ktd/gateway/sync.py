@@ -41,7 +41,7 @@ ADD_RETRY_AFTER = 15.0
 class RouterState:
     url: str
     client: RouterClient
-    seen: list[plan.Seen] | None = None
+    seen: list[plan.Listed] | None = None
     up: bool | None = None
     error: str | None = None
     failures: int = 0
@@ -142,7 +142,7 @@ class GatewaySync:
     def _labels(self) -> dict[str, str]:
         return plan.base_labels(self.instance, self.host_name, self.config.labels)
 
-    def views(self) -> list[plan.EngineView]:
+    def views(self) -> list[plan.Local]:
         out = []
         for e in self.pool.engines.values():
             run = e.run or e.adopt
@@ -151,7 +151,7 @@ class GatewaySync:
             )
             plan_ = e.plan
             out.append(
-                plan.EngineView(
+                plan.Local(
                     alias=e.alias,
                     state=e.state,
                     host=e.spec.host,

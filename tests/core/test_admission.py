@@ -17,27 +17,27 @@ from hypothesis.stateful import (
 
 from ktd.core import admission as adm
 from ktd.core import states as S
-from ktd.core.admission import EngineView, Gate, Limits, Outcome, Waiter
+from ktd.core.admission import EngineView, Gate, QueueLimits, WaitEnd, Waiter
 
 # ---------------------------------------------------------------- limits
 
 
 def test_max_queue_counts_only_requests_behind_others() -> None:
-    one = Limits(max_concurrent=1, max_queue=0)
+    one = QueueLimits(max_concurrent=1, max_queue=0)
     assert one.may_join(in_flight=0, waiting=0)  # it will have the slot: no queue
     assert not one.may_join(in_flight=1, waiting=0)  # it would wait behind a request
     assert not one.may_join(in_flight=0, waiting=1)
-    two = Limits(max_concurrent=2, max_queue=1)
+    two = QueueLimits(max_concurrent=2, max_queue=1)
     assert two.may_join(in_flight=1, waiting=1)  # one for the free slot, one queued
     assert not two.may_join(in_flight=1, waiting=2)
 
 
 def test_without_max_concurrent_nobody_is_ever_queued() -> None:
     """No slot to wait for: requests only wait for a load or swap, however many."""
-    lim = Limits(max_queue=0)
+    lim = QueueLimits(max_queue=0)
     assert lim.may_join(in_flight=5, waiting=1000)
-    assert Limits().may_join(in_flight=10**6, waiting=10**6)
-    assert Limits(max_concurrent=3).free(1) == 2 and math.isinf(Limits().free(7))
+    assert QueueLimits().may_join(in_flight=10**6, waiting=10**6)
+    assert QueueLimits(max_concurrent=3).free(1) == 2 and math.isinf(QueueLimits().free(7))
 
 
 # ---------------------------------------------------------------- the gate
@@ -47,44 +47,46 @@ def ready(in_flight: int = 0, **kw: object) -> EngineView:
     return EngineView(state=S.READY, want_up=True, in_flight=in_flight, **kw)  # type: ignore[arg-type]
 
 
-def outcomes(actions: list[adm.GateAction]) -> list[tuple[int, Outcome] | str]:
+def outcomes(actions: list[adm.GateAction]) -> list[tuple[int, WaitEnd] | str]:
     return [(a.ticket, a.outcome) if isinstance(a, adm.Answer) else "launch" for a in actions]
 
 
 def test_a_ready_engine_with_room_grants_at_once() -> None:
     g = Gate()
-    assert g.may_pass(claim=False, view=ready(), limits=Limits(max_concurrent=1))
-    assert not g.may_pass(claim=False, view=ready(1), limits=Limits(max_concurrent=1))
-    assert g.may_pass(claim=True, view=ready(1), limits=Limits(max_concurrent=1))  # claims count
-    acts = g.arrive(Waiter(1), ready(), Limits(), now=0)
-    assert outcomes(acts) == [(1, Outcome.GRANTED)] and not g.line
+    assert g.may_pass(claim=False, view=ready(), limits=QueueLimits(max_concurrent=1))
+    assert not g.may_pass(claim=False, view=ready(1), limits=QueueLimits(max_concurrent=1))
+    assert g.may_pass(
+        claim=True, view=ready(1), limits=QueueLimits(max_concurrent=1)
+    )  # claims count
+    acts = g.arrive(Waiter(1), ready(), QueueLimits(), now=0)
+    assert outcomes(acts) == [(1, WaitEnd.GRANTED)] and not g.line
 
 
 def test_leases_wait_in_arrival_order_for_slots_and_claims_do_not_overtake() -> None:
-    g, lim = Gate(), Limits(max_concurrent=1)
+    g, lim = Gate(), QueueLimits(max_concurrent=1)
     assert g.arrive(Waiter(1), ready(1), lim, now=0) == []
     assert g.arrive(Waiter(2, claim=True), ready(1), lim, now=0) == []  # behind the lease
     assert g.update(ready(1), lim, now=1) == []
-    assert outcomes(g.update(ready(0), lim, now=2)) == [(1, Outcome.GRANTED), (2, Outcome.GRANTED)]
+    assert outcomes(g.update(ready(0), lim, now=2)) == [(1, WaitEnd.GRANTED), (2, WaitEnd.GRANTED)]
 
 
 def test_a_cold_engine_is_launched_once_and_its_end_answers_every_rider() -> None:
     g = Gate()
     stopped = EngineView(state=S.STOPPED, want_up=False)
-    assert outcomes(g.arrive(Waiter(1), stopped, Limits(), now=0)) == ["launch"]
+    assert outcomes(g.arrive(Waiter(1), stopped, QueueLimits(), now=0)) == ["launch"]
     starting = EngineView(state=S.STARTING, want_up=True)
-    assert g.arrive(Waiter(2), starting, Limits(), now=0) == []
+    assert g.arrive(Waiter(2), starting, QueueLimits(), now=0) == []
     failed = EngineView(state=S.FAILED, want_up=False, retry_in=30)
-    assert outcomes(g.update(failed, Limits(), now=5)) == [
-        (1, Outcome.ATTEMPT_ENDED),
-        (2, Outcome.ATTEMPT_ENDED),
+    assert outcomes(g.update(failed, QueueLimits(), now=5)) == [
+        (1, WaitEnd.ATTEMPT_ENDED),
+        (2, WaitEnd.ATTEMPT_ENDED),
     ]
     # A request after the failure, inside the backoff: told to retry later, nothing launched.
-    assert outcomes(g.arrive(Waiter(3), failed, Limits(), now=6)) == [(3, Outcome.RETRY_LATER)]
+    assert outcomes(g.arrive(Waiter(3), failed, QueueLimits(), now=6)) == [(3, WaitEnd.RETRY_LATER)]
 
 
 def test_requests_that_waited_through_an_evict_bring_the_engine_back_with_one_load() -> None:
-    g, lim = Gate(), Limits(max_concurrent=1)
+    g, lim = Gate(), QueueLimits(max_concurrent=1)
     g.arrive(Waiter(1), ready(1), lim, now=0)
     g.arrive(Waiter(2), ready(1), lim, now=0)
     draining = EngineView(state=S.DRAINING, want_up=False, in_flight=1)
@@ -100,64 +102,67 @@ def test_requests_waiting_for_a_load_ride_through_a_reloads_restart() -> None:
     not the load's end: they ride the new load; an evict during the restart ends it."""
     g = Gate()
     starting = EngineView(state=S.STARTING, want_up=True)
-    g.arrive(Waiter(1), starting, Limits(), now=0)
+    g.arrive(Waiter(1), starting, QueueLimits(), now=0)
     for state in (S.STOPPING, S.STOPPED):
         restart = EngineView(state=state, want_up=False, restarting=True)
-        assert g.update(restart, Limits(), now=1) == []
-    assert g.arrive(Waiter(2), restart, Limits(), now=1) == []  # a late one rides too
+        assert g.update(restart, QueueLimits(), now=1) == []
+    assert g.arrive(Waiter(2), restart, QueueLimits(), now=1) == []  # a late one rides too
     assert all(w.riding for w in g.line)
-    assert outcomes(g.update(ready(), Limits(), now=2)) == [
-        (1, Outcome.GRANTED),
-        (2, Outcome.GRANTED),
+    assert outcomes(g.update(ready(), QueueLimits(), now=2)) == [
+        (1, WaitEnd.GRANTED),
+        (2, WaitEnd.GRANTED),
     ]
-    g.arrive(Waiter(3), starting, Limits(), now=3)
-    assert g.update(restart, Limits(), now=3) == []
+    g.arrive(Waiter(3), starting, QueueLimits(), now=3)
+    assert g.update(restart, QueueLimits(), now=3) == []
     evicted = EngineView(state=S.STOPPED, want_up=False)  # the evict won over the restart
-    assert outcomes(g.update(evicted, Limits(), now=4)) == [(3, Outcome.ATTEMPT_ENDED)]
+    assert outcomes(g.update(evicted, QueueLimits(), now=4)) == [(3, WaitEnd.ATTEMPT_ENDED)]
 
 
 def test_no_autoload_means_not_loaded_and_deadlines_time_out() -> None:
     g = Gate()
     stopped = EngineView(state=S.STOPPED, want_up=False)
-    assert outcomes(g.arrive(Waiter(1, autoload=False), stopped, Limits(), now=0)) == [
-        (1, Outcome.NOT_LOADED)
+    assert outcomes(g.arrive(Waiter(1, autoload=False), stopped, QueueLimits(), now=0)) == [
+        (1, WaitEnd.NOT_LOADED)
     ]
     starting = EngineView(state=S.STARTING, want_up=True)
-    g.arrive(Waiter(2, deadline=10), starting, Limits(), now=0)
-    assert g.update(starting, Limits(), now=9.9) == []
-    assert outcomes(g.update(starting, Limits(), now=10)) == [(2, Outcome.TIMEOUT)]
+    g.arrive(Waiter(2, deadline=10), starting, QueueLimits(), now=0)
+    assert g.update(starting, QueueLimits(), now=9.9) == []
+    assert outcomes(g.update(starting, QueueLimits(), now=10)) == [(2, WaitEnd.TIMEOUT)]
 
 
 def test_a_yielding_engine_serves_the_earlier_requests_and_holds_back_the_later() -> None:
-    g, lim = Gate(), Limits(max_concurrent=1)
+    g, lim = Gate(), QueueLimits(max_concurrent=1)
     g.arrive(Waiter(1), ready(1), lim, now=0)
     assert g.hold_back(5) and not g.hold_back(7)  # the first cut stands
     g.arrive(Waiter(6), ready(1), lim, now=0)
     assert g.waits_before(5)
-    assert outcomes(g.update(ready(0), lim, now=1)) == [(1, Outcome.GRANTED)]
+    assert outcomes(g.update(ready(0), lim, now=1)) == [(1, WaitEnd.GRANTED)]
     assert not g.waits_before(5) and g.update(ready(0), lim, now=1) == []
     # Evicted for the swap: the held-back request brings it back.
     stopped = EngineView(state=S.STOPPED, want_up=False)
     assert outcomes(g.update(stopped, lim, now=2)) == ["launch"]
     g.release(5)
-    assert outcomes(g.update(ready(0), lim, now=3)) == [(6, Outcome.GRANTED)]
+    assert outcomes(g.update(ready(0), lim, now=3)) == [(6, WaitEnd.GRANTED)]
 
 
 def test_leases_past_max_queue_are_refused_claims_never() -> None:
-    g, lim = Gate(), Limits(max_concurrent=1, max_queue=1)
+    g, lim = Gate(), QueueLimits(max_concurrent=1, max_queue=1)
     g.arrive(Waiter(1), ready(1), lim, now=0)
-    assert outcomes(g.arrive(Waiter(2), ready(1), lim, now=0)) == [(2, Outcome.QUEUE_FULL)]
+    assert outcomes(g.arrive(Waiter(2), ready(1), lim, now=0)) == [(2, WaitEnd.QUEUE_FULL)]
     assert g.arrive(Waiter(3, claim=True), ready(1), lim, now=0) == []  # its frontend counts
 
 
 def test_shutdown_and_removal_answer_everyone() -> None:
     g = Gate()
-    g.arrive(Waiter(1), EngineView(state=S.STARTING, want_up=True), Limits(), now=0)
-    g.arrive(Waiter(2), EngineView(state=S.STARTING, want_up=True), Limits(), now=0)
+    g.arrive(Waiter(1), EngineView(state=S.STARTING, want_up=True), QueueLimits(), now=0)
+    g.arrive(Waiter(2), EngineView(state=S.STARTING, want_up=True), QueueLimits(), now=0)
     gone = EngineView(state=S.STARTING, want_up=True, retired=True)
-    assert outcomes(g.update(gone, Limits(), now=1)) == [(1, Outcome.REMOVED), (2, Outcome.REMOVED)]
+    assert outcomes(g.update(gone, QueueLimits(), now=1)) == [
+        (1, WaitEnd.REMOVED),
+        (2, WaitEnd.REMOVED),
+    ]
     closing = EngineView(state=S.READY, want_up=True, closing=True)
-    assert outcomes(g.arrive(Waiter(3), closing, Limits(), now=1)) == [(3, Outcome.CLOSED)]
+    assert outcomes(g.arrive(Waiter(3), closing, QueueLimits(), now=1)) == [(3, WaitEnd.CLOSED)]
 
 
 class GateMachine(RuleBasedStateMachine):
@@ -167,7 +172,7 @@ class GateMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.gate = Gate()
-        self.limits = Limits(max_concurrent=2, max_queue=2)
+        self.limits = QueueLimits(max_concurrent=2, max_queue=2)
         self.state = S.STOPPED
         self.want_up = False
         self.restarting = False  # a reload's restart: down, then up again
@@ -176,7 +181,7 @@ class GateMachine(RuleBasedStateMachine):
         self.ticket = 0
         self.leases = 0  # granted leases in flight
         self.claims = 0  # granted claims (reported busy: 0, they count nothing here)
-        self.answered: dict[int, Outcome] = {}
+        self.answered: dict[int, WaitEnd] = {}
         self.waiting: dict[int, Waiter] = {}
         self.granted_order: list[int] = []
 
@@ -191,14 +196,14 @@ class GateMachine(RuleBasedStateMachine):
 
     def apply(self, actions: list[adm.GateAction]) -> None:
         for a in actions:
-            if isinstance(a, adm.Launch):
+            if isinstance(a, adm.WantUp):
                 assert self.state in (S.STOPPED, S.FAILED) and not self.want_up
                 self.want_up = True
                 continue
             assert a.ticket not in self.answered, "answered twice"
             w = self.waiting.pop(a.ticket)
             self.answered[a.ticket] = a.outcome
-            if a.outcome == Outcome.GRANTED:
+            if a.outcome == WaitEnd.GRANTED:
                 assert self.state == S.READY
                 cutoff = self.gate.cutoff
                 assert cutoff is None or a.ticket < cutoff, "granted past a swap's cutoff"
@@ -207,9 +212,9 @@ class GateMachine(RuleBasedStateMachine):
                     self.claims += 1
                 else:
                     self.leases += 1
-            if a.outcome == Outcome.TIMEOUT:
+            if a.outcome == WaitEnd.TIMEOUT:
                 assert w.deadline <= self.now
-            if a.outcome == Outcome.ATTEMPT_ENDED:
+            if a.outcome == WaitEnd.ATTEMPT_ENDED:
                 assert not self.restarting, "a restart's stop ended the load it waited for"
 
     def update(self) -> None:
@@ -346,8 +351,8 @@ TestGate.settings = settings(max_examples=400, stateful_step_count=50, deadline=
 # ---------------------------------------------------------------- the desk
 
 
-def grant(claim: str = "c1", limits: Limits | None = None) -> adm.ClaimGrant:
-    return adm.ClaimGrant(claim=claim, alias="m", url="http://e", limits=limits or Limits())
+def grant(claim: str = "c1", limits: QueueLimits | None = None) -> adm.ClaimGrant:
+    return adm.ClaimGrant(claim=claim, alias="m", url="http://e", limits=limits or QueueLimits())
 
 
 def kinds(actions: list[adm.DeskAction]) -> list[str]:
@@ -368,7 +373,7 @@ def test_a_cold_model_asks_one_claim_for_any_number_of_requests() -> None:
 def test_max_queue_0_means_the_same_on_a_fresh_frontend_and_after_an_evict() -> None:
     """The regression: once the limits were known, a model whose claim went back (an
     evict) turned every request away with 429 "0 request(s) already waiting"."""
-    lim = Limits(max_concurrent=None, max_queue=0)
+    lim = QueueLimits(max_concurrent=None, max_queue=0)
     fresh = adm.Desk()
     fresh.limits({"m": lim})
     _, acts = fresh.arrive("m", 0.0)
@@ -386,7 +391,7 @@ def test_max_queue_0_means_the_same_on_a_fresh_frontend_and_after_an_evict() -> 
 def test_max_concurrent_and_max_queue_at_the_desk() -> None:
     d = adm.Desk()
     d.arrive("m", 0.0)
-    d.granted("m", grant(limits=Limits(max_concurrent=1, max_queue=1)), 0.0)
+    d.granted("m", grant(limits=QueueLimits(max_concurrent=1, max_queue=1)), 0.0)
     _, acts = d.arrive("m", 0.0)
     assert kinds(acts) == []  # waits for the slot (queued: 1 of 1)
     _, acts = d.arrive("m", 0.0)
@@ -399,7 +404,7 @@ def test_max_concurrent_and_max_queue_at_the_desk() -> None:
 def test_the_end_of_a_request_lets_the_next_one_in() -> None:
     d = adm.Desk()
     d.arrive("m", 0.0)
-    d.granted("m", grant(limits=Limits(max_concurrent=1)), 0.0)
+    d.granted("m", grant(limits=QueueLimits(max_concurrent=1)), 0.0)
     waiting, _ = d.arrive("m", 0.0)
     [nxt] = [a for a in d.ended(d.claims["c1"], 1.0) if isinstance(a, adm.Grant)]
     assert nxt.rid == waiting and d.claims["c1"].inflight == 1
@@ -408,9 +413,9 @@ def test_the_end_of_a_request_lets_the_next_one_in() -> None:
 def test_a_raised_limit_lets_waiters_in_at_once() -> None:
     d = adm.Desk()
     d.arrive("m", 0.0)
-    d.granted("m", grant(limits=Limits(max_concurrent=1)), 0.0)
+    d.granted("m", grant(limits=QueueLimits(max_concurrent=1)), 0.0)
     d.arrive("m", 0.0)
-    assert kinds(d.limits({"m": Limits(max_concurrent=2)})) == ["Grant"]
+    assert kinds(d.limits({"m": QueueLimits(max_concurrent=2)})) == ["Grant"]
 
 
 def test_a_drain_recall_stops_routing_and_the_claim_goes_back_after_its_last_request() -> None:
@@ -497,7 +502,10 @@ class DeskMachine(RuleBasedStateMachine):
         self.given_back: set[str] = set()
         self.grants = 0
         self.order: dict[str, list[int]] = {m: [] for m in self.MODELS}
-        self.limits = {"m": Limits(max_concurrent=1, max_queue=1), "n": Limits(max_queue=0)}
+        self.limits = {
+            "m": QueueLimits(max_concurrent=1, max_queue=1),
+            "n": QueueLimits(max_queue=0),
+        }
 
     def apply(self, actions: list[adm.DeskAction]) -> None:
         for a in actions:
@@ -579,7 +587,7 @@ class DeskMachine(RuleBasedStateMachine):
         q=st.sampled_from([None, 0, 1]),
     )
     def reload_changes_limits(self, model: str, cap: int | None, q: int | None) -> None:
-        self.limits[model] = Limits(cap, q)
+        self.limits[model] = QueueLimits(cap, q)
         self.apply(self.desk.limits(dict(self.limits)))
 
     @rule()

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from ktd.core import states as S
 from ktd.core.eviction import (
-    Evict,
     HolderView,
-    Refuse,
+    MakeRoom,
+    NoLaunch,
     Use,
     WaitIdle,
     WaitLeaving,
@@ -33,12 +33,12 @@ def holder(alias: str, state: str = S.READY, *, want_up: bool = True, **kw: obje
 
 def test_a_fitting_plan_is_used_or_evicts_the_idle_engines_it_names() -> None:
     assert place_step(P(), {}, swap=True) == Use()
-    assert place_step(P(evict=("a", "b")), {}, swap=True) == Evict(("a", "b"))
+    assert place_step(P(evict=("a", "b")), {}, swap=True) == MakeRoom(("a", "b"))
 
 
 def test_an_impossible_plan_is_refused_as_such() -> None:
     step = place_step(P(ok=False, impossible=True, reason="no NUMA node 7"), {}, swap=True)
-    assert step == Refuse("no NUMA node 7", impossible=True)
+    assert step == NoLaunch("no NUMA node 7", impossible=True)
 
 
 def test_holders_already_leaving_are_waited_for() -> None:
@@ -56,14 +56,14 @@ def test_busy_holders_that_can_swap_are_waited_for_until_idle() -> None:
 def test_pinned_holders_or_no_swap_make_it_busy() -> None:
     plan = P(ok=False, blocked_by=("a",), reason="a holds GPU 0")
     pinned = {"a": holder("a", leases=1, pinned=True)}
-    assert place_step(plan, pinned, swap=True) == Refuse("a holds GPU 0", ("a",))
-    assert place_step(plan, {"a": holder("a", leases=1)}, swap=False) == Refuse(
+    assert place_step(plan, pinned, swap=True) == NoLaunch("a holds GPU 0", ("a",))
+    assert place_step(plan, {"a": holder("a", leases=1)}, swap=False) == NoLaunch(
         "a holds GPU 0", ("a",)
     )
 
 
 def test_blocked_by_no_known_engine_is_busy() -> None:
-    assert place_step(P(ok=False, blocked_by=("ghost",)), {}, swap=True) == Refuse(
+    assert place_step(P(ok=False, blocked_by=("ghost",)), {}, swap=True) == NoLaunch(
         "cannot be placed", ("ghost",)
     )
 
@@ -104,7 +104,7 @@ def test_a_wake_needs_its_own_nodes_and_gpus_idle_holders_go_busy_ones_are_waite
         "busy": HolderView("busy", S.READY, want_up=True, leases=2),
         "pinned": HolderView("pinned", S.READY, want_up=True, pinned=True),
     }
-    assert isinstance(place_step(plan, views, swap=True), Refuse)  # pinned: never waited for
+    assert isinstance(place_step(plan, views, swap=True), NoLaunch)  # pinned: never waited for
     del views["pinned"]
     plan = room_for((0,), (1,), holders[:3])
     assert isinstance(place_step(plan, views, swap=True), WaitIdle)

@@ -104,7 +104,7 @@ def drive(m: L.Lifecycle, w: World, *, steps: int = 60, until: float | None = No
             case L.CheckLoad():
                 m.load(w.now, w.engine_busy if w.loads_answer else None)
                 w.now += 0.05
-            case L.Release():
+            case L.ReleaseMemory():
                 if w.held or w.engine_busy:
                     raise Violation(f"release with {w.held} held, {w.engine_busy} running")
                 if not w.alive:

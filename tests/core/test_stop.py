@@ -12,13 +12,13 @@ from ktd.core.stop import (
     FOLLOW,
     KILL_BOUND,
     Done,
-    Phase,
+    ObserveAt,
+    Observed,
     Scan,
-    Seen,
-    Signal,
+    Send,
     StopMachine,
+    StopPhase,
     Target,
-    Wait,
     find_server,
     launch_tail,
 )
@@ -27,7 +27,7 @@ TERM, KILL = signal.SIGTERM, signal.SIGKILL
 T0 = 100.0
 
 
-def run_script(m: StopMachine, script: list[tuple[Seen, object]]) -> None:
+def run_script(m: StopMachine, script: list[tuple[Observed, object]]) -> None:
     """Feed each observation; the machine must answer the action given with it."""
     for seen, want in script:
         assert m.step(seen) == want, (seen, m.phase)
@@ -38,15 +38,15 @@ def test_a_server_that_drains_alone_ends_with_a_clean_stop() -> None:
     run_script(
         m,
         [
-            (Seen(T0, server=True, others=2, full=True), Signal(TERM, Target.SERVER)),
-            (Seen(T0, server=True, others=2), Wait(T0 + 30, on_server=True)),
-            (Seen(T0 + 4, server=True, others=2), Wait(T0 + 30, on_server=True)),
+            (Observed(T0, server=True, others=2, full=True), Send(TERM, Target.SERVER)),
+            (Observed(T0, server=True, others=2), ObserveAt(T0 + 30, on_server=True)),
+            (Observed(T0 + 4, server=True, others=2), ObserveAt(T0 + 30, on_server=True)),
             # Its children went with it (PDEATHSIG): a full scan has the last word.
-            (Seen(T0 + 5, server=False, others=0), Scan()),
-            (Seen(T0 + 5, server=False, others=0, full=True), Done(True, False)),
+            (Observed(T0 + 5, server=False, others=0), Scan()),
+            (Observed(T0 + 5, server=False, others=0, full=True), Done(True, False)),
         ],
     )
-    assert m.phase is Phase.DONE
+    assert m.phase is StopPhase.DONE
 
 
 def test_what_the_server_leaves_gets_sigterm_then_sigkill_after_the_follow_window() -> None:
@@ -55,14 +55,17 @@ def test_what_the_server_leaves_gets_sigterm_then_sigkill_after_the_follow_windo
     run_script(
         m,
         [
-            (Seen(T0, server=True, others=1, full=True), Signal(TERM, Target.SERVER)),
+            (Observed(T0, server=True, others=1, full=True), Send(TERM, Target.SERVER)),
             # The server is gone at once; its helper is not: no wait for the grace.
-            (Seen(T0 + 0.2, server=False, others=1), Scan()),
-            (Seen(T0 + 0.2, server=False, others=1, full=True), Signal(TERM, Target.REST)),
-            (Seen(T0 + 0.2, server=False, others=1), Wait(T0 + 0.2 + FOLLOW, on_server=False)),
-            (Seen(T0 + 0.2 + FOLLOW, server=False, others=1), Signal(KILL, Target.REST, left)),
-            (Seen(T0 + 3.3, server=False, others=0), Scan()),
-            (Seen(T0 + 3.3, server=False, others=0, full=True), Done(True, True)),
+            (Observed(T0 + 0.2, server=False, others=1), Scan()),
+            (Observed(T0 + 0.2, server=False, others=1, full=True), Send(TERM, Target.REST)),
+            (
+                Observed(T0 + 0.2, server=False, others=1),
+                ObserveAt(T0 + 0.2 + FOLLOW, on_server=False),
+            ),
+            (Observed(T0 + 0.2 + FOLLOW, server=False, others=1), Send(KILL, Target.REST, left)),
+            (Observed(T0 + 3.3, server=False, others=0), Scan()),
+            (Observed(T0 + 3.3, server=False, others=0, full=True), Done(True, True)),
         ],
     )
 
@@ -72,10 +75,10 @@ def test_a_helper_that_honours_sigterm_is_not_killed() -> None:
     run_script(
         m,
         [
-            (Seen(T0, server=True, others=1, full=True), Signal(TERM, Target.SERVER)),
-            (Seen(T0 + 1, server=False, others=1, full=True), Signal(TERM, Target.REST)),
-            (Seen(T0 + 1, server=False, others=0), Scan()),
-            (Seen(T0 + 1, server=False, others=0, full=True), Done(True, False)),
+            (Observed(T0, server=True, others=1, full=True), Send(TERM, Target.SERVER)),
+            (Observed(T0 + 1, server=False, others=1, full=True), Send(TERM, Target.REST)),
+            (Observed(T0 + 1, server=False, others=0), Scan()),
+            (Observed(T0 + 1, server=False, others=0, full=True), Done(True, False)),
         ],
     )
 
@@ -85,12 +88,15 @@ def test_a_server_that_ignores_sigterm_is_killed_with_everything_when_the_grace_
     run_script(
         m,
         [
-            (Seen(T0, server=True, others=3, full=True), Signal(TERM, Target.SERVER)),
-            (Seen(T0 + 1.9, server=True, others=3), Wait(T0 + 2, on_server=True)),
-            (Seen(T0 + 2, server=True, others=3), Signal(KILL, Target.ALL, "left after 2s")),
-            (Seen(T0 + 2, server=True, others=1), Wait(T0 + 2 + KILL_BOUND, on_server=False)),
-            (Seen(T0 + 2.1, server=False, others=0), Scan()),
-            (Seen(T0 + 2.1, server=False, others=0, full=True), Done(True, True)),
+            (Observed(T0, server=True, others=3, full=True), Send(TERM, Target.SERVER)),
+            (Observed(T0 + 1.9, server=True, others=3), ObserveAt(T0 + 2, on_server=True)),
+            (Observed(T0 + 2, server=True, others=3), Send(KILL, Target.ALL, "left after 2s")),
+            (
+                Observed(T0 + 2, server=True, others=1),
+                ObserveAt(T0 + 2 + KILL_BOUND, on_server=False),
+            ),
+            (Observed(T0 + 2.1, server=False, others=0), Scan()),
+            (Observed(T0 + 2.1, server=False, others=0, full=True), Done(True, True)),
         ],
     )
 
@@ -100,9 +106,9 @@ def test_grace_zero_kills_everything_at_once() -> None:
     run_script(
         m,
         [
-            (Seen(T0, server=True, others=2, full=True), Signal(KILL, Target.ALL)),
-            (Seen(T0, server=False, others=0), Scan()),
-            (Seen(T0, server=False, others=0, full=True), Done(False, True)),
+            (Observed(T0, server=True, others=2, full=True), Send(KILL, Target.ALL)),
+            (Observed(T0, server=False, others=0), Scan()),
+            (Observed(T0, server=False, others=0, full=True), Done(False, True)),
         ],
     )
 
@@ -110,8 +116,8 @@ def test_grace_zero_kills_everything_at_once() -> None:
 def test_nothing_alive_is_a_stop_without_signals() -> None:
     for grace in (0, 30):
         m = StopMachine(grace)
-        assert m.step(Seen(T0, server=False, others=0)) == Scan()
-        assert m.step(Seen(T0, server=False, others=0, full=True)) == Done(False, False)
+        assert m.step(Observed(T0, server=False, others=0)) == Scan()
+        assert m.step(Observed(T0, server=False, others=0, full=True)) == Done(False, False)
 
 
 def test_a_crashed_server_s_leftovers_get_the_follow_window() -> None:
@@ -119,8 +125,8 @@ def test_a_crashed_server_s_leftovers_get_the_follow_window() -> None:
     run_script(
         m,
         [
-            (Seen(T0, server=False, others=2, full=True), Signal(TERM, Target.REST)),
-            (Seen(T0, server=False, others=2), Wait(T0 + FOLLOW, on_server=False)),
+            (Observed(T0, server=False, others=2, full=True), Send(TERM, Target.REST)),
+            (Observed(T0, server=False, others=2), ObserveAt(T0 + FOLLOW, on_server=False)),
         ],
     )
 
@@ -130,23 +136,26 @@ def test_late_forks_found_by_the_confirming_scan_are_signalled() -> None:
     run_script(
         m,
         [
-            (Seen(T0, server=True, others=0, full=True), Signal(TERM, Target.SERVER)),
-            (Seen(T0 + 1, server=False, others=0), Scan()),
+            (Observed(T0, server=True, others=0, full=True), Send(TERM, Target.SERVER)),
+            (Observed(T0 + 1, server=False, others=0), Scan()),
             # Forked while the server drained: the rest's SIGTERM reaches it too.
-            (Seen(T0 + 1, server=False, others=1, full=True), Signal(TERM, Target.REST)),
-            (Seen(T0 + 1, server=False, others=0), Scan()),
-            (Seen(T0 + 1.5, server=False, others=1, full=True), Signal(TERM, Target.REST)),
-            (Seen(T0 + 1.5, server=False, others=1), Wait(T0 + 1 + FOLLOW, on_server=False)),
+            (Observed(T0 + 1, server=False, others=1, full=True), Send(TERM, Target.REST)),
+            (Observed(T0 + 1, server=False, others=0), Scan()),
+            (Observed(T0 + 1.5, server=False, others=1, full=True), Send(TERM, Target.REST)),
+            (
+                Observed(T0 + 1.5, server=False, others=1),
+                ObserveAt(T0 + 1 + FOLLOW, on_server=False),
+            ),
         ],
     )
     k = StopMachine(0)
     run_script(
         k,
         [
-            (Seen(T0, server=True, others=1, full=True), Signal(KILL, Target.ALL)),
-            (Seen(T0, server=False, others=0), Scan()),
-            (Seen(T0, server=False, others=1, full=True), Signal(KILL, Target.ALL)),
-            (Seen(T0, server=False, others=1), Wait(T0 + KILL_BOUND, on_server=False)),
+            (Observed(T0, server=True, others=1, full=True), Send(KILL, Target.ALL)),
+            (Observed(T0, server=False, others=0), Scan()),
+            (Observed(T0, server=False, others=1, full=True), Send(KILL, Target.ALL)),
+            (Observed(T0, server=False, others=1), ObserveAt(T0 + KILL_BOUND, on_server=False)),
         ],
     )
 
@@ -156,24 +165,24 @@ def test_the_kill_bound_ends_a_stop_with_what_is_left() -> None:
     run_script(
         m,
         [
-            (Seen(T0, server=True, others=0, full=True), Signal(KILL, Target.ALL)),
-            (Seen(T0 + 1, server=True, others=0), Wait(T0 + 5, on_server=False)),
+            (Observed(T0, server=True, others=0, full=True), Send(KILL, Target.ALL)),
+            (Observed(T0 + 1, server=True, others=0), ObserveAt(T0 + 5, on_server=False)),
             # A last scan: what forked meanwhile gets its SIGKILL before ktd gives up.
-            (Seen(T0 + 5, server=True, others=0), Scan()),
-            (Seen(T0 + 5, server=True, others=1, full=True), Signal(KILL, Target.ALL)),
-            (Seen(T0 + 5, server=True, others=0), Done(False, True, left=True)),
+            (Observed(T0 + 5, server=True, others=0), Scan()),
+            (Observed(T0 + 5, server=True, others=1, full=True), Send(KILL, Target.ALL)),
+            (Observed(T0 + 5, server=True, others=0), Done(False, True, left=True)),
         ],
     )
     with pytest.raises(RuntimeError):
-        m.step(Seen(T0 + 6, server=False, others=0))
+        m.step(Observed(T0 + 6, server=False, others=0))
 
 
 def test_the_bound_is_grace_plus_follow_plus_kill_bound() -> None:
     m = StopMachine(30, follow=2, kill_bound=7)
-    m.step(Seen(T0, server=True, others=0, full=True))
+    m.step(Observed(T0, server=True, others=0, full=True))
     assert m.bound() == T0 + 39
     z = StopMachine(-1, follow=2, kill_bound=7)
-    z.step(Seen(T0, server=True, others=0, full=True))
+    z.step(Observed(T0, server=True, others=0, full=True))
     assert z.bound() == T0 + 9
 
 

@@ -6,7 +6,7 @@ exits when the server does, and dies of SIGTERM), and children of the server, ea
 with or without PDEATHSIG (it dies within 2 s of the server), each honouring or
 ignoring SIGTERM. Between the machine's steps anything may happen: any process may
 exit on its own, any live process may fork a child the driver does not know of until
-its next full scan, and the clock moves on, never past the ``Wait`` the machine asked
+its next full scan, and the clock moves on, never past the ``ObserveAt`` the machine asked
 for. The server drains for a drawn time after its SIGTERM (longer than the grace, or
 forever, too).
 
@@ -39,7 +39,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ktd.core.stop import Done, Phase, Scan, Seen, Signal, StopMachine, Target, Wait
+from ktd.core.stop import Done, ObserveAt, Observed, Scan, Send, StopMachine, StopPhase, Target
 
 TERM, KILL = signal.SIGTERM, signal.SIGKILL
 PDEATH_DELAY = 2.0  # SGLang's children: gone within ~2 s of the server
@@ -65,7 +65,7 @@ class StopModel(RuleBasedStateMachine):
         self.procs: dict[int, Proc] = {}
         self.known: set[int] = set()
         self.now = 0.0
-        self.pending: Wait | None = None
+        self.pending: ObserveAt | None = None
         self.full = True  # the first observation is a full scan
         self.done: Done | None = None
         self.done_at: float | None = None
@@ -194,12 +194,12 @@ class StopModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the driver
 
-    def _observe(self) -> Seen:
+    def _observe(self) -> Observed:
         if self.full:  # a full scan: everything alive now is known from here on
             self.known = {p.pid for p in self.procs.values() if p.alive}
         server = self.server
         others = sum(1 for pid in self.known if self.procs[pid].alive and pid != server.pid)
-        seen = Seen(self.now, server=server.alive and server.pid in self.known, others=others,
+        seen = Observed(self.now, server=server.alive and server.pid in self.known, others=others,
                     full=self.full)  # fmt: skip
         self.full = False
         return seen
@@ -222,7 +222,7 @@ class StopModel(RuleBasedStateMachine):
         self.pending = None
         if isinstance(action, Done):
             self.done, self.done_at = action, self.now
-        elif isinstance(action, Signal):
+        elif isinstance(action, Send):
             if action.to is Target.SERVER:
                 assert seen.server, "SIGTERM to a server it saw gone"
             elif action.to is Target.REST:
@@ -231,7 +231,7 @@ class StopModel(RuleBasedStateMachine):
                 assert seen.server or seen.others, "a signal to nobody"
             for p in self._targets(action.to):
                 self._deliver(p, action.sig)
-        elif isinstance(action, Wait):
+        elif isinstance(action, ObserveAt):
             assert action.until > self.now, "a wait that ends in the past: a busy loop"
             assert action.until <= self.machine.bound() + 1e-9, "a wait past the bound"
             self.pending = action
@@ -314,11 +314,11 @@ class StopModel(RuleBasedStateMachine):
     @invariant()
     def no_phase_outlasts_its_bound(self) -> None:
         m = self.machine
-        if m.phase is Phase.DRAIN:
+        if m.phase is StopPhase.DRAIN:
             assert self.now <= self.start + m.grace, "a drain past the grace"
-        elif m.phase is Phase.FOLLOW:
+        elif m.phase is StopPhase.FOLLOW:
             assert self.now <= self.phase_since + m.follow, "a follow window past its end"
-        elif m.phase is Phase.KILL:
+        elif m.phase is StopPhase.KILL:
             assert self.now <= self.phase_since + m.kill_bound, "a kill past its bound"
 
     def teardown(self) -> None:

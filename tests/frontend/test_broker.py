@@ -14,7 +14,7 @@ import trio
 from frontend_fakes import FakeDaemon, FakeEngine
 from frontend_helpers import Frontend, StartFrontend, wait_for
 
-from ktd.core.admission import Limits
+from ktd.core.admission import QueueLimits
 
 CHAT = "/v1/chat/completions"
 
@@ -134,7 +134,7 @@ async def test_local_admission_applies_max_concurrent_and_max_queue(
     async with fe.client() as c:
         assert (await c.post(CHAT, content=body())).status_code == 200
     line = broker.desk.lines["m"]
-    assert line.limits == Limits(1, 1)  # from the claim's grant
+    assert line.limits == QueueLimits(1, 1)  # from the claim's grant
     async with held_stream(fe, fake_engine) as (c, held):
         done: list[int] = []
 

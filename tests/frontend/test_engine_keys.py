@@ -1,8 +1,8 @@
-"""The engine hop carries each engine's own key (issue 32): ``EngineKeys`` + ``UpstreamPool``.
+"""The engine hop carries each engine's own key (issue 32): ``KeyCache`` + ``UpstreamPool``.
 
 A raw-socket server plays a keyed engine (401 ``{"error": "Unauthorized"}`` without
 ``Authorization: Bearer <key>``, as SGLang's middleware answers); the daemon's answer
-to ``EngineKeys`` is a function the test controls.
+to ``KeyCache`` is a function the test controls.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import trio
 from test_upstream import Server, read_request, serve
 
 from ktd.control.aclient import Unreachable
-from ktd.frontend.enginekeys import EngineKeys
+from ktd.frontend.enginekeys import KeyCache
 from ktd.frontend.upstream import UpstreamPool
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -65,7 +65,7 @@ async def test_a_claims_key_is_sent_and_the_daemon_is_not_asked(nursery: trio.Nu
         asked += 1
         return {}
 
-    keys = EngineKeys(ask)
+    keys = KeyCache(ask)
     keys.learn(server.url + "/", "k1")  # as a ClaimReply says it (a trailing / or not)
     pool = UpstreamPool(read_timeout=5, keys=keys)
     assert await get(pool, server.url) == 200
@@ -86,7 +86,7 @@ async def test_an_unknown_url_asks_the_daemon_once_and_a_new_key_after_a_401(
         asked += 1
         return dict(daemon)
 
-    pool = UpstreamPool(read_timeout=5, keys=EngineKeys(ask))
+    pool = UpstreamPool(read_timeout=5, keys=KeyCache(ask))
     assert await get(pool, server.url) == 200
     assert await get(pool, server.url) == 200
     assert asked == 1
@@ -107,7 +107,7 @@ async def test_a_401_with_no_new_key_is_the_engines_answer(nursery: trio.Nursery
         calls += 1
         raise Unreachable("no daemon")
 
-    keys = EngineKeys(unreachable, min_interval=3600)
+    keys = KeyCache(unreachable, min_interval=3600)
     keys.learn(server.url, "stale")
     pool = UpstreamPool(read_timeout=5, keys=keys)
     assert await get(pool, server.url) == 401
@@ -125,7 +125,7 @@ async def test_concurrent_unknown_urls_share_one_question(nursery: trio.Nursery)
         await trio.sleep(0.05)
         return {server.url: "k"}
 
-    pool = UpstreamPool(read_timeout=5, keys=EngineKeys(ask))
+    pool = UpstreamPool(read_timeout=5, keys=KeyCache(ask))
     results: list[int] = []
 
     async def one() -> None:

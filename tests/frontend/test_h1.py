@@ -9,11 +9,11 @@ from ktd.frontend.h1 import (
     MAX_CHUNK_LINE,
     MAX_HEAD,
     NEED_DATA,
+    BrokenResponse,
     Event,
     Head,
     IncompleteMessage,
     Interim,
-    ProtocolError,
     ResponseParser,
     build_request,
 )
@@ -140,7 +140,7 @@ def test_bad_chunked_framing_is_a_protocol_error(body: bytes) -> None:
     parser = ResponseParser()
     parser.feed(HEAD_CHUNKED + body)
     assert isinstance(parser.next_event(), Head)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(BrokenResponse):
         drain(parser)
 
 
@@ -148,7 +148,7 @@ def test_bad_chunk_size_reports_the_size() -> None:
     parser = ResponseParser()
     parser.feed(HEAD_CHUNKED + b"zz\r\n")
     parser.next_event()
-    with pytest.raises(ProtocolError, match="chunk size"):
+    with pytest.raises(BrokenResponse, match="chunk size"):
         parser.next_event()
 
 
@@ -159,7 +159,7 @@ def test_chunk_size_line_without_end_is_bounded() -> None:
     parser.feed(b"1;" + b"x" * (MAX_CHUNK_LINE - 10))
     assert parser.next_event() is NEED_DATA
     parser.feed(b"x" * 20)
-    with pytest.raises(ProtocolError, match="too long"):
+    with pytest.raises(BrokenResponse, match="too long"):
         parser.next_event()
 
 
@@ -167,7 +167,7 @@ def test_oversized_trailers_are_refused() -> None:
     parser = ResponseParser()
     parser.feed(HEAD_CHUNKED + b"0\r\n")
     parser.next_event()
-    with pytest.raises(ProtocolError, match="trailers"):
+    with pytest.raises(BrokenResponse, match="trailers"):
         for _ in range(MAX_HEAD // 100 + 2):
             parser.feed(b"x-t: " + b"v" * 93 + b"\r\n")
             drain(parser)
@@ -275,7 +275,7 @@ def test_interim_responses_come_before_the_final_one() -> None:
 def test_101_is_refused() -> None:
     parser = ResponseParser()
     parser.feed(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n")
-    with pytest.raises(ProtocolError, match="101"):
+    with pytest.raises(BrokenResponse, match="101"):
         parser.next_event()
 
 
@@ -323,7 +323,7 @@ def test_keep_alive_is_false_until_complete() -> None:
 def test_bad_status_line(line: bytes) -> None:
     parser = ResponseParser()
     parser.feed(line + b"\r\n\r\n")
-    with pytest.raises(ProtocolError):
+    with pytest.raises(BrokenResponse):
         parser.next_event()
 
 
@@ -347,7 +347,7 @@ def test_status_line_without_reason_is_fine() -> None:
 def test_bad_header_line(field: bytes) -> None:
     parser = ResponseParser()
     parser.feed(b"HTTP/1.1 200 OK\r\n" + field + b"\r\ncontent-length: 0\r\n\r\n")
-    with pytest.raises(ProtocolError, match="header"):
+    with pytest.raises(BrokenResponse, match="header"):
         parser.next_event()
 
 
@@ -355,7 +355,7 @@ def test_bad_header_line(field: bytes) -> None:
 def test_bad_content_length(value: bytes) -> None:
     parser = ResponseParser()
     parser.feed(b"HTTP/1.1 200 OK\r\ncontent-length: " + value + b"\r\n\r\n")
-    with pytest.raises(ProtocolError, match="content-length"):
+    with pytest.raises(BrokenResponse, match="content-length"):
         parser.next_event()
 
 
@@ -368,7 +368,7 @@ def test_oversized_head_is_refused_without_its_end() -> None:
     parser = ResponseParser()
     parser.feed(b"HTTP/1.1 200 OK\r\n")
     assert parser.next_event() is NEED_DATA
-    with pytest.raises(ProtocolError, match="too large"):
+    with pytest.raises(BrokenResponse, match="too large"):
         for _ in range(MAX_HEAD // 1000 + 2):
             parser.feed(b"x-pad: " + b"p" * 991 + b"\r\n")
             parser.next_event()
@@ -377,7 +377,7 @@ def test_oversized_head_is_refused_without_its_end() -> None:
 def test_oversized_head_is_refused_with_its_end() -> None:
     parser = ResponseParser()
     parser.feed(b"HTTP/1.1 200 OK\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r\n")
-    with pytest.raises(ProtocolError, match="too large"):
+    with pytest.raises(BrokenResponse, match="too large"):
         parser.next_event()
 
 

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 from ktd.gateway import plan
-from ktd.gateway.plan import OWNER_LABEL, Desired, EngineView, Seen, Worker
+from ktd.gateway.plan import OWNER_LABEL, Desired, Listed, Local, Worker
 
 ME = "host-a/abc"
 LABELS = plan.base_labels(ME, "host-a", {"rack": "r1"})
 
 
-def view(
-    alias: str = "m", state: str = "ready", port: int | None = 30000, **kw: object
-) -> EngineView:
-    return EngineView(alias=alias, state=state, host="127.0.0.1", port=port, **kw)  # type: ignore[arg-type]
+def view(alias: str = "m", state: str = "ready", port: int | None = 30000, **kw: object) -> Local:
+    return Local(alias=alias, state=state, host="127.0.0.1", port=port, **kw)  # type: ignore[arg-type]
 
 
-def seen(url: str, owner: str | None = ME, model: str = "m", wid: str = "id1") -> Seen:
+def seen(url: str, owner: str | None = ME, model: str = "m", wid: str = "id1") -> Listed:
     labels = {OWNER_LABEL: owner} if owner else {}
-    return Seen(id=wid, url=url, model_id=model, labels=labels)
+    return Listed(id=wid, url=url, model_id=model, labels=labels)
 
 
 def test_only_ready_engines_that_are_not_leaving_are_desired() -> None:
@@ -120,7 +118,7 @@ def test_registration_state() -> None:
     want, none = Desired((w,)), Desired()
     assert plan.registration_state("http://h:1", want, None) == "unknown"
     assert plan.registration_state("http://h:1", want, [seen("http://h:1")]) == "registered"
-    sick = Seen(id="1", url="http://h:1", healthy=False)
+    sick = Listed(id="1", url="http://h:1", healthy=False)
     assert plan.registration_state("http://h:1", want, [sick]) == "unhealthy"
     assert plan.registration_state("http://h:1", want, []) == "registering"
     assert plan.registration_state("http://h:1", none, [seen("http://h:1")]) == "deregistering"
@@ -141,11 +139,11 @@ def test_desired_frontend() -> None:
 
 def test_reconcile_label_drift_is_an_update_in_place() -> None:
     w = Worker(url="http://h:1", model_id="m", labels=((OWNER_LABEL, ME), ("rack", "r2")))
-    s = Seen(id="x", url="http://h:1", model_id="m",
+    s = Listed(id="x", url="http://h:1", model_id="m",
              labels={OWNER_LABEL: ME, "rack": "r1", "model_path": "/m"})  # fmt: skip
     acts = plan.reconcile(Desired((w,)), [s], ME)
     assert [(a.kind, a.worker_id) for a in acts] == [("update", "x")]
     # The router's own labels (model_path, dp_size...) are not drift.
-    same = Seen(id="x", url="http://h:1", model_id="m",
+    same = Listed(id="x", url="http://h:1", model_id="m",
                 labels={OWNER_LABEL: ME, "rack": "r2", "model_path": "/m"})  # fmt: skip
     assert plan.reconcile(Desired((w,)), [same], ME) == []

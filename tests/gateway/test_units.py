@@ -170,10 +170,10 @@ def test_gateway_text() -> None:
 
 def test_doctor_checks() -> None:
     from ktd.core.config import GatewaySection
-    from ktd.gateway.plan import Seen
+    from ktd.gateway.plan import Listed
 
     cfg = GatewaySection(routers=["http://10.0.0.1:30000"])
-    ours = Seen(id="1", url="http://127.0.0.1:5", labels={OWNER_LABEL: "me"})
+    ours = Listed(id="1", url="http://127.0.0.1:5", labels={OWNER_LABEL: "me"})
     got = doctor.checks(
         cfg,
         [doctor.RouterProbe("http://10.0.0.1:30000", [ours]), doctor.RouterProbe("x", error="no")],
