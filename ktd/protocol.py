@@ -18,6 +18,7 @@ import msgspec
 
 # Part of this module's names for clients (tests/test_exports.py): the ids of frames the
 # daemon will not decode, read in ktd.frameid.
+from ktd.core.states import State as EngineState
 from ktd.frameid import peek_id as peek_id
 from ktd.frameid import skim_id as skim_id
 
@@ -283,7 +284,7 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     """One engine as ``ktctl status --json`` shows it. Fields are only ever added."""
 
     alias: str
-    state: str
+    state: EngineState
     pid: int | None = None
     port: int | None = None
     argv: list[str] = []
@@ -337,7 +338,7 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     backend: str
     served: bool
     path: str
-    state: str = "stopped"
+    state: str = "stopped"  # an EngineState, or "not served" (no engine for it)
     reason: str | None = None
 
 
@@ -453,7 +454,7 @@ class Holder(msgspec.Struct, kw_only=True):
     """An engine holding NUMA nodes, CPUs and GPUs (starting, ready, draining, stopping)."""
 
     alias: str
-    state: str
+    state: EngineState
     numa_nodes: list[int] = []
     cpus: list[int] = []
     gpus: list[int] = []
@@ -515,7 +516,7 @@ class Event(msgspec.Struct, kw_only=True):
     topic: str
     time: float
     alias: str
-    state: str | None = None
+    state: EngineState | None = None
     reason: str | None = None
     lines: list[str] = []
     # ``log.``/``probe.`` events: lines the engine's log had taken once these were
@@ -530,10 +531,6 @@ class Event(msgspec.Struct, kw_only=True):
     step: str | None = None  # as ``EngineInfo.step``
     waiting_for: list[str] = []
 
-
-EngineState = Literal[
-    "stopped", "starting", "ready", "draining", "stopping", "failed", "sleeping", "asleep", "waking"
-]
 
 _request_encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(AnyRequest)

@@ -302,31 +302,43 @@ class Engine:
         """Requests waiting for it: acquires here, and what the frontends report."""
         return self.gate.leases_waiting() + self.remote_queued
 
+    def moment(self) -> dict[str, Any]:
+        """What the engine is doing now, the fields that status (``EngineInfo``) and the
+        ``engine.<alias>`` events (``Event``) share: one projection, so the two cannot
+        tell different stories. A previous daemon's engine is shown as soon as it is
+        known, before its supervisor takes it over."""
+        run, phase = self.run or self.adopt, self.phase
+        starting = self.state == S.STARTING
+        return {
+            "alias": self.alias,
+            "state": self.state,
+            "reason": self.reason,
+            "pid": run.pid if run else None,
+            "port": run.port if run else None,
+            "phase": phase.text if phase else None,
+            "step": phase.step if phase else None,
+            "waiting_for": list(phase.waiting_for()) if phase else [],
+            "load_started": self.stats.load_started if starting else None,
+            "load_eta": self.host.expected_load(self.alias) if starting else None,
+        }
+
     def info(self, *, tail: int = 0) -> EngineInfo:
-        # A previous daemon's engine is shown as soon as it is known, before its
-        # supervisor takes it over.
-        run, plan, st, phase = self.run or self.adopt, self.plan, self.stats, self.phase
+        run, plan, st = self.run or self.adopt, self.plan, self.stats
         last_used = None
         if self.idle_since is not None:
             last_used = time.time() - (trio.current_time() - self.idle_since)
         due = ttl_due(self.idle_view())
         return EngineInfo(
+            **self.moment(),
             started_at=run.started_at if run else None,
             ttl=self.spec.ttl,
             expires_at=self._expires_at(due, last_used),
-            load_started=st.load_started if self.state == S.STARTING else None,
-            load_eta=self.host.expected_load(self.alias),
             last_log=st.last_log,
-            alias=self.alias,
-            state=self.state,
-            pid=run.pid if run else None,
-            port=run.port if run else None,
             argv=list(run.argv) if run else [],
             numa_nodes=list(plan.numa_nodes) if plan else [],
             gpus=list(plan.gpus) if plan else [],
             cpus=list(plan.cpus) if plan else [],
             since=self.since,
-            reason=self.reason,
             leases=self.busy(),
             claims=len(self.claims),
             url=self.url if self.state in (S.READY, S.DRAINING) else None,
@@ -335,9 +347,6 @@ class Engine:
             pinned=self.spec.pinned,
             stale=self.stale,
             log_tail=self.log.last(tail) if tail else [],
-            phase=phase.text if phase else None,
-            step=phase.step if phase else None,
-            waiting_for=list(phase.waiting_for()) if phase else [],
             made_room=list(st.made_room),
             sglang=self.catalog.label if self.catalog else None,
             notes=list(self.launch_notes) if run else [],

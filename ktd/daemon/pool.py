@@ -208,26 +208,8 @@ class Pool:
         return await self._placer.place(engine)
 
     def state_changed(self, engine: Engine) -> None:
-        run = engine.run
-        phase = engine.phase
-        starting = engine.state == S.STARTING
-        self.publish(
-            f"engine.{engine.alias}",
-            Event(
-                topic=f"engine.{engine.alias}",
-                time=time.time(),
-                alias=engine.alias,
-                state=engine.state,
-                reason=engine.reason,
-                pid=run.pid if run else None,
-                port=run.port if run else None,
-                phase=phase.text if phase else None,
-                step=phase.step if phase else None,
-                waiting_for=list(phase.waiting_for()) if phase else [],
-                load_started=engine.stats.load_started if starting else None,
-                load_eta=self.expected_load(engine.alias) if starting else None,
-            ),
-        )
+        topic = f"engine.{engine.alias}"
+        self.publish(topic, Event(topic=topic, time=time.time(), **engine.moment()))
         if engine.claims and not may_hold(claim_side(engine)):
             self._claims.revoke(engine)  # crashed, force-stopped: nothing to give back
         # Written at once, not batched: a kill -9 right after this change must find it.

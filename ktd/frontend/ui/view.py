@@ -72,6 +72,44 @@ def redact_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: The status fields a card shows as they are (the rest are derived below): the
+#: dashboard's projection of ``EngineInfo``, the one list ``cards.js`` reads.
+CARD_FIELDS = (
+    "state",
+    "phase",
+    "reason",
+    "since",
+    "started_at",
+    "load_started",
+    "load_eta",
+    "ttl",
+    "expires_at",
+    "last_used",
+    "leases",
+    "queued",
+    "claims",
+    "max_concurrent",
+    "max_queue",
+    "restarts",
+    "evictions",
+    "loads",
+    "load_seconds",
+    "failures",
+    "retry_in",
+    "url",
+    "pid",
+    "port",
+    "sglang",
+    "pinned",
+    "stale",
+    "last_log",
+    "sleep",
+    "asleep_since",
+    "sleep_ttl",
+    "host_bytes",
+)
+
+
 def card(model: p.ModelInfo, engine: p.EngineInfo | None, colour: int) -> dict[str, Any]:
     """One model's card. ``engine`` is None for a model ktd does not serve (or not yet)."""
     base: dict[str, Any] = {
@@ -86,46 +124,15 @@ def card(model: p.ModelInfo, engine: p.EngineInfo | None, colour: int) -> dict[s
     if engine is None:
         return base
     e = engine
+    base.update({name: getattr(e, name) for name in CARD_FIELDS})
     base.update(
-        state=e.state,
-        phase=e.phase,
-        reason=e.reason,
-        since=e.since,
-        started_at=e.started_at,
-        load_started=e.load_started,
-        load_eta=e.load_eta,
-        ttl=e.ttl,
-        expires_at=e.expires_at,
-        last_used=e.last_used,
-        leases=e.leases,
-        queued=e.queued,
-        claims=e.claims,
-        max_concurrent=e.max_concurrent,
-        max_queue=e.max_queue,
-        restarts=e.restarts,
-        evictions=e.evictions,
-        loads=e.loads,
-        load_seconds=e.load_seconds,
-        failures=e.failures,
-        retry_in=e.retry_in,
-        url=e.url,
-        pid=e.pid,
-        port=e.port,
         argv=redact_argv(e.argv),
-        sglang=e.sglang,
         notes=list(e.notes),
         numa_nodes=list(e.numa_nodes),
         gpus=list(e.gpus),
         cpulist=format_cpulist(e.cpus) if e.cpus else "",
-        pinned=e.pinned,
-        stale=e.stale,
-        last_log=e.last_log,
         gateway=[{"router": r.router, "state": r.state} for r in e.gateway],
-        sleep=e.sleep,
-        asleep_since=e.asleep_since,
-        sleep_ttl=e.sleep_ttl,
         sleep_expires=sleep_expires(e),
-        host_bytes=e.host_bytes,
     )
     return base
 
