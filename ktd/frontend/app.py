@@ -25,7 +25,7 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
-from ktd.frontend import catalog, errors, gateway_metrics, intake, transport, ui, worker_info
+from ktd.frontend import catalog, errors, gateway_metrics, patches, ui, worker_info
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ProxyRoutes
 from ktd.frontend.ollama import OllamaRoutes
@@ -51,9 +51,7 @@ def error_response(err: ApiError) -> Response:
 
 def create_app(options: FrontendOptions) -> QuartTrio:
     """Build the app. Background tasks (control client, heartbeats) start with it."""
-    # Hypercorn's writes: the fast path, the HTTP/2 close race, and deaf clients let go.
-    transport.install(options.frontend.send_timeout)
-    intake.install()  # Hypercorn's request intake: no scheduler trips for nothing
+    patches.install(options.frontend.send_timeout)  # refuses an unchecked Hypercorn
     app = QuartTrio("ktd.frontend")
     app.config["MAX_CONTENT_LENGTH"] = None  # counted by read_limited, OpenAI-shaped 413
     app.config["BODY_TIMEOUT"] = options.body_timeout

@@ -24,7 +24,7 @@ from hypercorn.trio import serve
 from ktd import paths
 from ktd.control import endpoint
 from ktd.core.config import Config
-from ktd.frontend import ui
+from ktd.frontend import patches, ui
 from ktd.frontend.app import create_app
 from ktd.frontend.state import FrontendOptions
 from ktd.runtime import add_common_options, load_or_report, setup_logging
@@ -154,6 +154,11 @@ def main(argv: list[str]) -> int:
         logging.getLogger("hypercorn.access").setLevel(logging.INFO)
     config = load_or_report(args.config, "ktd frontend")
     if config is None:
+        return 2
+    try:
+        patches.check()
+    except patches.UncheckedVersion as exc:
+        print(f"ktd frontend: {exc}", file=sys.stderr)
         return 2
     options = FrontendOptions(
         frontend=config.frontend,
