@@ -1,0 +1,189 @@
+"""The placer in-process: real ``Engine`` records, the real ``Gatekeeper`` and ``Placer``
+on a one-node machine, trio's virtual clock; the test plays the supervisors (it moves
+the holders' states). What a swap does to the engines in its way: an idle holder is
+stopped (or put to sleep), a busy one yields and is waited for, a pinned one refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from ktd.core import states as S
+from ktd.core.states import Step
+from ktd.core.topology import Gpu, NumaNode, Topology
+from ktd.daemon.engine import Busy, Engine
+from ktd.daemon.placer import Placer
+from ktd.daemon.running import Running
+from tests.daemon.inprocess import Daemon, move
+
+ONE_NODE = Topology(
+    (NumaNode(0, (0, 1, 2, 3), 100, 64 << 20),),
+    "cpu",
+    frozenset({"avx2"}),
+    {c: (0, c // 2) for c in range(4)},
+    (Gpu(0, "G", 1000, 0),),
+    None,
+)
+
+
+class Placing:
+    def __init__(self, d: Daemon) -> None:
+        self.d = d
+        self.recalls: list[tuple[str, str]] = []
+        self.placer = Placer(
+            d.host.engines,
+            lambda: d.host.settings,
+            ticket=d.gate.ticket,
+            update=d.gate.update,
+            recall=lambda e, why: self.recalls.append((e.alias, why)),
+        )
+        self.placer.refresh_topology(ONE_NODE)
+        changed = d.host.engine_changed
+
+        def engine_changed(e: Engine) -> None:  # as the pool: the placer looks again
+            changed(e)
+            self.placer.poke()
+
+        d.host.engine_changed = engine_changed  # type: ignore[method-assign,assignment]
+
+    def holder(self, alias: str, **spec: Any) -> Engine:
+        """A ready engine holding the machine's node and GPU."""
+        e = self.d.engine(alias, fit="ignore", **spec)
+        e.plan = self.placer.make_plan(e.spec, exclude=e)
+        assert e.plan.ok, e.plan.reason
+        move(e, S.READY, want_up=True)
+        return e
+
+    def wanted(self, alias: str) -> Engine:
+        """An engine its supervisor is placing: wanted up, not yet started."""
+        e = self.d.engine(alias, fit="ignore")
+        e.want_up = True
+        return e
+
+
+@pytest.fixture
+def placing(daemon: Callable[..., Daemon]) -> Callable[[], Placing]:
+    return lambda: Placing(daemon())
+
+
+async def _placed(p: Placing, engine: Engine, until: Callable[[], None]) -> Any:
+    """``engine`` placed while ``until`` (the supervisors' part) runs once it waits."""
+    got: list[Any] = []
+
+    async def place() -> None:
+        got.append(await p.placer.place(engine))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(place)
+        await trio.testing.wait_all_tasks_blocked()
+        until()
+    return got[0]
+
+
+async def test_an_idle_holder_is_stopped_and_the_plan_takes_its_node(
+    placing: Callable[[], Placing], autojump_clock: trio.abc.Clock
+) -> None:
+    p = placing()
+    a = p.holder("a")
+    b = p.wanted("b")
+
+    def supervisor() -> None:
+        assert a.want == a.want.DOWN and a.down_reason == "evicted to make room for b"
+        assert b.phase is not None and b.phase.step == Step.MAKING_ROOM
+        move(a, S.STOPPED)
+
+    plan = await _placed(p, b, supervisor)
+    assert plan.ok and plan.numa_nodes == (0,) and plan.gpus == (0,)
+    assert b.stats.made_room == ("a",) and b.stats.owed and a.stats.evictions == 1
+
+
+async def test_a_holder_that_sleeps_is_put_to_sleep_not_stopped(
+    placing: Callable[[], Placing], autojump_clock: trio.abc.Clock
+) -> None:
+    p = placing()
+    a = p.holder("a", sleep=True)
+    a.run = Running(pid=1, start=1, engine_id="t/a@1", port=8000, argv=[])
+    a.sleeps = True
+    b = p.wanted("b")
+
+    def supervisor() -> None:
+        assert a.want == a.want.ASLEEP and a.down_reason == "put to sleep to make room for b"
+        move(a, S.ASLEEP)
+
+    plan = await _placed(p, b, supervisor)
+    assert plan.ok and b.stats.made_room == ()  # nothing to bring back: it sleeps
+
+
+async def test_a_busy_holder_yields_is_recalled_and_waited_for(
+    placing: Callable[[], Placing], autojump_clock: trio.abc.Clock
+) -> None:
+    p = placing()
+    a = p.holder("a")
+    lease = p.d.gate.grant_now(a, "client", claim=False)
+    assert lease is not None
+    b = p.wanted("b")
+
+    def supervisor() -> None:
+        assert p.recalls == [("a", "yielding to b")]
+        assert b.phase is not None and b.phase.step == Step.WAITING
+        assert a.want == a.want.UP  # still serving its request
+        p.d.gate.release(lease)  # the request ends; the swap goes on
+
+    got: list[Any] = []
+
+    async def place() -> None:
+        got.append(await p.placer.place(b))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(place)
+        await trio.testing.wait_all_tasks_blocked()
+        supervisor()
+        await trio.testing.wait_all_tasks_blocked()
+        assert a.want == a.want.DOWN
+        move(a, S.STOPPED)
+    assert got[0].ok and b.stats.made_room == ("a",)
+
+
+async def test_a_pinned_holder_is_never_evicted(
+    placing: Callable[[], Placing], autojump_clock: trio.abc.Clock
+) -> None:
+    p = placing()
+    a = p.holder("a", pinned=True)
+    b = p.wanted("b")
+    with pytest.raises(Busy):
+        await p.placer.place(b)
+    assert a.want == a.want.UP and a.stats.evictions == 0
+
+
+async def test_a_failed_load_brings_back_what_it_stopped(
+    placing: Callable[[], Placing], autojump_clock: trio.abc.Clock
+) -> None:
+    p = placing()
+    a = p.holder("a")
+    b = p.wanted("b")
+    await _placed(p, b, lambda: move(a, S.STOPPED))
+    a.want_up = False
+    assert p.placer.bring_back(b) == ("a",)
+    assert a.want == a.want.UP
+    assert p.placer.bring_back(b) == ()  # owed once
+
+
+async def test_a_load_called_off_while_it_waits_lets_the_holder_serve_again(
+    placing: Callable[[], Placing], autojump_clock: trio.abc.Clock
+) -> None:
+    p = placing()
+    a = p.holder("a")
+    assert p.d.gate.grant_now(a, "client", claim=False) is not None
+    b = p.wanted("b")
+
+    def called_off() -> None:
+        assert a.gate.cutoff is not None  # yielding: newcomers wait behind the swap
+        b.want_up = False
+        b.notify_changed()
+
+    assert await _placed(p, b, called_off) is None
+    assert a.gate.cutoff is None and a.want == a.want.UP and a.stats.evictions == 0
