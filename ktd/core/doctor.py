@@ -274,102 +274,105 @@ def model_checks(
     placement is planned on an empty machine (config errors such as an unknown
     NUMA node show up here, not at 3 a.m. on first load).
     """
-    a = spec.alias
-    checks: list[Check] = []
     uf = user_flags(spec.extra_args)
+    checks = [
+        _path_check(spec, exists),
+        _weight_check(spec, uf, exists),
+        _gpu_experts_check(spec, uf),
+        _ctx_check(spec),
+        _port_check(spec, port_free, running),
+    ]
+    if topo is not None:
+        checks.extend(_method_check(spec, uf, topo))
+        checks.extend(_placement_check(spec, topo))
+    return checks
 
+
+def _path_check(spec: ModelSpec, exists: Callable[[str], bool]) -> Check:
+    a = spec.alias
     if not spec.path:
-        checks.append(Check(f"{a}.model_path", "fail", "model_path is not set", "set model_path"))
-    elif exists(spec.path):
-        checks.append(Check(f"{a}.model_path", "ok", spec.path))
-    else:
-        checks.append(
-            Check(
-                f"{a}.model_path",
-                "fail",
-                f"model_path {spec.path} does not exist",
-                f"fix the path in {spec.source}",
-            )
-        )
+        return Check(f"{a}.model_path", "fail", "model_path is not set", "set model_path")
+    if exists(spec.path):
+        return Check(f"{a}.model_path", "ok", spec.path)
+    return Check(
+        f"{a}.model_path",
+        "fail",
+        f"model_path {spec.path} does not exist",
+        f"fix the path in {spec.source}",
+    )
 
+
+def _weight_check(
+    spec: ModelSpec, uf: Mapping[str, tuple[str, ...]], exists: Callable[[str], bool]
+) -> Check:
+    a = spec.alias
     weight = spec.kt_weight_path
     weight_src = "kt_weight_path"
     if weight is None and uf.get("--kt-weight-path"):
         weight = uf["--kt-weight-path"][0]
         weight_src = "--kt-weight-path in extra_args"
     if weight is None:
-        checks.append(
-            Check(
-                f"{a}.kt_weight_path",
-                "warn",
-                "kt_weight_path is not set: no --kt-weight-path, so kt-kernel is off and "
-                "SGLang tries to hold every expert on the GPU",
-                "set kt_weight_path to the converted (CPU) expert weights",
-            )
+        return Check(
+            f"{a}.kt_weight_path",
+            "warn",
+            "kt_weight_path is not set: no --kt-weight-path, so kt-kernel is off and "
+            "SGLang tries to hold every expert on the GPU",
+            "set kt_weight_path to the converted (CPU) expert weights",
         )
-    elif exists(weight):
-        checks.append(Check(f"{a}.kt_weight_path", "ok", f"{weight} ({weight_src})"))
-    else:
-        checks.append(
-            Check(
-                f"{a}.kt_weight_path",
-                "fail",
-                f"{weight_src} {weight} does not exist",
-                "convert the weights with kt-kernel's converter or fix the path",
-            )
-        )
+    if exists(weight):
+        return Check(f"{a}.kt_weight_path", "ok", f"{weight} ({weight_src})")
+    return Check(
+        f"{a}.kt_weight_path",
+        "fail",
+        f"{weight_src} {weight} does not exist",
+        "convert the weights with kt-kernel's converter or fix the path",
+    )
 
+
+def _gpu_experts_check(spec: ModelSpec, uf: Mapping[str, tuple[str, ...]]) -> Check:
+    a = spec.alias
     if not any(f in uf for f in GPU_EXPERT_FLAGS):
-        checks.append(
-            Check(
-                f"{a}.gpu_experts",
-                "warn",
-                "neither --kt-num-gpu-experts nor --kt-gpu-experts-ratio in extra_args: "
-                "kt-kernel silently falls back to GPU-only and runs out of memory",
-                "add e.g. '--kt-num-gpu-experts 0' (all experts on CPU) to extra_args",
-            )
+        return Check(
+            f"{a}.gpu_experts",
+            "warn",
+            "neither --kt-num-gpu-experts nor --kt-gpu-experts-ratio in extra_args: "
+            "kt-kernel silently falls back to GPU-only and runs out of memory",
+            "add e.g. '--kt-num-gpu-experts 0' (all experts on CPU) to extra_args",
         )
-    else:
-        given = ", ".join(f"{f} {' '.join(uf[f])}" for f in GPU_EXPERT_FLAGS if f in uf)
-        checks.append(Check(f"{a}.gpu_experts", "ok", given))
+    given = ", ".join(f"{f} {' '.join(uf[f])}" for f in GPU_EXPERT_FLAGS if f in uf)
+    return Check(f"{a}.gpu_experts", "ok", given)
 
+
+def _ctx_check(spec: ModelSpec) -> Check:
+    a = spec.alias
     if spec.ctx == 0:
-        checks.append(Check(f"{a}.ctx", "ok", "0: SGLang's default context length"))
-    elif spec.ctx < 0:
-        checks.append(Check(f"{a}.ctx", "fail", f"ctx {spec.ctx} is negative", "set ctx >= 0"))
-    elif spec.ctx > MAX_SANE_CTX:
-        checks.append(
-            Check(
-                f"{a}.ctx",
-                "warn",
-                f"ctx {spec.ctx} exceeds {MAX_SANE_CTX} tokens",
-                "check the model's real context length; the KV cache may not fit",
-            )
+        return Check(f"{a}.ctx", "ok", "0: SGLang's default context length")
+    if spec.ctx < 0:
+        return Check(f"{a}.ctx", "fail", f"ctx {spec.ctx} is negative", "set ctx >= 0")
+    if spec.ctx > MAX_SANE_CTX:
+        return Check(
+            f"{a}.ctx",
+            "warn",
+            f"ctx {spec.ctx} exceeds {MAX_SANE_CTX} tokens",
+            "check the model's real context length; the KV cache may not fit",
         )
-    else:
-        checks.append(Check(f"{a}.ctx", "ok", str(spec.ctx)))
+    return Check(f"{a}.ctx", "ok", str(spec.ctx))
 
+
+def _port_check(spec: ModelSpec, port_free: Callable[[str, int], bool], running: bool) -> Check:
+    a = spec.alias
     if spec.port == 0:
-        checks.append(Check(f"{a}.port", "ok", "0: a free port is picked at launch"))
-    elif running:
-        checks.append(Check(f"{a}.port", "ok", f"{spec.host}:{spec.port} (engine running)"))
-    elif port_free(spec.host, spec.port):
-        checks.append(Check(f"{a}.port", "ok", f"{spec.host}:{spec.port} is free"))
-    else:
-        checks.append(
-            Check(
-                f"{a}.port",
-                "fail",
-                f"{spec.host}:{spec.port} is in use",
-                "SGLang only binds after loading, so it would fail minutes in: free the port "
-                "or set port 0",
-            )
-        )
-
-    if topo is not None:
-        checks.extend(_method_check(spec, uf, topo))
-        checks.extend(_placement_check(spec, topo))
-    return checks
+        return Check(f"{a}.port", "ok", "0: a free port is picked at launch")
+    if running:
+        return Check(f"{a}.port", "ok", f"{spec.host}:{spec.port} (engine running)")
+    if port_free(spec.host, spec.port):
+        return Check(f"{a}.port", "ok", f"{spec.host}:{spec.port} is free")
+    return Check(
+        f"{a}.port",
+        "fail",
+        f"{spec.host}:{spec.port} is in use",
+        "SGLang only binds after loading, so it would fail minutes in: free the port or set port 0",
+    )
 
 
 def _method_check(

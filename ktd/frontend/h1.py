@@ -200,122 +200,144 @@ class ResponseParser:
         unless more is fed.
         """
         state = self._state
-        if state == _CHUNKED:  # inline, not a method: this runs once per relayed chunk
-            buf = self._buf
-            pos = self._pos
-            end = len(buf)
-            out: bytes | None = None
-            parts: list[bytes] | None = None
-            sub = self._chunk
-            while pos < end:
-                if sub == _DATA:
-                    remaining = self._remaining
-                    if end - pos < remaining:
-                        piece = buf[pos:]
-                        self._remaining = remaining - (end - pos)
-                        pos = end
-                    else:
-                        piece = buf[pos : pos + remaining]
-                        pos += remaining
-                        sub = _CRLF
-                    if out is None:
-                        out = piece
-                    elif parts is None:
-                        parts = [out, piece]
-                    else:
-                        parts.append(piece)
-                elif sub == _CRLF:
-                    if buf.startswith(b"\r\n", pos):
-                        pos += 2
-                        sub = _SIZE
-                    elif end - pos >= 2 or buf[pos] != 13:
-                        raise BrokenResponse("chunk data not followed by CRLF")
-                    else:
-                        break
-                elif sub == _SIZE:
-                    i = buf.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
-                    if i < 0:
-                        if end - pos >= MAX_CHUNK_LINE:
-                            raise BrokenResponse("chunk size line too long")
-                        break
-                    line = buf[pos:i]
-                    if b";" in line:  # chunk extensions: allowed, ignored
-                        line = line.partition(b";")[0].rstrip(b" \t")
-                    if not line or len(line) > 16 or line.strip(_HEX):
-                        raise BrokenResponse(f"bad chunk size: {buf[pos:i][:20]!r}")
-                    pos = i + 2
-                    size = int(line, 16)
-                    if size:
-                        self._remaining = size
-                        sub = _DATA
-                    else:
-                        sub = _TRAILER
-                else:  # trailer fields until an empty line
-                    i = buf.find(b"\r\n", pos)
-                    if i < 0:
-                        if self._trailer_bytes + end - pos > MAX_HEAD:
-                            raise BrokenResponse("trailers too large")
-                        break
-                    if i == pos:
-                        pos += 2
-                        self._state = _DONE
-                        self.complete = True
-                        break
-                    self._trailer_bytes += i + 2 - pos
-                    if self._trailer_bytes > MAX_HEAD:
-                        raise BrokenResponse("trailers too large")
-                    self.trailers.append(_parse_field(buf[pos:i]))
-                    pos = i + 2
-            self._chunk = sub
-            if pos == end:
-                self._buf = b""
-                self._pos = 0
-            else:
-                self._pos = pos
-            if out is not None:
-                return out if parts is None else b"".join(parts)
-            if self.complete:
-                return END
-            if self._eof:
-                raise IncompleteMessage("EOF inside a chunked body")
-            return NEED_DATA
+        if state == _CHUNKED:
+            return self._chunked()
         if state == _LENGTH:
-            buf = self._buf
-            pos = self._pos
-            n = len(buf) - pos
-            if not n:
-                if self._eof:
-                    raise IncompleteMessage("EOF inside a Content-Length body")
-                return NEED_DATA
-            remaining = self._remaining
-            if n < remaining:
-                self._remaining = remaining - n
-                self._buf = b""
-                self._pos = 0
-                return buf[pos:]
-            self._remaining = 0
-            self._pos = pos + remaining
-            self._state = _DONE
-            self.complete = True
-            if self._pos == len(buf):
-                self._buf = b""
-                self._pos = 0
-            return buf[pos : pos + remaining]
+            return self._length()
         if state == _UNTIL_CLOSE:
-            buf = self._buf
-            pos = self._pos
-            if pos < len(buf):
-                self._buf = b""
-                self._pos = 0
-                return buf[pos:]
-            if self._eof:
-                self._state = _DONE
-                self.complete = True
-                return END
-            return NEED_DATA
+            return self._until_close()
         if state == _HEAD:
             return self._head()
         return END
+
+    # ------------------------------------------------------------ bodies
+
+    def _chunked(self) -> Event:
+        """A chunked body: what the buffer holds of the chunks' data, joined (once per
+        relayed chunk: locals, not attributes, in the loop)."""
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        out: bytes | None = None
+        parts: list[bytes] | None = None
+        sub = self._chunk
+        while pos < end:
+            if sub == _DATA:
+                remaining = self._remaining
+                if end - pos < remaining:
+                    piece = buf[pos:]
+                    self._remaining = remaining - (end - pos)
+                    pos = end
+                else:
+                    piece = buf[pos : pos + remaining]
+                    pos += remaining
+                    sub = _CRLF
+                if out is None:
+                    out = piece
+                elif parts is None:
+                    parts = [out, piece]
+                else:
+                    parts.append(piece)
+            elif sub == _CRLF:
+                if buf.startswith(b"\r\n", pos):
+                    pos += 2
+                    sub = _SIZE
+                elif end - pos >= 2 or buf[pos] != 13:
+                    raise BrokenResponse("chunk data not followed by CRLF")
+                else:
+                    break
+            elif sub == _SIZE:
+                i = buf.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
+                if i < 0:
+                    if end - pos >= MAX_CHUNK_LINE:
+                        raise BrokenResponse("chunk size line too long")
+                    break
+                line = buf[pos:i]
+                if b";" in line:  # chunk extensions: allowed, ignored
+                    line = line.partition(b";")[0].rstrip(b" \t")
+                if not line or len(line) > 16 or line.strip(_HEX):
+                    raise BrokenResponse(f"bad chunk size: {buf[pos:i][:20]!r}")
+                pos = i + 2
+                size = int(line, 16)
+                if size:
+                    self._remaining = size
+                    sub = _DATA
+                else:
+                    sub = _TRAILER
+            else:  # trailer fields until an empty line
+                pos = self._trailers(buf, pos)
+                break
+        self._chunk = sub
+        if pos == end:
+            self._buf = b""
+            self._pos = 0
+        else:
+            self._pos = pos
+        if out is not None:
+            return out if parts is None else b"".join(parts)
+        if self.complete:
+            return END
+        if self._eof:
+            raise IncompleteMessage("EOF inside a chunked body")
+        return NEED_DATA
+
+    def _trailers(self, buf: bytes, pos: int) -> int:
+        """Trailer fields from ``pos`` up to the empty line that ends the body (then
+        complete), or as far as the buffer goes; where parsing stopped."""
+        end = len(buf)
+        while True:
+            i = buf.find(b"\r\n", pos)
+            if i < 0:
+                if self._trailer_bytes + end - pos > MAX_HEAD:
+                    raise BrokenResponse("trailers too large")
+                return pos
+            if i == pos:
+                self._state = _DONE
+                self.complete = True
+                return pos + 2
+            self._trailer_bytes += i + 2 - pos
+            if self._trailer_bytes > MAX_HEAD:
+                raise BrokenResponse("trailers too large")
+            self.trailers.append(_parse_field(buf[pos:i]))
+            pos = i + 2
+
+    def _length(self) -> Event:
+        """A Content-Length body: what is buffered, up to what is left of it."""
+        buf = self._buf
+        pos = self._pos
+        n = len(buf) - pos
+        if not n:
+            if self._eof:
+                raise IncompleteMessage("EOF inside a Content-Length body")
+            return NEED_DATA
+        remaining = self._remaining
+        if n < remaining:
+            self._remaining = remaining - n
+            self._buf = b""
+            self._pos = 0
+            return buf[pos:]
+        self._remaining = 0
+        self._pos = pos + remaining
+        self._state = _DONE
+        self.complete = True
+        if self._pos == len(buf):
+            self._buf = b""
+            self._pos = 0
+        return buf[pos : pos + remaining]
+
+    def _until_close(self) -> Event:
+        """A body delimited by the close of the connection (HTTP/1.0 style)."""
+        buf = self._buf
+        pos = self._pos
+        if pos < len(buf):
+            self._buf = b""
+            self._pos = 0
+            return buf[pos:]
+        if self._eof:
+            self._state = _DONE
+            self.complete = True
+            return END
+        return NEED_DATA
 
     # ------------------------------------------------------------ head
 
