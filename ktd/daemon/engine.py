@@ -319,7 +319,7 @@ class Engine:
             "step": phase.step if phase else None,
             "waiting_for": list(phase.waiting_for()) if phase else [],
             "load_started": self.stats.load_started if starting else None,
-            "load_eta": self.host.expected_load(self.alias) if starting else None,
+            "load_eta": self.host.expected_load(self.alias),  # before a load, too
         }
 
     def info(self, *, tail: int = 0) -> EngineInfo:

@@ -92,9 +92,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     @app.errorhandler(Exception)
     async def _internal(exc: Exception) -> Response:
         app.logger.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(
-            ApiError(500, "internal frontend error", type=errors.SERVER_ERROR, code="internal")
-        )
+        return error_response(errors.make("internal", message="internal frontend error"))
 
     # ------------------------------------------------------------ plain routes
 
@@ -103,7 +101,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         try:
             pong = await state.broker.ping()
         except (Unreachable, ControlError) as exc:
-            return error_response(errors.daemon_unreachable(str(exc)))
+            return error_response(errors.make("daemon_unreachable", detail=str(exc)))
         body = {"status": "ok", "daemon": {"version": pong.version, "pid": pong.pid}}
         return _json_response(200, errors._encoder.encode(body))
 
@@ -137,7 +135,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         for card in cards:
             if card["id"] == model_id:
                 return _json_response(200, errors._encoder.encode(card))
-        raise errors.unknown_model(model_id, [str(c["id"]) for c in cards])
+        raise errors.make("unknown_model", model=model_id, available=[str(c["id"]) for c in cards])
 
     worker_info.install(app, state)  # what sglang-router reads of a worker
     gateway_metrics.install(app, state, interval=options.heartbeat_interval)
@@ -147,9 +145,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     async def proxied(**_: str) -> Response:
         # Their methods never get here (ProxyRoutes answers them); the rules exist so
         # that other methods get Quart's 405 rather than a 404.
-        raise ApiError(
-            500, "proxied route reached Quart", type=errors.SERVER_ERROR, code="internal"
-        )
+        raise errors.make("internal", message="proxied route reached Quart")
 
     for path, route in EXACT.items():
         if route.api == "openai":  # Ollama's paths never reach Quart (ollama.py)
@@ -180,7 +176,7 @@ async def _model_cards(state: State) -> list[dict[str, Any]]:
     except (Unreachable, ControlError) as exc:
         raise control_error("", exc) from None
     if not isinstance(reply, p.ModelsReply):
-        raise errors.daemon_unreachable(f"unexpected reply {type(reply).__name__}")
+        raise errors.make("daemon_unreachable", detail=f"unexpected reply {type(reply).__name__}")
     cards: list[dict[str, Any]] = [
         {
             "id": m.alias,

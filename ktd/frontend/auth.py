@@ -28,15 +28,15 @@ class ApiKeys:
         if not self._keys:
             return
         if not authorization:
-            raise errors.missing_api_key()
+            raise errors.make("missing_api_key")
         raw = authorization.encode("utf-8") if isinstance(authorization, str) else authorization
         scheme, _, token = raw.strip().partition(b" ")
         given = token.strip()
         if scheme.lower() != b"bearer" or not given:
-            raise errors.missing_api_key()
+            raise errors.make("missing_api_key")
         ok = False
         for key in self._keys:
             # Compare against every key so timing does not tell which one is close.
             ok |= hmac.compare_digest(given, key)
         if not ok:
-            raise errors.wrong_api_key()
+            raise errors.make("wrong_api_key")

@@ -41,33 +41,43 @@ def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False)
     Ollama's ``stream`` (see ``ollama_stream``).
     """
     if not body.strip():
-        raise errors.bad_request(
-            "We could not parse the JSON body of your request: the body is empty.",
+        raise errors.make(
+            "bad_request",
+            message="We could not parse the JSON body of your request: the body is empty.",
             code="invalid_json",
         )
     try:
         head = _decoder.decode(body)
     except msgspec.ValidationError:
         # Only possible cause with Any-typed fields: the top level is not an object.
-        raise errors.bad_request(
-            "The JSON body of your request must be an object.", code="invalid_json"
+        raise errors.make(
+            "bad_request",
+            message="The JSON body of your request must be an object.",
+            code="invalid_json",
         ) from None
     except msgspec.DecodeError as exc:
-        raise errors.bad_request(
-            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        raise errors.make(
+            "bad_request",
+            message=f"We could not parse the JSON body of your request: {exc}",
+            code="invalid_json",
         ) from None
     except RecursionError:
-        raise errors.bad_request(
-            "The JSON body of your request is nested too deeply.", code="invalid_json"
+        raise errors.make(
+            "bad_request",
+            message="The JSON body of your request is nested too deeply.",
+            code="invalid_json",
         ) from None
     stream = ollama_stream(head.stream) if ollama else _stream(head.stream)
     if head.model is msgspec.UNSET or head.model is None:
         if not require_model:
             return Peeked(model=None, stream=stream)
-        raise errors.bad_request("you must provide a model parameter", param="model")
+        raise errors.make(
+            "bad_request", message="you must provide a model parameter", param="model"
+        )
     if not isinstance(head.model, str):
-        raise errors.bad_request(
-            f"Invalid type for 'model': expected a string, got {_json_type(head.model)}.",
+        raise errors.make(
+            "bad_request",
+            message=f"Invalid type for 'model': expected a string, got {_json_type(head.model)}.",
             param="model",
             code="invalid_type",
         )
@@ -77,17 +87,21 @@ def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False)
 def check_model(model: str) -> str:
     """A model name fit to route by: not empty, not absurdly long, no control characters."""
     if not model:
-        raise errors.bad_request("'model' must not be empty", param="model")
+        raise errors.make("bad_request", message="'model' must not be empty", param="model")
     if len(model) > p.MAX_MODEL_NAME:
-        raise errors.bad_request(
-            f"'model' is {len(model)} characters long; no model name is longer than "
+        raise errors.make(
+            "bad_request",
+            message=f"'model' is {len(model)} characters long; no model name is longer than "
             f"{p.MAX_MODEL_NAME}.",
             param="model",
             code="invalid_model",
         )
     if not model.isprintable():
-        raise errors.bad_request(
-            "'model' contains control characters.", param="model", code="invalid_model"
+        raise errors.make(
+            "bad_request",
+            message="'model' contains control characters.",
+            param="model",
+            code="invalid_model",
         )
     return model
 
@@ -97,8 +111,9 @@ def _stream(value: Any) -> bool:
         return False
     if isinstance(value, bool):
         return value
-    raise errors.bad_request(
-        f"Invalid type for 'stream': expected a boolean, got {_json_type(value)}.",
+    raise errors.make(
+        "bad_request",
+        message=f"Invalid type for 'stream': expected a boolean, got {_json_type(value)}.",
         param="stream",
         code="invalid_type",
     )
@@ -138,7 +153,7 @@ def _json_type(value: object) -> str:
 def check_declared_length(content_length: int | None, limit: int) -> None:
     """Refuse an over-limit body from its Content-Length, before reading a byte of it."""
     if limit and content_length is not None and content_length > limit:
-        raise errors.body_too_large(limit)
+        raise errors.make("body_too_large", limit=limit)
 
 
 async def read_limited(
@@ -167,6 +182,6 @@ async def read_limited(
                     drained += len(extra)
                     if drained > drain_bytes:
                         break
-            raise errors.body_too_large(limit)
+            raise errors.make("body_too_large", limit=limit)
         parts.append(chunk)
     return parts[0] if len(parts) == 1 else b"".join(parts)

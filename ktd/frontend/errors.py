@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -95,98 +96,191 @@ class ApiError(Exception):
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-# ---------------------------------------------------------------- constructors
+# ---------------------------------------------------------------- the table
 
 
-def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
+@dataclass(frozen=True)
+class Kind:
+    """One error the frontend makes: its status, OpenAI type and code, and its message
+    as a template over the fields the caller gives (a list field is shown sorted,
+    comma-separated, or ``empty`` when it has nothing)."""
+
+    status: int
+    type: str
+    code: str | None
+    message: str
+    param: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    empty: str = "(none)"
 
 
-def missing_api_key() -> ApiError:
-    return ApiError(
+#: Every error the frontend makes, by name (several may share OpenAI's ``code``, as
+#: an unknown model and an unknown adapter are both ``model_not_found``).
+KINDS: dict[str, Kind] = {
+    "bad_request": Kind(400, INVALID_REQUEST, None, "{message}"),
+    "missing_api_key": Kind(
         401,
+        INVALID_REQUEST,
+        "missing_api_key",
         "You didn't provide an API key. Send it in the Authorization header "
         "using Bearer auth (Authorization: Bearer YOUR_KEY).",
-        type=INVALID_REQUEST,
-        code="missing_api_key",
         headers={"WWW-Authenticate": "Bearer"},
-    )
-
-
-def wrong_api_key() -> ApiError:
+    ),
     # Never echo the key: it may be a valid key for something else.
-    return ApiError(
+    "wrong_api_key": Kind(
         401,
+        INVALID_REQUEST,
+        "invalid_api_key",
         "Incorrect API key provided.",
-        type=INVALID_REQUEST,
-        code="invalid_api_key",
         headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
-    )
-
-
-def unknown_model(model: str, available: Iterable[str]) -> ApiError:
-    names = sorted(available)
-    listing = ", ".join(names) if names else "(none configured)"
-    return ApiError(
+    ),
+    "unknown_model": Kind(
         404,
-        f"The model `{model}` does not exist. Available models: {listing}",
-        type=INVALID_REQUEST,
-        code="model_not_found",
+        INVALID_REQUEST,
+        "model_not_found",
+        "The model `{model}` does not exist. Available models: {available}",
         param="model",
-    )
-
-
-def unknown_adapter(model: str, adapter: str, listed: Iterable[str]) -> ApiError:
-    names = ", ".join(sorted(listed)) or "(none)"
-    return ApiError(
+        empty="(none configured)",
+    ),
+    "unknown_adapter": Kind(
         404,
-        f"The model `{model}` does not exist: its engine has no LoRA adapter `{adapter}` "
-        f"(adapters: {names})",
-        code="model_not_found",
+        INVALID_REQUEST,
+        "model_not_found",
+        "The model `{model}` does not exist: its engine has no LoRA adapter `{adapter}` "
+        "(adapters: {listed})",
         param="model",
-    )
-
-
-def no_model_for_route(path: str, ready: Iterable[str]) -> ApiError:
-    names = sorted(ready)
-    why = f"several engines are ready ({', '.join(names)})" if names else "no engine is ready"
-    return ApiError(
+    ),
+    "model_required": Kind(
         400,
-        f"{path} names no model and {why}: send the header `X-Ktd-Model: <alias>` "
+        INVALID_REQUEST,
+        "model_required",
+        "{path} names no model and {why}: send the header `X-Ktd-Model: <alias>` "
         "(or a `model` field) to choose one.",
         param="model",
-        code="model_required",
-    )
-
-
-def not_served(model: str, message: str) -> ApiError:
-    return ApiError(
+    ),
+    "not_served": Kind(
         404,
-        f"The model `{model}` is not served by ktd: {message}",
-        type=INVALID_REQUEST,
-        code="model_not_found",
+        INVALID_REQUEST,
+        "model_not_found",
+        "The model `{model}` is not served by ktd: {message}",
         param="model",
-    )
-
-
-def body_too_large(limit: int) -> ApiError:
-    return ApiError(
+    ),
+    # The rest of the body may still be on its way: never reuse this connection.
+    "body_too_large": Kind(
         413,
-        f"Request body is larger than the limit of {limit} bytes (frontend.max_body_bytes).",
-        code="request_too_large",
-        # The rest of the body may still be on its way: never reuse this connection.
+        INVALID_REQUEST,
+        "request_too_large",
+        "Request body is larger than the limit of {limit} bytes (frontend.max_body_bytes).",
         headers={"Connection": "close"},
-    )
-
-
-def daemon_unreachable(detail: str) -> ApiError:
-    return ApiError(
+    ),
+    "daemon_unreachable": Kind(
         503,
-        f"ktd daemon is unreachable: {detail}",
-        type=UNAVAILABLE,
-        code="daemon_unreachable",
+        UNAVAILABLE,
+        "daemon_unreachable",
+        "ktd daemon is unreachable: {detail}",
         headers={"Retry-After": "5"},
+    ),
+    "load_failed": Kind(
+        503, UNAVAILABLE, "engine_failed", "The engine for `{model}` failed: {reason}"
+    ),
+    "queue_full": Kind(
+        429,
+        RATE_LIMIT,
+        "queue_full",
+        "Too many requests for `{model}`: {message}",
+        headers={"Retry-After": "1"},
+    ),
+    "not_loaded": Kind(
+        503,
+        UNAVAILABLE,
+        "model_not_loaded",
+        "The model `{model}` is not loaded and frontend.autoload is off; run: ktctl load {model}",
+    ),
+    "busy": Kind(
+        503,
+        UNAVAILABLE,
+        "engine_busy",
+        "The engine for `{model}` is busy: {message}",
+        headers={"Retry-After": "5"},
+    ),
+    "load_timeout": Kind(
+        504, TIMEOUT, "load_timeout", "Timed out waiting for `{model}` to load: {message}"
+    ),
+    # The engine's HTTP connection broke (it died, or stopped answering).
+    "upstream_failed": Kind(
+        503,
+        UNAVAILABLE,
+        "upstream_error",
+        "The engine for `{model}` failed while answering: {detail}",
+    ),
+    "upstream_timeout": Kind(
+        504,
+        TIMEOUT,
+        "upstream_timeout",
+        "The engine for `{model}` did not answer in time: {detail}",
+    ),
+    "shutting_down": Kind(503, UNAVAILABLE, "shutting_down", "{message}"),
+    "frontend_stopping": Kind(503, UNAVAILABLE, "shutting_down", "The frontend is stopping."),
+    "internal": Kind(500, SERVER_ERROR, "internal", "{message}"),
+    "unknown_route": Kind(
+        404, INVALID_REQUEST, "not_found", "Unknown {what}route: {method} {path}"
+    ),
+    "method_not_allowed": Kind(
+        405, INVALID_REQUEST, "method_not_allowed", "Method {method} is not allowed on {path}"
+    ),
+    "not_supported": Kind(501, INVALID_REQUEST, "not_supported", "{method} {path}: {why}"),
+    "body_timeout": Kind(
+        408, INVALID_REQUEST, "body_timeout", "Timed out reading the request body."
+    ),
+    "disconnected": Kind(400, INVALID_REQUEST, "disconnected", "client went away"),
+    "forbidden": Kind(403, INVALID_REQUEST, "forbidden", "{message}"),
+    "conflict": Kind(409, INVALID_REQUEST, None, "{message}"),
+    "key_needed": Kind(401, INVALID_REQUEST, "missing_api_key", "This dashboard needs a key."),
+    # Ollama's own words for a name it does not know (its clients match on them).
+    "ollama_model_not_found": Kind(
+        404, INVALID_REQUEST, "model_not_found", "model '{model}' not found{why}"
+    ),
+    # bad_request / internal / anything newer from the daemon: its problem, not the
+    # client's input. 503 so clients retry, never a 500 that looks like a bug here.
+    "daemon_error": Kind(503, UNAVAILABLE, "daemon_error", "ktd error ({daemon_code}): {message}"),
+}
+
+
+def make(
+    name: str,
+    /,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    retry_after: object = None,
+    headers: Mapping[str, str] | None = None,
+    **fields: object,
+) -> ApiError:
+    """The error ``name`` of :data:`KINDS` with its message filled from ``fields``;
+    ``param``, ``code`` and ``headers`` override the table's, ``retry_after``
+    (seconds, when the daemon says when to come back) its ``Retry-After``."""
+    kind = KINDS[name]
+    shown = {k: _shown(v, kind.empty) for k, v in fields.items()}
+    return ApiError(
+        kind.status,
+        kind.message.format(**shown),
+        type=kind.type,
+        code=code if code is not None else kind.code,
+        param=param if param is not None else kind.param,
+        headers={**kind.headers, **(headers or {}), **_retry_after(retry_after)},
     )
+
+
+def ready_engines(ready: Iterable[str]) -> str:
+    """``why`` of ``model_required``: which engines could have answered."""
+    names = sorted(ready)
+    return f"several engines are ready ({', '.join(names)})" if names else "no engine is ready"
+
+
+def _shown(value: object, empty: str) -> object:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        return value
+    return ", ".join(sorted(str(v) for v in value)) or empty
 
 
 def _retry_after(seconds: object) -> dict[str, str]:
@@ -195,102 +289,32 @@ def _retry_after(seconds: object) -> dict[str, str]:
     return {}
 
 
-def load_failed(model: str, reason: str, retry_after: object = None) -> ApiError:
-    """503; with ``Retry-After`` when the daemon says when the next attempt may run."""
-    return ApiError(
-        503,
-        f"The engine for `{model}` failed: {reason}",
-        type=UNAVAILABLE,
-        code="engine_failed",
-        headers=_retry_after(retry_after),
-    )
-
-
-def queue_full(model: str, message: str, retry_after: object = None) -> ApiError:
-    """429: the model's admission queue (``max_queue``) is full; come back later."""
-    return ApiError(
-        429,
-        f"Too many requests for `{model}`: {message}",
-        type=RATE_LIMIT,
-        code="queue_full",
-        headers=_retry_after(retry_after) or {"Retry-After": "1"},
-    )
-
-
-def not_loaded(model: str) -> ApiError:
-    return ApiError(
-        503,
-        f"The model `{model}` is not loaded and frontend.autoload is off; run: ktctl load {model}",
-        type=UNAVAILABLE,
-        code="model_not_loaded",
-    )
-
-
-def busy(model: str, message: str) -> ApiError:
-    return ApiError(
-        503,
-        f"The engine for `{model}` is busy: {message}",
-        type=UNAVAILABLE,
-        code="engine_busy",
-        headers={"Retry-After": "5"},
-    )
-
-
-def load_timeout(model: str, message: str) -> ApiError:
-    return ApiError(
-        504,
-        f"Timed out waiting for `{model}` to load: {message}",
-        type=TIMEOUT,
-        code="load_timeout",
-    )
-
-
-def upstream_failed(model: str, detail: str) -> ApiError:
-    """The engine's HTTP connection broke (it died, or stopped answering)."""
-    return ApiError(
-        503,
-        f"The engine for `{model}` failed while answering: {detail}",
-        type=UNAVAILABLE,
-        code="upstream_error",
-    )
-
-
-def upstream_timeout(model: str, detail: str) -> ApiError:
-    return ApiError(
-        504,
-        f"The engine for `{model}` did not answer in time: {detail}",
-        type=TIMEOUT,
-        code="upstream_timeout",
-    )
-
-
 def from_control(model: str, code: str, message: str, detail: Mapping[str, Any]) -> ApiError:
     """Map a daemon ``Error`` reply (protocol.ErrorCode) to the client-facing error."""
     if code == ErrorCode.UNKNOWN_MODEL:
         models = detail.get("models")
         names = [m for m in models if isinstance(m, str)] if isinstance(models, list) else []
-        return unknown_model(model, names)
+        return make("unknown_model", model=model, available=names)
     if code == ErrorCode.NOT_KT:
-        return not_served(model, message)
+        return make("not_served", model=model, message=message)
     if code == ErrorCode.LOAD_FAILED:
         reason = detail.get("reason")
         text = reason if isinstance(reason, str) and reason else message
-        return load_failed(model, text, detail.get("retry_after"))
+        return make("load_failed", model=model, reason=text, retry_after=detail.get("retry_after"))
     if code == ErrorCode.QUEUE_FULL:
-        return queue_full(model, message, detail.get("retry_after"))
+        retry = detail.get("retry_after")
+        return make("queue_full", model=model, message=message, retry_after=retry)
     if code == ErrorCode.NOT_LOADED:
-        return not_loaded(model)
+        return make("not_loaded", model=model)
     if code == ErrorCode.TIMEOUT:
-        return load_timeout(model, message)
+        return make("load_timeout", model=model, message=message)
     if code == ErrorCode.BUSY:
-        return busy(model, message)
+        return make("busy", model=model, message=message)
     if code == ErrorCode.SHUTTING_DOWN:
         said = message if message.startswith("ktd is shutting down") else None
         text = said or f"ktd is shutting down: {message}"  # never the same words twice
-        return ApiError(503, text, type=UNAVAILABLE, code="shutting_down")
-    # bad_request / internal / anything newer: the daemon's problem, not the
-    # client's input. 503 so clients retry, never a 500 that looks like a bug here.
-    return ApiError(503, f"ktd error ({code}): {message}", type=UNAVAILABLE, code="daemon_error")
+        return make("shutting_down", message=text)
+    return make("daemon_error", message=message, daemon_code=code)
 
 
 def from_upstream_body(status: int, body: bytes) -> ApiError:

@@ -184,7 +184,7 @@ async def read_body_in_time(receive: Receive, options: FrontendOptions) -> bytes
     """The whole body, within ``max_body_bytes`` (413) and ``body_timeout`` (408)."""
     with trio.move_on_after(options.body_timeout):
         return await _read_body(receive, options.frontend.max_body_bytes)
-    raise ApiError(408, "Timed out reading the request body.", code="body_timeout")
+    raise errors.make("body_timeout")
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
@@ -412,9 +412,7 @@ class ProxyRoutes:
             await send_error(send, err, ollama=ollama)
         except Exception:
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-            internal = ApiError(
-                500, "internal frontend error", type=errors.SERVER_ERROR, code="internal"
-            )
+            internal = errors.make("internal", message="internal frontend error")
             ex.failed(internal)
             await _try_send_error(send, internal, ollama=ollama)
 
@@ -437,11 +435,15 @@ class ProxyRoutes:
                 model = multipart.text_field(body, text, "model")
                 stream = multipart.text_field(body, text, "stream")
             except multipart.MultipartError as exc:
-                raise errors.bad_request(
-                    f"Expected a multipart/form-data body: {exc}", code="invalid_body"
+                raise errors.make(
+                    "bad_request",
+                    message=f"Expected a multipart/form-data body: {exc}",
+                    code="invalid_body",
                 ) from None
             if not model:
-                raise errors.bad_request("you must provide a model parameter", param="model")
+                raise errors.make(
+                    "bad_request", message="you must provide a model parameter", param="model"
+                )
             return check_model(model), (stream or "").strip().lower() == "true", ctype
         return None, False, ctype
 
@@ -459,7 +461,7 @@ class ProxyRoutes:
         ready = ready or self.state.broker.routed()
         if len(ready) == 1:
             return ready[0]
-        raise errors.no_model_for_route(scope["path"], ready)
+        raise errors.make("model_required", path=scope["path"], why=errors.ready_engines(ready))
 
     def _remember(self, alias: str, data: bytes) -> None:
         response_id = response_id_in(data)
@@ -562,12 +564,11 @@ def ollama_alias(model: str) -> str:
     SGLang's Ollama routes apply no LoRA adapter, so one must not be silently dropped."""
     alias, tag = ollama_name(model)
     if tag is not None:
-        raise errors.ApiError(
-            404,
-            f"model '{model}' not found: ktd serves Ollama's API for {alias}:latest only "
-            f"(SGLang's Ollama routes apply no LoRA adapter); for the adapter use "
-            f"/v1/chat/completions with model {model}",
-            code="model_not_found",
+        raise errors.make(
+            "ollama_model_not_found",
+            model=model,
+            why=f": ktd serves Ollama's API for {alias}:latest only (SGLang's Ollama routes "
+            f"apply no LoRA adapter); for the adapter use /v1/chat/completions with model {model}",
             param="model",
         )
     return alias

@@ -211,7 +211,9 @@ class OllamaRoutes:
                 self.state.keys.check(_header(scope, b"authorization"))
             await self._answer(method, path, body, send)
         except _Unread:
-            err = errors.bad_request("The request body could not be read.", code="invalid_body")
+            err = errors.make(
+                "bad_request", message="The request body could not be read.", code="invalid_body"
+            )
             await send_error(send, err, close=True, ollama=True)
         except ApiError as err:
             await send_error(send, err, close=err.status in (408, 413), ollama=True)
@@ -223,17 +225,17 @@ class OllamaRoutes:
         if allowed is None and path.startswith("/api/blobs/"):
             allowed = ("POST", "HEAD")
         if allowed is None:
-            raise ApiError(404, f"Unknown Ollama route: {method} {path}", code="not_found")
+            raise errors.make("unknown_route", what="Ollama ", method=method, path=path)
         if method not in allowed:
-            raise ApiError(
-                405,
-                f"Method {method} is not allowed on {path}",
-                code="method_not_allowed",
+            raise errors.make(
+                "method_not_allowed",
+                method=method,
+                path=path,
                 headers={"Allow": ", ".join(allowed)},
             )
         if path in NOT_SERVED or path.startswith("/api/blobs/"):
             why = NOT_SERVED.get(path, NOT_SERVED["/api/create"])[1]
-            raise ApiError(501, f"{method} {path}: {why}", code="not_supported")
+            raise errors.make("not_supported", method=method, path=path, why=why)
         if path == "/":
             await _reply(send, 200, b"Ollama is running", b"text/plain; charset=utf-8")
         elif path == "/api/version":
@@ -266,7 +268,7 @@ class OllamaRoutes:
         alias = ollama_alias(head.model)
         served = {m.alias for m in await self._models()}
         if alias not in served:
-            raise ApiError(404, f"model '{head.model}' not found", code="model_not_found")
+            raise errors.make("ollama_model_not_found", model=head.model, why="")
         ready = {e.alias: e for e in await catalog.ready_engines(self.state.broker)}
         engine = ready.get(alias)
         if engine is not None and engine.url:

@@ -149,7 +149,7 @@ def control_error(model: str, exc: Exception) -> ApiError:
     """Map what the broker raises to the client-facing error."""
     if isinstance(exc, ControlError):
         return errors.from_control(model, exc.code, exc.message, exc.detail)
-    return errors.daemon_unreachable(str(exc))
+    return errors.make("daemon_unreachable", detail=str(exc))
 
 
 class Exchange:
@@ -270,14 +270,16 @@ class Exchange:
 
         listed = await engine_adapters(self.pool, slot.url, slot.alias)
         if listed is not None and adapter not in listed:
-            raise self.failed(errors.unknown_adapter(self.model, adapter, listed))
+            raise self.failed(
+                errors.make("unknown_adapter", model=self.model, adapter=adapter, listed=listed)
+            )
 
     def upstream_error(self, exc: UpstreamError) -> ApiError:
         detail = str(exc) or type(exc).__name__
         if isinstance(exc, UpstreamTimeout):
-            err = errors.upstream_timeout(self.label, detail)
+            err = errors.make("upstream_timeout", model=self.label, detail=detail)
         else:
-            err = errors.upstream_failed(self.label, detail)
+            err = errors.make("upstream_failed", model=self.label, detail=detail)
         self.metrics.upstream_errors.labels(self.label, exc.kind).inc()
         log.warning("upstream %s for %s: %s", exc.kind, self.label, detail)
         return self.failed(err)

@@ -112,9 +112,9 @@ def install(app: QuartTrio, state: State) -> None:
             status = await state.broker.request(p.Status())
             models = await state.broker.request(p.Models())
         except (Unreachable, ControlError) as exc:
-            raise errors.daemon_unreachable(str(exc)) from None
+            raise errors.make("daemon_unreachable", detail=str(exc)) from None
         if not isinstance(status, p.StatusReply) or not isinstance(models, p.ModelsReply):
-            raise errors.daemon_unreachable("unexpected reply from the daemon")
+            raise errors.make("daemon_unreachable", detail="unexpected reply from the daemon")
         ready = [e for e in status.engines if e.state == S.READY and e.url]
         return ready, [m for m in models.models if m.served]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import string
 
 import pytest
 
@@ -78,25 +79,26 @@ async def test_read_limited_counts_while_reading() -> None:
     assert info.value.status == 413
 
 
-def test_error_shapes_and_statuses() -> None:
-    cases = {
-        errors.unknown_model("deepseek-v4", ["deepseek-v4-kt", "b"]): 404,
-        errors.body_too_large(5): 413,
-        errors.daemon_unreachable("down"): 503,
-        errors.load_failed("m", "out of memory"): 503,
-        errors.not_loaded("m"): 503,
-        errors.load_timeout("m", "1800s"): 504,
-        errors.missing_api_key(): 401,
-        errors.wrong_api_key(): 401,
-    }
-    for err, status in cases.items():
-        assert err.status == status
+def test_every_error_of_the_table_has_the_openai_shape_and_its_status() -> None:
+    for name, kind in errors.KINDS.items():
+        fields = {f: "x" for _, f, _, _ in string.Formatter().parse(kind.message) if f}
+        err = errors.make(name, **fields)
+        assert err.status == kind.status and err.type == kind.type, name
         body = json.loads(err.body())
         assert set(body) == {"error"}
         assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert "deepseek-v4-kt" in errors.unknown_model("deepseek-v4", ["deepseek-v4-kt"]).message
-    assert "ktctl load m" in errors.not_loaded("m").message
-    assert "out of memory" in errors.load_failed("m", "out of memory").message
+        assert "{" not in err.message, name  # every field filled
+    unknown = errors.make("unknown_model", model="deepseek-v4", available=["z", "deepseek-v4-kt"])
+    assert unknown.message.endswith("Available models: deepseek-v4-kt, z")
+    assert errors.make("unknown_model", model="m", available=[]).message.endswith(
+        "(none configured)"
+    )
+    assert "ktctl load m" in errors.make("not_loaded", model="m").message
+    assert "out of memory" in errors.make("load_failed", model="m", reason="out of memory").message
+    late = errors.make("load_failed", model="m", reason="r", retry_after=2.2)
+    assert late.headers == {"Retry-After": "3"}
+    allow = errors.make("method_not_allowed", method="PUT", path="/x", headers={"Allow": "GET"})
+    assert allow.headers == {"Allow": "GET"} and allow.code == "method_not_allowed"
 
 
 def test_from_control_maps_every_code() -> None:
@@ -114,7 +116,7 @@ def test_from_control_maps_every_code() -> None:
 
 
 def test_sse_error_event() -> None:
-    event = errors.load_failed("m", "boom").sse()
+    event = errors.make("load_failed", model="m", reason="boom").sse()
     assert event.startswith(b"data: ") and event.endswith(b"\n\n")
     obj = json.loads(event[6:])
     assert obj["error"]["code"] == "engine_failed"

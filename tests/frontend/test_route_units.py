@@ -144,7 +144,10 @@ def test_new_error_shapes() -> None:
     assert failed.status == 503 and failed.headers["Retry-After"] == "13"
     plain = errors.from_control("m", "load_failed", "x", {"reason": "boom"})
     assert "Retry-After" not in plain.headers
-    assert errors.no_model_for_route("/generate", ["b", "a"]).status == 400
+    assert (
+        errors.make("model_required", path="/generate", why=errors.ready_engines(["b", "a"])).status
+        == 400
+    )
 
 
 def test_ollama_and_loads_routes() -> None:
@@ -186,7 +189,9 @@ def test_ollama_stream_reads_as_pydantic_does(raw: bytes, stream: bool) -> None:
 
 
 def test_ollama_error_shapes_and_ps_rows() -> None:
-    err = errors.queue_full("m1", "1 request(s) already waiting (max_queue 1)")
+    err = errors.make(
+        "queue_full", model="m1", message="1 request(s) already waiting (max_queue 1)"
+    )
     assert json.loads(err.ollama_body()) == {"error": err.message}
     assert err.ndjson().endswith(b"}\n") and err.ndjson().count(b"\n") == 1
     est = {"host_bytes": 100, "gpu_bytes": 30, "gpu_weights_bytes": 20, "ctx": 512}

@@ -102,11 +102,11 @@ class Request:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                raise ApiError(400, "client went away", code="disconnected")
+                raise errors.make("disconnected")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > MAX_BODY:
-                raise ApiError(413, f"body over {MAX_BODY} bytes", code="body_too_large")
+                raise errors.make("body_too_large", limit=MAX_BODY)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
@@ -115,9 +115,11 @@ class Request:
         try:
             obj = msgspec.json.decode(await self.body())
         except msgspec.DecodeError:
-            raise errors.bad_request("expected a JSON object", code="invalid_json") from None
+            raise errors.make(
+                "bad_request", message="expected a JSON object", code="invalid_json"
+            ) from None
         if not isinstance(obj, dict):
-            raise errors.bad_request("expected a JSON object", code="invalid_json")
+            raise errors.make("bad_request", message="expected a JSON object", code="invalid_json")
         return obj
 
     async def respond(
@@ -173,28 +175,24 @@ class Dashboard:
         try:
             route = self.routes.get(path)
             if route is None:
-                raise ApiError(404, f"Unknown route: {scope['method']} {path}", code="not_found")
+                raise errors.make("unknown_route", what="", method=scope["method"], path=path)
             method, handler, needs_key = route
             if scope["method"] != method:
-                raise ApiError(
-                    405,
-                    f"Method {scope['method']} is not allowed on {path}",
-                    code="method_not_allowed",
+                raise errors.make(
+                    "method_not_allowed",
+                    method=scope["method"],
+                    path=path,
                     headers={"Allow": method},
                 )
             if needs_key and not req.allowed:
-                raise ApiError(401, "This dashboard needs a key.", code="missing_api_key")
+                raise errors.make("key_needed")
             await handler(req)
         except ApiError as err:
             await req.error(err)
         except Exception:
             log.exception("dashboard: unexpected error on %s %s", scope["method"], path)
             try:  # a 500 if nothing was sent yet; Hypercorn closes the connection otherwise
-                await req.error(
-                    ApiError(
-                        500, "internal frontend error", type=errors.SERVER_ERROR, code="internal"
-                    )
-                )
+                await req.error(errors.make("internal", message="internal frontend error"))
             except Exception:
                 pass
 
@@ -227,7 +225,7 @@ class Dashboard:
             await req.json_reply(self._session(True))
             return
         if not isinstance(key, str) or not self.access.key_ok(key):
-            raise errors.wrong_api_key() if key else errors.missing_api_key()
+            raise errors.make("wrong_api_key") if key else errors.make("missing_api_key")
         cookie = set_cookie(cookie_value(key), secure=req.secure).encode("latin-1")
         await req.json_reply(self._session(True), headers=[(b"set-cookie", cookie)])
 
@@ -249,7 +247,9 @@ class Dashboard:
         try:
             lines = max(0, min(int(req.arg("lines") or TAIL_LINES), 10_000))
         except ValueError:
-            raise errors.bad_request("lines: expected a number", param="lines") from None
+            raise errors.make(
+                "bad_request", message="lines: expected a number", param="lines"
+            ) from None
         try:
             tail = await self.hub.logs(alias, lines)
         except (ControlError, Unreachable) as exc:
@@ -267,11 +267,13 @@ class Dashboard:
     async def action(self, req: Request) -> None:
         if not self.access.may_act(req.allowed, req.header(CONTROL_HEADER)):
             why = "off (frontend.ui_control)" if not self.access.control else "not allowed"
-            raise ApiError(403, f"The dashboard's actions are {why}.", code="forbidden")
+            raise errors.make("forbidden", message=f"The dashboard's actions are {why}.")
         body = await req.json()
         action = body.get("action")
         if action not in ACTIONS:
-            raise errors.bad_request(f"action: one of {', '.join(ACTIONS)}", param="action")
+            raise errors.make(
+                "bad_request", message=f"action: one of {', '.join(ACTIONS)}", param="action"
+            )
         msg: p.Request
         if action == "reload":
             msg, alias = p.Reload(), ""
@@ -288,7 +290,7 @@ class Dashboard:
         except ControlError as exc:
             if action in ("sleep", "wake") and exc.code in _REFUSED:
                 # Not a daemon fault: this engine cannot (or need not) do it now; say why.
-                raise ApiError(409, exc.message, code=exc.code) from None
+                raise errors.make("conflict", message=exc.message, code=exc.code) from None
             raise control_error(alias, exc) from None
         except Unreachable as exc:
             raise control_error(alias, exc) from None
@@ -303,7 +305,7 @@ class Dashboard:
     async def events(self, req: Request) -> None:
         hub = self.hub
         if hub.closing.is_set():
-            raise ApiError(503, "The frontend is stopping.", code="shutting_down")
+            raise errors.make("frontend_stopping")
         logs = req.arg("logs")
         viewer = hub.join(_alias(logs) if logs else None)
         try:
@@ -407,7 +409,7 @@ def _log_frame(alias: str | None, lines: list[str]) -> bytes:
 
 def _alias(value: str | None) -> str:
     if not value or len(value) > p.MAX_MODEL_NAME:
-        raise errors.bad_request("alias: expected a model name", param="alias")
+        raise errors.make("bad_request", message="alias: expected a model name", param="alias")
     return value
 
 
