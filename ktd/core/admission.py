@@ -21,6 +21,14 @@ frontend, after an evict, while loading):
 Why a line and not a free-for-all: requests are served in arrival order, and a
 request that cannot be served now is answered as soon as anything decides its
 fate (granted, refused, timed out); none is left waiting with nothing to wake it.
+
+At the desk a request also carries its API key's terms (``KeyTerms``, from the
+config's ``frontend.keys``): a key past its ``max_concurrent`` (requests of that key
+waiting or in flight at this frontend) or its ``tokens_per_day`` (the day's tokens,
+the usage ledger's total) is refused at once; and a line is served by ``priority``
+(higher first, arrival order within a level), except that a request overtaken
+``OVERTAKE_LIMIT`` times by later arrivals goes next, so a low priority waits
+behind a bounded number of others, never for ever.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from enum import StrEnum
 from ktd.core.states import ASLEEP, FAILED, READY, STARTING, STOPPED, WAKING, State
 
 __all__ = [
+    "ANYONE",
+    "OVERTAKE_LIMIT",
     "Answer",
     "ClaimGrant",
     "Desk",
@@ -42,6 +52,9 @@ __all__ = [
     "Gate",
     "GiveBack",
     "Grant",
+    "KeyBusy",
+    "KeyExhausted",
+    "KeyTerms",
     "QueueLimits",
     "Refuse",
     "Tell",
@@ -297,6 +310,32 @@ class Line:
         return held.inflight if held is not None and held.routing else 0
 
 
+@dataclass(frozen=True)
+class KeyTerms:
+    """What a request's API key asks of the desk (``name`` "": no key, no limits)."""
+
+    name: str = ""
+    max_concurrent: int | None = None
+    tokens_per_day: int | None = None
+    priority: int = 0
+
+
+ANYONE = KeyTerms()
+
+#: How many later arrivals may be served ahead of a waiting request (by priority)
+#: before it goes next whatever its priority.
+OVERTAKE_LIMIT = 16
+
+
+@dataclass
+class KeyUse:
+    """One key's use at this desk."""
+
+    active: int = 0  # its requests here, waiting or in flight
+    day: int = -1  # the UTC day (days since the epoch) ``tokens`` counts
+    tokens: int = 0
+
+
 @dataclass
 class Ask:
     """One request at the desk."""
@@ -306,6 +345,8 @@ class Ask:
     deadline: float
     autoload: bool
     load_timeout: float  # 0: none (what the Claim asks the daemon to wait)
+    key: KeyTerms = ANYONE
+    overtaken: int = 0  # later arrivals served ahead of it (by priority)
     slot: Held | None = None
     done: bool = False  # answered (granted or refused) or gone
 
@@ -359,13 +400,44 @@ class Timeout(Exception):
     pass
 
 
+class KeyBusy(Exception):
+    """The key has ``max_concurrent`` requests here already."""
+
+    def __init__(self, key: str, limit: int) -> None:
+        super().__init__(f"key {key!r} has {limit} request(s) under way (its max_concurrent)")
+        self.key = key
+        self.limit = limit
+
+
+class KeyExhausted(Exception):
+    """The key spent its ``tokens_per_day``; it may come back on day ``resets``."""
+
+    def __init__(self, key: str, limit: int, resets: int) -> None:
+        super().__init__(f"key {key!r} has used its {limit} tokens for today (tokens_per_day)")
+        self.key = key
+        self.limit = limit
+        self.resets = resets  # days since the epoch: at 00:00 UTC of that day
+
+
+def _key_refusal(key: KeyTerms, use: KeyUse, today: int) -> Exception | None:
+    """Why ``key`` may not start another request now, if it may not."""
+    if key.max_concurrent is not None and use.active >= key.max_concurrent:
+        return KeyBusy(key.name, key.max_concurrent)
+    spent = use.tokens if use.day == today else 0
+    if key.tokens_per_day is not None and spent >= key.tokens_per_day:
+        return KeyExhausted(key.name, key.tokens_per_day, today + 1)
+    return None
+
+
 class Desk:
     """Every model line and claim of one frontend."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, overtake_limit: int = OVERTAKE_LIMIT) -> None:
+        self.overtake_limit = overtake_limit
         self.lines: dict[str, Line] = {}
         self.claims: dict[str, Held] = {}
         self.asks: dict[int, Ask] = {}
+        self.keys: dict[str, KeyUse] = {}
         self.limits_known = False  # the daemon's limits heard (first report's reply)
         self._rids = 0
 
@@ -394,24 +466,53 @@ class Desk:
     # ------------------------------------------------------------ requests
 
     def arrive(
-        self, model: str, now: float, *, autoload: bool = True, load_timeout: float = 0.0
+        self,
+        model: str,
+        now: float,
+        *,
+        autoload: bool = True,
+        load_timeout: float = 0.0,
+        key: KeyTerms = ANYONE,
+        today: int = 0,
     ) -> tuple[int, list[DeskAction]]:
-        """A new request: granted at once, refused (queue full), or in line."""
+        """A new request: granted at once, refused (its key's limits, queue full), or in
+        line. ``today``: the UTC day (days since the epoch) its tokens count on. Every
+        request admitted here ends with ``ended`` (granted) or ``leave``."""
         self._rids += 1
         rid = self._rids
+        use = self.keys.get(key.name)
+        if use is None:
+            use = self.keys[key.name] = KeyUse()
+        refused = _key_refusal(key, use, today)
+        if refused is not None:
+            return rid, [Refuse(rid, refused)]
         line = self.line(model)
         if not line.waiting and line.has_slot():
             # The fast path (a held claim, a free slot, nobody ahead): no Ask to keep.
             assert line.held is not None
+            use.active += 1
             return rid, self._occupy(rid, line.held)
         deadline = now + load_timeout if load_timeout > 0 else math.inf
-        ask = Ask(rid, model, deadline, autoload, load_timeout)
+        ask = Ask(rid, model, deadline, autoload, load_timeout, key)
         if not line.limits.may_join(in_flight=line.in_flight(), waiting=len(line.waiting)):
             message = line.limits.full_message(len(line.waiting))
             return rid, [Refuse(rid, QueueFull(message, len(line.waiting)))]
+        use.active += 1
         self.asks[rid] = ask
         line.waiting.append(rid)
         return rid, [Tell(), *self._serve(line)]
+
+    def spent(self, key: str, day: int, tokens: int, *, total: bool = False) -> None:
+        """Tokens ``key`` used on ``day``: a request's (added), or the ledger's ``total``
+        for the day across frontends (taken when it is more than this desk counted)."""
+        use = self.keys.get(key)
+        if use is None:
+            use = self.keys[key] = KeyUse()
+        if day > use.day:
+            use.day, use.tokens = day, 0
+        elif day < use.day:
+            return  # yesterday's news
+        use.tokens = max(use.tokens, tokens) if total else use.tokens + tokens
 
     def leave(self, rid: int) -> list[DeskAction]:
         """A request gave up (client gone, or it took an answer): out of line."""
@@ -419,13 +520,16 @@ class Desk:
         if ask is None or ask.done:
             return []
         ask.done = True
+        self._inactive(ask.key.name)
         line = self.lines[ask.model]
         if rid in line.waiting:
             line.waiting.remove(rid)
         return [Tell()]
 
-    def ended(self, held: Held, now: float) -> list[DeskAction]:
-        """A request on ``held`` ended: the next waiter in, or the claim back if due."""
+    def ended(self, held: Held, now: float, key: str = "") -> list[DeskAction]:
+        """A request of ``key`` on ``held`` ended: the next waiter in, or the claim back
+        if due."""
+        self._inactive(key)
         held.inflight -= 1
         if held.inflight:
             return self._serve_claim(held)
@@ -517,6 +621,12 @@ class Desk:
 
     # ------------------------------------------------------------ inside
 
+    def _inactive(self, key: str) -> None:
+        use = self.keys[key]
+        use.active -= 1
+        if not use.active and use.day < 0:
+            del self.keys[key]  # nothing to remember: no request, no tokens counted
+
     def _give_slot(self, ask: Ask, held: Held) -> list[DeskAction]:
         ask.slot = held
         ask.done = True
@@ -539,16 +649,36 @@ class Desk:
             if held is None or not held.routing:
                 if not line.fetching:
                     line.fetching = True
-                    first = self.asks[line.waiting[0]]
+                    first = self.asks[self._next(line, overtake=False)]
                     out.append(
                         Fetch(line.model, first.autoload, first.load_timeout, tuple(line.waiting))
                     )
                 break
             if not line.has_slot():
                 break
-            ask = self.asks[line.waiting.popleft()]
+            ask = self.asks[self._next(line)]
+            line.waiting.remove(ask.rid)
             out += self._give_slot(ask, held)
         return out
+
+    def _next(self, line: Line, *, overtake: bool = True) -> int:
+        """The waiter served next: the earliest overtaken ``overtake_limit`` times, else
+        the earliest of the highest priority; those it overtakes count it."""
+        chosen = line.waiting[0]
+        best = self.asks[chosen].key.priority
+        for rid in line.waiting:
+            ask = self.asks[rid]
+            if ask.overtaken >= self.overtake_limit:
+                chosen = rid
+                break
+            if ask.key.priority > best:
+                chosen, best = rid, ask.key.priority
+        if overtake and chosen != line.waiting[0]:
+            for rid in line.waiting:
+                if rid == chosen:
+                    break
+                self.asks[rid].overtaken += 1
+        return chosen
 
     def _serve_claim(self, held: Held) -> list[DeskAction]:
         out: list[DeskAction] = []

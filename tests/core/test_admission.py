@@ -410,6 +410,77 @@ def test_the_end_of_a_request_lets_the_next_one_in() -> None:
     assert nxt.rid == waiting and d.claims["c1"].inflight == 1
 
 
+def _granted(actions: list[adm.DeskAction]) -> list[int]:
+    return [a.rid for a in actions if isinstance(a, adm.Grant)]
+
+
+def test_a_line_is_served_by_priority_then_arrival() -> None:
+    low, high = adm.KeyTerms("low", priority=0), adm.KeyTerms("high", priority=3)
+    d = adm.Desk()
+    first, _ = d.arrive("m", 0.0, key=low)
+    d.granted("m", grant(limits=QueueLimits(max_concurrent=1)), 0.0)
+    a, _ = d.arrive("m", 0.0, key=low)
+    b, _ = d.arrive("m", 0.0, key=high)
+    c, _ = d.arrive("m", 0.0, key=high)
+    held = d.claims["c1"]
+    order = []
+    for who in (low, high, high, low):
+        order += _granted(d.ended(held, 1.0, who.name))
+    assert order == [b, c, a]  # the two high ones first, in their order; then the low one
+    assert d.asks == {} and first not in order
+
+
+def test_a_low_priority_request_is_overtaken_a_bounded_number_of_times() -> None:
+    low, high = adm.KeyTerms("low"), adm.KeyTerms("high", priority=1)
+    d = adm.Desk(overtake_limit=2)
+    d.arrive("m", 0.0, key=high)
+    d.granted("m", grant(limits=QueueLimits(max_concurrent=1)), 0.0)
+    patient, _ = d.arrive("m", 0.0, key=low)
+    held = d.claims["c1"]
+    served = []
+    for _ in range(3):  # high-priority requests keep arriving
+        d.arrive("m", 0.0, key=high)
+        served += _granted(d.ended(held, 1.0, "high"))
+    assert patient in served and served.index(patient) == 2  # after two overtakes
+
+
+def test_a_key_past_max_concurrent_is_refused_and_its_end_lets_it_in() -> None:
+    capped = adm.KeyTerms("team", max_concurrent=1)
+    d = adm.Desk()
+    first, acts = d.arrive("m", 0.0, key=capped)
+    assert kinds(acts) == ["Fetch"]  # waiting counts: it is the key's one request
+    _, acts = d.arrive("m", 0.0, key=capped)
+    [refusal] = acts
+    assert isinstance(refusal, adm.Refuse) and isinstance(refusal.reason, adm.KeyBusy)
+    assert "max_concurrent" in str(refusal.reason)
+    _, acts = d.arrive("m", 0.0)  # another key is not held back by it
+    assert kinds(acts) == []
+    assert _granted(d.granted("m", grant(), 1.0))[0] == first
+    d.ended(d.claims["c1"], 2.0, "team")
+    _, acts = d.arrive("m", 2.0, key=capped)
+    assert kinds(acts) == ["Grant"]
+
+
+def test_a_key_past_its_tokens_for_the_day_is_refused_until_the_next_day() -> None:
+    key = adm.KeyTerms("batch", tokens_per_day=100)
+    d = adm.Desk()
+    d.spent("batch", 20000, 60)
+    d.spent("batch", 20000, 50)
+    _, acts = d.arrive("m", 0.0, key=key, today=20000)
+    [refusal] = acts
+    assert isinstance(refusal, adm.Refuse) and isinstance(refusal.reason, adm.KeyExhausted)
+    assert refusal.reason.resets == 20001
+    _, acts = d.arrive("m", 0.0, key=key, today=20001)
+    assert kinds(acts) == ["Fetch"]  # a new day
+    d.spent("batch", 20000, 500)  # a late report of yesterday changes nothing today
+    d.spent("batch", 20001, 90, total=True)  # the ledger's total across frontends
+    d.spent("batch", 20001, 40, total=True)  # a smaller total is older news
+    assert d.keys["batch"].tokens == 90
+    d.spent("batch", 20001, 10)
+    _, acts = d.arrive("m", 0.0, key=key, today=20001)
+    assert isinstance(acts[0], adm.Refuse)
+
+
 def test_a_raised_limit_lets_waiters_in_at_once() -> None:
     d = adm.Desk()
     d.arrive("m", 0.0)
@@ -490,10 +561,20 @@ class DeskMachine(RuleBasedStateMachine):
     (drain, TTL, restart), drops them, and goes away; requests arrive, end, give up."""
 
     MODELS = ("m", "n")
+    #: Keys as the config may give them: none, a capped one, a low one, a high one.
+    KEYS = (
+        adm.ANYONE,
+        adm.KeyTerms("capped", max_concurrent=1, tokens_per_day=50),
+        adm.KeyTerms("low", priority=-1),
+        adm.KeyTerms("high", priority=5),
+    )
 
     def __init__(self) -> None:
         super().__init__()
-        self.desk = adm.Desk()
+        self.desk = adm.Desk(overtake_limit=2)  # small: the bound is reached in a run
+        self.key_of: dict[int, adm.KeyTerms] = {}  # every request admitted, not ended
+        self.priority: dict[int, int] = {}  # rid -> its key's priority
+        self.spent: dict[str, int] = {}  # today's tokens per key
         self.now = 0.0
         self.fetching: dict[str, adm.Fetch] = {}
         self.running: dict[int, adm.Held] = {}  # granted requests in flight
@@ -522,6 +603,7 @@ class DeskMachine(RuleBasedStateMachine):
                 assert a.rid not in self.answered
                 self.answered.add(a.rid)
                 self.waiting.pop(a.rid, None)
+                self.key_of.pop(a.rid, None)
             elif isinstance(a, adm.Fetch):
                 assert a.model not in self.fetching, "two Claims for one model"
                 self.fetching[a.model] = a
@@ -532,11 +614,35 @@ class DeskMachine(RuleBasedStateMachine):
                 assert not busy, "a claim went back with requests on it"
                 self.given_back.add(a.claim)
 
-    @rule(model=st.sampled_from(MODELS), patience=st.sampled_from([0.0, 5.0]))
-    def arrive(self, model: str, patience: float) -> None:
-        rid, actions = self.desk.arrive(model, self.now, load_timeout=patience)
+    @rule(
+        model=st.sampled_from(MODELS),
+        patience=st.sampled_from([0.0, 5.0]),
+        key=st.sampled_from(KEYS),
+    )
+    def arrive(self, model: str, patience: float, key: adm.KeyTerms) -> None:
+        active = sum(k.name == key.name for k in self.key_of.values())
+        rid, actions = self.desk.arrive(model, self.now, load_timeout=patience, key=key)
+        refused = [a.reason for a in actions if isinstance(a, adm.Refuse) and a.rid == rid]
+        if refused and isinstance(refused[0], adm.KeyBusy):
+            assert key.max_concurrent is not None and active >= key.max_concurrent
+        elif refused and isinstance(refused[0], adm.KeyExhausted):
+            assert key.tokens_per_day is not None
+            assert self.spent.get(key.name, 0) >= key.tokens_per_day
+        else:  # a key within its limits is never refused for them
+            assert key.max_concurrent is None or active < key.max_concurrent
+            assert key.tokens_per_day is None or self.spent.get(key.name, 0) < key.tokens_per_day
         self.waiting[rid] = model
+        self.key_of[rid] = key
+        self.priority[rid] = key.priority
         self.apply(actions)
+
+    @precondition(lambda self: bool(self.running))
+    @rule(data=st.data(), tokens=st.sampled_from([10, 30]))
+    def tokens_are_counted(self, data: st.DataObject, tokens: int) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.running)))
+        name = self.key_of[rid].name
+        self.spent[name] = self.spent.get(name, 0) + tokens
+        self.desk.spent(name, 0, tokens)
 
     @precondition(lambda self: bool(self.fetching))
     @rule(data=st.data(), ok=st.booleans())
@@ -555,7 +661,7 @@ class DeskMachine(RuleBasedStateMachine):
     def request_ends(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.running)))
         held = self.running.pop(rid)
-        self.apply(self.desk.ended(held, self.now))
+        self.apply(self.desk.ended(held, self.now, self.key_of.pop(rid).name))
 
     @precondition(lambda self: bool(self.desk.claims))
     @rule(data=st.data(), kind=st.sampled_from(["drain", "ttl", "restart"]))
@@ -600,6 +706,7 @@ class DeskMachine(RuleBasedStateMachine):
     def client_leaves(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.waiting)))
         del self.waiting[rid]
+        self.key_of.pop(rid)
         self.answered.add(rid)
         self.apply(self.desk.leave(rid))
 
@@ -629,9 +736,27 @@ class DeskMachine(RuleBasedStateMachine):
         assert queued == set(self.waiting)
 
     @invariant()
-    def served_in_arrival_order(self) -> None:
+    def served_in_arrival_order_within_a_priority(self) -> None:
         for granted in self.order.values():
-            assert granted == sorted(granted)
+            for level in {self.priority[r] for r in granted}:
+                same = [r for r in granted if self.priority[r] == level]
+                assert same == sorted(same)
+
+    @invariant()
+    def no_key_past_its_limits(self) -> None:
+        active: dict[str, int] = {}
+        for key in self.key_of.values():
+            active[key.name] = active.get(key.name, 0) + 1
+        for key in self.KEYS:
+            use = self.desk.keys.get(key.name)
+            assert (use.active if use else 0) == active.get(key.name, 0), key.name
+            if key.max_concurrent is not None:
+                assert active.get(key.name, 0) <= key.max_concurrent, key.name
+
+    @invariant()
+    def overtaken_within_the_bound(self) -> None:
+        for ask in self.desk.asks.values():
+            assert ask.overtaken <= self.desk.overtake_limit
 
 
 TestDesk = DeskMachine.TestCase
