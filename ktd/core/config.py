@@ -124,9 +124,25 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     memory_timeout: float = 120.0
 
 
+class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One named key of ``frontend.keys``: who it is (``name``: in the usage ledger and
+    the metrics, never the secret), its secret (``key``, or ``key_sha256`` so the file
+    need not hold it), what it may use and how much (ktd.core.keys)."""
+
+    name: str
+    key: str | None = None
+    key_sha256: str | None = None
+    models: list[str] = msgspec.field(default_factory=lambda: ["*"])  # aliases, patterns
+    admin: bool = False  # the dashboard's actions (with ui_control)
+    max_concurrent: int | None = None
+    tokens_per_day: int | None = None
+    priority: int = 0
+
+
 class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     bind: str = "127.0.0.1:8000"
     api_keys: list[str] = []
+    keys: list[KeyEntry] = []
     max_body_bytes: int = 32 << 20
     load_timeout: float = 1800.0
     read_timeout: float = 600.0
@@ -500,16 +516,56 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
     for i, key in enumerate(f.api_keys):
         if not key:
             raise ConfigError(name, f"$.frontend.api_keys[{i}]", "must not be empty")
-    if f.ui_control and not f.api_keys:
+    _validate_keys(f, name)
+    if f.ui_control and not (f.api_keys or any(k.admin for k in f.keys)):
         raise ConfigError(
             name,
             "$.frontend.ui_control",
-            "needs frontend.api_keys: the dashboard's actions are only for a holder of a key",
+            "needs frontend.api_keys or an admin key in frontend.keys: the dashboard's "
+            "actions are only for a holder of a key",
         )
     _validate_gateway(file, name)
 
 
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
+_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _validate_keys(f: FrontendSection, name: str) -> None:
+    """Named keys: each names itself and one secret; no name or secret twice (a plain
+    ``api_keys`` secret included). An alias in ``models`` that no model has is not an
+    error (models come and go): the frontend warns of it at start."""
+    names: set[str] = set()
+    digests = {hashlib.sha256(k.encode()).hexdigest() for k in f.api_keys}
+    for i, k in enumerate(f.keys):
+        at = f"$.frontend.keys[{i}]"
+        if not _KEY_NAME.match(k.name):
+            raise ConfigError(
+                name, f"{at}.name", "expected 1-64 of A-Z a-z 0-9 _ . - (it labels metrics)"
+            )
+        if k.name in names:
+            raise ConfigError(name, f"{at}.name", f"{k.name!r} names two keys")
+        names.add(k.name)
+        if (k.key is None) == (k.key_sha256 is None):
+            raise ConfigError(name, at, "needs exactly one of key and key_sha256")
+        if k.key is not None and not k.key:
+            raise ConfigError(name, f"{at}.key", "must not be empty")
+        if k.key_sha256 is not None and not _SHA256.match(k.key_sha256):
+            raise ConfigError(name, f"{at}.key_sha256", "expected 64 lowercase hex digits")
+        digest = k.key_sha256 or hashlib.sha256((k.key or "").encode()).hexdigest()
+        if digest in digests:
+            raise ConfigError(name, at, "its secret is another key's too")
+        digests.add(digest)
+        if not k.models or any(not m for m in k.models):
+            raise ConfigError(name, f"{at}.models", "expected aliases or patterns (* for all)")
+        for field in ("max_concurrent", "tokens_per_day"):
+            value = getattr(k, field)
+            if value is not None and value < 1:
+                raise ConfigError(name, f"{at}.{field}", "must be >= 1 (omit it: no limit)")
+        if abs(k.priority) > 1000:
+            raise ConfigError(name, f"{at}.priority", "must be within -1000..1000")
+
 
 
 def _validate_gateway(file: ConfigFile, name: str) -> None:
