@@ -355,6 +355,7 @@ class Ask:
 class Grant:
     rid: int
     held: Held
+    key: str = ""  # the request's key: its end is ``ended(held, now, key)``
 
 
 @dataclass(frozen=True)
@@ -491,7 +492,7 @@ class Desk:
             # The fast path (a held claim, a free slot, nobody ahead): no Ask to keep.
             assert line.held is not None
             use.active += 1
-            return rid, self._occupy(rid, line.held)
+            return rid, self._occupy(rid, line.held, key.name)
         deadline = now + load_timeout if load_timeout > 0 else math.inf
         ask = Ask(rid, model, deadline, autoload, load_timeout, key)
         if not line.limits.may_join(in_flight=line.in_flight(), waiting=len(line.waiting)):
@@ -631,15 +632,15 @@ class Desk:
         ask.slot = held
         ask.done = True
         self.asks.pop(ask.rid, None)
-        return self._occupy(ask.rid, held)
+        return self._occupy(ask.rid, held, ask.key.name)
 
     @staticmethod
-    def _occupy(rid: int, held: Held) -> list[DeskAction]:
+    def _occupy(rid: int, held: Held, key: str) -> list[DeskAction]:
         """Request ``rid`` on ``held``: its grant, and a report when the claim turns busy."""
         held.inflight += 1
         if held.inflight == 1:
-            return [Grant(rid, held), Tell()]
-        return [Grant(rid, held)]
+            return [Grant(rid, held, key), Tell()]
+        return [Grant(rid, held, key)]
 
     def _serve(self, line: Line) -> list[DeskAction]:
         """Free slots to waiters in arrival order; a claim asked for if there is none."""

@@ -567,7 +567,6 @@ def _validate_keys(f: FrontendSection, name: str) -> None:
             raise ConfigError(name, f"{at}.priority", "must be within -1000..1000")
 
 
-
 def _validate_gateway(file: ConfigFile, name: str) -> None:
     g = file.gateway
     for i, url in enumerate(g.routers):

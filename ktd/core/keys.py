@@ -84,6 +84,11 @@ class KeyRing:
     def policies(self) -> list[Policy]:
         return [p for _, p in self._keys]
 
+    @property
+    def digests(self) -> list[tuple[bytes, Policy]]:
+        """Each key's SHA-256 digest and policy (what the dashboard's cookies derive from)."""
+        return list(self._keys)
+
     def find(self, token: bytes) -> Policy | None:
         """The policy of the key ``token`` is, or None; every key compared."""
         given = _digest(token)

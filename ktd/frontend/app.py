@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
+from ktd.core.keys import Policy
 from ktd.frontend import catalog, errors, gateway_metrics, patches, ui, worker_info
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ProxyRoutes
@@ -123,15 +124,15 @@ def create_app(options: FrontendOptions) -> QuartTrio:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        state.keys.check(_raw_header(b"authorization"))
-        data = await _model_cards(state)
+        policy = state.keys.check(_raw_header(b"authorization"))
+        data = _visible(await _model_cards(state), policy)
         return _json_response(200, errors._encoder.encode({"object": "list", "data": data}))
 
     @app.get("/v1/models/<path:model_id>")
     async def retrieve_model(model_id: str) -> Response:
         """The SDK's ``models.retrieve``: one card, or OpenAI's 404 naming what exists."""
-        state.keys.check(_raw_header(b"authorization"))
-        cards = await _model_cards(state)
+        policy = state.keys.check(_raw_header(b"authorization"))
+        cards = _visible(await _model_cards(state), policy)
         for card in cards:
             if card["id"] == model_id:
                 return _json_response(200, errors._encoder.encode(card))
@@ -163,6 +164,13 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     )
 
     return app
+
+
+def _visible(cards: list[dict[str, Any]], policy: Policy | None) -> list[dict[str, Any]]:
+    """The cards a key may see: the models in its scope (every one without keys)."""
+    if policy is None:
+        return cards
+    return [c for c in cards if policy.allows(str(c.get("parent") or c["id"]).split(":")[0])]
 
 
 async def _model_cards(state: State) -> list[dict[str, Any]]:

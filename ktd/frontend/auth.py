@@ -1,32 +1,36 @@
-"""Bearer API keys, compared in constant time and never logged or echoed."""
+"""Bearer API keys: which key a request carries, as its policy (``ktd.core.keys``).
+
+The secret is never logged or echoed; a token is compared with every key's digest.
+"""
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Sequence
 
+from ktd.core.config import KeyEntry
+from ktd.core.keys import KeyRing, Policy
 from ktd.frontend import errors
 
 
 class ApiKeys:
-    """The configured keys. No keys = no authentication (the 127.0.0.1 default)."""
+    """The configured keys (``frontend.api_keys`` and ``frontend.keys``). No keys = no
+    authentication (the 127.0.0.1 default)."""
 
-    def __init__(self, keys: Sequence[str]) -> None:
-        # Bytes, because hmac.compare_digest raises TypeError on non-ASCII str:
-        # a client must not be able to turn a bad key into a 500.
-        self._keys = [k.encode("utf-8") for k in keys]
+    def __init__(self, plain: Sequence[str], named: Sequence[KeyEntry] = ()) -> None:
+        self.ring = KeyRing(plain, named)
 
     @property
     def enabled(self) -> bool:
-        return bool(self._keys)
+        return self.ring.enabled
 
-    def check(self, authorization: bytes | str | None) -> None:
-        """Raise ``ApiError`` 401 unless the header carries one of the keys.
+    def check(self, authorization: bytes | str | None) -> Policy | None:
+        """The policy of the key the header carries (None: no keys configured); raise
+        ``ApiError`` 401 when it carries none or an unknown one.
 
         Takes the raw header bytes (ASGI gives bytes; a UTF-8 key survives as is).
         """
-        if not self._keys:
-            return
+        if not self.ring.enabled:
+            return None
         if not authorization:
             raise errors.make("missing_api_key")
         raw = authorization.encode("utf-8") if isinstance(authorization, str) else authorization
@@ -34,9 +38,7 @@ class ApiKeys:
         given = token.strip()
         if scheme.lower() != b"bearer" or not given:
             raise errors.make("missing_api_key")
-        ok = False
-        for key in self._keys:
-            # Compare against every key so timing does not tell which one is close.
-            ok |= hmac.compare_digest(given, key)
-        if not ok:
+        policy = self.ring.find(given)
+        if policy is None:
             raise errors.make("wrong_api_key")
+        return policy

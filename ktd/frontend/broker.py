@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 
@@ -44,6 +45,7 @@ from ktd import protocol as p
 from ktd.control.aclient import AsyncClient, Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import admission as adm
+from ktd.frontend import errors
 
 log = logging.getLogger("ktd.frontend")
 
@@ -59,8 +61,21 @@ def make_client_id() -> str:
     return f"frontend-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+def utc_day(now: float | None = None) -> int:
+    """Days since the epoch, UTC: the day a key's tokens count on."""
+    return int((time.time() if now is None else now) // 86400)
+
+
 def _error(reason: object) -> Exception:
     """The desk's refusal as the exception the request flow renders."""
+    if isinstance(reason, adm.KeyBusy):
+        return errors.make("key_busy", message=str(reason), retry_after=1)
+    if isinstance(reason, adm.KeyExhausted):
+        resets = reason.resets * 86400
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(resets))
+        return errors.make(
+            "key_tokens", message=str(reason), when=when, retry_after=resets - time.time()
+        )
     if isinstance(reason, adm.QueueFull):
         return ControlError(
             p.ErrorCode.QUEUE_FULL,
@@ -75,11 +90,12 @@ def _error(reason: object) -> Exception:
 class Slot:
     """One request's place on a claim: where to send it. ``leave()`` when it ends."""
 
-    __slots__ = ("_broker", "alias", "held", "left", "url")
+    __slots__ = ("_broker", "alias", "held", "key", "left", "url")
 
-    def __init__(self, broker: ClaimBroker, held: adm.Held) -> None:
+    def __init__(self, broker: ClaimBroker, held: adm.Held, key: str = "") -> None:
         self._broker = broker
         self.held = held
+        self.key = key  # the request's key's name ("" without keys)
         self.alias = held.alias
         self.url = held.url
         self.left = False
@@ -89,7 +105,7 @@ class Slot:
         if self.left:
             return
         self.left = True
-        self._broker.ended(self.held)
+        self._broker.ended(self.held, self.key)
 
 
 class Admission:
@@ -219,9 +235,9 @@ class ClaimBroker:
             if isinstance(action, adm.Grant):
                 ask = self._asks.pop(action.rid, None)
                 if ask is not None:
-                    ask.answer(Slot(self, action.held), None)
+                    ask.answer(Slot(self, action.held, action.key), None)
                 else:  # its request is gone: the slot goes to the next one
-                    self._do(self.desk.ended(action.held, trio.current_time()))
+                    self._do(self.desk.ended(action.held, trio.current_time(), action.key))
             elif isinstance(action, adm.Refuse):
                 ask = self._asks.pop(action.rid, None)
                 if ask is not None:
@@ -239,8 +255,12 @@ class ClaimBroker:
             else:
                 self._dirty.set()
 
-    def ended(self, held: adm.Held) -> None:
-        self._do(self.desk.ended(held, trio.current_time()))
+    def ended(self, held: adm.Held, key: str = "") -> None:
+        self._do(self.desk.ended(held, trio.current_time(), key))
+
+    def spent(self, key: str, tokens: int, *, total: bool = False) -> None:
+        """Tokens a request of ``key`` used today (``total``: the ledger's day total)."""
+        self.desk.spent(key, utc_day(), tokens, total=total)
 
     def leave(self, rid: int) -> None:
         self._asks.pop(rid, None)
@@ -296,7 +316,14 @@ class ClaimBroker:
 
     # ------------------------------------------------------------ admission
 
-    async def start_acquire(self, model: str, *, autoload: bool, load_timeout: float) -> Admission:
+    async def start_acquire(
+        self,
+        model: str,
+        *,
+        autoload: bool,
+        load_timeout: float,
+        key: adm.KeyTerms = adm.ANYONE,
+    ) -> Admission:
         """A slot on ``model``'s engine at once if this frontend holds its claim and has
         room; else a place in the line (raises ``queue_full`` past ``max_queue``).
 
@@ -309,7 +336,12 @@ class ClaimBroker:
                 raise Unreachable("the frontend's control client is not running")
             await self._daemon_ready()
         rid, actions = self.desk.arrive(
-            model, trio.current_time(), autoload=autoload, load_timeout=load_timeout
+            model,
+            trio.current_time(),
+            autoload=autoload,
+            load_timeout=load_timeout,
+            key=key,
+            today=utc_day(),
         )
         ask = Admission(self, rid, model, load_timeout)
         self._asks[rid] = ask

@@ -31,6 +31,7 @@ SERVER_ERROR = "server_error"
 UNAVAILABLE = "service_unavailable_error"
 TIMEOUT = "timeout_error"
 RATE_LIMIT = "rate_limit_error"
+PERMISSION = "permission_error"
 
 
 class ApiError(Exception):
@@ -220,6 +221,16 @@ KINDS: dict[str, Kind] = {
         "The engine for `{model}` did not answer in time: {detail}",
     ),
     "shutting_down": Kind(503, UNAVAILABLE, "shutting_down", "{message}"),
+    # A named key's own limits (frontend.keys): its scope, its share, its day.
+    "model_forbidden": Kind(
+        403,
+        PERMISSION,
+        "model_not_allowed",
+        "The key `{key}` may not use the model `{model}`.",
+        param="model",
+    ),
+    "key_busy": Kind(429, RATE_LIMIT, "key_concurrency", "{message}", headers={"Retry-After": "1"}),
+    "key_tokens": Kind(429, RATE_LIMIT, "key_tokens_exhausted", "{message}; it resets at {when}"),
     "frontend_stopping": Kind(503, UNAVAILABLE, "shutting_down", "The frontend is stopping."),
     "internal": Kind(500, SERVER_ERROR, "internal", "{message}"),
     "unknown_route": Kind(

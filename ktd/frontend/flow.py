@@ -56,6 +56,7 @@ from ktd import multipart
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
+from ktd.core.admission import ANYONE
 from ktd.frontend import catalog, errors
 from ktd.frontend.afterlife import QuietAfterResponse
 from ktd.frontend.body import check_declared_length, check_model, parse_head, read_limited
@@ -336,7 +337,7 @@ class ProxyRoutes:
         receive = _quick(receive, intake)
         try:
             try:
-                state.keys.check(_header(scope, b"authorization"))
+                policy = state.keys.check(_header(scope, b"authorization"))
             except ApiError as err:
                 # Swallow a small body so the client's next request on this
                 # connection is answered; a big one is not worth reading for a 401.
@@ -356,6 +357,8 @@ class ProxyRoutes:
                 model = await self._fallback_model(found, scope)
             if ollama:
                 model = ollama_alias(model)
+            if policy is not None and not policy.allows(split_lora(model)[0]):
+                raise errors.make("model_forbidden", key=policy.name, model=model)
         except ApiError as err:
             state.metrics.request_done(endpoint, NO_MODEL, err.status)
             await send_error(send, err, close=not body_read, ollama=ollama)
@@ -375,6 +378,7 @@ class ProxyRoutes:
             body=body,
             headers=forward_headers(scope["headers"], ctype),
             started=started,
+            key=ANYONE if policy is None else policy.terms,
         )
         ex.adapter = adapter
         ex.method = scope["method"].encode("ascii")
@@ -496,7 +500,10 @@ class ProxyRoutes:
 
         async def acquire() -> Admission:
             return await state.broker.start_acquire(
-                base, autoload=options.frontend.autoload, load_timeout=options.frontend.load_timeout
+                base,
+                autoload=options.frontend.autoload,
+                load_timeout=options.frontend.load_timeout,
+                key=ex.key,
             )
 
         ex.reacquire = acquire

@@ -43,6 +43,7 @@ from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
+from ktd.core.keys import Policy
 from ktd.frontend import catalog, errors
 from ktd.frontend.body import parse_head
 from ktd.frontend.errors import ApiError
@@ -207,9 +208,10 @@ class OllamaRoutes:
                 body = await read_body_in_time(receive, self.state.options)
             elif may_have_body(scope) and not await drain(receive, DRAIN_BYTES, DRAIN_SECONDS):
                 raise _Unread
+            policy = None
             if path not in _OPEN:
-                self.state.keys.check(_header(scope, b"authorization"))
-            await self._answer(method, path, body, send)
+                policy = self.state.keys.check(_header(scope, b"authorization"))
+            await self._answer(method, path, body, send, policy)
         except _Unread:
             err = errors.make(
                 "bad_request", message="The request body could not be read.", code="invalid_body"
@@ -218,7 +220,9 @@ class OllamaRoutes:
         except ApiError as err:
             await send_error(send, err, close=err.status in (408, 413), ollama=True)
 
-    async def _answer(self, method: str, path: str, body: bytes, send: Send) -> None:
+    async def _answer(
+        self, method: str, path: str, body: bytes, send: Send, policy: Policy | None = None
+    ) -> None:
         allowed = ANSWERED.get(path)
         if allowed is None and path in NOT_SERVED:
             allowed = (NOT_SERVED[path][0],)
@@ -241,32 +245,40 @@ class OllamaRoutes:
         elif path == "/api/version":
             await _reply(send, 200, _encode({"version": __version__}))
         elif path == "/api/tags":
-            await _reply(send, 200, _encode({"models": await self.tags()}))
+            await _reply(send, 200, _encode({"models": await self.tags(policy)}))
         elif path == "/api/ps":
-            await _reply(send, 200, _encode({"models": await self.ps()}))
+            await _reply(send, 200, _encode({"models": await self.ps(policy)}))
         else:
-            await self.show(body, send)
+            await self.show(body, send, policy)
 
     # ------------------------------------------------------------ answers
 
-    async def tags(self) -> list[dict[str, Any]]:
-        models = await self._models()
+    async def tags(self, policy: Policy | None = None) -> list[dict[str, Any]]:
+        models = [m for m in await self._models() if policy is None or policy.allows(m.alias)]
         ests = await self._estimates_for([m.alias for m in models])
         return [tag_entry(m, ests.get(m.alias)) for m in models]
 
-    async def ps(self) -> list[dict[str, Any]]:
+    async def ps(self, policy: Policy | None = None) -> list[dict[str, Any]]:
         reply = await self._ask(p.Status())
         assert isinstance(reply, p.StatusReply)
-        listed = [e for e in reply.engines if e.state in PS_STATES]
+        listed = [
+            e
+            for e in reply.engines
+            if e.state in PS_STATES and (policy is None or policy.allows(e.alias))
+        ]
         paths = {m.alias: m.path for m in await self._models()}
         ests = await self._estimates_for([e.alias for e in listed])
         return ps_rows(listed, paths, ests, time.time())
 
-    async def show(self, body: bytes, send: Send) -> None:
+    async def show(self, body: bytes, send: Send, policy: Policy | None = None) -> None:
         head = parse_head(body, require_model=True, ollama=True)
         assert head.model is not None
         alias = ollama_alias(head.model)
-        served = {m.alias for m in await self._models()}
+        served = {
+            m.alias
+            for m in await self._models()
+            if policy is None or policy.allows(m.alias)  # out of scope: as if not there
+        }
         if alias not in served:
             raise errors.make("ollama_model_not_found", model=head.model, why="")
         ready = {e.alias: e for e in await catalog.ready_engines(self.state.broker)}

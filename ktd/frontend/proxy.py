@@ -27,6 +27,7 @@ import trio
 
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
+from ktd.core.admission import ANYONE, KeyTerms
 from ktd.frontend import errors
 from ktd.frontend.broker import Admission, ClaimBroker, Slot
 from ktd.frontend.errors import SSE_DONE, ApiError
@@ -164,6 +165,7 @@ class Exchange:
         "framing",
         "handle",
         "headers",
+        "key",
         "label",
         "method",
         "metrics",
@@ -191,8 +193,10 @@ class Exchange:
         body: bytes,
         headers: list[tuple[bytes, bytes]],
         started: float,
+        key: KeyTerms = ANYONE,
     ) -> None:
         self.broker = broker
+        self.key = key  # the request's API key's terms (its name counts its usage)
         self.pool = pool
         self.metrics = metrics
         self.endpoint = endpoint

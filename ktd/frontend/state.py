@@ -36,7 +36,7 @@ class State:
 
     def __init__(self, options: FrontendOptions) -> None:
         self.options = options
-        self.keys = ApiKeys(options.frontend.api_keys)
+        self.keys = ApiKeys(options.frontend.api_keys, options.frontend.keys)
         self.metrics = Metrics()
         self.broker = ClaimBroker(
             options.control_endpoint,

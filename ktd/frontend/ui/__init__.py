@@ -44,7 +44,7 @@ def install(app: QuartTrio, state: State) -> None:
         state.metrics,
         sample_interval=options.ui_sample_interval,
     )
-    access = Access(options.frontend.api_keys, control=options.frontend.ui_control)
+    access = Access(state.keys.ring, control=options.frontend.ui_control)
     app.asgi_app = Dashboard(  # type: ignore[method-assign,assignment]
         app.asgi_app,  # type: ignore[arg-type]
         hub,

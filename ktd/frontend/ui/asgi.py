@@ -72,14 +72,15 @@ Handler = Callable[["Request"], Awaitable[None]]
 class Request:
     """One request to the dashboard: the ASGI triple and what access decided."""
 
-    __slots__ = ("allowed", "query", "receive", "scope", "send")
+    __slots__ = ("allowed", "query", "receive", "scope", "send", "who")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, access: Access) -> None:
         self.scope = scope
         self.receive = receive
         self.send = send
         self.query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        self.allowed = access.allowed(self.header(b"authorization"), self.headers(b"cookie"))
+        self.who = access.who(self.header(b"authorization"), self.headers(b"cookie"))
+        self.allowed = not access.required or self.who is not None
 
     def headers(self, name: bytes) -> list[bytes]:
         return [bytes(v) for k, v in self.scope["headers"] if k.lower() == name]
@@ -208,30 +209,31 @@ class Dashboard:
     async def favicon(self, req: Request) -> None:
         await req.respond(200, self.page.favicon, b"image/svg+xml")
 
-    def _session(self, allowed: bool) -> dict[str, Any]:
+    def _session(self, allowed: bool, admin: bool) -> dict[str, Any]:
         return {
             "auth": self.access.required,
             "ok": allowed,
-            "control": self.access.control and allowed,
+            "control": self.access.control and allowed and admin,
             "heartbeat": self.heartbeat,
         }
 
     async def session(self, req: Request) -> None:
-        await req.json_reply(self._session(req.allowed))
+        await req.json_reply(self._session(req.allowed, req.who is not None and req.who.admin))
 
     async def login(self, req: Request) -> None:
         key = (await req.json()).get("key")
         if not self.access.required:
-            await req.json_reply(self._session(True))
+            await req.json_reply(self._session(True, False))
             return
-        if not isinstance(key, str) or not self.access.key_ok(key):
+        who = self.access.who(f"Bearer {key}".encode(), []) if isinstance(key, str) else None
+        if not isinstance(key, str) or not key or who is None:
             raise errors.make("wrong_api_key") if key else errors.make("missing_api_key")
         cookie = set_cookie(cookie_value(key), secure=req.secure).encode("latin-1")
-        await req.json_reply(self._session(True), headers=[(b"set-cookie", cookie)])
+        await req.json_reply(self._session(True, who.admin), headers=[(b"set-cookie", cookie)])
 
     async def logout(self, req: Request) -> None:
         cookie = set_cookie("", secure=req.secure, max_age=0).encode("latin-1")
-        session = self._session(not self.access.required)
+        session = self._session(not self.access.required, False)
         await req.json_reply(session, headers=[(b"set-cookie", cookie)])
 
     # ------------------------------------------------------------ data
@@ -265,7 +267,7 @@ class Dashboard:
         await req.json_reply({"alias": alias, "plan": plan})
 
     async def action(self, req: Request) -> None:
-        if not self.access.may_act(req.allowed, req.header(CONTROL_HEADER)):
+        if not self.access.may_act(req.who, req.header(CONTROL_HEADER)):
             why = "off (frontend.ui_control)" if not self.access.control else "not allowed"
             raise errors.make("forbidden", message=f"The dashboard's actions are {why}.")
         body = await req.json()
@@ -344,7 +346,8 @@ class Dashboard:
         async def out(data: bytes) -> None:
             await req.send({"type": "http.response.body", "body": data, "more_body": True})
 
-        hello = wire.event("hello", wire.encode(self._session(True)))
+        admin = req.who is not None and req.who.admin
+        hello = wire.event("hello", wire.encode(self._session(True, admin)))
         await out(wire.retry(1000) + hello)
         view = wire.event("view", await hub.current_view())
         await out(view + wire.event("series", hub.series_json()))

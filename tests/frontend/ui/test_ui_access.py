@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+
+from ktd.core.config import KeyEntry
+from ktd.core.keys import KeyRing
 from ktd.frontend.ui.access import (
     COOKIE,
     Access,
@@ -19,11 +23,11 @@ def cookie_header(value: str, *more: str) -> list[bytes]:
 
 
 def test_without_keys_everything_is_open_and_nothing_is_pressable() -> None:
-    open_ = Access([], control=True)  # config validation refuses this; the rule holds anyway
+    open_ = Access(KeyRing(), control=True)  # config validation refuses this; it holds anyway
     assert not open_.required
     assert open_.allowed(None, [])
     assert not open_.control
-    assert not open_.may_act(True, b"1")
+    assert not open_.may_act(None, b"1")
 
 
 def test_the_cookie_is_derived_from_the_key_and_is_not_the_key() -> None:
@@ -34,7 +38,7 @@ def test_the_cookie_is_derived_from_the_key_and_is_not_the_key() -> None:
 
 
 def test_a_key_opens_as_bearer_or_as_its_cookie() -> None:
-    access = Access([KEY, OTHER], control=False)
+    access = Access(KeyRing([KEY, OTHER]), control=False)
     assert access.required
     assert not access.allowed(None, [])
     assert access.allowed(f"Bearer {KEY}".encode(), [])
@@ -51,18 +55,29 @@ def test_a_key_opens_as_bearer_or_as_its_cookie() -> None:
 
 
 def test_non_ascii_never_raises() -> None:
-    access = Access([KEY], control=False)
+    access = Access(KeyRing([KEY]), control=False)
     assert not access.allowed("Bearer ключ".encode(), ["ktd_ui=ключ".encode()])
     assert not access.key_ok("ключ")
 
 
-def test_buttons_need_control_a_key_and_the_pages_own_header() -> None:
-    access = Access([KEY], control=True)
-    assert access.control
-    assert access.may_act(True, b"1")
-    assert not access.may_act(False, b"1")
-    assert not access.may_act(True, None)  # a cross-site form cannot add the header
-    assert not Access([KEY], control=False).may_act(True, b"1")
+def test_buttons_need_control_an_admin_key_and_the_pages_own_header() -> None:
+    ring = KeyRing([KEY], [KeyEntry(name="viewer", key=OTHER)])
+    access = Access(ring, control=True)
+    admin = access.who(f"Bearer {KEY}".encode(), [])
+    viewer = access.who(None, cookie_header(cookie_value(OTHER)))
+    assert access.control and admin is not None and viewer is not None
+    assert access.may_act(admin, b"1")
+    assert not access.may_act(None, b"1")
+    assert not access.may_act(viewer, b"1")  # a named key without admin: it may look
+    assert not access.may_act(admin, None)  # a cross-site form cannot add the header
+    assert not Access(ring, control=False).may_act(admin, b"1")
+
+
+def test_a_key_given_as_its_sha256_opens_with_its_cookie() -> None:
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    access = Access(KeyRing([], [KeyEntry(name="ops", key_sha256=digest)]), control=False)
+    assert access.allowed(None, cookie_header(cookie_value(KEY)))
+    assert access.key_ok(KEY) and not access.key_ok(digest)
 
 
 def test_set_cookie_attributes() -> None:
