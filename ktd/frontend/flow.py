@@ -88,6 +88,7 @@ from ktd.frontend.routes import (
     response_id_in,
     split_lora,
 )
+from ktd.frontend.tally import Api, StreamTally, ask_for_usage, body_tokens
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -108,6 +109,11 @@ Send = Callable[[Any], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = (b"content-type", b"application/json")
+
+
+#: OpenAI's streaming routes whose usage chunk is asked for when the client did not
+#: ask (and then taken out of what the client sees).
+_USAGE_ASKED = frozenset({"chat", "completions"})
 
 
 class _Disconnected(Exception):
@@ -368,6 +374,12 @@ class ProxyRoutes:
             return
 
         base, adapter = split_lora(model)
+        api: Api = "ollama" if ollama else "anthropic" if endpoint == "messages" else "openai"
+        tally = None
+        if stream:
+            asked = ask_for_usage(body) if endpoint in _USAGE_ASKED else None
+            body = asked or body
+            tally = StreamTally(api, strip=asked is not None)
         ex = Exchange(
             broker=state.broker,
             pool=state.upstream,
@@ -379,6 +391,9 @@ class ProxyRoutes:
             headers=forward_headers(scope["headers"], ctype),
             started=started,
             key=ANYONE if policy is None else policy.terms,
+            api=api,
+            tally=tally,
+            on_usage=self._used,
         )
         ex.adapter = adapter
         ex.method = scope["method"].encode("ascii")
@@ -491,6 +506,12 @@ class ProxyRoutes:
 
         return progress
 
+    def _used(self, ex: Exchange) -> None:
+        """A request ended on its slot: what it cost, for its key's day."""
+        tokens = ex.tokens
+        if tokens is not None:
+            self.state.broker.spent(ex.key.name, tokens.prompt + tokens.completion)
+
     async def _exchange(self, ex: Exchange, base: str, stream: bool, send: Send) -> None:
         state = self.state
         options = state.options
@@ -538,6 +559,8 @@ class ProxyRoutes:
         except UpstreamError as exc:
             raise ex.upstream_error(exc) from None
         ex.status = upstream.status
+        if upstream.status == 200:
+            ex.tokens = body_tokens(ex.api, data)
         ex.first_byte()
         if ex.remember is not None and upstream.status == 200:
             ex.remember(slot.alias, data)

@@ -24,6 +24,7 @@ from hypercorn.trio import serve
 from ktd import paths
 from ktd.control import endpoint
 from ktd.core.config import Config
+from ktd.core.keys import KeyRing
 from ktd.frontend import patches, ui
 from ktd.frontend.app import create_app
 from ktd.frontend.state import FrontendOptions
@@ -160,6 +161,9 @@ def main(argv: list[str]) -> int:
     except patches.UncheckedVersion as exc:
         print(f"ktd frontend: {exc}", file=sys.stderr)
         return 2
+    ring = KeyRing(config.frontend.api_keys, config.frontend.keys)
+    for unknown in ring.unknown_models(config.models):
+        log.warning("frontend.keys: %s matches no model (yet)", unknown)
     options = FrontendOptions(
         frontend=config.frontend,
         control_endpoint=control_endpoint(config, args.socket),

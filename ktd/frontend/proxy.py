@@ -32,6 +32,7 @@ from ktd.frontend import errors
 from ktd.frontend.broker import Admission, ClaimBroker, Slot
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.metrics import UNKNOWN_MODEL, Metrics
+from ktd.frontend.tally import Api, StreamTally, Tokens
 from ktd.frontend.transport import ClientDeaf
 from ktd.frontend.upstream import (
     ConnectFailed,
@@ -158,6 +159,7 @@ class Exchange:
 
     __slots__ = (
         "adapter",
+        "api",
         "body",
         "broker",
         "closed",
@@ -170,6 +172,7 @@ class Exchange:
         "method",
         "metrics",
         "model",
+        "on_usage",
         "pool",
         "progress",
         "reacquire",
@@ -178,7 +181,9 @@ class Exchange:
         "slot",
         "started",
         "status",
+        "tally",
         "target",
+        "tokens",
     )
 
     def __init__(
@@ -194,9 +199,16 @@ class Exchange:
         headers: list[tuple[bytes, bytes]],
         started: float,
         key: KeyTerms = ANYONE,
+        api: Api = "openai",
+        tally: StreamTally | None = None,
+        on_usage: Callable[[Exchange], None] | None = None,
     ) -> None:
         self.broker = broker
         self.key = key  # the request's API key's terms (its name counts its usage)
+        self.api = api  # whose shapes its answer has (where its usage is)
+        self.tally = tally  # a stream's: its usage, read at its end
+        self.tokens: Tokens | None = None  # what the engine said it cost
+        self.on_usage = on_usage  # told once, at the end
         self.pool = pool
         self.metrics = metrics
         self.endpoint = endpoint
@@ -315,6 +327,10 @@ class Exchange:
             self.slot.leave()
         self.metrics.in_flight.dec()
         self.metrics.request_done(self.endpoint, self.label, self.status)
+        if self.on_usage is not None and self.slot is not None:
+            if self.tally is not None and self.status == 200:
+                self.tokens = self.tally.tokens()
+            self.on_usage(self)
 
 
 class StaleClaim(Exception):
@@ -378,32 +394,47 @@ async def _relay(ex: Exchange, give: Give, interval: float) -> None:
         response = ex.response
         assert response is not None
         ex.status = response.status
+        tally = ex.tally
+        pass_on = tally.pass_on if tally is not None else None
         # The first chunk outside the hot loop: TTFB without per-chunk cost.
         data = await response.receive()
         if data and ex.remember is not None and ex.slot is not None:
             ex.remember(ex.slot.alias, data)
         if data:
             ex.first_byte()
-            last = data
+            if pass_on is not None:
+                data = pass_on(data)
+            last = data or last
             if response.done:
-                await give(data, False)
+                await give(data + _rest(tally), False)
                 return
-            await give(data, True)
+            if data:
+                await give(data, True)
         receive = response.receive
         while not response.done:
             data = await receive()
             if data:
-                last = data
-                more = not response.done
-                await give(data, more)
-                if not more:
-                    return
+                if pass_on is not None:
+                    data = pass_on(data)
+                last = data or last
+                if not response.done:
+                    if data:
+                        await give(data, True)
+                    continue
+                await give(data + _rest(tally), False)
+                return
+        tail = _rest(tally)
     except UpstreamError as exc:
         tail = _error_tail(ex, ex.upstream_error(exc), last)
     except ApiError as err:
         ex.failed(err)
         tail = _error_tail(ex, err, b"\n\n")
     await give(tail, False)
+
+
+def _rest(tally: StreamTally | None) -> bytes:
+    """What a stripping tally still holds when the stream ends (an unterminated event)."""
+    return tally.rest() if tally is not None else b""
 
 
 async def _next_slot(ex: Exchange, give: Give, interval: float) -> Slot:
