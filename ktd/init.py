@@ -58,7 +58,10 @@ config.json (JSON allows no comments, so they live here):
   models_file     models.json, relative to config.json.
   daemon          health_timeout (s a load may take), drain_timeout, state_dir, ...
   frontend        bind (HOST:PORT of the OpenAI endpoint), api_keys (Bearer keys),
-                  ui_control (the dashboard at /ui may load/evict/reload; needs api_keys).
+                  keys (named keys: name, key or key_sha256, models, admin,
+                  max_concurrent, tokens_per_day, priority; see the README),
+                  ui_control (the dashboard at /ui may load/evict/reload; needs
+                  api_keys or an admin key).
 
 models.json: one entry per model.
   path            the Hugging Face model dir (SGLang --model)
