@@ -96,6 +96,10 @@ from _common import (
 from ktd.frontend.upstream import UpstreamPool
 
 ALIAS = "bench"
+# The engine's key (issue 32: an engine answers only with its key). Given as the
+# engine's own --api-key so the direct, nginx and LiteLLM targets can send it; the ktd
+# frontend carries it by itself (what a client sends the frontend is dropped).
+ENGINE_KEY = "bench-engine-key"
 DEFAULT_LITELLM = "/tmp/litellm-venv/bin/litellm"
 
 WRK_LUA = """
@@ -103,6 +107,7 @@ wrk.method = "POST"
 wrk.body = %(body)s
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Accept"] = "text/event-stream"
+wrk.headers["Authorization"] = "Bearer %(key)s"
 local threads = {}
 function setup(thread) table.insert(threads, thread) end
 function init(args) events = 0; bad = 0; short = 0 end
@@ -223,7 +228,7 @@ def start_litellm(
         "    litellm_params:\n"
         f"      model: openai/{ALIAS}\n"
         f"      api_base: {engine_url}/v1\n"
-        "      api_key: none\n"
+        f"      api_key: {ENGINE_KEY}\n"
         "litellm_settings:\n"
         "  telemetry: false\n"
     )
@@ -298,7 +303,7 @@ def _signal(proc: subprocess.Popen[bytes], sig: int) -> bool:
 def run_wrk(t: Target, root: Path, args: argparse.Namespace) -> None:
     script = root / "stream.lua"
     body = chat_body(ALIAS, args.tokens).decode()
-    script.write_text(WRK_LUA % {"body": json.dumps(body)})
+    script.write_text(WRK_LUA % {"body": json.dumps(body), "key": ENGINE_KEY})
     pids = [q for p in t.pids for q in descendants(p)] if t.tree else list(t.pids)
     c0 = cpu_seconds(pids)
     out = subprocess.run(
@@ -331,7 +336,11 @@ def run_wrk(t: Target, root: Path, args: argparse.Namespace) -> None:
 async def _one_stream(pool: UpstreamPool, url: str, body: bytes) -> tuple[float, float] | None:
     """One stream on ``pool``'s keep-alive connection: when it was sent and its TTFB
     (``time.perf_counter``, the same clock in every process), or None if it failed."""
-    headers = [(b"content-type", b"application/json"), (b"accept", b"text/event-stream")]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"accept", b"text/event-stream"),
+        (b"authorization", f"Bearer {ENGINE_KEY}".encode()),
+    ]
     t0 = time.perf_counter()
     try:
         resp = await pool.request(url, b"/v1/chat/completions", headers, body)
@@ -498,7 +507,9 @@ def main() -> int:
     skipped: dict[str, str] = {}
     try:
         with time_limit(args.limit):
-            stack = Stack([sim_model(ALIAS, KTD_SIM_TOKEN_RATE=0)])
+            model = sim_model(ALIAS, KTD_SIM_TOKEN_RATE=0)
+            model["kt"]["extra_args"] = ["--api-key", ENGINE_KEY]
+            stack = Stack([model])
             engine = stack.load(ALIAS)
             targets = [Target("direct", engine, [])]
             if args.no_nginx:
