@@ -61,7 +61,9 @@ config.json (JSON allows no comments, so they live here):
                   keys (named keys: name, key or key_sha256, models, admin,
                   max_concurrent, tokens_per_day, priority; see the README),
                   ui_control (the dashboard at /ui may load/evict/reload; needs
-                  api_keys or an admin key).
+                  api_keys or an admin key), allowed_origins and allowed_hosts
+                  (other sites' pages and host names browsers may use; none by
+                  default), metrics_public (/metrics without a key).
 
 models.json: one entry per model.
   path            the Hugging Face model dir (SGLang --model)

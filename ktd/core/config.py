@@ -157,6 +157,13 @@ class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The dashboard at /ui may load, evict and reload (for a holder of one of api_keys);
     # off: the dashboard is read-only.
     ui_control: bool = False
+    # Browsers (ktd.frontend.origin): pages of these origins may use the frontend
+    # besides its own ("*": any); bound to loopback, these Host names are answered
+    # besides localhost, loopback addresses and this machine's name ("*": any).
+    allowed_origins: list[str] = []
+    allowed_hosts: list[str] = []
+    # /metrics without a key when keys are set (for a Prometheus scraper).
+    metrics_public: bool = False
 
 
 GatewayMode = Literal["engines", "frontend"]
@@ -517,6 +524,18 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
         if not key:
             raise ConfigError(name, f"$.frontend.api_keys[{i}]", "must not be empty")
     _validate_keys(f, name)
+    for i, origin in enumerate(f.allowed_origins):
+        if origin != "*" and not re.match(r"^[a-z][a-z0-9+.\-]*://[^/\s]+/?$", origin, re.I):
+            raise ConfigError(
+                name,
+                f"$.frontend.allowed_origins[{i}]",
+                f"expected SCHEME://HOST[:PORT] or *, got {origin!r}",
+            )
+    for i, host in enumerate(f.allowed_hosts):
+        if not host or any(c in host for c in "/ \t"):
+            raise ConfigError(
+                name, f"$.frontend.allowed_hosts[{i}]", f"expected a host name or *, got {host!r}"
+            )
     if f.ui_control and not (f.api_keys or any(k.admin for k in f.keys)):
         raise ConfigError(
             name,

@@ -30,6 +30,7 @@ from ktd.frontend import catalog, errors, gateway_metrics, patches, ui, worker_i
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ProxyRoutes
 from ktd.frontend.ollama import OllamaRoutes
+from ktd.frontend.origin import Guard, OriginPolicy
 from ktd.frontend.promtext import merge
 from ktd.frontend.proxy import control_error
 from ktd.frontend.routes import EXACT, GET_EXACT
@@ -61,6 +62,11 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     app.extensions["ktd"] = state
     ui.install(app, state)  # /ui: inside the proxy layer, so proxied requests never reach it
     app.asgi_app = ProxyRoutes(app.asgi_app, state, local=OllamaRoutes(state))  # type: ignore[method-assign,assignment,arg-type]
+    front = options.frontend
+    policy = OriginPolicy(
+        front.bind, allowed_origins=front.allowed_origins, allowed_hosts=front.allowed_hosts
+    )
+    app.asgi_app = Guard(app.asgi_app, policy)  # type: ignore[method-assign,assignment]
     state.metrics.add_pool_gauge(state.upstream.counts)
 
     @app.before_serving
@@ -99,10 +105,15 @@ def create_app(options: FrontendOptions) -> QuartTrio:
 
     @app.get("/health")
     async def health() -> Response:
+        """Liveness for anyone; the daemon's pid and version only for a key's holder."""
+        known = not state.keys.enabled or _has_key(state, _raw_header(b"authorization"))
         try:
             pong = await state.broker.ping()
         except (Unreachable, ControlError) as exc:
-            return error_response(errors.make("daemon_unreachable", detail=str(exc)))
+            detail = str(exc) if known else "no answer"
+            return error_response(errors.make("daemon_unreachable", detail=detail))
+        if not known:
+            return _json_response(200, b'{"status":"ok"}')
         body = {"status": "ok", "daemon": {"version": pong.version, "pid": pong.pid}}
         return _json_response(200, errors._encoder.encode(body))
 
@@ -114,6 +125,8 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         extra_args; without it SGLang has no /metrics and is skipped), each with
         a short timeout so one stuck engine cannot stall the scrape.
         """
+        if not options.frontend.metrics_public:
+            state.keys.check(_raw_header(b"authorization"))  # with keys set: a key's holder
         engines = await catalog.all_engines(state.broker)
         state.metrics.update_engines(engines)
         scraped = await scrape_engines(state.upstream, engines)
@@ -164,6 +177,14 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     )
 
     return app
+
+
+def _has_key(state: State, authorization: bytes | None) -> bool:
+    try:
+        state.keys.check(authorization)
+    except ApiError:
+        return False
+    return True
 
 
 def _visible(cards: list[dict[str, Any]], policy: Policy | None) -> list[dict[str, Any]]:

@@ -221,6 +221,28 @@ KINDS: dict[str, Kind] = {
         "The engine for `{model}` did not answer in time: {detail}",
     ),
     "shutting_down": Kind(503, UNAVAILABLE, "shutting_down", "{message}"),
+    # Browsers' requests the frontend does not answer (origin.py).
+    "bad_host": Kind(
+        403,
+        PERMISSION,
+        "host_not_allowed",
+        "Host `{host}` is not this frontend's: bound to a loopback address it answers "
+        "localhost, loopback addresses and frontend.allowed_hosts only",
+    ),
+    "bad_origin": Kind(
+        403,
+        PERMISSION,
+        "origin_not_allowed",
+        "Origin `{origin}` may not use this frontend (add it to frontend.allowed_origins)",
+    ),
+    "not_json": Kind(
+        415,
+        INVALID_REQUEST,
+        "unsupported_media_type",
+        "Send the body as JSON with `Content-Type: application/json` (curl: "
+        "-H 'Content-Type: application/json'); a browser's text/plain or form body is "
+        "refused, so that no other site's page can post to ktd.",
+    ),
     # A named key's own limits (frontend.keys): its scope, its share, its day.
     "model_forbidden": Kind(
         403,

@@ -24,7 +24,7 @@ import msgspec
 
 Api = Literal["openai", "anthropic", "ollama"]
 
-_USAGE = b'"usage":{'
+_KEY = b'"usage":'
 _decoder = msgspec.json.Decoder()
 
 
@@ -117,7 +117,7 @@ class StreamTally:
             end = piece.rfind(b"\n\n")
             cut = end + 2 if end >= 0 else 0
             piece, self._held = piece[:cut], piece[cut:]
-        at = piece.find(_USAGE)
+        at = _usage_at(piece)
         if at < 0:
             return piece
         start = piece.rfind(b"data: ", 0, at)
@@ -143,15 +143,34 @@ class StreamTally:
             if prompt is None and done is None:
                 return None
             return Tokens(prompt.prompt if prompt else 0, done.completion if done else 0)
-        event = _event_with(self.stripped or b"".join(self.last), _USAGE)
+        data = self.stripped or b"".join(self.last)
+        at, found = -1, _usage_at(data)
+        while found >= 0:  # the last one: with continuous usage, every chunk has one
+            at, found = found, _usage_at(data, found + 1)
+        event = _event_at(data, at) if at >= 0 else None
         return _tokens("openai", event) if event else None
+
+
+def _usage_at(data: bytes, start: int = 0) -> int:
+    """Where a ``"usage":`` member holding an object is (``"usage": null`` is not one:
+    an engine may put it in every chunk), or -1."""
+    at = data.find(_KEY, start)
+    while at >= 0:
+        value = data[at + len(_KEY) : at + len(_KEY) + 2].lstrip()
+        if value.startswith(b"{"):
+            return at
+        at = data.find(_KEY, at + len(_KEY))
+    return -1
 
 
 def _event_with(data: bytes, marker: bytes) -> dict[str, Any] | None:
     """The last ``data:`` event of ``data`` that holds ``marker``, decoded."""
     at = data.rfind(marker)
-    if at < 0:
-        return None
+    return _event_at(data, at) if at >= 0 else None
+
+
+def _event_at(data: bytes, at: int) -> dict[str, Any] | None:
+    """The ``data:`` event of ``data`` around position ``at``, decoded."""
     start = data.rfind(b"data:", 0, at)
     end = data.find(b"\n", at)
     if start < 0:

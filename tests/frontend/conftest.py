@@ -128,7 +128,9 @@ def wait_http(
             try:
                 # Its own series, not just any answer: free_port() can race another test's
                 # server for the port, and a frontend that could not bind exits 1.
-                if "ktd_frontend_" in client.get(url + "/metrics").text:
+                # (With keys set, /metrics asks for one: that answer is ktd's too.)
+                text = client.get(url + "/metrics").text
+                if "ktd_frontend_" in text or '"missing_api_key"' in text:
                     return
             except httpx.HTTPError:
                 pass

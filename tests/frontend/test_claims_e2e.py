@@ -188,7 +188,8 @@ def test_a_burst_for_a_cold_model_leaves_nothing_held(launch: Any) -> None:
     host, port = fe.url.removeprefix("http://").split(":")
     body = json.dumps({"model": "m", "messages": CHAT, "max_tokens": 1}).encode()
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n"
         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
     )
     socks = []

@@ -240,10 +240,12 @@ def test_engine_crash_mid_stream_ends_stream_with_error(stack: Any) -> None:
 
 def test_frontend_errors_over_real_http(stack: Any) -> None:
     daemon, fe = stack([sim_entry("m1")], api_keys=["sk-test"], max_body_bytes=4096)
-    ok = {"authorization": "Bearer sk-test"}
+    ok = {"authorization": "Bearer sk-test", "content-type": "application/json"}
+    plain = {**ok, "content-type": "text/plain"}  # what a cross-site page may send
     with httpx.Client(base_url=fe.url, timeout=10) as c:
         cases = [
             (c.post("/v1/chat/completions", content=b"{bad", headers=ok), 400),
+            (c.post("/v1/chat/completions", content=b'{"model":"m1"}', headers=plain), 415),
             (c.post("/v1/chat/completions", json={"messages": []}, headers=ok), 400),
             (c.post("/v1/chat/completions", json={"model": "m1"}), 401),
             (

@@ -196,9 +196,16 @@ async def test_api_keys(
         assert_openai_error(await c.get("/v1/models"), 401)
         ok = await c.post(CHAT, content=body(), headers={"authorization": "Bearer sk-b"})
         assert ok.status_code == 200
-        # health and metrics stay open for probes and scrapers
-        assert (await c.get("/health")).status_code == 200
-        assert (await c.get("/metrics")).status_code == 200
+        # Health stays open for probes, but says nothing of the daemon without a key;
+        # metrics want a key unless frontend.metrics_public.
+        key = {"authorization": "Bearer sk-a"}
+        assert (await c.get("/health")).json() == {"status": "ok"}
+        assert "daemon" in (await c.get("/health", headers=key)).json()
+        assert_openai_error(await c.get("/metrics"), 401)
+        assert (await c.get("/metrics", headers=key)).status_code == 200
+    public = await start_frontend(api_keys=["sk-a"], metrics_public=True)
+    async with public.client() as c:
+        assert "ktd_frontend_" in (await c.get("/metrics")).text
     assert fake_daemon.acquires == 1
     names = {k.lower() for k, _ in fake_engine.seen[-1].headers}
     assert b"authorization" not in names

@@ -65,13 +65,13 @@ class Conn:
 
 def post(path: str, body: bytes, *, extra: str = "", version: str = "1.1") -> tuple[bytes, bytes]:
     head = (
-        f"POST {path} HTTP/{version}\r\nhost: t\r\ncontent-type: application/json\r\n"
+        f"POST {path} HTTP/{version}\r\nhost: localhost\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\n{extra}\r\n"
     ).encode()
     return head, body
 
 
-GET_HEALTH = b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n"
+GET_HEALTH = b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n"
 
 
 def assert_openai(body: bytes) -> dict[str, object]:
@@ -133,7 +133,8 @@ async def test_401_with_a_body_too_big_to_swallow_says_connection_close(
     conn = await Conn.open(fe)
     size = 3 << 20  # more than the frontend drains for a 401
     head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n"
+        "content-type: application/json\r\n"
         f"content-length: {size}\r\n\r\n"
     ).encode()
     await conn.send(head)
@@ -181,7 +182,7 @@ async def test_odd_paths_and_deep_json_are_openai_errors_never_500(
     assert status == 200, data
     assert fake_engine.seen[-1].target == "/v1/chat/completions"
     for path in ("/v1/../v1/models", "/%00", "/v1/models/..%2f..", "/.well-known/x", "//", "/%ff"):
-        await conn.send(f"GET {path} HTTP/1.1\r\nhost: t\r\n\r\n".encode())
+        await conn.send(f"GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n".encode())
         status, _, data = await conn.response()
         assert status in (200, 404), (path, data)
         if status == 404:

@@ -101,7 +101,7 @@ SELF_ANSWERED = [
 
 def _request(method: str, path: str, version: str = "1.1", extra: str = "") -> bytes:
     length = "content-length: 0\r\n" if method == "POST" else ""
-    return f"{method} {path} HTTP/{version}\r\nhost: t\r\n{length}{extra}\r\n".encode()
+    return f"{method} {path} HTTP/{version}\r\nhost: localhost\r\n{length}{extra}\r\n".encode()
 
 
 def _read_response(s: socket.socket) -> tuple[int, bytes]:
@@ -206,7 +206,8 @@ def _stream_request(tokens: int) -> bytes:
         }
     ).encode()
     return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n"
+        b"content-type: application/json\r\n"
         b"content-length: %d\r\n\r\n%s" % (len(body), body)
     )
 

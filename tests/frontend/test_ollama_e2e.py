@@ -101,8 +101,12 @@ def test_official_client_lists_loads_on_demand_streams_and_refuses_clearly(
             "text/plain"
         )
         assert c.head("/").status_code == 200
-        bad = c.post("/api/chat", content=b"{nope")
+        bad = c.post("/api/chat", content=b"{nope", headers={"content-type": "application/json"})
         assert bad.status_code == 400 and set(bad.json()) == {"error"}
+        plain = c.post(
+            "/api/chat", content=b'{"model":"m1"}', headers={"content-type": "text/plain"}
+        )
+        assert plain.status_code == 415 and set(plain.json()) == {"error"}  # Ollama's shape
         wrong = c.get("/api/chat")
         assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
         assert c.get("/api/nothing").json() == {"error": "Unknown Ollama route: GET /api/nothing"}

@@ -68,6 +68,16 @@ def test_a_usage_chunk_ktd_asked_for_is_taken_out_even_across_reads() -> None:
     assert tally.tokens() == Tokens(7, 3)
 
 
+def test_usage_null_in_every_chunk_is_not_the_usage_chunk() -> None:
+    nulls = sse({"id": "1", "choices": [{"delta": {}}], "usage": None})
+    usage = {"id": "1", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1}}
+    spaced = b"data: " + json.dumps(usage).encode() + b"\n\n"  # json.dumps spaces it
+    tally = StreamTally("openai", strip=True)
+    seen = b"".join(tally.pass_on(p) for p in (nulls, nulls, spaced, DONE)) + tally.rest()
+    assert seen == nulls + nulls + DONE
+    assert tally.tokens() == Tokens(2, 1)
+
+
 def test_a_stream_without_usage_counts_nothing() -> None:
     tally = StreamTally("openai")
     for piece in (CHUNK, DONE):

@@ -22,6 +22,7 @@ from frontend_helpers import Frontend, StartFrontend
 
 from ktd.frontend import ui
 from ktd.frontend.flow import ProxyRoutes
+from ktd.frontend.origin import Guard
 from ktd.frontend.ui import hub as hubmod
 from ktd.frontend.ui.access import COOKIE, cookie_value
 from ktd.frontend.ui.asgi import Dashboard
@@ -52,7 +53,9 @@ async def test_traffic_history_from_the_frontends_and_the_engines_counters(
 ) -> None:
     fe = await frontend(start_frontend, daemon, ui_sample_interval=0.2)
     # Proxied requests never pass through the dashboard's layer (it sits inside the proxy's).
-    proxy = fe.app.asgi_app
+    guard = fe.app.asgi_app  # the Origin and Host checks, in front of everything
+    assert isinstance(guard, Guard)
+    proxy = guard.app
     assert isinstance(proxy, ProxyRoutes) and isinstance(proxy.app, Dashboard)
     seen: list[str] = []
     dashboard = proxy.app
