@@ -319,7 +319,7 @@ class Engine:
             "step": phase.step if phase else None,
             "waiting_for": list(phase.waiting_for()) if phase else [],
             "load_started": self.stats.load_started if starting else None,
-            "load_eta": self.host.expected_load(self.alias),  # before a load, too
+            "load_eta": self.host.expected_load(self.alias) if starting else None,
         }
 
     def info(self, *, tail: int = 0) -> EngineInfo:
@@ -328,8 +328,10 @@ class Engine:
         if self.idle_since is not None:
             last_used = time.time() - (trio.current_time() - self.idle_since)
         due = ttl_due(self.idle_view())
+        # Status shows what a load of it would take before one starts, too.
+        moment = {**self.moment(), "load_eta": self.host.expected_load(self.alias)}
         return EngineInfo(
-            **self.moment(),
+            **moment,
             started_at=run.started_at if run else None,
             ttl=self.spec.ttl,
             expires_at=self._expires_at(due, last_used),
