@@ -45,6 +45,27 @@ MAX_MODEL_NAME = 256
 ModelName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME)]
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` can be no model's name, or None: the one rule for the config's
+    aliases and the names clients send. Control and format characters (a U+202E
+    turns ``ktctl`` and the dashboard's text around) are never part of one."""
+    if len(name) > MAX_MODEL_NAME:
+        return f"is {len(name)} characters long; no model name is longer than {MAX_MODEL_NAME}"
+    if not name.isprintable():
+        return "contains control or format characters"
+    return None
+
+
+# Ids a client makes up or echoes (its client id, a lease, a claim, a daemon run) and
+# the URLs it reports: bounded, so a client cannot make the daemon keep megabytes per
+# heartbeat (300 heartbeats with 900 KB ids once grew ktd by 430 MB).
+MAX_ID = 256
+Id = Annotated[str, msgspec.Meta(max_length=MAX_ID)]
+Url = Annotated[str, msgspec.Meta(max_length=2048)]
+# A frontend's report: no frontend holds more claims or waits on more models than this.
+MAX_REPORTED = 10_000
+
+
 class ErrorCode:
     """Stable error codes: scripts match on these strings, never rename one."""
 
@@ -132,17 +153,17 @@ class Acquire(Request, tag="acquire"):
     """
 
     model: ModelName
-    client: str
+    client: Id
     autoload: bool = True
     timeout: Seconds | None = None
 
 
 class Release(Request, tag="release"):
-    lease: str
+    lease: Id
 
 
 class Heartbeat(Request, tag="heartbeat"):
-    client: str
+    client: Id
 
 
 # The claim protocol (the frontend's; ``ktd.daemon.claimtable`` has the race analysis).
@@ -158,7 +179,7 @@ class Claim(Request, tag="claim"):
     """
 
     model: ModelName
-    client: str
+    client: Id
     autoload: bool = True
     timeout: Seconds | None = None
 
@@ -166,9 +187,9 @@ class Claim(Request, tag="claim"):
 class ClaimState(msgspec.Struct, kw_only=True):
     """One claim as the frontend holding it reports it."""
 
-    claim: str
+    claim: Id
     alias: ModelName
-    url: str = ""
+    url: Url = ""
     inflight: Annotated[int, msgspec.Meta(ge=0)] = 0
     idle: Seconds = 0.0  # since its last request ended (0 while one is in flight)
     routing: bool = True  # False once recalled: no new request goes there
@@ -184,19 +205,22 @@ class Sync(Request, tag="sync"):
     this report travelled is not taken for given back.
     """
 
-    client: str
-    claims: list[ClaimState] = []
-    queued: dict[ModelName, Annotated[int, msgspec.Meta(ge=0)]] = {}  # alias -> requests waiting
+    client: Id
+    claims: Annotated[list[ClaimState], msgspec.Meta(max_length=MAX_REPORTED)] = []
+    queued: Annotated[
+        dict[ModelName, Annotated[int, msgspec.Meta(ge=0)]],
+        msgspec.Meta(max_length=MAX_REPORTED),
+    ] = {}  # alias -> requests waiting
     wait: Seconds = 0.0
-    daemon: str = ""  # the daemon run whose grants ``seen`` counts
+    daemon: Id = ""  # the daemon run whose grants ``seen`` counts
     seen: Annotated[int, msgspec.Meta(ge=0)] = 0  # highest grant number received from it
 
 
 class Return(Request, tag="return"):
     """The frontend gives a claim back (recalled, or no longer wanted)."""
 
-    client: str
-    claim: str
+    client: Id
+    claim: Id
 
 
 class Doctor(Request, tag="doctor"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 import pytest
@@ -86,3 +87,34 @@ def test_every_field_naming_a_model_has_the_name_limit() -> None:
     report = {"op": "sync", "client": "c", "queued": {"q" * 300: 1}}
     with pytest.raises(msgspec.ValidationError, match="length <= 256"):
         p.decode_request(msgspec.msgpack.encode(report))
+
+
+def test_every_string_and_list_a_client_sends_is_bounded() -> None:
+    """No field of a request is an unbounded string or list: a client cannot make the
+    daemon hold megabytes per message (issue 32: 900 KB client ids grew it by 430 MB)."""
+    import typing
+
+    def unbounded(info: Any) -> bool:
+        if isinstance(info, msgspec.inspect.UnionType):
+            return any(unbounded(t) for t in info.types)
+        if isinstance(info, (msgspec.inspect.StrType, msgspec.inspect.ListType)):
+            inner = getattr(info, "item_type", None)
+            return info.max_length is None or (inner is not None and unbounded(inner))
+        if isinstance(info, msgspec.inspect.DictType):
+            return info.max_length is None or unbounded(info.key_type)
+        if isinstance(info, msgspec.inspect.StructType):
+            return any(unbounded(f.type) for f in info.fields)
+        return False
+
+    for cls in typing.get_args(p.AnyRequest):
+        info = msgspec.inspect.type_info(cls)
+        assert isinstance(info, msgspec.inspect.StructType)
+        for field in info.fields:
+            assert not unbounded(field.type), f"{cls.__name__}.{field.name}"
+    for op in ("heartbeat", "sync"):
+        data = msgspec.msgpack.encode({"op": op, "client": "c" * 900_000})
+        with pytest.raises(msgspec.ValidationError, match=r"length <= 256 - at `\$\.client`"):
+            p.decode_request(data)
+    many = {"op": "sync", "client": "c", "claims": [{"claim": "x", "alias": "m"}] * 10_001}
+    with pytest.raises(msgspec.ValidationError, match="length <= 10000"):
+        p.decode_request(msgspec.msgpack.encode(many))

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from ktd.protocol import MAX_SECONDS, name_problem
+
 BACKEND_KT = "kt"
 DEFAULT_MODEL_ID = "ktransformers"
 
@@ -387,9 +389,24 @@ def _parse_env(value: ExtraEnv | None, file: str, path: str) -> dict[str, str]:
     return env
 
 
+#: An alias names files (``<alias>.log.N``, ``keys/<alias>.yml``): a file name has 255
+#: bytes, and the suffixes need the rest.
+MAX_ALIAS_BYTES = 240
+
+
 def check_alias(alias: str, file: str, path: str) -> None:
     if not alias:
         raise ConfigError(file, path, "must not be empty")
+    problem = name_problem(alias)
+    if problem is not None:
+        raise ConfigError(file, path, f"{alias[:40]!r}... {problem}")
+    if len(alias.encode()) > MAX_ALIAS_BYTES:
+        raise ConfigError(
+            file,
+            path,
+            f"is {len(alias.encode())} bytes in UTF-8; an alias names files, "
+            f"so {MAX_ALIAS_BYTES} at most",
+        )
     if ":" in alias:
         raise ConfigError(
             file, path, f"{alias!r} contains ':' (SGLang reads 'name:adapter' as a LoRA request)"
@@ -408,6 +425,10 @@ def _check_port(port: int, file: str, path: str) -> None:
 def _check_nonneg(value: float | int | None, file: str, path: str) -> None:
     if value is not None and value < 0:
         raise ConfigError(file, path, f"must be >= 0, got {value}")
+    # A duration (a float field) also goes on the control socket, whose bound it keeps:
+    # a ttl of 1e300 made /api/ps fail, a lease_ttl past it made every report refused.
+    if isinstance(value, float) and not value <= MAX_SECONDS:
+        raise ConfigError(file, path, f"must be at most {MAX_SECONDS:g} seconds, got {value}")
 
 
 # ---------------------------------------------------------------- loading

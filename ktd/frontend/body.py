@@ -88,20 +88,10 @@ def check_model(model: str) -> str:
     """A model name fit to route by: not empty, not absurdly long, no control characters."""
     if not model:
         raise errors.make("bad_request", message="'model' must not be empty", param="model")
-    if len(model) > p.MAX_MODEL_NAME:
+    problem = p.name_problem(model)
+    if problem is not None:
         raise errors.make(
-            "bad_request",
-            message=f"'model' is {len(model)} characters long; no model name is longer than "
-            f"{p.MAX_MODEL_NAME}.",
-            param="model",
-            code="invalid_model",
-        )
-    if not model.isprintable():
-        raise errors.make(
-            "bad_request",
-            message="'model' contains control characters.",
-            param="model",
-            code="invalid_model",
+            "bad_request", message=f"'model' {problem}.", param="model", code="invalid_model"
         )
     return model
 

@@ -227,3 +227,39 @@ def test_an_environment_variable_the_kernel_would_refuse_is_a_config_error() -> 
     with pytest.raises(ConfigError, match=r"\$\.kt\.extra_env\.BIG: 3145728 bytes"):
         parse_env({"BIG": "x" * (3 << 20)}, "models.json", "$.kt.extra_env")
     assert parse_env({"OK": "x" * 1000}, "m", "$") == {"OK": "x" * 1000}
+
+
+@pytest.mark.parametrize(
+    ("alias", "words"),
+    [
+        ("a" * 257, "no model name is longer than 256"),
+        ("é" * 130, "bytes in UTF-8"),  # 130 characters, 260 bytes: no file name for its log
+        ("evil\u202egnp.exe", "control or format characters"),
+        ("zero\u200bwidth", "control or format characters"),
+    ],
+)
+def test_aliases_the_rest_cannot_carry_are_refused_with_file_and_field(
+    tmp_path: Path, alias: str, words: str
+) -> None:
+    models = [{"path": "/m", "backend": "kt", "alias": "ok"}, {"path": "/m", "backend": "kt"}]
+    models[1]["alias"] = alias
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, {"models_file": "models.json"}, models))
+    assert "models.json" in str(info.value) and "$[1].alias" in str(info.value)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "models", "field"),
+    [
+        ({}, [{"path": "/m", "backend": "kt", "alias": "m", "ttl": 1e300}], "$[0].ttl"),
+        ({"daemon": {"lease_ttl": 4e9}}, [], "$.daemon.lease_ttl"),
+        ({"frontend": {"load_timeout": 1e10}}, [], "$.frontend.load_timeout"),
+    ],
+)
+def test_durations_keep_the_protocol_s_bound(
+    tmp_path: Path, cfg: dict[str, Any], models: list[Any], field: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"at most 1e\+09 seconds") as info:
+        load_config(write(tmp_path, {"models_file": "models.json", **cfg}, models))
+    assert field in str(info.value)
