@@ -55,7 +55,14 @@ def demo_config(root: Path, bind: str) -> Path:
                 "kt_weight_path": weights,
                 # What a non-AMX machine passes too: doctor then judges the demo
                 # like a real model instead of failing it on this CPU's ISA.
-                "extra_args": ["--kt-method", "LLAMAFILE", "--kt-num-gpu-experts", "0"],
+                # --enable-metrics: the dashboard's tokens/s, TTFT and their plots.
+                "extra_args": [
+                    "--kt-method",
+                    "LLAMAFILE",
+                    "--kt-num-gpu-experts",
+                    "0",
+                    "--enable-metrics",
+                ],
                 "extra_env": {
                     "PYTHONPATH": str(shim_dir()),
                     # Slow enough to see: a short load (with ": loading" comments
@@ -208,6 +215,15 @@ def no_config_message(path: Path) -> str:
     )
 
 
+def ktctl_command() -> str:
+    """How to run ``ktctl`` from here: its name when it is on ``PATH``, else the one
+    beside the running interpreter (a venv not activated: ``.venv/bin/ktctl``)."""
+    if shutil.which("ktctl"):
+        return "ktctl"
+    beside = Path(sys.executable).parent / "ktctl"
+    return str(beside) if beside.exists() else f"{sys.executable} -m ktctl"
+
+
 def _banner(
     bind: str, socket_path: Path, demo: bool, root: Path | None, *, api_keys: bool = False
 ) -> str:
@@ -228,8 +244,8 @@ def _banner(
         f"  curl -sN {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' \\",
         f'    -d \'{{"model": "{model}", "stream": true, '
         '"messages": [{"role": "user", "content": "Hello"}]}\'',
-        f"  ktctl --socket {socket_path} status",
-        f"  ktctl --socket {socket_path} logs {model} -f",
+        f"  {ktctl_command()} --socket {socket_path} status",
+        f"  {ktctl_command()} --socket {socket_path} logs {model} -f",
         "",
         "Ctrl-C stops the frontend, then the daemon and its engines.",
     ]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ktd.core.config import load_config
 from ktd.up import _banner, demo_config
 
@@ -75,6 +77,19 @@ def test_banner_curl_carries_the_api_key_header() -> None:
     plain = _banner("127.0.0.1:8000", Path("/s"), True, None)
     assert "Authorization" not in plain
     assert "http://127.0.0.1:8000/ui   (the dashboard" in plain
+
+
+def test_the_banner_s_ktctl_runs_without_an_activated_venv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README's command never activates the venv: a bare ``ktctl`` was "command not
+    found". Off ``PATH``, the banner names the one beside the running interpreter."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    text = _banner("127.0.0.1:8000", Path("/s"), True, None)
+    lines = [ln.strip() for ln in text.splitlines() if "--socket /s" in ln]
+    assert lines and all(ln.startswith(str(Path(sys.executable).parent / "ktctl")) for ln in lines)
+    ran = subprocess.run([*lines[0].split()[:1], "--help"], capture_output=True, text=True)
+    assert ran.returncode == 0 and "status" in ran.stdout
 
 
 def test_doctor_without_config_or_daemon_runs_machine_checks(
