@@ -12,13 +12,13 @@ delimiter frame, as REQ sockets add, is accepted and echoed.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 # Part of this module's names for clients (tests/test_exports.py): the ids of frames the
 # daemon will not decode, read in ktd.frameid.
-from ktd.core.states import State as EngineState
 from ktd.frameid import peek_id as peek_id
 from ktd.frameid import skim_id as skim_id
 
@@ -38,9 +38,29 @@ WELCOME = b"ktd.welcome"
 MAX_SECONDS = 1e9
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 LineCount = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]
+
+
 # A model name (alias, or ``alias:adapter``): longer is nobody's model, and a client
 # must not make the daemon, its logs, an ``unknown_model`` error or a stream's
 # ``: loading`` comments carry megabytes. Every request field naming a model has this type.
+class EngineState(StrEnum):
+    """An engine's state, as status, events and the state file carry it (its plain
+    name, so scripts see ``"ready"``); ``ktd.core.states`` has the moves between them."""
+
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    FAILED = "failed"
+    # Sleep (SGLang's memory API): drained and releasing its GPU memory; released
+    # (its process lives, its experts stay in host RAM, no CPU or GPU of its own);
+    # resuming, then checked with one generation before it is ready again.
+    SLEEPING = "sleeping"
+    ASLEEP = "asleep"
+    WAKING = "waking"
+
+
 MAX_MODEL_NAME = 256
 ModelName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME)]
 

@@ -19,20 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ktd.protocol import EngineState
 
-class State(StrEnum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPING = "stopping"
-    FAILED = "failed"
-    # Sleep (SGLang's memory API): drained and releasing its GPU memory; released
-    # (its process lives, its experts stay in host RAM, no CPU or GPU of its own);
-    # resuming, then checked with one generation before it is ready again.
-    SLEEPING = "sleeping"
-    ASLEEP = "asleep"
-    WAKING = "waking"
+# The states are the wire's vocabulary (``ktd.protocol.EngineState``): defined there,
+# so the protocol needs nothing of the core; this machine moves between them.
+State = EngineState
 
 
 STOPPED = State.STOPPED
