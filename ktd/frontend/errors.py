@@ -77,6 +77,12 @@ class ApiError(Exception):
         official one raises ``ResponseError(error, status_code)`` from it)."""
         return _encoder.encode({"error": self.message})
 
+    def anthropic_body(self) -> bytes:
+        """Anthropic's error shape, ``{"type": "error", "error": {"type", "message"}}``."""
+        return _encoder.encode(
+            {"type": "error", "error": {"type": self.type, "message": self.message}}
+        )
+
     def ndjson(self) -> bytes:
         """The error as the last line of an NDJSON stream (Ollama's in-stream errors)."""
         return self.ollama_body() + b"\n"
@@ -348,6 +354,33 @@ def from_control(model: str, code: str, message: str, detail: Mapping[str, Any])
         text = said or f"ktd is shutting down: {message}"  # never the same words twice
         return make("shutting_down", message=text)
     return make("daemon_error", message=message, daemon_code=code)
+
+
+def in_route_shape(api: str, status: int, body: bytes) -> bytes | None:
+    """An engine's error answer in the shape its route's clients read, or None when it
+    has that shape already. SGLang answers most errors ``{"object": "error", "message",
+    "type", "code"}``, which the OpenAI SDKs do not read (the Node one shows "400 status
+    code (no body)"): OpenAI routes get ``{"error": {...}}``, Anthropic's
+    ``{"type": "error", "error": {...}}``, Ollama's ``{"error": "..."}``; status,
+    message and type are the engine's."""
+    try:
+        obj = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        inner = obj.get("error")
+        if api == "ollama" and isinstance(inner, str):
+            return None
+        if api == "anthropic" and obj.get("type") == "error" and isinstance(inner, dict):
+            return None
+        if api == "openai" and isinstance(inner, dict) and "message" in inner:
+            return None
+    err = from_upstream_body(status, body)
+    if api == "ollama":
+        return err.ollama_body()
+    if api == "anthropic":
+        return err.anthropic_body()
+    return err.body()
 
 
 def from_upstream_body(status: int, body: bytes) -> ApiError:

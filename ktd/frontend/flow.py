@@ -565,6 +565,12 @@ class ProxyRoutes:
         if ex.remember is not None and upstream.status == 200:
             ex.remember(slot.alias, data)
         headers = backward_headers(upstream.headers)
+        if upstream.status >= 400:
+            shaped = errors.in_route_shape(ex.api, upstream.status, data)
+            if shaped is not None:
+                data = shaped
+                headers = [(k, v) for k, v in headers if k != b"content-type"]
+                headers.append((b"content-type", b"application/json"))
         headers.append((b"content-length", str(len(data)).encode()))
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         await send({"type": "http.response.body", "body": data, "more_body": False})

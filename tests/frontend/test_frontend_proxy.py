@@ -251,7 +251,7 @@ async def test_not_loaded_hint_when_autoload_off(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_upstream_error_passes_through(
+async def test_an_engine_error_reaches_the_client_in_the_route_s_shape(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend, stream: bool
 ) -> None:
     fake_daemon.add("m", url=fake_engine.url, state="ready")
@@ -259,13 +259,16 @@ async def test_upstream_error_passes_through(
     fe = await start_frontend()
     async with fe.client() as c:
         resp = await c.post(CHAT, content=body(stream=stream))
+    # SGLang's flat {"object": "error", ...} becomes OpenAI's: the SDKs (the Node one
+    # above all) read only "error"; status, message and type are the engine's.
     assert resp.status_code == 400
     assert resp.json() == {
-        "object": "error",
-        "message": "fake engine says no",
-        "type": "BadRequestError",
-        "param": None,
-        "code": 400,
+        "error": {
+            "message": "fake engine says no",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
     }
     await wait_for(lambda: fake_daemon.in_flight == 0, what="request ended")
 

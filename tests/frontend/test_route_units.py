@@ -233,3 +233,25 @@ def test_ps_lists_an_asleep_engine_without_vram_until_its_sleep_ttl() -> None:
     ]
     rows = ps_rows(engines, {}, {"r": est, "a": est}, now)
     assert [(r["name"], r["size_vram"]) for r in rows] == [("a:latest", 0), ("r:latest", 30)]
+
+
+def test_engine_errors_take_their_route_s_shape_and_keep_its_words() -> None:
+    sglang = json.dumps(
+        {"object": "error", "message": "too long", "type": "BadRequestError", "code": 400}
+    ).encode()
+    openai_shape = json.loads(errors.in_route_shape("openai", 400, sglang) or b"")
+    assert openai_shape == {
+        "error": {"message": "too long", "type": "BadRequestError", "param": None, "code": 400}
+    }
+    claude = json.loads(errors.in_route_shape("anthropic", 400, sglang) or b"")
+    assert claude == {"type": "error", "error": {"type": "BadRequestError", "message": "too long"}}
+    assert json.loads(errors.in_route_shape("ollama", 400, sglang) or b"") == {"error": "too long"}
+    text = json.loads(errors.in_route_shape("openai", 502, b"Bad Gateway") or b"")
+    assert text["error"]["message"] == "Bad Gateway" and text["error"]["type"] == "server_error"
+    # Already in the route's shape: passed as it came.
+    for api, body in (
+        ("openai", {"error": {"message": "m", "type": "t"}}),
+        ("anthropic", {"type": "error", "error": {"type": "t", "message": "m"}}),
+        ("ollama", {"error": "m"}),
+    ):
+        assert errors.in_route_shape(api, 400, json.dumps(body).encode()) is None

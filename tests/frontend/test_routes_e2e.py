@@ -113,7 +113,7 @@ def test_every_native_route_and_the_model_rule(stack: Any) -> None:
         ):
             resp = c.post(path, json=body)
             assert resp.status_code == 400, (path, resp.text)
-            assert "embedding model" in resp.json()["message"], resp.text
+            assert "embedding model" in resp.json()["error"]["message"], resp.text
         gen = {"text": "a b", "sampling_params": {"max_new_tokens": 3}}
         # /generate has no model field: only m1 is ready, so m1 answers.
         resp = c.post("/generate", json=gen)
@@ -160,7 +160,7 @@ def test_every_native_route_and_the_model_rule(stack: Any) -> None:
         assert got.status_code == 200 and got.json()["id"] == rid
         cancel = c.post(f"/v1/responses/{rid}/cancel")
         ROUTE_STATUS["POST /v1/responses/{id}/cancel"] = cancel.status_code
-        assert cancel.status_code == 400 and "Cannot cancel" in cancel.json()["message"]
+        assert cancel.status_code == 400 and "Cannot cancel" in cancel.json()["error"]["message"]
     print("route statuses through the frontend:", json.dumps(ROUTE_STATUS))
 
 

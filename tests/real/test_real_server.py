@@ -321,8 +321,12 @@ def test_overlong_prompt_400_reaches_the_client_as_sglang_sent_it(stack: Stack) 
         f"{stack.frontend_url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
     )
     assert direct.status_code == proxied.status_code == 400
-    assert proxied.content == direct.content
-    assert direct.json()["object"] == "error"
+    # SGLang's own error, in the shape OpenAI clients read: its message, type and code.
+    sglang = direct.json()
+    assert sglang["object"] == "error"
+    assert proxied.json() == {
+        "error": {k: sglang.get(k) for k in ("message", "type", "param", "code")}
+    }
 
 
 def test_the_memory_api_answers_as_the_sim_says_and_serves_after_a_resume(stack: Stack) -> None:
