@@ -137,6 +137,16 @@ class Evict(Request, tag="evict"):
     timeout: Seconds | None = None
 
 
+class KeepAlive(Request, tag="keep_alive"):
+    """How long ``model``'s engine stays loaded once idle, until it next stops (Ollama's
+    ``keep_alive``): ``seconds`` of idle TTL (0: put it to sleep or stop it as soon as
+    it is idle), or ``forever``. The config's ``ttl`` applies again at its next load."""
+
+    model: ModelName
+    seconds: Seconds = 0.0
+    forever: bool = False
+
+
 class Sleep(Request, tag="sleep"):
     """Put a ready engine to sleep: drain it to zero, take it off the gateway, and
     release its GPU memory (SGLang's ``/release_memory_occupation``); its experts stay
@@ -283,6 +293,7 @@ AnyRequest = (
     | Shutdown
     | Machine
     | EngineKeys
+    | KeepAlive
 )
 
 # ---------------------------------------------------------------- replies

@@ -164,6 +164,7 @@ class Engine:
         # Its processes and where they run.
         self.run: Running | None = None
         self.plan: PlacementLike | None = None
+        self.keep_alive: float | None = None  # a client's idle TTL until it next stops
         self.adopt: Running | None = None  # a previous daemon's engine, to take over
         self.catalog: Catalog | None = None  # the installed SGLang's options (the probe)
         self.launch_notes: tuple[str, ...] = ()  # flags ktd left out, and why
@@ -269,11 +270,16 @@ class Engine:
             restarting=self.restarting,
         )
 
+    def ttl(self) -> float:
+        """The idle TTL now: a client's keep-alive (Ollama's ``keep_alive``) until the
+        engine next stops, else the config's."""
+        return self.spec.ttl if self.keep_alive is None else self.keep_alive
+
     def idle_view(self) -> IdleView:
         """What the idle TTL reads."""
         return IdleView(
             alias=self.alias,
-            ttl=self.spec.ttl,
+            ttl=self.ttl(),
             state=self.state,
             want_up=self.want_up,
             busy=self.busy(),
@@ -291,7 +297,7 @@ class Engine:
             return None
         if self.state == S.ASLEEP:
             return None if self.asleep_since is None else self.asleep_since + self.spec.sleep_ttl
-        return None if last_used is None else last_used + self.spec.ttl
+        return None if last_used is None else last_used + self.ttl()
 
     def retry_in(self) -> float:
         """Seconds until a request may retry this failed engine (0 = now)."""
@@ -333,7 +339,7 @@ class Engine:
         return EngineInfo(
             **moment,
             started_at=run.started_at if run else None,
-            ttl=self.spec.ttl,
+            ttl=self.ttl(),
             expires_at=self._expires_at(due, last_used),
             last_log=st.last_log,
             argv=list(run.argv) if run else [],

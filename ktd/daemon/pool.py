@@ -54,6 +54,10 @@ log = logging.getLogger("ktd")
 Publisher = Callable[[str, Event], None]
 
 
+#: ``keep_alive: 0``: the idle TTL that acts at once (the TTL's own 0 means never).
+KEEP_ALIVE_NOW = 0.001
+
+
 class PoolObserver(Protocol):
     """Who follows engine changes from outside the pool (the gateway sync)."""
 
@@ -329,6 +333,20 @@ class Pool:
             f"unknown model {alias!r}; ktd serves: {', '.join(sorted(self.engines)) or 'nothing'}",
             {"models": sorted(self.engines)},
         )
+
+    def keep_alive(self, alias: str, seconds: float, *, forever: bool = False) -> str:
+        """A client's idle TTL for ``alias``'s engine until it next stops (Ollama's
+        ``keep_alive``): 0 sends it to sleep or stops it as soon as it is idle, by the TTL's
+        own path (recalls, drain, sleep if it sleeps)."""
+        engine = self.engine(alias)
+        if engine.state not in S.HAS_PROCESSES:
+            return f"{alias} is not loaded"
+        # The TTL's 0 means "never": an immediate expiry is the smallest TTL there is.
+        engine.keep_alive = 0.0 if forever else max(seconds, KEEP_ALIVE_NOW)
+        engine.notify_changed()
+        if forever:
+            return f"{alias} stays loaded until evicted"
+        return f"{alias} goes when idle for {seconds:g}s"
 
     def status(self, alias: str | None = None) -> list[EngineInfo]:
         if alias is not None:

@@ -151,6 +151,8 @@ class ControlServer:
                 return p.AcquireReply(
                     lease=lease, alias=engine.alias, url=engine.url or "", api_key=engine.api_key
                 )
+            case p.KeepAlive(model=model, seconds=seconds, forever=forever):
+                return p.Ok(message=pool.keep_alive(model, seconds, forever=forever))
             case p.Release(lease=lease):
                 found = pool.release(lease)
                 return p.Ok(message="released" if found else "unknown lease (already expired)")

@@ -336,6 +336,7 @@ class Supervisor:
             KeyDir.remove(e.run.key_file)  # the process is gone: so goes its key
         e.run = None
         e.plan = None
+        e.keep_alive = None  # a client's keep-alive lasts until the engine stops
 
     # ------------------------------------------------------------ one run
 

@@ -53,11 +53,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from ktd import multipart
+from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
-from ktd.core.admission import ANYONE
-from ktd.frontend import catalog, errors
+from ktd.core.admission import ANYONE, KeyTerms
+from ktd.frontend import catalog, errors, keepalive
 from ktd.frontend.afterlife import QuietAfterResponse
 from ktd.frontend.body import check_declared_length, check_model, parse_head, read_limited
 from ktd.frontend.broker import Admission
@@ -113,6 +114,8 @@ _JSON = (b"content-type", b"application/json")
 
 #: OpenAI's streaming routes whose usage chunk is asked for when the client did not
 #: ask (and then taken out of what the client sees).
+#: Ollama's two proxied routes, by endpoint name.
+_OLLAMA_PATHS = {"ollama_chat": "/api/chat", "ollama_generate": "/api/generate"}
 _USAGE_ASKED = frozenset({"chat", "completions"})
 
 
@@ -365,6 +368,12 @@ class ProxyRoutes:
                 model = ollama_alias(model)
             if policy is not None and not policy.allows(split_lora(model)[0]):
                 raise errors.make("model_forbidden", key=policy.name, model=model)
+            kind, keep = "generate", None
+            if ollama:
+                try:
+                    kind, keep = keepalive.read(body, _OLLAMA_PATHS[endpoint])
+                except ValueError as exc:
+                    raise errors.make("bad_request", message=str(exc)) from None
         except ApiError as err:
             state.metrics.request_done(endpoint, NO_MODEL, err.status)
             await send_error(send, err, close=not body_read, ollama=ollama)
@@ -374,6 +383,10 @@ class ProxyRoutes:
             return
 
         base, adapter = split_lora(model)
+        if kind != "generate":
+            key = ANYONE if policy is None else policy.terms
+            await self._load_or_unload(base, _OLLAMA_PATHS[endpoint], kind, keep, key, send)
+            return
         api: Api = "ollama" if ollama else "anthropic" if endpoint == "messages" else "openai"
         tally = None
         if stream:
@@ -418,6 +431,45 @@ class ProxyRoutes:
             if intake is not None:
                 intake.on_disconnect = None
             ex.close()
+        if keep is not None:
+            await self._keep_alive(base, keep)
+
+    async def _keep_alive(self, alias: str, seconds: float) -> None:
+        """The client's keep-alive to the daemon, after its request (a failure to say it
+        fails nothing the client asked for: logged)."""
+        forever = math.isinf(seconds)
+        msg = p.KeepAlive(model=alias, seconds=0.0 if forever else seconds, forever=forever)
+        try:
+            await self.state.broker.request(msg, timeout=10)
+        except (ControlError, Unreachable) as exc:
+            log.warning("keep_alive for %s not applied: %s", alias, exc)
+
+    async def _load_or_unload(
+        self, alias: str, route: str, kind: str, keep: float | None, key: KeyTerms, send: Send
+    ) -> None:
+        """Ollama's empty requests, answered as Ollama does: a load waits for the engine
+        (and applies its keep-alive), an unload (``keep_alive: 0``) sends it off when idle."""
+        options = self.state.options.frontend
+        try:
+            if kind == "load":
+                handle = await self.state.broker.start_acquire(
+                    alias, autoload=options.autoload, load_timeout=options.load_timeout, key=key
+                )
+                slot = await handle.wait()
+                if slot is not None:
+                    slot.leave()
+        except (ControlError, Unreachable) as exc:
+            await send_error(send, control_error(alias, exc), ollama=True)
+            return
+        except ApiError as err:
+            await send_error(send, err, ollama=True)
+            return
+        if keep is not None:
+            await self._keep_alive(alias, keep)
+        data = keepalive.answer(alias, route, "unload" if kind == "unload" else "load")
+        headers = [_JSON, (b"content-length", str(len(data)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def _answer(
         self, ex: Exchange, base: str, stream: bool, send: Send, scope: Scope
