@@ -47,6 +47,7 @@ def test_protocol_request_and_reply_tags() -> None:
         "engine_keys",
         "evict",
         "heartbeat",
+        "keep_alive",
         "load",
         "logs",
         "machine",

@@ -76,7 +76,18 @@ def test_every_field_naming_a_model_has_the_name_limit() -> None:
                 )
                 assert strs and all(t.max_length == p.MAX_MODEL_NAME for t in strs), cls
     assert sorted(seen) == sorted(
-        ["Status", "Load", "Evict", "Sleep", "Wake", "Logs", "Acquire", "Claim", "ClaimState"]
+        [
+            "Status",
+            "Load",
+            "Evict",
+            "Sleep",
+            "Wake",
+            "Logs",
+            "Acquire",
+            "Claim",
+            "ClaimState",
+            "KeepAlive",
+        ]
     )
     ok = msgspec.msgpack.encode({"op": "logs", "alias": "a" * p.MAX_MODEL_NAME})
     assert isinstance(p.decode_request(ok), p.Logs)
