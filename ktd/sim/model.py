@@ -23,7 +23,8 @@ SIM_CONFIG = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "vocab_size": 512,
-    "max_position_embeddings": 256,
+    # The context SGLang derives from it (and ktd's estimate reads): a real MoE's order.
+    "max_position_embeddings": 32768,
     "torch_dtype": "bfloat16",
 }
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from ktd.sim import gen
@@ -96,3 +100,47 @@ def test_record_env_selection() -> None:
         "KT_A": "1",
         "SGLANG_Y": "3",
     }
+
+
+def _model(tmp_path: Path, **config: Any) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def test_the_context_length_is_derived_as_sglang_derives_it(tmp_path: Path) -> None:
+    from ktd.sim.cli import derived_context_length
+
+    assert derived_context_length(_model(tmp_path, max_position_embeddings=256)) == 256
+    first = _model(tmp_path, seq_length=100, max_position_embeddings=256)
+    assert derived_context_length(first) == 100  # SGLang's key order
+    scaled = {"factor": 4.0, "rope_type": "yarn"}
+    assert (
+        derived_context_length(_model(tmp_path, max_position_embeddings=1000, rope_scaling=scaled))
+        == 4000
+    )
+    original = {"factor": 4.0, "original_max_position_embeddings": 1000}
+    assert (
+        derived_context_length(
+            _model(tmp_path, max_position_embeddings=1000, rope_scaling=original)
+        )
+        == 1000
+    )
+    nested = _model(tmp_path, text_config={"max_position_embeddings": 777})
+    assert derived_context_length(nested) == 777
+    assert derived_context_length(_model(tmp_path, hidden_size=8)) == 2048
+    assert derived_context_length(str(tmp_path / "none")) is None
+
+
+def test_a_longer_context_than_the_model_s_is_refused_unless_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = _model(tmp_path, max_position_embeddings=256)
+    assert parse(["--model", model]).context_length == 256
+    assert parse(["--model", model, "--context-length", "128"]).context_length == 128
+    monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        parse(["--model", model, "--context-length", "4096"])
+    assert ended.value.code == 1
+    assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in capsys.readouterr().err
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    assert parse(["--model", model, "--context-length", "4096"]).context_length == 4096
