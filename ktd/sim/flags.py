@@ -18,13 +18,47 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 FLAVORS = {"kt": "sglang-kt-0.7.2.json", "upstream": "sglang-0.5.23.json"}
 ENV = "KTD_SIM_SGLANG"
-_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str}
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def human_readable_int(value: str) -> int:
+    """Upstream SGLang's type for sizes such as ``--context-length``: a plain integer, or
+    one with an SI suffix (``25.6k``) or an integral IEC one (``1Ki``); case-sensitive."""
+    value = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _IEC:
+            if "." in number:
+                raise argparse.ArgumentTypeError(
+                    f"Decimals are not allowed with IEC suffixes like '{suffix}'."
+                )
+            return int(number) * _IEC[suffix]
+        return int(Decimal(number) * _SI[suffix])
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid integer value: '{value}'. Use a plain integer, SI suffixes (1k, 1M), "
+            "or IEC suffixes (1Ki, 1Mi). Suffixes are case-sensitive."
+        ) from None
+
+
+_TYPES: dict[str, Any] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "human_readable_int": human_readable_int,
+}
 
 
 def flavor(env: dict[str, str] | None = None) -> str:

@@ -73,10 +73,16 @@ ROUTES: list[tuple[str, str, Any]] = [
     ),
     ("POST", "/api/generate", {"model": ALIAS, "prompt": "hi", "options": {"num_predict": 3}}),
     ("POST", "/api/generate", {"model": ALIAS, "prompt": "hi", "stream": False}),
-    ("POST", "/api/generate", {"model": ALIAS, "prompt": ""}),
-    ("POST", "/api/chat", {"model": ALIAS}),
+    *(
+        OLLAMA_LOADS := [
+            ("POST", "/api/generate", {"model": ALIAS, "prompt": ""}),
+            ("POST", "/api/chat", {"model": ALIAS}),
+        ]
+    ),
     ("POST", "/api/show", {"model": f"{ALIAS}:latest"}),
 ]
+# Ollama's load (an empty generate or chat): the frontend answers it as Ollama does, 200
+# ``done_reason: load`` once the engine is up, where SGLang generates (or refuses 400).
 # Engine routes the frontend answers itself (over every configured model): real vs sim only.
 ENGINE_ONLY: list[tuple[str, str, Any]] = [("GET", "/api/tags", None), ("GET", "/", None)]
 # The tiny model has no audio encoder: the real server tries a generation and refuses it

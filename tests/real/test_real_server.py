@@ -224,12 +224,14 @@ def test_openai_stream_through_the_frontend_with_usage(stack: Stack) -> None:
 def test_real_frontend_and_sim_answer_every_proxied_route_alike(stack: Stack) -> None:
     """Every route the frontend proxies, sent to the real engine, through the frontend, and
     to the sim (playing upstream 0.5.23): printed side by side; the frontend answers as the
-    engine does, and the sim as the real server does (status, media type, keys)."""
+    engine does (Ollama's load excepted: as Ollama does), and the sim as the real server
+    does (status, media type, keys)."""
     engine = stack.status()["url"]
     auth = stack.engine_auth()
     rows: list[tuple[str, sbs.Answer, sbs.Answer | None, sbs.Answer]] = []
     with sbs.sim_like(engine_env.model_dir(), stack.root / "sim.log") as sim:
         rids: dict[str, str | None] = {}
+        ollama_loads: list[bool] = []
         for method, path, body in [*sbs.ROUTES, *sbs.ENGINE_ONLY]:
             got: dict[str, sbs.Answer | None] = {}
             for name, base in (("real", engine), ("frontend", stack.frontend_url), ("sim", sim)):
@@ -243,6 +245,7 @@ def test_real_frontend_and_sim_answer_every_proxied_route_alike(stack: Stack) ->
             real, fe, sim_got = got["real"], got["frontend"], got["sim"]
             assert real is not None and sim_got is not None
             rows.append((f"{method} {path}", real, fe, sim_got))
+            ollama_loads.append((method, path, body) in sbs.OLLAMA_LOADS)
     width = max(len(r[0]) for r in rows)
     lines = [f"{'route'.ljust(width)}  real | frontend | sim"]
     for route, real, fe, sim_got in rows:
@@ -250,8 +253,11 @@ def test_real_frontend_and_sim_answer_every_proxied_route_alike(stack: Stack) ->
         lines.append(f"{''.ljust(width)}  frontend: {fe.cell() if fe else '(answered by ktd)'}")
         lines.append(f"{''.ljust(width)}  sim:      {sim_got.cell()}")
     print("\nreal SGLang 0.5.23 | through ktd's frontend | ktd.sim:\n  " + "\n  ".join(lines))
-    for route, real, fe, sim_got in rows:
-        if fe is not None:
+    for (route, real, fe, sim_got), load in zip(rows, ollama_loads, strict=True):
+        if load:
+            assert fe is not None and (fe.status, fe.media) == (200, "application/json"), fe
+            assert "done_reason" in fe.shape, fe
+        elif fe is not None:
             assert fe.status == real.status, (route, real, fe)
         if route.split()[1] not in sbs.MODEL_DEPENDENT:
             assert (sim_got.status, sim_got.media, sim_got.shape) == (

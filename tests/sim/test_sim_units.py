@@ -144,3 +144,33 @@ def test_a_longer_context_than_the_model_s_is_refused_unless_allowed(
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in capsys.readouterr().err
     monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
     assert parse(["--model", model, "--context-length", "4096"]).context_length == 4096
+
+
+@pytest.mark.parametrize(
+    ("word", "tokens"), [("256", 256), ("0.25k", 250), ("1Ki", 1024), (" 2k ", 2000)]
+)
+def test_upstream_reads_the_context_length_as_a_human_readable_int(
+    tmp_path: Path, word: str, tokens: int
+) -> None:
+    """Upstream 0.5.23 types ``--context-length`` with ``human_readable_int``; the kt fork
+    with plain ``int``, so a suffix is a usage error there."""
+    model = _model(tmp_path, max_position_embeddings=4096)
+    argv = ["--model", model, "--context-length", word]
+    assert parse(argv, which="upstream").context_length == tokens
+    if word.strip().isdigit():
+        assert parse(argv, which="kt").context_length == tokens
+    else:
+        with pytest.raises(SystemExit) as ended:
+            parse(argv, which="kt")
+        assert ended.value.code == 2
+
+
+@pytest.mark.parametrize("word", ["1.5Ki", "2K", "lots"])
+def test_upstream_refuses_a_size_it_cannot_read(
+    tmp_path: Path, word: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = _model(tmp_path, max_position_embeddings=4096)
+    with pytest.raises(SystemExit) as ended:
+        parse(["--model", model, "--context-length", word], which="upstream")
+    assert ended.value.code == 2
+    assert "--context-length" in capsys.readouterr().err
