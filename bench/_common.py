@@ -223,7 +223,7 @@ class Stack:
 
     def _health(self) -> bool:
         with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-            s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            s.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
             return s.recv(64).startswith(b"HTTP/1.1 200")
 
     def client(self, timeout: float = 10.0) -> Client:

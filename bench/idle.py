@@ -35,7 +35,8 @@ from _common import (
 def one_request(port: int, model: str) -> None:
     body = chat_body(model, 2, stream=False)
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     ).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:

@@ -51,7 +51,7 @@ def first_healthy(port: int, deadline: float, out: list[float]) -> None:
     while time.time() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                s.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
                 if s.recv(16).startswith(b"HTTP/1.1 200"):
                     out.append(time.time())
                     return

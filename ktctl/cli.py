@@ -13,6 +13,7 @@ quart, hypercorn or httpx from here (a test checks ``-X importtime``).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import sys
 import time
@@ -333,6 +334,16 @@ def cmd_doctor(client: Client, args: argparse.Namespace) -> int:
     return EXIT_FAILED if render.doctor_failed(report) else EXIT_OK
 
 
+def cmd_usage(client: Client, args: argparse.Namespace) -> int:
+    key = "" if args.key == "-" else args.key  # "-": requests on a frontend without keys
+    rows = client.usage(args.since or "", key)
+    if args.csv:
+        _out(render.usage_csv(rows))
+    else:
+        _emit(args, {"usage": rows}, render.usage_table(rows))
+    return EXIT_OK
+
+
 def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
     message = client.shutdown() or "ktd is shutting down"
     _emit(args, {"ok": True, "message": message}, message)
@@ -351,6 +362,7 @@ HANDLERS: dict[str, Handler] = {
     "events": cmd_events,
     "reload": cmd_reload,
     "doctor": cmd_doctor,
+    "usage": cmd_usage,
     "shutdown": cmd_shutdown,
 }
 
@@ -376,6 +388,21 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
     return value
+
+
+def _since(text: str) -> str:
+    """A day (``YYYY-MM-DD``), ``today``, or ``Nd`` (N days back), as the ledger's UTC day."""
+    today = dt.datetime.now(dt.UTC).date()
+    if text == "today":
+        return today.isoformat()
+    if text.endswith("d") and text[:-1].isdigit():
+        return (today - dt.timedelta(days=int(text[:-1]))).isoformat()
+    try:
+        return dt.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a day: {text!r} (YYYY-MM-DD, today, or 7d for a week back)"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -467,6 +494,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("doctor", "check the installation; runs locally when ktd is down")
     sp.add_argument("--config", metavar="PATH", help="config.json for local checks")
 
+    sp = add(
+        "usage",
+        "the usage ledger: requests, prompt and completion tokens and errors "
+        "per day (UTC), API key and model, as the engines reported them",
+    )
+    sp.add_argument("--since", type=_since, metavar="DAY",
+                    help="from DAY on: YYYY-MM-DD, today, or Nd (N days back)")  # fmt: skip
+    sp.add_argument(
+        "--key", metavar="NAME", help="only the key named NAME in the config (-: without keys)"
+    )
+    sp.add_argument("--csv", action="store_true", help="CSV with a header line")
+
     add("shutdown", "stop every engine and the daemon")
     return parser
 
@@ -484,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "evict" and (args.alias is None) == (not args.all):
         parser.error("evict needs an ALIAS or --all (not both)")
+    if args.command == "usage" and args.csv and _json(args):
+        parser.error("usage prints --csv or --json, not both")
     try:
         timeout = _client_timeout()
     except argparse.ArgumentTypeError as exc:

@@ -553,6 +553,12 @@ class Client(Closing):
         budget = max(self.timeout, MACHINE_BUDGET)
         return self._expect(self._call(p.Machine(), budget), p.MachineReply)
 
+    def usage(self, since: str = "", key: str | None = None) -> list[p.UsageCount]:
+        """The usage ledger's rows (day, key, model, requests, tokens, errors) from
+        ``since`` (``YYYY-MM-DD``; "" all it keeps), of ``key`` (its name) or every key."""
+        reply = self._call(p.Usage(since=since, key=key), self.timeout)
+        return self._expect(reply, p.UsageReply).rows
+
     def doctor(self) -> dict[str, Any]:
         """The daemon's health report: ``{"checks": [{name, status, detail, advice}, ...]}``."""
         return self._expect(self._call(p.Doctor(), self.timeout), p.DoctorReply).report

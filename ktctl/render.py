@@ -308,6 +308,42 @@ def models_table(models: Sequence[p.ModelInfo]) -> str:
     return table(["ALIAS", "BACKEND", "SERVED", "STATE", "PATH"], rows)
 
 
+USAGE_FIELDS = ("day", "key", "model", "requests", "prompt", "completion", "errors")
+
+
+def usage_table(rows: Sequence[p.UsageCount]) -> str:
+    """The ledger's rows and their total ("-": a frontend without keys)."""
+    if not rows:
+        return "no usage recorded"
+    cells = [[r.day, r.key or "-", r.model, *_usage_numbers(r)] for r in rows]
+    total = p.UsageCount(day="1970-01-01", model="")
+    for r in rows:
+        total.requests += r.requests
+        total.prompt += r.prompt
+        total.completion += r.completion
+        total.errors += r.errors
+    cells.append(["total", "", "", *_usage_numbers(total)])
+    headers = ["DAY", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "ERRORS"]
+    return table(headers, cells)
+
+
+def _usage_numbers(r: p.UsageCount) -> list[str]:
+    return [str(r.requests), str(r.prompt), str(r.completion), str(r.errors)]
+
+
+def usage_csv(rows: Sequence[p.UsageCount]) -> str:
+    """The rows as CSV with a header line (no total: a spreadsheet sums)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(USAGE_FIELDS)
+    for r in rows:
+        writer.writerow([getattr(r, f) for f in USAGE_FIELDS])
+    return out.getvalue().rstrip("\n")
+
+
 def argv_text(argv: Sequence[str], indent: str = "    ") -> str:
     """The command as a copy-pasteable shell line, one ``--flag value...`` per line."""
     import shlex

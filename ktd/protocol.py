@@ -244,6 +244,29 @@ class Sync(Request, tag="sync"):
     wait: Seconds = 0.0
     daemon: Id = ""  # the daemon run whose grants ``seen`` counts
     seen: Annotated[int, msgspec.Meta(ge=0)] = 0  # highest grant number received from it
+    # What this frontend counted since its last acknowledged report: batch ``usage_seq``,
+    # resent unchanged until a reply acknowledges it, so the ledger adds it once.
+    usage: Annotated[list[UsageCount], msgspec.Meta(max_length=MAX_REPORTED)] = []
+    usage_seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+# The usage ledger (``ktd.core.usage``): a day is UTC, ``YYYY-MM-DD``; a key is named by
+# its name in the frontend's config ("" without keys), never by its secret.
+Day = Annotated[str, msgspec.Meta(max_length=10, pattern=r"^\d{4}-\d{2}-\d{2}$")]
+KeyName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME)]
+Amount = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+
+
+class UsageCount(msgspec.Struct, kw_only=True):
+    """One day's use of one model by one key: what the engines reported."""
+
+    day: Day
+    key: KeyName = ""
+    model: ModelName
+    requests: Amount = 0
+    prompt: Amount = 0  # tokens
+    completion: Amount = 0
+    errors: Amount = 0
 
 
 class Return(Request, tag="return"):
@@ -251,6 +274,13 @@ class Return(Request, tag="return"):
 
     client: Id
     claim: Id
+
+
+class Usage(Request, tag="usage"):
+    """The usage ledger's rows from ``since`` ("": all it keeps), of one key or all."""
+
+    since: Annotated[str, msgspec.Meta(max_length=10, pattern=r"^(\d{4}-\d{2}-\d{2})?$")] = ""
+    key: KeyName | None = None
 
 
 class Doctor(Request, tag="doctor"):
@@ -294,6 +324,7 @@ AnyRequest = (
     | Machine
     | EngineKeys
     | KeepAlive
+    | Usage
 )
 
 # ---------------------------------------------------------------- replies
@@ -480,6 +511,9 @@ class SyncReply(Reply, tag="sync"):
     recalls: list[Recall] = []
     dropped: list[str] = []  # claims this daemon does not hold for you: stop using them
     limits: dict[str, Limits] = {}  # per model with admission limits
+    usage_seq: int = 0  # the last usage batch of yours the ledger holds
+    day: str = ""  # today (UTC), the day ``spent`` counts
+    spent: dict[str, int] = {}  # key name -> tokens today, every frontend's in the ledger
 
 
 class DoctorReply(Reply, tag="doctor"):
@@ -529,6 +563,10 @@ class EngineKeysReply(Reply, tag="engine_keys"):
     keys: dict[str, str] = {}  # engine URL -> its API key (engines without one left out)
 
 
+class UsageReply(Reply, tag="usage"):
+    rows: list[UsageCount] = []  # by day, key, model
+
+
 class Ok(Reply, tag="ok"):
     message: str = ""
 
@@ -553,6 +591,7 @@ AnyReply = (
     | DoctorReply
     | MachineReply
     | EngineKeysReply
+    | UsageReply
     | Ok
     | Error
 )

@@ -60,6 +60,7 @@ def test_protocol_request_and_reply_tags() -> None:
         "sleep",
         "status",
         "sync",
+        "usage",
         "wake",
     }
     assert _tags(p.AnyReply) == {
@@ -78,6 +79,7 @@ def test_protocol_request_and_reply_tags() -> None:
         "pong",
         "status",
         "sync",
+        "usage",
     }
 
 

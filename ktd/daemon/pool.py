@@ -46,6 +46,7 @@ from ktd.daemon.reloader import Reloader
 from ktd.daemon.statekeeper import StateKeeper
 from ktd.daemon.supervisor import Supervisor
 from ktd.daemon.sweeper import Sweeper
+from ktd.daemon.usage import UsageStore
 from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
 
 log = logging.getLogger("ktd")
@@ -145,6 +146,7 @@ class Pool:
         self.load_history = LoadHistory(
             state_path.parent / "load_history.json" if state_path else None
         )
+        self.usage = UsageStore(state_path.parent / "usage.json" if state_path else None)
         self._pending: list[Supervisor] = [self._new_engine(spec) for spec in config.served()]
 
     def _new_engine(self, spec: ModelSpec) -> Supervisor:
@@ -616,6 +618,7 @@ class Pool:
     def sync(self, msg: p.Sync) -> p.SyncReply | None:
         """Record a frontend's report (its heartbeat too); the reply now, or None to park it."""
         self.heartbeat(msg.client)
+        self.usage.report(msg.client, msg.usage_seq, msg.usage)
         self._claims.report(msg, self.engines)
         for e in self.engines.values():
             queued = self._claims.queued_for(e.alias)
@@ -632,7 +635,10 @@ class Pool:
             for e in self.engines.values()
             if e.spec.max_concurrent is not None or e.spec.max_queue is not None
         }
-        return self._claims.sync_reply(client, limits)
+        reply = self._claims.sync_reply(client, limits)
+        reply.usage_seq = self.usage.acked(client)
+        reply.day, reply.spent = self.usage.spent()
+        return reply
 
     def claim_reply(self, claim: str) -> p.ClaimReply:
         return self._claims.reply_for(claim)

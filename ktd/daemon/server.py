@@ -171,6 +171,8 @@ class ControlServer:
                 return p.Ok(message="returned" if found else "unknown claim (already gone)")
             case p.EngineKeys():
                 return p.EngineKeysReply(keys=pool.engine_keys())
+            case p.Usage(since=since, key=key):
+                return p.UsageReply(rows=pool.usage.rows(since, key))
             case p.Shutdown():
                 self._shutdown()
                 return p.Ok(message="shutting down")

@@ -108,18 +108,25 @@ def load(path: Path, *, now: float | None = None) -> Loaded:
     try:
         return Loaded(decode(data), trusted=True)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now if now is not None else None))
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-        n = 1
-        while aside.exists():
-            aside = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
-            n += 1
         problem = f"state file {path} is corrupt ({len(data)} bytes: {exc})"
         try:
-            os.rename(path, aside)
+            aside = set_aside(path, now)
         except OSError as err:
             return Loaded(StateFile(), False, f"{problem}; cannot set it aside: {err}")
         return Loaded(StateFile(), False, f"{problem}; set aside as {aside.name}", aside)
+
+
+def set_aside(path: Path, now: float | None = None) -> Path:
+    """Rename a file that does not decode to ``<name>.corrupt-<time>`` (kept for the
+    operator, never overwritten by the next write); raise OSError if it cannot be."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now if now is not None else None))
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists():
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
+        n += 1
+    os.rename(path, aside)
+    return aside
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -45,7 +45,9 @@ from ktd import protocol as p
 from ktd.control.aclient import AsyncClient, Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import admission as adm
+from ktd.core import usage
 from ktd.frontend import errors
+from ktd.frontend.tally import Tokens
 
 log = logging.getLogger("ktd.frontend")
 
@@ -200,6 +202,8 @@ class ClaimBroker:
         self.on_engine_key: Callable[[str, str | None], None] = lambda url, key: None
         self._returning = 0
         self._returned = trio.Event()
+        # What this frontend's requests used, until the daemon's ledger holds it.
+        self.book = usage.Book(max_rows=p.MAX_REPORTED)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -226,7 +230,22 @@ class ClaimBroker:
         with trio.move_on_after(grace):
             while self._returning:
                 await self._returned.wait()
+            await self._report_usage()
         self.stop()
+
+    async def _report_usage(self) -> None:
+        """Hand the ledger what is still unreported (a frontend that stops takes no
+        count with it); a daemon that does not answer gets it from nobody: logged."""
+        while (batch := self.book.batch()) is not None:
+            try:
+                reply = await self.control.request(self.report(), timeout=self.ping_timeout)
+            except (Unreachable, ControlError) as exc:
+                log.warning("usage not handed to ktd's ledger (%s): lost", exc)
+                return
+            if isinstance(reply, p.SyncReply):
+                self._apply(reply)
+            if self.book.sent is batch:  # not acknowledged: a ktd that keeps no ledger
+                return
 
     # ------------------------------------------------------------ carrying out
 
@@ -258,9 +277,17 @@ class ClaimBroker:
     def ended(self, held: adm.Held, key: str = "") -> None:
         self._do(self.desk.ended(held, trio.current_time(), key))
 
-    def spent(self, key: str, tokens: int, *, total: bool = False) -> None:
-        """Tokens a request of ``key`` used today (``total``: the ledger's day total)."""
-        self.desk.spent(key, utc_day(), tokens, total=total)
+    def used(self, key: str, model: str, tokens: Tokens | None, *, error: bool) -> None:
+        """A request of ``key`` on ``model`` ended: into the book for the ledger, and its
+        tokens against the key's day."""
+        now = time.time()
+        prompt, completion = (0, 0) if tokens is None else (tokens.prompt, tokens.completion)
+        self.book.record(
+            usage.Row(usage.day_of(now), key, model),
+            usage.Count(requests=1, prompt=prompt, completion=completion, errors=int(error)),
+        )
+        if prompt + completion:
+            self.desk.spent(key, utc_day(now), prompt + completion)
 
     def leave(self, rid: int) -> None:
         self._asks.pop(rid, None)
@@ -429,6 +456,13 @@ class ClaimBroker:
         }
         self._do(self.desk.limits(limits))
         self._first_reply.set()
+        self.book.acked(reply.usage_seq)
+        if reply.day:  # each key's day, every frontend's use in it
+            unreported = self.book.unreported(reply.day)
+            day = usage.day_number(reply.day)
+            for key in reply.spent.keys() | unreported.keys():
+                total = reply.spent.get(key, 0) + unreported.get(key, 0)
+                self.desk.spent(key, day, total, total=True)
         now = trio.current_time()
         for claim in reply.dropped:
             self._do(self.desk.dropped(claim))
@@ -473,6 +507,7 @@ class ClaimBroker:
 
     def report(self, wait: float = 0.0) -> p.Sync:
         now = trio.current_time()
+        batch = self.book.batch()
         return p.Sync(
             client=self.client_id,
             claims=[
@@ -490,6 +525,8 @@ class ClaimBroker:
             wait=wait,
             daemon=self.daemon_run,
             seen=self.seen,
+            usage=[] if batch is None else [usage.to_wire(r, c) for r, c in batch.rows.items()],
+            usage_seq=0 if batch is None else batch.seq,
         )
 
     async def _poll_loop(self) -> None:

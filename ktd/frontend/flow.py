@@ -559,10 +559,12 @@ class ProxyRoutes:
         return progress
 
     def _used(self, ex: Exchange) -> None:
-        """A request ended on its slot: what it cost, for its key's day."""
-        tokens = ex.tokens
-        if tokens is not None:
-            self.state.broker.spent(ex.key.name, tokens.prompt + tokens.completion)
+        """A request for a known model ended: what it cost, for the ledger, the key's day
+        and the per-key metrics. An error is any error status but the client's own
+        going away (499)."""
+        error = ex.status >= 400 and ex.status != 499
+        self.state.broker.used(ex.key.name, ex.label, ex.tokens, error=error)
+        self.state.metrics.key_used(ex.key.name, ex.label, ex.tokens, error=error)
 
     async def _exchange(self, ex: Exchange, base: str, stream: bool, send: Send) -> None:
         state = self.state

@@ -24,10 +24,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from ktd.core import states as S
 from ktd.frontend import promtable
 from ktd.frontend.promtable import Family
+from ktd.frontend.tally import Tokens
 
 # Placeholder model labels for requests that never reached a configured model.
 NO_MODEL = "_none"  # bad body, bad key: no model to speak of
 UNKNOWN_MODEL = "_unknown"  # a name the daemon does not know
+NO_KEY = "_none"  # the key label of requests on a frontend without keys
 
 # Loads take minutes: the load-wait buckets reach the 30 min default deadline.
 _LOAD_BUCKETS = (0.005, 0.05, 0.25, 1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, float("inf"))
@@ -92,6 +94,26 @@ class Metrics:
             "Times the daemon stopped answering the frontend (heartbeat or request unanswered).",
             registry=r,
         )
+        # Per API key, by the key's configured name (never its secret; NO_KEY without
+        # keys): what the usage ledger counts, as counters of this frontend's life.
+        self.key_requests = Counter(
+            "ktd_key_requests",
+            "Requests that reached a model, by API key name and model.",
+            ["key", "model"],
+            registry=r,
+        )
+        self.key_errors = Counter(
+            "ktd_key_errors",
+            "Of those, the ones answered with an error status (but 499, the client gone).",
+            ["key", "model"],
+            registry=r,
+        )
+        self.key_tokens = Counter(
+            "ktd_key_tokens",
+            "Tokens the engine reported for a key's requests: kind prompt or completion.",
+            ["key", "model", "kind"],
+            registry=r,
+        )
         self.engines = EngineCollector()
         r.register(self.engines)
         self.load_seconds = Histogram(
@@ -109,11 +131,23 @@ class Metrics:
         self._done: dict[tuple[str, str, int], Any] = {}
         self._ttfb: dict[str, Any] = {}
         self._waited: dict[str, Any] = {}
+        self._keyed: dict[tuple[str, str, str], Any] = {}
 
     def request_done(self, endpoint: str, model: str, status: int) -> None:
         """Count one finished request (``ktd_frontend_requests``)."""
         key = (endpoint, model, status)
         _child(self._done, key, self.requests, endpoint, model, str(status)).inc()
+
+    def key_used(self, key: str, model: str, tokens: Tokens | None, *, error: bool) -> None:
+        """Count one finished request of ``key`` (its name) on ``model``."""
+        key = key or NO_KEY
+        _child(self._keyed, (key, model, ""), self.key_requests, key, model).inc()
+        if error:
+            _child(self._keyed, (key, model, "e"), self.key_errors, key, model).inc()
+        if tokens is not None:
+            for kind, n in (("prompt", tokens.prompt), ("completion", tokens.completion)):
+                labels = (key, model, kind)
+                _child(self._keyed, labels, self.key_tokens, *labels).inc(n)
 
     def first_byte(self, model: str, seconds: float) -> None:
         _child(self._ttfb, model, self.ttfb, model).observe(seconds)

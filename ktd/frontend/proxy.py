@@ -327,8 +327,8 @@ class Exchange:
             self.slot.leave()
         self.metrics.in_flight.dec()
         self.metrics.request_done(self.endpoint, self.label, self.status)
-        if self.on_usage is not None and self.slot is not None:
-            if self.tally is not None and self.status == 200:
+        if self.on_usage is not None and self.label != UNKNOWN_MODEL:
+            if self.tally is not None and self.status == 200 and self.slot is not None:
                 self.tokens = self.tally.tokens()
             self.on_usage(self)
 

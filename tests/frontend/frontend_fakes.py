@@ -60,6 +60,11 @@ class FakeDaemon:
         self.recalls: list[p.Recall] = []
         self._untold = 0  # recalls not yet sent: a long poll is answered at once
         self.mute = False  # True: read and drop everything, as a stopped ktd would
+        # The usage ledger's part (off: an older ktd that acknowledges nothing).
+        self.keep_usage = False
+        self.usage: list[p.UsageCount] = []  # every batch added, once
+        self.usage_seq = 0
+        self.spent: dict[str, int] = {}  # the reply's day of tokens per key
         self._wake = trio.Event()
         self.requests: list[p.Request] = []
         self._ids = itertools.count(1)
@@ -111,7 +116,10 @@ class FakeDaemon:
             for m in self.models.values()
             if m.max_concurrent is not None or m.max_queue is not None
         }
-        return p.SyncReply(id=rid, daemon="fake", recalls=list(live), limits=limits)
+        reply = p.SyncReply(id=rid, daemon="fake", recalls=list(live), limits=limits)
+        if self.keep_usage:
+            reply.usage_seq, reply.day, reply.spent = self.usage_seq, "2026-12-04", self.spent
+        return reply
 
     async def _park(self, ident: bytes, req: p.Sync) -> None:
         with trio.move_on_after(req.wait):
@@ -135,6 +143,9 @@ class FakeDaemon:
         elif isinstance(req, p.Sync):
             self.heartbeats += 1
             self.reported = {c.claim: c.inflight for c in req.claims}
+            if self.keep_usage and req.usage_seq > self.usage_seq:
+                self.usage += req.usage
+                self.usage_seq = req.usage_seq
             if req.wait > 0 and not self._untold:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._park, ident, req)
@@ -213,7 +224,7 @@ class FakeDaemon:
 
 class StatusDaemon(FakeDaemon):
     """A FakeDaemon that also answers what the dashboard and ``/api/ps`` ask: status (its
-    ``engines``), models (from them), machine, dry-runs (``estimate``), logs, and the
+    ``engines``), models (from them), machine, dry-runs (``estimate``), logs, usage, and the
     sleep/wake/evict buttons, which move an engine at once (``refuse``: alias -> the
     ``Error`` code and message a sleep or a wake of it gets instead)."""
 
@@ -262,6 +273,8 @@ class StatusDaemon(FakeDaemon):
                 return p.PlanReply(plan={"ok": True, "estimate": self.estimate})
             case p.Logs(alias=alias):
                 return p.LogsReply(alias=alias, lines=[f"[ktd] {alias}"])
+            case p.Usage():
+                return p.UsageReply(rows=self.usage)
             case p.Sleep(alias=alias) | p.Wake(alias=alias) if alias in self.refuse:
                 code, message = self.refuse[alias]
                 return p.Error(code=code, message=message)

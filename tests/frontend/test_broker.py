@@ -184,3 +184,33 @@ async def test_absurd_model_names_are_a_400(
             err = resp.json()["error"]
             assert err["param"] == "model" and len(resp.content) < 1000
     assert fake_daemon.acquires == 0
+
+
+async def test_usage_rides_the_reports_until_acknowledged_and_is_added_once(
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+) -> None:
+    fake_daemon.add("m", url=fake_engine.url, state="ready")
+    fe = await start_frontend(heartbeat_interval=0.2)
+    async with fe.client() as c:
+        assert (await c.post(CHAT, content=body())).status_code == 200
+
+    def batches() -> list[tuple[int, list[tuple[str, int]]]]:
+        return [
+            (r.usage_seq, [(u.model, u.requests) for u in r.usage])
+            for r in fake_daemon.requests
+            if type(r).__name__ == "Sync" and r.usage  # type: ignore[attr-defined]
+        ]
+
+    # A ktd that acknowledges nothing gets the same batch again and again, never a second.
+    await wait_for(lambda: len(batches()) >= 3)
+    assert set(map(str, batches())) == {str((1, [("m", 1)]))}
+    fake_daemon.keep_usage = True
+    await wait_for(lambda: fake_daemon.usage_seq == 1)
+    assert [(u.model, u.requests) for u in fake_daemon.usage] == [("m", 1)]
+    # The next request's count goes out as batch 2, and that is all (the stop included).
+    async with fe.client() as c:
+        assert (await c.post(CHAT, content=body())).status_code == 200
+    fe.shutdown.set()
+    await wait_for(lambda: fake_daemon.usage_seq == 2)
+    await trio.sleep(0.5)
+    assert fake_daemon.usage_seq == 2 and sum(u.requests for u in fake_daemon.usage) == 2

@@ -756,3 +756,46 @@ def test_event_lines_for_each_topic() -> None:
     assert render.event_lines(lease)[0].endswith(" lease.m leases=2")
     eng = p.Event(topic="engine.m", time=0.0, alias="m", state="ready", pid=3, port=4)
     assert render.event_lines(eng)[0].endswith(" engine.m ready pid=3 port=4")
+
+
+def test_usage_table_csv_json_and_the_request_sent(
+    daemon: Callable[[Handler], FakeDaemon],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = [
+        p.UsageCount(day="2026-12-03", key="", model="m1", requests=1, prompt=2, completion=3),
+        p.UsageCount(day="2026-12-04", key="bob", model="m2", requests=2, completion=9, errors=1),
+    ]
+    d = daemon(lambda req: [p.UsageReply(rows=rows)])
+    code, out, _ = run(capsys, "usage", "--socket", str(d.path))
+    assert code == 0
+    assert out.splitlines() == [
+        "DAY         KEY  MODEL  REQUESTS  PROMPT  COMPLETION  ERRORS",
+        "2026-12-03  -    m1     1         2       3           0",
+        "2026-12-04  bob  m2     2         0       9           1",
+        "total                   3         2       12          1",
+    ]
+    code, out, _ = run(capsys, "usage", "--csv", "--key", "-", "--socket", str(d.path))
+    assert out.splitlines()[:2] == [
+        "day,key,model,requests,prompt,completion,errors",
+        "2026-12-03,,m1,1,2,3,0",
+    ]
+    _, out, _ = run(capsys, "usage", "--json", "--since", "2026-12-04", "--socket", str(d.path))
+    assert json.loads(out)["usage"][1]["key"] == "bob"
+    sent = [r for r in d.requests if isinstance(r, p.Usage)]
+    assert [(r.since, r.key) for r in sent] == [("", None), ("", ""), ("2026-12-04", None)]
+    d2 = daemon(lambda req: [p.UsageReply(rows=[])])
+    assert run(capsys, "usage", "--since", "today", "--socket", str(d2.path))[1] == (
+        "no usage recorded\n"
+    )
+    (asked,) = d2.requests
+    assert isinstance(asked, p.Usage) and len(asked.since) == 10
+
+
+@pytest.mark.parametrize(
+    "argv", [["usage", "--since", "last week"], ["usage", "--csv", "--json"], ["usage", "x"]]
+)
+def test_usage_misuse_exits_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2

@@ -38,6 +38,7 @@ import trio
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
+from ktd.core import usage
 from ktd.core.loglines import Seam
 from ktd.frontend import errors
 from ktd.frontend.errors import ApiError
@@ -56,6 +57,7 @@ TAIL_LINES = 500
 # An evict or a sleep that drains longer (or a wake that takes longer) answers "under
 # way"; the daemon goes on.
 ACTION_WAIT = 5.0
+USAGE_DAYS = 30  # the dashboard's usage panel: the last month, today included
 ACTIONS = ("load", "evict", "sleep", "wake", "reload")
 # What the daemon answers a sleep or a wake it will not do: no sleep configured or
 # supported, or not running / not asleep. The message says why (409, not a 503).
@@ -164,6 +166,7 @@ class Dashboard:
             "/ui/api/events": ("GET", self.events, True),
             "/ui/api/logs": ("GET", self.logs, True),
             "/ui/api/plan": ("GET", self.plan, True),
+            "/ui/api/usage": ("GET", self.usage, True),
             "/ui/api/action": ("POST", self.action, True),
         }
 
@@ -265,6 +268,19 @@ class Dashboard:
         except (ControlError, Unreachable) as exc:
             raise control_error(alias, exc) from None
         await req.json_reply({"alias": alias, "plan": plan})
+
+    async def usage(self, req: Request) -> None:
+        """The usage ledger's last ``USAGE_DAYS`` days (UTC): every key's for an admin key
+        (or a frontend without keys), else only the viewer's own key's."""
+        since = usage.days_before(usage.day_of(time.time()), USAGE_DAYS - 1)
+        who = req.who
+        key = who.name if self.access.required and who is not None and not who.admin else None
+        try:
+            reply = await self.hub.broker.request(p.Usage(since=since, key=key))
+        except (ControlError, Unreachable) as exc:
+            raise control_error("", exc) from None
+        rows = reply.rows if isinstance(reply, p.UsageReply) else []
+        await req.json_reply({"since": since, "days": USAGE_DAYS, "rows": rows})
 
     async def action(self, req: Request) -> None:
         if not self.access.may_act(req.who, req.header(CONTROL_HEADER)):

@@ -11,6 +11,7 @@ const UI = {
   plan: null,
   planError: null,
   planFor: null,
+  usage: null,
   logLines: [],
   es: null,
   lastHeard: 0,
@@ -80,6 +81,7 @@ function start(session) {
   $("logout").hidden = !session.auth;
   $("reload-config").hidden = !session.control;
   connect();
+  fetchUsage();
 }
 
 function heard() { UI.lastHeard = Date.now() / 1000; }
@@ -206,6 +208,14 @@ function renderPlots() {
   if (!UI.view) return;
   K.plots.render($("plots"), UI.view.models, UI.series, UI.view.loads || {}, UI.interval);
 }
+
+// The ledger changes by whole requests: read when the page starts, then each minute.
+async function fetchUsage() {
+  const res = await K.getJSON("api/usage");
+  if (res.ok) UI.usage = res.body;
+  K.usage.render($("usage"), UI.usage);
+}
+setInterval(() => { if (UI.session && !$("dash").hidden) fetchUsage(); }, 60000);
 
 function appendLog(lines) {
   const pre = $("logs");
