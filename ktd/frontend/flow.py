@@ -393,6 +393,17 @@ class ProxyRoutes:
             asked = ask_for_usage(body) if endpoint in _USAGE_ASKED else None
             body = asked or body
             tally = StreamTally(api, strip=asked is not None)
+        key = ANYONE if policy is None else policy.terms
+        options = state.options
+
+        async def acquire() -> Admission:
+            return await state.broker.start_acquire(
+                base,
+                autoload=options.frontend.autoload,
+                load_timeout=options.frontend.load_timeout,
+                key=key,
+            )
+
         ex = Exchange(
             broker=state.broker,
             pool=state.upstream,
@@ -403,18 +414,17 @@ class ProxyRoutes:
             body=body,
             headers=forward_headers(scope["headers"], ctype),
             started=started,
-            key=ANYONE if policy is None else policy.terms,
+            acquire=acquire,
+            key=key,
             api=api,
             tally=tally,
             on_usage=self._used,
+            method=scope["method"].encode("ascii"),
+            adapter=adapter,
+            framing="ndjson" if ollama else "sse",
+            remember=self._remember if route.remember else None,
+            progress=self._progress_for(base),
         )
-        ex.adapter = adapter
-        ex.method = scope["method"].encode("ascii")
-        if route.remember:
-            ex.remember = self._remember
-        ex.progress = self._progress_for(base)
-        if ollama:
-            ex.framing = "ndjson"
         try:
             if intake is not None:
                 with trio.CancelScope() as cancel:
@@ -572,23 +582,10 @@ class ProxyRoutes:
         # An NDJSON stream (Ollama's) has no comment to wait in: as Ollama does, the
         # answer waits for the engine, and its status is the real one.
         grace = options.stream_grace if stream and ex.framing == "sse" else math.inf
-
-        async def acquire() -> Admission:
-            return await state.broker.start_acquire(
-                base,
-                autoload=options.frontend.autoload,
-                load_timeout=options.frontend.load_timeout,
-                key=ex.key,
-            )
-
-        ex.reacquire = acquire
-        try:
-            ex.handle = await acquire()
-        except (ControlError, Unreachable) as exc:
-            raise ex.failed(control_error(ex.model, exc)) from None
+        handle = await ex.admit()
         while True:
             try:
-                slot = await ex.handle.wait(grace)
+                slot = await handle.wait(grace)
             except (ControlError, Unreachable) as exc:
                 raise ex.failed(control_error(ex.model, exc)) from None
             if slot is None:
@@ -602,7 +599,7 @@ class ProxyRoutes:
                 upstream = await ex.open_upstream()
                 break
             except StaleClaim:
-                continue  # its engine was gone: the new slot, as for the first
+                handle = await ex.admit()  # its engine was gone: a new slot, as the first
         if stream and upstream.status == 200:
             headers = stream_headers(upstream.headers)
             await send({"type": "http.response.start", "status": 200, "headers": headers})

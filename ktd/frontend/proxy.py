@@ -158,6 +158,7 @@ class Exchange:
     """One proxied request: its slot on a claim, its upstream response, its metrics."""
 
     __slots__ = (
+        "acquire",
         "adapter",
         "api",
         "body",
@@ -175,9 +176,9 @@ class Exchange:
         "on_usage",
         "pool",
         "progress",
-        "reacquire",
         "remember",
         "response",
+        "retry",
         "slot",
         "started",
         "status",
@@ -198,12 +199,19 @@ class Exchange:
         body: bytes,
         headers: list[tuple[bytes, bytes]],
         started: float,
+        acquire: Callable[[], Awaitable[Admission]],
         key: KeyTerms = ANYONE,
         api: Api = "openai",
         tally: StreamTally | None = None,
         on_usage: Callable[[Exchange], None] | None = None,
+        method: bytes = b"POST",
+        adapter: str | None = None,
+        framing: str = "sse",
+        remember: Callable[[str, bytes], None] | None = None,
+        progress: Callable[[float], Awaitable[bytes]] | None = None,
     ) -> None:
         self.broker = broker
+        self.acquire = acquire  # asks for a slot on the flow's terms (``admit``)
         self.key = key  # the request's API key's terms (its name counts its usage)
         self.api = api  # whose shapes its answer has (where its usage is)
         self.tally = tally  # a stream's: its usage, read at its end
@@ -223,16 +231,24 @@ class Exchange:
         self.label = UNKNOWN_MODEL
         self.status = 499  # nginx's "client closed request" until we know better
         self.closed = False
-        self.method = b"POST"
-        self.adapter: str | None = None  # LoRA: checked against the engine before sending
-        self.remember: Callable[[str, bytes], None] | None = None  # (alias, first bytes)
-        self.progress: Callable[[float], Awaitable[bytes]] | None = None  # waiting comments
-        # Asks for a slot again (the flow's terms) when a held claim proved stale; once.
-        self.reacquire: Callable[[], Awaitable[Admission]] | None = None
-        self.framing = "sse"  # a stream's: "sse", or "ndjson" (Ollama's API)
+        self.method = method
+        self.adapter = adapter  # LoRA: checked against the engine before sending
+        self.remember = remember  # (alias, first bytes) of a stored response
+        self.progress = progress  # the comments a stream waits in
+        self.retry = True  # a held claim that proved stale may be asked for again, once
+        self.framing = framing  # a stream's: "sse", or "ndjson" (Ollama's API)
         metrics.in_flight.inc()
 
     # ------------------------------------------------------------ steps
+
+    async def admit(self) -> Admission:
+        """Ask for a slot; the handle to wait on for it (``ControlError`` and
+        ``Unreachable`` become the route's error)."""
+        try:
+            self.handle = await self.acquire()
+        except (ControlError, Unreachable) as exc:
+            raise self.failed(control_error(self.model, exc)) from None
+        return self.handle
 
     def got_slot(self, slot: Slot, waited: float) -> None:
         self.slot = slot
@@ -258,27 +274,23 @@ class Exchange:
                 self.slot.url, self.target, self.headers, self.body, method=self.method
             )
         except ConnectFailed as exc:
-            if self.reacquire is None:
+            if not self.retry:
                 raise self.upstream_error(exc) from None
-            await self._ask_again()
+            self._give_up_slot()
             raise StaleClaim from None
         except UpstreamError as exc:
             raise self.upstream_error(exc) from None
         return self.response
 
-    async def _ask_again(self) -> None:
+    def _give_up_slot(self) -> None:
         """The engine of the claim refused the connection: nothing was sent, so the
-        request may go elsewhere. The claim is given up and a slot asked for anew (the
-        daemon reloads the engine, or says why not); at most once per request."""
-        assert self.slot is not None and self.reacquire is not None
-        reacquire, self.reacquire = self.reacquire, None
+        request may go elsewhere. The claim is given up; the flow asks for a slot anew
+        (``admit``: the daemon reloads the engine, or says why not); once per request."""
+        assert self.slot is not None
+        self.retry = False
         self.broker.stale(self.slot)
         self.slot.leave()
         self.slot = None
-        try:
-            self.handle = await reacquire()
-        except (ControlError, Unreachable) as exc:
-            raise self.failed(control_error(self.model, exc)) from None
 
     async def _check_adapter(self, slot: Slot, adapter: str) -> None:
         """``alias:adapter`` reaches the engine only if it lists the adapter (its /v1/models)."""
@@ -334,7 +346,7 @@ class Exchange:
 
 
 class StaleClaim(Exception):
-    """Raised by ``open_upstream`` once it asked for a slot anew (``Exchange.handle``)."""
+    """Raised by ``open_upstream`` once it gave up a stale claim's slot: ask anew."""
 
 
 def loading_comment(
@@ -387,7 +399,7 @@ async def _relay(ex: Exchange, give: Give, interval: float) -> None:
                     opened = await ex.open_upstream()
                     break
                 except StaleClaim:
-                    continue  # asked anew: wait (with comments) for the new slot
+                    await ex.admit()  # wait (with comments) for the new slot
             if opened.status != 200:
                 data = await opened.read()
                 raise ex.failed(errors.from_upstream_body(opened.status, data))
