@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ktd.core.admission import KeyTerms
 from ktd.core.config import KeyEntry
 
-__all__ = ["KeyRing", "Policy", "plain_name"]
+__all__ = ["KeyRing", "Policy", "bearer", "plain_name"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,18 @@ class Policy:
     def visible(self, aliases: Iterable[str]) -> list[str]:
         """The aliases this key's model lists show."""
         return [a for a in aliases if self.allows(a)]
+
+
+def bearer(authorization: bytes | str | None) -> bytes | None:
+    """The token of an ``Authorization: Bearer TOKEN`` header (scheme in any case), or
+    None when the header is absent, another scheme, or has no token. Raw bytes: a UTF-8
+    key survives as it was sent."""
+    if not authorization:
+        return None
+    raw = authorization.encode("utf-8") if isinstance(authorization, str) else authorization
+    scheme, _, token = raw.strip().partition(b" ")
+    token = token.strip()
+    return token if scheme.lower() == b"bearer" and token else None
 
 
 def plain_name(secret: str) -> str:

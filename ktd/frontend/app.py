@@ -29,6 +29,7 @@ from ktd.core.keys import Policy
 from ktd.frontend import catalog, errors, gateway_metrics, patches, ui, worker_info
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import ProxyRoutes
+from ktd.frontend.inbound import header
 from ktd.frontend.ollama import OllamaRoutes
 from ktd.frontend.origin import Guard, OriginPolicy
 from ktd.frontend.promtext import merge
@@ -106,7 +107,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     @app.get("/health")
     async def health() -> Response:
         """Liveness for anyone; the daemon's pid and version only for a key's holder."""
-        known = not state.keys.enabled or _has_key(state, _raw_header(b"authorization"))
+        known = not state.keys.enabled or _has_key(state, header(request.scope, b"authorization"))
         try:
             pong = await state.broker.ping()
         except (Unreachable, ControlError) as exc:
@@ -126,7 +127,9 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         a short timeout so one stuck engine cannot stall the scrape.
         """
         if not options.frontend.metrics_public:
-            state.keys.check(_raw_header(b"authorization"))  # with keys set: a key's holder
+            state.keys.check(
+                header(request.scope, b"authorization")
+            )  # with keys set: a key's holder
         engines = await catalog.all_engines(state.broker)
         state.metrics.update_engines(engines)
         scraped = await scrape_engines(state.upstream, engines)
@@ -137,14 +140,14 @@ def create_app(options: FrontendOptions) -> QuartTrio:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        policy = state.keys.check(_raw_header(b"authorization"))
+        policy = state.keys.check(header(request.scope, b"authorization"))
         data = _visible(await _model_cards(state), policy)
         return _json_response(200, errors._encoder.encode({"object": "list", "data": data}))
 
     @app.get("/v1/models/<path:model_id>")
     async def retrieve_model(model_id: str) -> Response:
         """The SDK's ``models.retrieve``: one card, or OpenAI's 404 naming what exists."""
-        policy = state.keys.check(_raw_header(b"authorization"))
+        policy = state.keys.check(header(request.scope, b"authorization"))
         cards = _visible(await _model_cards(state), policy)
         for card in cards:
             if card["id"] == model_id:
@@ -242,10 +245,3 @@ async def _model_cards(state: State) -> list[dict[str, Any]]:
                 }
             )
     return cards
-
-
-def _raw_header(name: bytes) -> bytes | None:
-    for key, value in request.scope["headers"]:
-        if key.lower() == name:
-            return bytes(value)
-    return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ktd.core.config import KeyEntry
-from ktd.core.keys import KeyRing, Policy
+from ktd.core.keys import KeyRing, Policy, bearer
 from ktd.frontend import errors
 
 
@@ -31,12 +31,8 @@ class ApiKeys:
         """
         if not self.ring.enabled:
             return None
-        if not authorization:
-            raise errors.make("missing_api_key")
-        raw = authorization.encode("utf-8") if isinstance(authorization, str) else authorization
-        scheme, _, token = raw.strip().partition(b" ")
-        given = token.strip()
-        if scheme.lower() != b"bearer" or not given:
+        given = bearer(authorization)
+        if given is None:
             raise errors.make("missing_api_key")
         policy = self.ring.find(given)
         if policy is None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -60,11 +60,26 @@ from ktd.core import states as S
 from ktd.core.admission import ANYONE, KeyTerms
 from ktd.frontend import catalog, errors, keepalive
 from ktd.frontend.afterlife import QuietAfterResponse
-from ktd.frontend.body import check_declared_length, check_model, parse_head, read_limited
+from ktd.frontend.body import check_declared_length, check_model, parse_head
 from ktd.frontend.broker import Admission
 from ktd.frontend.errors import ApiError
+from ktd.frontend.inbound import (
+    DRAIN_BYTES,
+    DRAIN_SECONDS,
+    ASGIApp,
+    Disconnected,
+    Receive,
+    Scope,
+    Send,
+    drain,
+    header,
+    may_have_body,
+    read_body_in_time,
+    send_error,
+)
 from ktd.frontend.intake import EXTENSION, Intake
 from ktd.frontend.metrics import NO_MODEL
+from ktd.frontend.ollama import ollama_alias
 from ktd.frontend.proxy import (
     SSE_CONTENT_TYPE,
     STREAM_HEADERS,
@@ -85,7 +100,6 @@ from ktd.frontend.routes import (
     forwarded_query,
     match,
     normalise,
-    ollama_name,
     response_id_in,
     split_lora,
 )
@@ -93,21 +107,12 @@ from ktd.frontend.tally import Api, StreamTally, ask_for_usage, body_tokens
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from ktd.frontend.state import FrontendOptions, State
+    from ktd.frontend.state import State
 
 log = logging.getLogger("ktd.frontend")
 
-# How much of an unread body the frontend swallows before an early error (401,
-# 404...) so the connection stays usable; past it the answer closes the connection.
-DRAIN_BYTES = 1 << 20
-DRAIN_SECONDS = 2.0
 # States in which a request waits for a wake, not a load (the claim wakes it).
 WAKES = frozenset({S.ASLEEP, S.WAKING, S.SLEEPING})
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Any]]
-Send = Callable[[Any], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = (b"content-type", b"application/json")
 
@@ -117,94 +122,6 @@ _JSON = (b"content-type", b"application/json")
 #: Ollama's two proxied routes, by endpoint name.
 _OLLAMA_PATHS = {"ollama_chat": "/api/chat", "ollama_generate": "/api/generate"}
 _USAGE_ASKED = frozenset({"chat", "completions"})
-
-
-class _Disconnected(Exception):
-    """The client went away while we read its body."""
-
-
-async def send_error(
-    send: Send, err: ApiError, *, close: bool = False, ollama: bool = False
-) -> None:
-    """An OpenAI-shaped error response, as app.error_response renders it in Quart.
-
-    ``close``: the request body was not read to its end, so the connection
-    cannot carry another request: say so (``Connection: close``). ``ollama``:
-    Ollama's shape instead (its routes, ``/api/...``).
-    """
-    body = err.ollama_body() if ollama else err.body()
-    headers = [_JSON, (b"content-length", str(len(body)).encode())]
-    extra = dict(err.headers)
-    if close:
-        extra["Connection"] = "close"
-    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key.lower() == name:
-            return bytes(value)
-    return None
-
-
-async def _body_chunks(first: bytes, receive: Receive) -> Any:
-    if first:
-        yield first
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        if chunk:
-            yield chunk
-        if not message.get("more_body", False):
-            return
-
-
-async def drain(receive: Receive, max_bytes: int, seconds: float) -> bool:
-    """Read and drop the rest of a request body; True when it ended within the bounds."""
-    size = 0
-    with trio.move_on_after(seconds):
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return False
-            size += len(message.get("body", b""))
-            if size > max_bytes:
-                return False
-            if not message.get("more_body", False):
-                return True
-    return False
-
-
-def may_have_body(scope: Scope) -> bool:
-    """A request with a Content-Length > 0 or chunked framing carries a body."""
-    for key, value in scope["headers"]:
-        name = key.lower()
-        if name == b"transfer-encoding":
-            return True
-        if name == b"content-length":
-            return value.strip() not in (b"0", b"")
-    return False
-
-
-async def read_body_in_time(receive: Receive, options: FrontendOptions) -> bytes:
-    """The whole body, within ``max_body_bytes`` (413) and ``body_timeout`` (408)."""
-    with trio.move_on_after(options.body_timeout):
-        return await _read_body(receive, options.frontend.max_body_bytes)
-    raise errors.make("body_timeout")
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise _Disconnected
-    first: bytes = message.get("body", b"")
-    if not message.get("more_body", False) and (not limit or len(first) <= limit):
-        return first  # the usual case: the whole body in one message
-    return await read_limited(_body_chunks(first, receive), limit)
 
 
 class _Watch:
@@ -317,11 +234,11 @@ class ProxyRoutes:
             await self.app(scope, receive, send)
             return
         try:
-            body = await read_body_in_time(receive, self.state.options)
+            body = await read_body_in_time(receive, *self.state.options.body_bounds)
         except ApiError as err:
             await send_error(send, err, close=True)
             return
-        except _Disconnected:
+        except Disconnected:
             return
         replayed = False
 
@@ -346,20 +263,20 @@ class ProxyRoutes:
         receive = _quick(receive, intake)
         try:
             try:
-                policy = state.keys.check(_header(scope, b"authorization"))
+                policy = state.keys.check(header(scope, b"authorization"))
             except ApiError as err:
                 # Swallow a small body so the client's next request on this
                 # connection is answered; a big one is not worth reading for a 401.
                 body_read = await drain(receive, DRAIN_BYTES, DRAIN_SECONDS)
                 raise err from None
             limit = options.frontend.max_body_bytes
-            declared = _header(scope, b"content-length")
+            declared = header(scope, b"content-length")
             if declared is not None:
                 try:
                     check_declared_length(int(declared), limit)
                 except ValueError:
                     pass  # Hypercorn (h11) refuses a malformed length before we get here
-            body = await read_body_in_time(receive, options)
+            body = await read_body_in_time(receive, *options.body_bounds)
             body_read = True
             model, stream, ctype = self._routing_fields(found, scope, body)
             if model is None:
@@ -378,7 +295,7 @@ class ProxyRoutes:
             state.metrics.request_done(endpoint, NO_MODEL, err.status)
             await send_error(send, err, close=not body_read, ollama=ollama)
             return
-        except _Disconnected:
+        except Disconnected:
             state.metrics.request_done(endpoint, NO_MODEL, 499)
             return
 
@@ -509,7 +426,7 @@ class ProxyRoutes:
                 body, require_model=route.model == "required", ollama=route.api == "ollama"
             )
             return head.model, head.stream, b"application/json"
-        ctype = _header(scope, b"content-type")
+        ctype = header(scope, b"content-type")
         if route.body == "multipart":
             text = (ctype or b"").decode("latin-1")
             try:
@@ -534,9 +451,9 @@ class ProxyRoutes:
             alias = self.state.responses.get(found.response_id)
             if alias is not None:
                 return alias
-        header = _header(scope, MODEL_HEADER)
-        if header is not None and header.strip():
-            return check_model(header.strip().decode("utf-8", "replace"))
+        named = header(scope, MODEL_HEADER)
+        if named is not None and named.strip():
+            return check_model(named.strip().decode("utf-8", "replace"))
         # While the daemon is away, the engines this frontend holds claims on still count.
         ready = [e.alias for e in await catalog.ready_engines(self.state.broker)]
         ready = ready or self.state.broker.routed()
@@ -644,18 +561,3 @@ def _target(scope: Scope, route: ProxyRoute) -> bytes:
     path: bytes = scope["path"].encode("utf-8", "surrogateescape")
     query = forwarded_query(route, bytes(scope.get("query_string", b"")))
     return path + b"?" + query if query else path
-
-
-def ollama_alias(model: str) -> str:
-    """The alias an Ollama request names (``name:latest`` is ``name``); another tag is a 404:
-    SGLang's Ollama routes apply no LoRA adapter, so one must not be silently dropped."""
-    alias, tag = ollama_name(model)
-    if tag is not None:
-        raise errors.make(
-            "ollama_model_not_found",
-            model=model,
-            why=f": ktd serves Ollama's API for {alias}:latest only (SGLang's Ollama routes "
-            f"apply no LoRA adapter); for the adapter use /v1/chat/completions with model {model}",
-            param="model",
-        )
-    return alias

@@ -47,19 +47,20 @@ from ktd.core.keys import Policy
 from ktd.frontend import catalog, errors
 from ktd.frontend.body import parse_head
 from ktd.frontend.errors import ApiError
-from ktd.frontend.flow import (
+from ktd.frontend.inbound import (
     DRAIN_BYTES,
     DRAIN_SECONDS,
     Receive,
     Scope,
     Send,
     drain,
+    header,
     may_have_body,
-    ollama_alias,
     read_body_in_time,
     send_error,
 )
 from ktd.frontend.proxy import control_error
+from ktd.frontend.routes import ollama_name
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -102,8 +103,19 @@ ANSWERED: dict[str, tuple[str, ...]] = {
 _OPEN = frozenset({"/", "/api/version"})  # no API key needed
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    return next((bytes(v) for k, v in scope["headers"] if k.lower() == name), None)
+def ollama_alias(model: str) -> str:
+    """The alias an Ollama request names (``name:latest`` is ``name``); another tag is a 404:
+    SGLang's Ollama routes apply no LoRA adapter, so one must not be silently dropped."""
+    alias, tag = ollama_name(model)
+    if tag is not None:
+        raise errors.make(
+            "ollama_model_not_found",
+            model=model,
+            why=f": ktd serves Ollama's API for {alias}:latest only (SGLang's Ollama routes "
+            f"apply no LoRA adapter); for the adapter use /v1/chat/completions with model {model}",
+            param="model",
+        )
+    return alias
 
 
 def digest(alias: str, path: str) -> str:
@@ -205,12 +217,12 @@ class OllamaRoutes:
         body = b""
         try:
             if path == "/api/show" and method == "POST":
-                body = await read_body_in_time(receive, self.state.options)
+                body = await read_body_in_time(receive, *self.state.options.body_bounds)
             elif may_have_body(scope) and not await drain(receive, DRAIN_BYTES, DRAIN_SECONDS):
                 raise _Unread
             policy = None
             if path not in _OPEN:
-                policy = self.state.keys.check(_header(scope, b"authorization"))
+                policy = self.state.keys.check(header(scope, b"authorization"))
             await self._answer(method, path, body, send, policy)
         except _Unread:
             err = errors.make(

@@ -34,9 +34,7 @@ from urllib.parse import urlsplit
 
 from ktd.frontend import errors
 from ktd.frontend.errors import ApiError
-from ktd.frontend.flow import may_have_body, send_error
-
-Scope = dict[str, Any]
+from ktd.frontend.inbound import Receive, Scope, Send, header, may_have_body, send_error
 
 #: POST paths whose bodies are not JSON (multipart audio).
 _NOT_JSON = frozenset({"/v1/audio/transcriptions"})
@@ -106,18 +104,17 @@ class OriginPolicy:
 
     def refusal(self, scope: Scope) -> ApiError | None:
         """Why this request is refused, or None."""
-        headers = scope.get("headers") or []
-        host = _value(headers, b"host")
+        host = _text(header(scope, b"host"))
         if not self.host_ok(host):
             return errors.make("bad_host", host=_printable(host or ""))
-        origin = _value(headers, b"origin")
+        origin = _text(header(scope, b"origin"))
         if not self.origin_ok(origin, host):
             return errors.make("bad_origin", origin=_printable(origin or ""))
         if (
             scope.get("method") == "POST"
             and scope.get("path") not in _NOT_JSON
             and may_have_body(scope)
-            and not is_json(_value(headers, b"content-type"))
+            and not is_json(_text(header(scope, b"content-type")))
         ):
             return errors.make("not_json")
         return None
@@ -132,11 +129,8 @@ def is_json(content_type: str | None) -> bool:
     )
 
 
-def _value(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
 
 
 def _printable(text: str) -> str:
@@ -151,7 +145,7 @@ class Guard:
         self.app = app
         self.policy = policy
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # before accept: a 403

@@ -136,7 +136,7 @@ def ollama_name(model: str) -> tuple[str, str | None]:
     """Ollama's ``name:tag`` -> (alias, tag or None). ``name:latest`` is ``name``.
 
     Ollama clients send the ``name:tag`` that ``/api/tags`` lists (``:latest``);
-    another tag is kept (flow.py's ``ollama_alias`` refuses it: SGLang's Ollama API applies
+    another tag is kept (ollama.py's ``ollama_alias`` refuses it: SGLang's Ollama API applies
     no LoRA adapter, so ``alias:adapter`` is for the OpenAI routes).
     """
     base, sep, tag = model.partition(":")

@@ -30,6 +30,11 @@ class FrontendOptions:
     body_timeout: float = 60.0
     ui_sample_interval: float = 10.0  # the dashboard's traffic history: one point per this
 
+    @property
+    def body_bounds(self) -> tuple[int, float]:
+        """A request body's bounds: bytes (``max_body_bytes``) and seconds to send it."""
+        return self.frontend.max_body_bytes, self.body_timeout
+
 
 class State:
     """Per-app runtime objects, created at startup inside trio."""

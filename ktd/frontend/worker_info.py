@@ -25,6 +25,7 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.frontend import errors
+from ktd.frontend.inbound import header
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -101,11 +102,7 @@ def install(app: QuartTrio, state: State) -> None:
     """Add the worker-info routes to ``app``."""
 
     def check_key() -> None:
-        value = None
-        for key, val in request.scope["headers"]:
-            if key.lower() == b"authorization":
-                value = bytes(val)
-        state.keys.check(value)
+        state.keys.check(header(request.scope, b"authorization"))
 
     async def fronted() -> tuple[list[p.EngineInfo], list[p.ModelInfo]]:
         try:

@@ -13,8 +13,7 @@ from ktd import protocol as p
 from ktd.frontend import errors
 from ktd.frontend.body import ollama_stream, parse_head
 from ktd.frontend.errors import ApiError
-from ktd.frontend.flow import ollama_alias
-from ktd.frontend.ollama import ps_entry, ps_rows
+from ktd.frontend.ollama import ollama_alias, ps_entry, ps_rows
 from ktd.frontend.promtext import label_sample, merge
 from ktd.frontend.routes import (
     EXACT,

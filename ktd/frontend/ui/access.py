@@ -26,7 +26,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
 
-from ktd.core.keys import KeyRing, Policy
+from ktd.core.keys import KeyRing, Policy, bearer
 
 COOKIE = "ktd_ui"
 CONTROL_HEADER = b"x-ktd-ui"
@@ -86,12 +86,11 @@ class Access:
 
     def who(self, authorization: bytes | None, cookies: Iterable[bytes]) -> Policy | None:
         """The key this request showed (in the header, or as a good session cookie)."""
-        if authorization:
-            scheme, _, token = authorization.strip().partition(b" ")
-            if scheme.lower() == b"bearer" and token.strip():
-                found = self._ring.find(token.strip())
-                if found is not None:
-                    return found
+        token = bearer(authorization)
+        if token is not None:
+            found = self._ring.find(token)
+            if found is not None:
+                return found
         for value in parse_cookies(cookies).get(COOKIE, []):
             found = _find(value.encode("latin-1"), self._cookies)
             if found is not None:

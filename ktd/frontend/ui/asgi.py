@@ -40,9 +40,9 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import usage
 from ktd.core.loglines import Seam
-from ktd.frontend import errors
+from ktd.frontend import errors, inbound
 from ktd.frontend.errors import ApiError
-from ktd.frontend.flow import ASGIApp, Receive, Scope, Send
+from ktd.frontend.inbound import ASGIApp, Receive, Scope, Send
 from ktd.frontend.proxy import control_error
 from ktd.frontend.transport import ClientDeaf
 from ktd.frontend.ui import wire
@@ -85,11 +85,10 @@ class Request:
         self.allowed = not access.required or self.who is not None
 
     def headers(self, name: bytes) -> list[bytes]:
-        return [bytes(v) for k, v in self.scope["headers"] if k.lower() == name]
+        return inbound.headers(self.scope, name)
 
     def header(self, name: bytes) -> bytes | None:
-        found = self.headers(name)
-        return found[0] if found else None
+        return inbound.header(self.scope, name)
 
     def arg(self, name: str) -> str | None:
         values = self.query.get(name)
@@ -100,19 +99,10 @@ class Request:
         return self.scope.get("scheme") == "https"
 
     async def body(self) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise errors.make("disconnected")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise errors.make("body_too_large", limit=MAX_BODY)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        try:
+            return await inbound.read_body(self.receive, MAX_BODY)
+        except inbound.Disconnected:
+            raise errors.make("disconnected") from None
 
     async def json(self) -> dict[str, Any]:
         try:
@@ -141,8 +131,7 @@ class Request:
         await self.respond(status, wire.encode(obj), **kw)
 
     async def error(self, err: ApiError) -> None:
-        extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
-        await self.respond(err.status, err.body(), headers=extra)
+        await inbound.send_error(self.send, err, extra=_COMMON)
 
 
 class Dashboard:
