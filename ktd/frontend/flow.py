@@ -299,29 +299,51 @@ class ProxyRoutes:
             state.metrics.request_done(endpoint, NO_MODEL, 499)
             return
 
-        base, adapter = split_lora(model)
+        key = ANYONE if policy is None else policy.terms
+        base = split_lora(model)[0]
         if kind != "generate":
-            key = ANYONE if policy is None else policy.terms
             await self._load_or_unload(base, _OLLAMA_PATHS[endpoint], kind, keep, key, send)
             return
+        ex = self._exchange_for(found, scope, model, body, stream, ctype, key, started)
+        try:
+            await self._watched(ex, base, stream, scope, receive, send, intake)
+        finally:
+            ex.close()
+        if keep is not None:
+            await self._keep_alive(base, keep)
+
+    def _exchange_for(
+        self,
+        found: Match,
+        scope: Scope,
+        model: str,
+        body: bytes,
+        stream: bool,
+        ctype: bytes | None,
+        key: KeyTerms,
+        started: float,
+    ) -> Exchange:
+        """The request as one ``Exchange``, complete: where it goes, how it asks for a
+        slot on its key's terms, and how its usage is read (a stream's usage chunk asked
+        for when OpenAI's client did not ask)."""
+        state, route = self.state, found.route
+        endpoint = route.endpoint
+        ollama = route.api == "ollama"
+        base, adapter = split_lora(model)
         api: Api = "ollama" if ollama else "anthropic" if endpoint == "messages" else "openai"
         tally = None
         if stream:
             asked = ask_for_usage(body) if endpoint in _USAGE_ASKED else None
             body = asked or body
             tally = StreamTally(api, strip=asked is not None)
-        key = ANYONE if policy is None else policy.terms
-        options = state.options
+        front = state.options.frontend
 
         async def acquire() -> Admission:
             return await state.broker.start_acquire(
-                base,
-                autoload=options.frontend.autoload,
-                load_timeout=options.frontend.load_timeout,
-                key=key,
+                base, autoload=front.autoload, load_timeout=front.load_timeout, key=key
             )
 
-        ex = Exchange(
+        return Exchange(
             broker=state.broker,
             pool=state.upstream,
             metrics=state.metrics,
@@ -342,24 +364,32 @@ class ProxyRoutes:
             remember=self._remember if route.remember else None,
             progress=self._progress_for(base),
         )
-        try:
-            if intake is not None:
+
+    async def _watched(
+        self,
+        ex: Exchange,
+        base: str,
+        stream: bool,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        intake: Intake | None,
+    ) -> None:
+        """Answer ``ex``, cancelled if the client goes away before the answer ended."""
+        if intake is not None:
+            try:
                 with trio.CancelScope() as cancel:
                     watch = _Watch(send, cancel)
                     watch.hook(intake)
                     await self._answer(ex, base, stream, watch.tracked_send, scope)
-            else:
-                async with trio.open_nursery() as nursery:
-                    watch = _Watch(send, nursery.cancel_scope)
-                    nursery.start_soon(watch.run, receive)
-                    await self._answer(ex, base, stream, watch.tracked_send, scope)
-                    nursery.cancel_scope.cancel()
-        finally:
-            if intake is not None:
+            finally:
                 intake.on_disconnect = None
-            ex.close()
-        if keep is not None:
-            await self._keep_alive(base, keep)
+            return
+        async with trio.open_nursery() as nursery:
+            watch = _Watch(send, nursery.cancel_scope)
+            nursery.start_soon(watch.run, receive)
+            await self._answer(ex, base, stream, watch.tracked_send, scope)
+            nursery.cancel_scope.cancel()
 
     async def _keep_alive(self, alias: str, seconds: float) -> None:
         """The client's keep-alive to the daemon, after its request (a failure to say it
