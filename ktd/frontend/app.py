@@ -53,7 +53,11 @@ def error_response(err: ApiError) -> Response:
 
 
 def create_app(options: FrontendOptions) -> QuartTrio:
-    """Build the app. Background tasks (control client, heartbeats) start with it."""
+    """Build the app. Background tasks (control client, heartbeats) start with it.
+
+    The layers, outside in: the ``Guard`` (Origin, Host, JSON bodies, WebSockets), the
+    proxy's own routes (``ProxyRoutes``, with Ollama's as its local routes), the
+    dashboard (``/ui``), then Quart's routes: the frontend's own answers."""
     patches.install(options.frontend.send_timeout)  # refuses an unchecked Hypercorn
     app = QuartTrio("ktd.frontend")
     app.config["MAX_CONTENT_LENGTH"] = None  # counted by read_limited, OpenAI-shaped 413
@@ -80,7 +84,16 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         await state.broker.aclose()
         await state.upstream.aclose()
 
-    # ------------------------------------------------------------ errors
+    _install_error_handlers(app)
+    _install_own_routes(app, state)
+    worker_info.install(app, state)  # what sglang-router reads of a worker
+    gateway_metrics.install(app, state, interval=options.heartbeat_interval)
+    _install_proxied_methods(app)
+    return app
+
+
+def _install_error_handlers(app: QuartTrio) -> None:
+    """Every error Quart meets, in OpenAI's shape (ours, its 404/405, and a crash)."""
 
     @app.errorhandler(ApiError)
     async def _api_error(err: ApiError) -> Response:
@@ -102,7 +115,14 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         app.logger.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(errors.make("internal", message="internal frontend error"))
 
-    # ------------------------------------------------------------ plain routes
+
+def _key_policy(state: State) -> Policy | None:
+    """The key this request shows, as its policy (401 without a good one, keys set)."""
+    return state.keys.check(header(request.scope, b"authorization"))
+
+
+def _install_own_routes(app: QuartTrio, state: State) -> None:
+    """What the frontend answers itself: /health, /metrics, the model list."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -126,10 +146,8 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         extra_args; without it SGLang has no /metrics and is skipped), each with
         a short timeout so one stuck engine cannot stall the scrape.
         """
-        if not options.frontend.metrics_public:
-            state.keys.check(
-                header(request.scope, b"authorization")
-            )  # with keys set: a key's holder
+        if not state.options.frontend.metrics_public:
+            _key_policy(state)  # with keys set: a key's holder
         engines = await catalog.all_engines(state.broker)
         state.metrics.update_engines(engines)
         scraped = await scrape_engines(state.upstream, engines)
@@ -140,28 +158,24 @@ def create_app(options: FrontendOptions) -> QuartTrio:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        policy = state.keys.check(header(request.scope, b"authorization"))
-        data = _visible(await _model_cards(state), policy)
+        data = _visible(await _model_cards(state), _key_policy(state))
         return _json_response(200, errors._encoder.encode({"object": "list", "data": data}))
 
     @app.get("/v1/models/<path:model_id>")
     async def retrieve_model(model_id: str) -> Response:
         """The SDK's ``models.retrieve``: one card, or OpenAI's 404 naming what exists."""
-        policy = state.keys.check(header(request.scope, b"authorization"))
-        cards = _visible(await _model_cards(state), policy)
+        cards = _visible(await _model_cards(state), _key_policy(state))
         for card in cards:
             if card["id"] == model_id:
                 return _json_response(200, errors._encoder.encode(card))
         raise errors.make("unknown_model", model=model_id, available=[str(c["id"]) for c in cards])
 
-    worker_info.install(app, state)  # what sglang-router reads of a worker
-    gateway_metrics.install(app, state, interval=options.heartbeat_interval)
 
-    # ------------------------------------------------------------ proxied routes
+def _install_proxied_methods(app: QuartTrio) -> None:
+    """The proxied paths as Quart rules: their own methods never get here (ProxyRoutes
+    answers them); the rules exist so that other methods get Quart's 405, not a 404."""
 
     async def proxied(**_: str) -> Response:
-        # Their methods never get here (ProxyRoutes answers them); the rules exist so
-        # that other methods get Quart's 405 rather than a 404.
         raise errors.make("internal", message="proxied route reached Quart")
 
     for path, route in EXACT.items():
@@ -178,8 +192,6 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         view_func=proxied,
         methods=["POST"],
     )
-
-    return app
 
 
 def _has_key(state: State, authorization: bytes | None) -> bool:
