@@ -658,6 +658,86 @@ def _check_single_host(ov: KtOverrides, file: str, at: str) -> None:
         raise ConfigError(file, f"{at}.tp_size", "must be >= 1")
 
 
+def _check_entry(entry: ModelEntry, name: str, at: str) -> None:
+    """One models.json entry's own values (its alias is checked apart, with the others)."""
+    _check_nonneg(entry.ttl, name, f"{at}.ttl")
+    _check_nonneg(entry.sleep_ttl, name, f"{at}.sleep_ttl")
+    if entry.sleep_ttl and not entry.sleep:
+        raise ConfigError(name, f"{at}.sleep_ttl", 'needs "sleep": true')
+    _check_nonneg(entry.health_timeout, name, f"{at}.health_timeout")
+    if isinstance(entry.numa, list) and len(set(entry.numa)) != len(entry.numa):
+        raise ConfigError(name, f"{at}.numa", "lists a node twice")
+    if isinstance(entry.gpus, int) and entry.gpus < 0:
+        raise ConfigError(name, f"{at}.gpus", "must be >= 0")
+    if entry.max_concurrent is not None and entry.max_concurrent < 1:
+        raise ConfigError(name, f"{at}.max_concurrent", "must be >= 1")
+    _check_nonneg(entry.max_queue, name, f"{at}.max_queue")
+    ov = entry.kt or KtOverrides()
+    if entry.backend == BACKEND_KT:
+        _check_single_host(ov, name, f"{at}.kt")
+    if ov.ctx is not None:
+        _check_nonneg(ov.ctx, name, f"{at}.kt.ctx")
+    if ov.port is not None:
+        _check_port(ov.port, name, f"{at}.kt.port")
+
+
+def _entry_spec(
+    entry: ModelEntry,
+    file: ConfigFile,
+    models_name: str,
+    at: str,
+    base_args: tuple[str, ...],
+    base_env: dict[str, str],
+) -> ModelSpec:
+    """One models.json entry with the ktransformers section's defaults under it."""
+    kt = file.ktransformers
+    python = kt.python or sys.executable
+    off_reason = None if kt.enabled else "ktransformers.enabled is false"
+    ov = entry.kt or KtOverrides()
+    args = (
+        split_args(ov.extra_args, models_name, f"{at}.kt.extra_args")
+        if ov.extra_args is not None
+        else base_args
+    )
+    env = dict(base_env)
+    env.update(parse_env(ov.extra_env, models_name, f"{at}.kt.extra_env"))
+    is_kt = entry.backend == BACKEND_KT
+    reason = off_reason if is_kt else f"backend {entry.backend!r} is not served by ktd"
+    return ModelSpec(
+        alias=entry.alias,
+        backend=entry.backend,
+        path=entry.path,
+        served=is_kt and kt.enabled,
+        not_served_reason=reason,
+        source=f"{models_name}: {at}",
+        kt_weight_path=ov.kt_weight_path if ov.kt_weight_path is not None else kt.kt_weight_path,
+        host=kt.host,
+        port=ov.port or 0,
+        ctx=ov.ctx if ov.ctx is not None else kt.ctx,
+        extra_args=args,
+        extra_env=tuple(env.items()),
+        python=ov.python or python,
+        auto_build=kt.auto_build,
+        tp_size=ov.tp_size,
+        nnodes=ov.nnodes,
+        dist_init_addr=ov.dist_init_addr,
+        numa=entry.numa,
+        gpus=entry.gpus,
+        ttl=entry.ttl,
+        restart=entry.restart,
+        pinned=entry.pinned,
+        swap=entry.swap,
+        health_timeout=(
+            entry.health_timeout if entry.health_timeout is not None else file.daemon.health_timeout
+        ),
+        max_concurrent=entry.max_concurrent,
+        max_queue=entry.max_queue,
+        fit=entry.fit,
+        sleep=entry.sleep,
+        sleep_ttl=entry.sleep_ttl,
+    )
+
+
 def resolve_models(
     file: ConfigFile, entries: list[ModelEntry], cfg_name: str, models_name: str
 ) -> dict[str, ModelSpec]:
@@ -701,69 +781,6 @@ def resolve_models(
                 f"duplicate alias {entry.alias!r} (also at {sources[entry.alias]})",
             )
         sources[entry.alias] = f"{models_name}: {at}.alias"
-        _check_nonneg(entry.ttl, models_name, f"{at}.ttl")
-        _check_nonneg(entry.sleep_ttl, models_name, f"{at}.sleep_ttl")
-        if entry.sleep_ttl and not entry.sleep:
-            raise ConfigError(models_name, f"{at}.sleep_ttl", 'needs "sleep": true')
-        _check_nonneg(entry.health_timeout, models_name, f"{at}.health_timeout")
-        if isinstance(entry.numa, list) and len(set(entry.numa)) != len(entry.numa):
-            raise ConfigError(models_name, f"{at}.numa", "lists a node twice")
-        if isinstance(entry.gpus, int) and entry.gpus < 0:
-            raise ConfigError(models_name, f"{at}.gpus", "must be >= 0")
-        if entry.max_concurrent is not None and entry.max_concurrent < 1:
-            raise ConfigError(models_name, f"{at}.max_concurrent", "must be >= 1")
-        _check_nonneg(entry.max_queue, models_name, f"{at}.max_queue")
-        is_kt = entry.backend == BACKEND_KT
-        ov = entry.kt or KtOverrides()
-        if is_kt:
-            _check_single_host(ov, models_name, f"{at}.kt")
-        if ov.ctx is not None:
-            _check_nonneg(ov.ctx, models_name, f"{at}.kt.ctx")
-        if ov.port is not None:
-            _check_port(ov.port, models_name, f"{at}.kt.port")
-        args = (
-            split_args(ov.extra_args, models_name, f"{at}.kt.extra_args")
-            if ov.extra_args is not None
-            else base_args
-        )
-        env = dict(base_env)
-        env.update(parse_env(ov.extra_env, models_name, f"{at}.kt.extra_env"))
-        reason = off_reason if is_kt else f"backend {entry.backend!r} is not served by ktd"
-        models[entry.alias] = ModelSpec(
-            alias=entry.alias,
-            backend=entry.backend,
-            path=entry.path,
-            served=is_kt and kt.enabled,
-            not_served_reason=reason,
-            source=f"{models_name}: {at}",
-            kt_weight_path=ov.kt_weight_path
-            if ov.kt_weight_path is not None
-            else kt.kt_weight_path,
-            host=kt.host,
-            port=ov.port or 0,
-            ctx=ov.ctx if ov.ctx is not None else kt.ctx,
-            extra_args=args,
-            extra_env=tuple(env.items()),
-            python=ov.python or python,
-            auto_build=kt.auto_build,
-            tp_size=ov.tp_size,
-            nnodes=ov.nnodes,
-            dist_init_addr=ov.dist_init_addr,
-            numa=entry.numa,
-            gpus=entry.gpus,
-            ttl=entry.ttl,
-            restart=entry.restart,
-            pinned=entry.pinned,
-            swap=entry.swap,
-            health_timeout=(
-                entry.health_timeout
-                if entry.health_timeout is not None
-                else file.daemon.health_timeout
-            ),
-            max_concurrent=entry.max_concurrent,
-            max_queue=entry.max_queue,
-            fit=entry.fit,
-            sleep=entry.sleep,
-            sleep_ttl=entry.sleep_ttl,
-        )
+        _check_entry(entry, models_name, at)
+        models[entry.alias] = _entry_spec(entry, file, models_name, at, base_args, base_env)
     return models
