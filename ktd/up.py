@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -238,7 +239,7 @@ def _banner(
         "Try it:",
     ]
     if api_keys:
-        lines.append("  export KTD_API_KEY=...   # one of frontend.api_keys in the config")
+        lines.append("  export KTD_API_KEY=...   # a key of frontend.api_keys or frontend.keys")
     lines += [
         f"  curl -s {url}/v1/models{auth}",
         f"  curl -sN {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' \\",
@@ -258,6 +259,54 @@ def _banner(
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class Setup:
+    """What ``ktd up`` runs: the config, where the frontend listens, the demo's
+    directory (``scratch``: a temporary one, removed at the end) and whether keys are set."""
+
+    config_path: Path
+    bind: str
+    root: Path | None = None
+    scratch: bool = False
+    keys: bool = False
+
+    def clean(self) -> None:
+        if self.scratch and self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _setup(args: argparse.Namespace, env: dict[str, str]) -> Setup | int:
+    """The demo's files, or the operator's config read and checked (an exit code if not);
+    ``env`` gets the children's directories."""
+    if args.demo:
+        if args.dir:
+            root, scratch = Path(args.dir).resolve(), False
+        else:
+            # Short path: the ipc socket path must stay under ~107 bytes.
+            root, scratch = Path(tempfile.mkdtemp(prefix="ktd-demo-", dir="/tmp")), True
+        bind = args.bind or "127.0.0.1:8000"
+        env["KTD_RUNTIME_DIR"] = str(root / "run")
+        env["KTD_STATE_DIR"] = str(root / "state")
+        env.pop("KTD_SOCKET", None)
+        env.pop("KTD_CONFIG", None)
+        return Setup(demo_config(root, bind), bind, root, scratch)
+    config_path = Path(args.config) if args.config else paths.default_config_path(env)
+    from ktd.core.config import ConfigError, load_config
+
+    if not config_path.exists():
+        print(no_config_message(config_path), file=sys.stderr)
+        return 2
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(f"ktd up: config error: {exc}", file=sys.stderr)
+        return 2
+    if config.daemon.runtime_dir and not env.get("KTD_RUNTIME_DIR"):
+        env["KTD_RUNTIME_DIR"] = config.daemon.runtime_dir
+    keys = bool(config.frontend.api_keys or config.frontend.keys)
+    return Setup(config_path, args.bind or config.frontend.bind, keys=keys)
+
+
 def main(argv: list[str]) -> int:
     global _STOP
     ap = argparse.ArgumentParser(
@@ -274,97 +323,67 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     env = dict(os.environ)
-    root: Path | None = None
-    cleanup = False
-    api_keys = False
-    if args.demo:
-        if args.dir:
-            root = Path(args.dir).resolve()
-        else:
-            # Short path: the ipc socket path must stay under ~107 bytes.
-            root = Path(tempfile.mkdtemp(prefix="ktd-demo-", dir="/tmp"))
-            cleanup = True
-        bind = args.bind or "127.0.0.1:8000"
-        config_path = demo_config(root, bind)
-        env["KTD_RUNTIME_DIR"] = str(root / "run")
-        env["KTD_STATE_DIR"] = str(root / "state")
-        env.pop("KTD_SOCKET", None)
-        env.pop("KTD_CONFIG", None)
-    else:
-        config_path = Path(args.config) if args.config else paths.default_config_path(env)
-        from ktd.core.config import ConfigError, load_config
-
-        if not config_path.exists():
-            print(no_config_message(config_path), file=sys.stderr)
-            return 2
-        try:
-            config = load_config(config_path)
-        except ConfigError as exc:
-            print(f"ktd up: config error: {exc}", file=sys.stderr)
-            return 2
-        bind = args.bind or config.frontend.bind
-        api_keys = bool(config.frontend.api_keys)
-        if config.daemon.runtime_dir and not env.get("KTD_RUNTIME_DIR"):
-            env["KTD_RUNTIME_DIR"] = config.daemon.runtime_dir
+    setup = _setup(args, env)
+    if isinstance(setup, int):
+        return setup
     if args.socket:
         env["KTD_SOCKET"] = args.socket
     # The children run the same ktd as we do, wherever it was imported from.
     ktd_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ktd_root, env.get("PYTHONPATH")) if p)
-    socket_path = paths.control_path(env)
-    if port_busy(bind):
-        print(busy_message(bind), file=sys.stderr)
-        if cleanup and root is not None:
-            shutil.rmtree(root, ignore_errors=True)
+    if port_busy(setup.bind):
+        print(busy_message(setup.bind), file=sys.stderr)
+        setup.clean()
         return 1
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     _STOP = None
-
-    py = [sys.executable, "-m", "ktd"]
-    cfg = ["--config", str(config_path)]
     children: list[Child] = []
-    status = 0
     try:
-        daemon = Child("daemon", [*py, "serve", *cfg], env)
-        children.append(daemon)
-        if not _wait(lambda: _daemon_answers(socket_path), 30.0, children):
-            if _STOP is None:
-                print("ktd up: the daemon did not come up", file=sys.stderr)
-                status = 1
-            return status
-        frontend = Child("frontend", [*py, "frontend", *cfg, "--bind", bind], env)
-        children.append(frontend)
-        if _wait(lambda: _frontend_answers(bind), 30.0, children):
-            banner = _banner(
-                bind, socket_path, args.demo, root if cleanup else None, api_keys=api_keys
-            )
-            print(banner, flush=True)
-        while _STOP is None:
-            dead = [c for c in children if not c.alive()]
-            if dead:
-                for c in dead:
-                    print(
-                        f"ktd up: {c.name} exited with status {c.proc.returncode}; stopping",
-                        file=sys.stderr,
-                    )
-                    if c is frontend and port_busy(bind):
-                        print(busy_message(bind), file=sys.stderr)
-                status = next((c.proc.returncode for c in dead if c.proc.returncode), 1) or 1
-                break
-            time.sleep(0.1)
-        return status
+        return _run(setup, args.demo, env, children)
     finally:
         # Frontend first (no new requests), then the daemon (drains and stops engines).
         for child in reversed(children):
             child.stop(args.stop_timeout)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        if cleanup and root is not None:
-            shutil.rmtree(root, ignore_errors=True)
+        setup.clean()
         if _STOP is not None:
             print("ktd up: stopped", file=sys.stderr)
+
+
+def _run(setup: Setup, demo: bool, env: dict[str, str], children: list[Child]) -> int:
+    """Start the daemon, then the frontend once the daemon answers; print the banner;
+    watch both until a signal or one of them exits (its status, or 1)."""
+    py = [sys.executable, "-m", "ktd"]
+    cfg = ["--config", str(setup.config_path)]
+    socket_path = paths.control_path(env)
+    bind = setup.bind
+    children.append(Child("daemon", [*py, "serve", *cfg], env))
+    if not _wait(lambda: _daemon_answers(socket_path), 30.0, children):
+        if _STOP is None:
+            print("ktd up: the daemon did not come up", file=sys.stderr)
+            return 1
+        return 0
+    frontend = Child("frontend", [*py, "frontend", *cfg, "--bind", bind], env)
+    children.append(frontend)
+    if _wait(lambda: _frontend_answers(bind), 30.0, children):
+        scratch = setup.root if setup.scratch else None
+        print(_banner(bind, socket_path, demo, scratch, api_keys=setup.keys), flush=True)
+    while _STOP is None:
+        dead = [c for c in children if not c.alive()]
+        if dead:
+            for c in dead:
+                print(
+                    f"ktd up: {c.name} exited with status {c.proc.returncode}; stopping",
+                    file=sys.stderr,
+                )
+                if c is frontend and port_busy(bind):
+                    print(busy_message(bind), file=sys.stderr)
+            return next((c.proc.returncode for c in dead if c.proc.returncode), 1) or 1
+        time.sleep(0.1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -71,3 +71,21 @@ def test_up_demo_serves_and_stops_cleanly(tmp_path: Path, ktd_env: dict[str, str
     assert code == 0, log.read_text()
     assert "ktd up: stopped" in log.read_text()
     # The autouse leak check then verifies no daemon, frontend or engine survived.
+
+
+def test_the_banner_asks_for_a_key_when_named_keys_are_set(tmp_path: Path) -> None:
+    """Regression: only ``frontend.api_keys`` made the banner say how to send a key;
+    ``frontend.keys`` (named keys) left it out, and its curl line got a 401."""
+    import argparse
+    import json
+
+    from ktd.up import Setup, _banner, _setup
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"frontend": {"keys": [{"name": "ops", "key": "sk-1"}]}}))
+    args = argparse.Namespace(demo=False, config=str(config), bind=None, dir=None)
+    setup = _setup(args, {})
+    assert isinstance(setup, Setup) and setup.keys and setup.bind == "127.0.0.1:8000"
+    text = _banner(setup.bind, tmp_path / "control.sock", False, None, api_keys=setup.keys)
+    assert "Authorization: Bearer $KTD_API_KEY" in text and "frontend.keys" in text
+    assert _setup(argparse.Namespace(demo=False, config=str(tmp_path / "no.json")), {}) == 2
