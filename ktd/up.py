@@ -260,8 +260,8 @@ def _banner(
 
 
 @dataclass
-class Setup:
-    """What ``ktd up`` runs: the config, where the frontend listens, the demo's
+class Stack:
+    """The stack ``ktd up`` runs: its config, where the frontend listens, the demo's
     directory (``scratch``: a temporary one, removed at the end) and whether keys are set."""
 
     config_path: Path
@@ -275,7 +275,7 @@ class Setup:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _setup(args: argparse.Namespace, env: dict[str, str]) -> Setup | int:
+def _setup(args: argparse.Namespace, env: dict[str, str]) -> Stack | int:
     """The demo's files, or the operator's config read and checked (an exit code if not);
     ``env`` gets the children's directories."""
     if args.demo:
@@ -289,7 +289,7 @@ def _setup(args: argparse.Namespace, env: dict[str, str]) -> Setup | int:
         env["KTD_STATE_DIR"] = str(root / "state")
         env.pop("KTD_SOCKET", None)
         env.pop("KTD_CONFIG", None)
-        return Setup(demo_config(root, bind), bind, root, scratch)
+        return Stack(demo_config(root, bind), bind, root, scratch)
     config_path = Path(args.config) if args.config else paths.default_config_path(env)
     from ktd.core.config import ConfigError, load_config
 
@@ -304,7 +304,7 @@ def _setup(args: argparse.Namespace, env: dict[str, str]) -> Setup | int:
     if config.daemon.runtime_dir and not env.get("KTD_RUNTIME_DIR"):
         env["KTD_RUNTIME_DIR"] = config.daemon.runtime_dir
     keys = bool(config.frontend.api_keys or config.frontend.keys)
-    return Setup(config_path, args.bind or config.frontend.bind, keys=keys)
+    return Stack(config_path, args.bind or config.frontend.bind, keys=keys)
 
 
 def main(argv: list[str]) -> int:
@@ -353,7 +353,7 @@ def main(argv: list[str]) -> int:
             print("ktd up: stopped", file=sys.stderr)
 
 
-def _run(setup: Setup, demo: bool, env: dict[str, str], children: list[Child]) -> int:
+def _run(setup: Stack, demo: bool, env: dict[str, str], children: list[Child]) -> int:
     """Start the daemon, then the frontend once the daemon answers; print the banner;
     watch both until a signal or one of them exits (its status, or 1)."""
     py = [sys.executable, "-m", "ktd"]

@@ -79,13 +79,13 @@ def test_the_banner_asks_for_a_key_when_named_keys_are_set(tmp_path: Path) -> No
     import argparse
     import json
 
-    from ktd.up import Setup, _banner, _setup
+    from ktd.up import Stack, _banner, _setup
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"frontend": {"keys": [{"name": "ops", "key": "sk-1"}]}}))
     args = argparse.Namespace(demo=False, config=str(config), bind=None, dir=None)
     setup = _setup(args, {})
-    assert isinstance(setup, Setup) and setup.keys and setup.bind == "127.0.0.1:8000"
+    assert isinstance(setup, Stack) and setup.keys and setup.bind == "127.0.0.1:8000"
     text = _banner(setup.bind, tmp_path / "control.sock", False, None, api_keys=setup.keys)
     assert "Authorization: Bearer $KTD_API_KEY" in text and "frontend.keys" in text
     assert _setup(argparse.Namespace(demo=False, config=str(tmp_path / "no.json")), {}) == 2
