@@ -220,7 +220,7 @@ class ClaimState(msgspec.Struct, kw_only=True):
     claim: Id
     alias: ModelName
     url: Url = ""
-    inflight: Annotated[int, msgspec.Meta(ge=0)] = 0
+    in_flight: Annotated[int, msgspec.Meta(ge=0)] = msgspec.field(default=0, name="inflight")
     idle: Seconds = 0.0  # since its last request ended (0 while one is in flight)
     routing: bool = True  # False once recalled: no new request goes there
 

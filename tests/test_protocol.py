@@ -129,3 +129,15 @@ def test_every_string_and_list_a_client_sends_is_bounded() -> None:
     many = {"op": "sync", "client": "c", "claims": [{"claim": "x", "alias": "m"}] * 10_001}
     with pytest.raises(msgspec.ValidationError, match="length <= 10000"):
         p.decode_request(msgspec.msgpack.encode(many))
+
+
+def test_a_claim_report_keeps_its_wire_name_for_requests_in_flight() -> None:
+    """The code spells it ``in_flight``; the wire keeps ``inflight``, so frontends and
+    daemons of the release before still understand each other."""
+    state = p.ClaimState(claim="c", alias="m", in_flight=2)
+    assert msgspec.to_builtins(state)["inflight"] == 2
+    raw = msgspec.msgpack.encode({"op": "sync", "client": "f", "claims": [
+        {"claim": "c", "alias": "m", "inflight": 3}
+    ]})  # fmt: skip
+    sync = p.decode_request(raw)
+    assert isinstance(sync, p.Sync) and sync.claims[0].in_flight == 3

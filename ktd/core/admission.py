@@ -286,7 +286,7 @@ class Held:
     alias: str
     url: str
     last_end: float
-    inflight: int = 0
+    in_flight: int = 0
     routing: bool = True
     return_when_idle: bool = False  # an ``idle 0`` recall: give back when next idle
 
@@ -303,11 +303,11 @@ class Line:
 
     def has_slot(self) -> bool:
         held = self.held
-        return held is not None and held.routing and self.limits.free(held.inflight) > 0
+        return held is not None and held.routing and self.limits.free(held.in_flight) > 0
 
     def in_flight(self) -> int:
         held = self.held
-        return held.inflight if held is not None and held.routing else 0
+        return held.in_flight if held is not None and held.routing else 0
 
 
 @dataclass(frozen=True)
@@ -531,8 +531,8 @@ class Desk:
         """A request of ``key`` on ``held`` ended: the next waiter in, or the claim back
         if due."""
         self._inactive(key)
-        held.inflight -= 1
-        if held.inflight:
+        held.in_flight -= 1
+        if held.in_flight:
             return self._serve_claim(held)
         held.last_end = now
         if not held.routing or held.return_when_idle:
@@ -602,9 +602,9 @@ class Desk:
         held = self.claims.get(claim)
         if held is None:
             return [GiveBack(claim)]  # not ours (any more): say so, or it keeps asking
-        quiet = held.inflight == 0 and now - held.last_end >= idle
+        quiet = held.in_flight == 0 and now - held.last_end >= idle
         if drain:
-            return self._give_back(held) if held.inflight == 0 else self._stop_routing(held)
+            return self._give_back(held) if held.in_flight == 0 else self._stop_routing(held)
         if quiet:
             return self._give_back(held)
         if idle <= 0:
@@ -617,7 +617,7 @@ class Desk:
         their last request's end."""
         out: list[DeskAction] = []
         for held in list(self.claims.values()):
-            out += self._give_back(held) if held.inflight == 0 else self._stop_routing(held)
+            out += self._give_back(held) if held.in_flight == 0 else self._stop_routing(held)
         return out
 
     # ------------------------------------------------------------ inside
@@ -637,8 +637,8 @@ class Desk:
     @staticmethod
     def _occupy(rid: int, held: Held, key: str) -> list[DeskAction]:
         """Request ``rid`` on ``held``: its grant, and a report when the claim turns busy."""
-        held.inflight += 1
-        if held.inflight == 1:
+        held.in_flight += 1
+        if held.in_flight == 1:
             return [Grant(rid, held, key), Tell()]
         return [Grant(rid, held, key)]
 

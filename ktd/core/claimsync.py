@@ -32,16 +32,17 @@ class ClaimRec:
     alias: str
     grant: int = 0  # grant number in this daemon run; 0 = taken over from an earlier run
     confirmed: bool = True  # False: restored from the state file, no report seen yet
-    inflight: int = 0
+    in_flight: int = 0
     idle: float = 0.0  # the frontend's last report: seconds since its last request ended
     routing: bool = True
     recall: p.Recall | None = None  # outstanding until the claim goes or a report answers it
     told: bool = False  # the recall went out in a reply at least once (then it is not news)
 
     @property
-    def busy(self) -> int:
-        """Requests it stands for: the reported ones; one while unconfirmed (unknown)."""
-        return self.inflight if self.confirmed else max(1, self.inflight)
+    def counts_as(self) -> int:
+        """Requests in flight it stands for: the reported ones; at least one while
+        unconfirmed (unknown)."""
+        return self.in_flight if self.confirmed else max(1, self.in_flight)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def answered(recall: p.Recall, st: p.ClaimState) -> bool:
     """
     if recall.kind != "idle" or recall.idle <= 0:
         return False
-    return st.inflight > 0 or st.idle < recall.idle
+    return st.in_flight > 0 or st.idle < recall.idle
 
 
 def stronger(new: p.Recall, old: p.Recall | None) -> bool:

@@ -40,7 +40,7 @@ class IdleView:
     ttl: float
     state: State
     want_up: bool
-    busy: int  # requests in flight (leases, claims' reports; an unconfirmed claim is busy)
+    in_flight: int  # requests in flight (leases, claims' reports; an unconfirmed claim is busy)
     claims: int  # standing claims on it
     waiting: int  # requests in its line
     idle_since: float  # monotonic: the end of its last request (or when it became ready)
@@ -86,7 +86,7 @@ def ttl_due(view: IdleView) -> float | None:
         if view.sleep_ttl <= 0 or view.asleep_at is None or view.waiting:
             return None
         return view.asleep_at + view.sleep_ttl
-    if view.ttl <= 0 or view.state != READY or view.busy or view.waiting or not view.want_up:
+    if view.ttl <= 0 or view.state != READY or view.in_flight or view.waiting or not view.want_up:
         return None
     return view.idle_since + view.ttl
 

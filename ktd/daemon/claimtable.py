@@ -164,12 +164,12 @@ class ClaimTable:
         for rec, st in result.confirm:
             engine = self.by_id[rec.id][0]
             rec.confirmed = True
-            before = (rec.inflight, rec.routing)
-            rec.inflight, rec.idle, rec.routing = st.inflight, st.idle, st.routing
-            engine.used(ago=st.idle, busy=st.inflight > 0)
+            before = (rec.in_flight, rec.routing)
+            rec.in_flight, rec.idle, rec.routing = st.in_flight, st.idle, st.routing
+            engine.used(ago=st.idle, busy=st.in_flight > 0)
             if rec.recall is not None and policy.answered(rec.recall, st):
                 rec.recall = None
-            if before != (rec.inflight, rec.routing):
+            if before != (rec.in_flight, rec.routing):
                 changed.add(engine.alias)
         for st in result.take_over:
             engine = engines[st.alias]
@@ -177,7 +177,7 @@ class ClaimTable:
                 id=st.claim,
                 client=msg.client,
                 alias=st.alias,
-                inflight=st.inflight,
+                in_flight=st.in_flight,
                 idle=st.idle,
                 routing=st.routing,
             )

@@ -237,9 +237,9 @@ class Engine:
     def limits(self) -> QueueLimits:
         return QueueLimits(self.spec.max_concurrent, self.spec.max_queue)
 
-    def busy(self) -> int:
+    def in_flight(self) -> int:
         """Requests in flight: acquire leases, and what the claims' holders report."""
-        return len(self.leases) + sum(c.busy for c in self.claims.values())
+        return len(self.leases) + sum(c.counts_as for c in self.claims.values())
 
     def holding(self) -> bool:
         """Someone may still send it requests: a drain waits for this to end."""
@@ -263,7 +263,7 @@ class Engine:
         return EngineView(
             state=self.state,
             want_up=self.want_up,
-            in_flight=self.busy(),
+            in_flight=self.in_flight(),
             retry_in=self.retry_in() if self.state == S.FAILED else 0.0,
             retired=self.retired,
             closing=self.host.closing,
@@ -282,7 +282,7 @@ class Engine:
             ttl=self.ttl(),
             state=self.state,
             want_up=self.want_up,
-            busy=self.busy(),
+            in_flight=self.in_flight(),
             claims=len(self.claims),
             waiting=len(self.gate.line) + self.remote_queued,
             idle_since=self.idle_since if self.idle_since is not None else trio.current_time(),
@@ -347,7 +347,7 @@ class Engine:
             gpus=list(plan.gpus) if plan else [],
             cpus=list(plan.cpus) if plan else [],
             since=self.since,
-            leases=self.busy(),
+            leases=self.in_flight(),
             claims=len(self.claims),
             url=self.url if self.state in (S.READY, S.DRAINING) else None,
             restarts=st.restarts,

@@ -515,8 +515,8 @@ class ClaimBroker:
                     claim=h.id,
                     alias=h.alias,
                     url=h.url,
-                    inflight=h.inflight,
-                    idle=0.0 if h.inflight else max(0.0, now - h.last_end),
+                    in_flight=h.in_flight,
+                    idle=0.0 if h.in_flight else max(0.0, now - h.last_end),
                     routing=h.routing,
                 )
                 for h in self.desk.claims.values()

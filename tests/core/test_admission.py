@@ -367,7 +367,7 @@ def test_a_cold_model_asks_one_claim_for_any_number_of_requests() -> None:
     assert kinds(acts) == []  # rides the same Claim
     acts = d.granted("m", grant(), 1.0)
     assert kinds(acts) == ["Grant", "Grant"]
-    assert d.claims["c1"].inflight == 2
+    assert d.claims["c1"].in_flight == 2
 
 
 def test_max_queue_0_means_the_same_on_a_fresh_frontend_and_after_an_evict() -> None:
@@ -407,7 +407,7 @@ def test_the_end_of_a_request_lets_the_next_one_in() -> None:
     d.granted("m", grant(limits=QueueLimits(max_concurrent=1)), 0.0)
     waiting, _ = d.arrive("m", 0.0)
     [nxt] = [a for a in d.ended(d.claims["c1"], 1.0) if isinstance(a, adm.Grant)]
-    assert nxt.rid == waiting and d.claims["c1"].inflight == 1
+    assert nxt.rid == waiting and d.claims["c1"].in_flight == 1
 
 
 def _granted(actions: list[adm.DeskAction]) -> list[int]:
@@ -596,7 +596,7 @@ class DeskMachine(RuleBasedStateMachine):
                 model = self.waiting.pop(a.rid, None) or a.held.alias
                 assert a.held.routing and a.held.id not in self.given_back
                 limit = self.desk.lines[model].limits.max_concurrent
-                assert limit is None or a.held.inflight <= limit, "past max_concurrent"
+                assert limit is None or a.held.in_flight <= limit, "past max_concurrent"
                 self.running[a.rid] = a.held
                 self.order[model].append(a.rid)
             elif isinstance(a, adm.Refuse):
@@ -718,7 +718,7 @@ class DeskMachine(RuleBasedStateMachine):
     @invariant()
     def in_flight_counted_right(self) -> None:
         for held in self.desk.claims.values():
-            assert held.inflight == sum(h is held for h in self.running.values())
+            assert held.in_flight == sum(h is held for h in self.running.values())
 
     @invariant()
     def nobody_waits_with_nothing_to_wake_it(self) -> None:

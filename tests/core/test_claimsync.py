@@ -25,8 +25,8 @@ def rec(claim: str, grant: int = 1, **kw: object) -> c.ClaimRec:
 
 def test_a_reported_claim_is_confirmed() -> None:
     held = {"a": rec("a")}
-    out = c.reconcile(report(state("a", inflight=2)), held, READY, RUN)
-    assert [(r.id, st.inflight) for r, st in out.confirm] == [("a", 2)]
+    out = c.reconcile(report(state("a", in_flight=2)), held, READY, RUN)
+    assert [(r.id, st.in_flight) for r, st in out.confirm] == [("a", 2)]
     assert not out.gone and not out.dropped and not out.take_over
 
 
@@ -49,7 +49,7 @@ def test_a_restored_claim_not_reported_is_gone() -> None:
 
 
 def test_a_restarted_daemon_takes_over_claims_on_the_same_engine() -> None:
-    out = c.reconcile(report(state("x", inflight=1), daemon="run-a"), {}, READY, RUN)
+    out = c.reconcile(report(state("x", in_flight=1), daemon="run-a"), {}, READY, RUN)
     assert [st.claim for st in out.take_over] == ["x"] and not out.dropped
 
 
@@ -78,13 +78,13 @@ def test_claims_survive_an_adoption() -> None:
 
 def test_an_idle_recall_is_answered_by_a_busier_report() -> None:
     ttl = p.Recall(claim="a", alias="m", kind="idle", idle=60)
-    assert c.answered(ttl, state("a", inflight=1))
+    assert c.answered(ttl, state("a", in_flight=1))
     assert c.answered(ttl, state("a", idle=5))
     assert not c.answered(ttl, state("a", idle=61))
     restart = p.Recall(claim="a", alias="m", kind="idle", idle=0)
-    assert not c.answered(restart, state("a", inflight=3))  # given back at its first idle
+    assert not c.answered(restart, state("a", in_flight=3))  # given back at its first idle
     drain = p.Recall(claim="a", alias="m")
-    assert not c.answered(drain, state("a", inflight=1))
+    assert not c.answered(drain, state("a", in_flight=1))
 
 
 def test_a_drain_recall_is_never_weakened() -> None:
@@ -100,6 +100,6 @@ def test_queued_adds_up_the_frontends_reports() -> None:
 
 
 def test_an_unconfirmed_claim_counts_as_busy() -> None:
-    assert rec("a", confirmed=False).busy == 1
-    assert rec("a", confirmed=False, inflight=3).busy == 3
-    assert rec("a").busy == 0
+    assert rec("a", confirmed=False).counts_as == 1
+    assert rec("a", confirmed=False, in_flight=3).counts_as == 3
+    assert rec("a").counts_as == 0

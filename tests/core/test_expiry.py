@@ -17,7 +17,7 @@ def view(**kw: object) -> IdleView:
         "ttl": 60.0,
         "state": S.READY,
         "want_up": True,
-        "busy": 0,
+        "in_flight": 0,
         "claims": 0,
         "waiting": 0,
         "idle_since": 100.0,
@@ -27,7 +27,7 @@ def view(**kw: object) -> IdleView:
 
 def test_ttl_counts_from_the_last_request_and_never_while_held_busy_or_going() -> None:
     assert ttl_due(view()) == 160.0
-    assert ttl_due(view(busy=1)) is None
+    assert ttl_due(view(in_flight=1)) is None
     assert ttl_due(view(waiting=2)) is None  # requests wait for it: not idle
     assert ttl_due(view(ttl=0.0)) is None
     assert ttl_due(view(state=S.STARTING)) is None
@@ -102,7 +102,7 @@ def test_no_ttl_decision_while_the_reports_of_a_pause_are_still_unread() -> None
             ttl=st.sampled_from([0.0, 3.0, 60.0]),
             state=st.sampled_from(S.ALL),
             want_up=st.booleans(),
-            busy=st.integers(0, 2),
+            in_flight=st.integers(0, 2),
             claims=st.integers(0, 2),
             waiting=st.integers(0, 2),
             idle_since=st.floats(0, 1000),
@@ -117,7 +117,7 @@ def test_only_an_engine_nobody_holds_is_ever_evicted(views: list[IdleView], now:
     for act in acts:
         held = [v for v in views if v.alias == act.alias]
         if isinstance(act, EvictIdle):
-            assert any(v.claims == 0 and v.busy == 0 and v.waiting == 0 for v in held)
+            assert any(v.claims == 0 and v.in_flight == 0 and v.waiting == 0 for v in held)
         due = [ttl_due(v) for v in held]
         assert any(d is not None and d <= now for d in due)
 

@@ -21,7 +21,7 @@ async def test_leases_wait_for_a_slot_in_arrival_order(daemon: Any) -> None:
     e = d.engine("m", max_concurrent=1)
     move(e, S.READY, want_up=True)
     first = d.gate.grant_now(e, "a", claim=False)
-    assert first is not None and e.busy() == 1
+    assert first is not None and e.in_flight() == 1
     order: list[str] = []
 
     async def want(client: str) -> None:
@@ -56,7 +56,7 @@ async def test_a_cold_engine_is_loaded_once_for_a_burst(daemon: Any) -> None:
         assert e.want_up and e.queued() == 3000  # one launch asked for, all waiting
         move(e, S.STARTING)
         move(e, S.READY)
-    assert len(set(got)) == 3000 and e.busy() == 3000
+    assert len(set(got)) == 3000 and e.in_flight() == 3000
 
 
 @pytest.mark.parametrize("recorded", [S.READY, S.DRAINING])
@@ -131,12 +131,12 @@ async def test_claims_need_no_slot_and_their_reports_count(daemon: Any) -> None:
     assert claim is not None and claim in e.claims
     report = p.Sync(
         client="fe",
-        claims=[p.ClaimState(claim=claim, alias="m", url=e.url or "", inflight=3)],
+        claims=[p.ClaimState(claim=claim, alias="m", url=e.url or "", in_flight=3)],
         daemon=d.claims.run,
         seen=1,
     )
     d.claims.report(report, d.host.engines)
-    assert e.busy() == 4
+    assert e.in_flight() == 4
 
 
 async def test_the_ttl_recalls_a_claimed_engine_and_evicts_an_unheld_one(
@@ -170,7 +170,7 @@ async def test_a_paused_daemon_expires_no_client_and_judges_no_ttl_until_it_hear
     assert claim is not None
     busy = p.Sync(
         client="fe",
-        claims=[p.ClaimState(claim=claim, alias="m", url=e.url or "", inflight=1)],
+        claims=[p.ClaimState(claim=claim, alias="m", url=e.url or "", in_flight=1)],
         daemon=d.claims.run,
         seen=1,
     )

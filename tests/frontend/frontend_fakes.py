@@ -142,7 +142,7 @@ class FakeDaemon:
             self._reply(ident, p.Pong(id=rid, version="fake", pid=0))
         elif isinstance(req, p.Sync):
             self.heartbeats += 1
-            self.reported = {c.claim: c.inflight for c in req.claims}
+            self.reported = {c.claim: c.in_flight for c in req.claims}
             if self.keep_usage and req.usage_seq > self.usage_seq:
                 self.usage += req.usage
                 self.usage_seq = req.usage_seq

@@ -82,7 +82,7 @@ async def test_a_drain_recall_stops_routing_at_once_and_waits_for_the_request_th
     broker = fe.state.broker
     async with held_stream(fe, fake_engine) as (c, _):
         [claim] = list(broker.desk.claims)
-        assert broker.desk.claims[claim].inflight == 1
+        assert broker.desk.claims[claim].in_flight == 1
         fake_daemon.recall("m")
         await wait_for(lambda: not broker.desk.claims[claim].routing, what="routing stopped")
         assert fake_daemon.returns == 0  # its request still runs there
