@@ -75,11 +75,6 @@ class Count:
         return self.prompt + self.completion
 
 
-def _merge(into: dict[Row, Count], rows: Iterable[tuple[Row, Count]]) -> None:
-    for row, count in rows:
-        into.setdefault(row, Count()).add(count)
-
-
 @dataclass
 class Batch:
     seq: int
@@ -133,10 +128,17 @@ class Seen:
 
 @dataclass
 class Ledger:
-    """The daemon's sum of every frontend's counts (``Book`` has the why)."""
+    """The daemon's sum of every frontend's counts (``Book`` has the why), by day: every
+    frontend's report asks for today's tokens, which then reads one day's rows, not a
+    year's."""
 
-    rows: dict[Row, Count] = field(default_factory=dict)
+    days: dict[str, dict[Row, Count]] = field(default_factory=dict)
     clients: dict[str, Seen] = field(default_factory=dict)
+
+    def merge(self, rows: Iterable[tuple[Row, Count]]) -> None:
+        """Add ``rows`` to the sums (``add`` is the once-only way for a frontend's batch)."""
+        for row, count in rows:
+            self.days.setdefault(row.day, {}).setdefault(row, Count()).add(count)
 
     def add(self, client: str, seq: int, rows: Iterable[tuple[Row, Count]], today: str) -> bool:
         """Add ``client``'s batch ``seq`` unless it was added already; True if it was new
@@ -145,7 +147,7 @@ class Ledger:
         if seen is not None and seq <= seen.seq:
             seen.day = today
             return False
-        _merge(self.rows, rows)
+        self.merge(rows)
         self.clients[client] = Seen(seq, today)
         return True
 
@@ -157,28 +159,29 @@ class Ledger:
     def spent(self, day: str) -> dict[str, int]:
         """Tokens per key on ``day``, every frontend's together."""
         out: dict[str, int] = {}
-        for row, count in self.rows.items():
-            if row.day == day:
-                out[row.key] = out.get(row.key, 0) + count.tokens
+        for row, count in self.days.get(day, {}).items():
+            out[row.key] = out.get(row.key, 0) + count.tokens
         return out
 
     def query(self, since: str = "", key: str | None = None) -> Iterator[tuple[Row, Count]]:
         """The rows from ``since`` (a day; "" all) of ``key`` (None: every key), in order."""
-        for row in sorted(self.rows):
-            if row.day >= since and (key is None or row.key == key):
-                yield row, self.rows[row]
+        for day in sorted(d for d in self.days if d >= since):
+            rows = self.days[day]
+            for row in sorted(rows):
+                if key is None or row.key == key:
+                    yield row, rows[row]
 
     def forget(self, today: str, keep_days: int) -> bool:
         """Drop rows older than ``keep_days`` and frontends long silent; True if any went."""
         oldest = days_before(today, keep_days)
-        old_rows = [row for row in self.rows if row.day < oldest]
+        old_days = [day for day in self.days if day < oldest]
         quiet = days_before(today, FORGET_CLIENT_DAYS)
         old_clients = [c for c, seen in self.clients.items() if seen.day < quiet]
-        for row in old_rows:
-            del self.rows[row]
+        for day in old_days:
+            del self.days[day]
         for client in old_clients:
             del self.clients[client]
-        return bool(old_rows or old_clients)
+        return bool(old_days or old_clients)
 
 
 def to_wire(row: Row, count: Count) -> p.UsageCount:

@@ -29,15 +29,10 @@ log = logging.getLogger(__name__)
 KEEP_DAYS = 366
 
 
-class _Seen(msgspec.Struct, kw_only=True):
-    seq: int
-    day: str
-
-
 class _File(msgspec.Struct, kw_only=True):
     version: int = 1
     rows: list[p.UsageCount] = []
-    clients: dict[str, _Seen] = {}
+    clients: dict[str, u.Seen] = {}
 
 
 _decoder = msgspec.json.Decoder(_File)
@@ -73,10 +68,8 @@ class UsageStore:
             except OSError as err:
                 log.error("%s; cannot set it aside: %s", problem, err)
             return u.Ledger()
-        ledger = u.Ledger(clients={c: u.Seen(s.seq, s.day) for c, s in file.clients.items()})
-        for wire in file.rows:
-            row, count = u.from_wire(wire)
-            ledger.rows.setdefault(row, u.Count()).add(count)
+        ledger = u.Ledger(clients=file.clients)
+        ledger.merge(u.from_wire(wire) for wire in file.rows)
         return ledger
 
     def _write(self) -> None:
@@ -85,7 +78,7 @@ class UsageStore:
         ledger = self.ledger
         file = _File(
             rows=[u.to_wire(row, count) for row, count in ledger.query()],
-            clients={c: _Seen(seq=s.seq, day=s.day) for c, s in ledger.clients.items()},
+            clients=ledger.clients,
         )
         try:
             statefile.write_bytes(self.path, msgspec.json.encode(file))
