@@ -44,6 +44,7 @@ scheduler; under any other ASGI server a task per request waits on ``receive()``
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -66,6 +67,7 @@ from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import (
     DRAIN_BYTES,
     DRAIN_SECONDS,
+    JSON_HEADER,
     ASGIApp,
     Disconnected,
     Receive,
@@ -75,6 +77,7 @@ from ktd.frontend.inbound import (
     header,
     may_have_body,
     read_body_in_time,
+    respond,
     send_error,
 )
 from ktd.frontend.intake import EXTENSION, Intake
@@ -114,13 +117,10 @@ log = logging.getLogger("ktd.frontend")
 # States in which a request waits for a wake, not a load (the claim wakes it).
 WAKES = frozenset({S.ASLEEP, S.WAKING, S.SLEEPING})
 
-_JSON = (b"content-type", b"application/json")
-
-
-#: OpenAI's streaming routes whose usage chunk is asked for when the client did not
-#: ask (and then taken out of what the client sees).
 #: Ollama's two proxied routes, by endpoint name.
 _OLLAMA_PATHS = {"ollama_chat": "/api/chat", "ollama_generate": "/api/generate"}
+#: OpenAI's streaming routes whose usage chunk is asked for when the client did not
+#: ask (and then taken out of what the client sees).
 _USAGE_ASKED = frozenset({"chat", "completions"})
 
 
@@ -336,13 +336,6 @@ class ProxyRoutes:
             asked = ask_for_usage(body) if endpoint in _USAGE_ASKED else None
             body = asked or body
             tally = StreamTally(api, strip=asked is not None)
-        front = state.options.frontend
-
-        async def acquire() -> Admission:
-            return await state.broker.start_acquire(
-                base, autoload=front.autoload, load_timeout=front.load_timeout, key=key
-            )
-
         return Exchange(
             broker=state.broker,
             pool=state.upstream,
@@ -353,7 +346,7 @@ class ProxyRoutes:
             body=body,
             headers=forward_headers(scope["headers"], ctype),
             started=started,
-            acquire=acquire,
+            acquire=functools.partial(self._acquire, base, key),
             key=key,
             api=api,
             tally=tally,
@@ -363,6 +356,14 @@ class ProxyRoutes:
             framing="ndjson" if ollama else "sse",
             remember=self._remember if route.remember else None,
             progress=self._progress_for(base),
+        )
+
+    async def _acquire(self, alias: str, key: KeyTerms) -> Admission:
+        """Ask for a slot on ``alias`` on the frontend's terms (autoload, load timeout)
+        and the key's."""
+        front = self.state.options.frontend
+        return await self.state.broker.start_acquire(
+            alias, autoload=front.autoload, load_timeout=front.load_timeout, key=key
         )
 
     async def _watched(
@@ -406,12 +407,9 @@ class ProxyRoutes:
     ) -> None:
         """Ollama's empty requests, answered as Ollama does: a load waits for the engine
         (and applies its keep-alive), an unload (``keep_alive: 0``) sends it off when idle."""
-        options = self.state.options.frontend
         try:
             if kind == "load":
-                handle = await self.state.broker.start_acquire(
-                    alias, autoload=options.autoload, load_timeout=options.load_timeout, key=key
-                )
+                handle = await self._acquire(alias, key)
                 slot = await handle.wait()
                 if slot is not None:
                     slot.leave()
@@ -424,9 +422,7 @@ class ProxyRoutes:
         if keep is not None:
             await self._keep_alive(alias, keep)
         data = keepalive.answer(alias, route, "unload" if kind == "unload" else "load")
-        headers = [_JSON, (b"content-length", str(len(data)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": data, "more_body": False})
+        await respond(send, 200, data, [JSON_HEADER])
 
     async def _answer(
         self, ex: Exchange, base: str, stream: bool, send: Send, scope: Scope
@@ -568,10 +564,8 @@ class ProxyRoutes:
             if shaped is not None:
                 data = shaped
                 headers = [(k, v) for k, v in headers if k != b"content-type"]
-                headers.append((b"content-type", b"application/json"))
-        headers.append((b"content-length", str(len(data)).encode()))
-        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-        await send({"type": "http.response.body", "body": data, "more_body": False})
+                headers.append(JSON_HEADER)
+        await respond(send, upstream.status, data, headers)
 
 
 async def _try_send_error(send: Send, err: ApiError, *, ollama: bool = False) -> None:

@@ -23,6 +23,7 @@ from ktd.frontend.errors import ApiError
 __all__ = [
     "DRAIN_BYTES",
     "DRAIN_SECONDS",
+    "JSON_HEADER",
     "ASGIApp",
     "Disconnected",
     "Receive",
@@ -34,6 +35,7 @@ __all__ = [
     "may_have_body",
     "read_body",
     "read_body_in_time",
+    "respond",
     "send_error",
 ]
 
@@ -47,7 +49,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 DRAIN_BYTES = 1 << 20
 DRAIN_SECONDS = 2.0
 
-_JSON = (b"content-type", b"application/json")
+JSON_HEADER = (b"content-type", b"application/json")
 
 
 class Disconnected(Exception):
@@ -142,11 +144,19 @@ async def send_error(
     another request: say so (``Connection: close``). ``extra``: more headers.
     """
     body = err.ollama_body() if ollama else err.body()
-    out = [_JSON, (b"content-length", str(len(body)).encode())]
     more = dict(err.headers)
     if close:
         more["Connection"] = "close"
-    out += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in more.items()]
-    out += extra or []
-    await send({"type": "http.response.start", "status": err.status, "headers": out})
+    out = [
+        JSON_HEADER,
+        *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in more.items()),
+    ]
+    await respond(send, err.status, body, out + (extra or []))
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    """A whole answer at once: ``headers`` (its content type among them) and the body
+    with its ``content-length``."""
+    out = [*headers, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": out})
     await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from typing import Any, Literal
 
 import msgspec
+
+from ktd.ollama_shapes import timestamp
 
 FOREVER = math.inf
 
@@ -73,8 +74,7 @@ def read(body: bytes, route: str) -> tuple[Kind, float | None]:
 
 def answer(model: str, route: str, kind: Kind) -> bytes:
     """Ollama's reply to a load or an unload request."""
-    created = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + ".000000000Z"
-    body: dict[str, Any] = {"model": model, "created_at": created, "done": True}
+    body: dict[str, Any] = {"model": model, "created_at": timestamp(), "done": True}
     if route == "/api/chat":
         body["message"] = {"role": "assistant", "content": ""}
     else:

@@ -57,6 +57,7 @@ from ktd.frontend.inbound import (
     header,
     may_have_body,
     read_body_in_time,
+    respond,
     send_error,
 )
 from ktd.frontend.proxy import control_error
@@ -365,6 +366,4 @@ class _Unread(Exception):
 
 
 async def _reply(send: Send, status: int, body: bytes, ctype: bytes = _JSON) -> None:
-    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await respond(send, status, body, [(b"content-type", ctype)])

@@ -144,22 +144,20 @@ class StreamTally:
                 return None
             return Tokens(prompt.prompt if prompt else 0, done.completion if done else 0)
         data = self.stripped or b"".join(self.last)
-        at, found = -1, _usage_at(data)
-        while found >= 0:  # the last one: with continuous usage, every chunk has one
-            at, found = found, _usage_at(data, found + 1)
+        at = _usage_at(data, last=True)  # with continuous usage, every chunk has one
         event = _event_at(data, at) if at >= 0 else None
         return _tokens("openai", event) if event else None
 
 
-def _usage_at(data: bytes, start: int = 0) -> int:
-    """Where a ``"usage":`` member holding an object is (``"usage": null`` is not one:
-    an engine may put it in every chunk), or -1."""
-    at = data.find(_KEY, start)
+def _usage_at(data: bytes, *, last: bool = False) -> int:
+    """Where the first (``last``: the last) ``"usage":`` member holding an object is
+    (``"usage": null`` is not one: an engine may put it in every chunk), or -1."""
+    at = data.rfind(_KEY) if last else data.find(_KEY)
     while at >= 0:
         value = data[at + len(_KEY) : at + len(_KEY) + 2].lstrip()
         if value.startswith(b"{"):
             return at
-        at = data.find(_KEY, at + len(_KEY))
+        at = data.rfind(_KEY, 0, at) if last else data.find(_KEY, at + len(_KEY))
     return -1
 
 

@@ -122,10 +122,8 @@ class Request:
         ctype: bytes = b"application/json",
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        out = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
-        out += _COMMON + (headers or [])
-        await self.send({"type": "http.response.start", "status": status, "headers": out})
-        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+        out = [(b"content-type", ctype), *_COMMON, *(headers or [])]
+        await inbound.respond(self.send, status, body, out)
 
     async def json_reply(self, obj: Any, status: int = 200, **kw: Any) -> None:
         await self.respond(status, wire.encode(obj), **kw)
