@@ -95,7 +95,7 @@ def install() -> None:
 
     tcp_server.TCPServer.protocol_send = traced_send  # type: ignore[method-assign]
 
-    proxy_call = flow.ProxyRoutes.proxy
+    proxy_call = flow.Flow.proxy
 
     async def traced_proxy(self: Any, found: Any, scope: Any, receive: Any, send: Any) -> None:
         stamp("app")
@@ -115,7 +115,7 @@ def install() -> None:
 
         await proxy_call(self, found, scope, traced_receive, traced_send)
 
-    flow.ProxyRoutes.proxy = traced_proxy  # type: ignore[method-assign]
+    flow.Flow.proxy = traced_proxy  # type: ignore[method-assign]
 
     got_slot = proxy.Exchange.got_slot
 

@@ -1,20 +1,22 @@
 """The Quart-Trio app: OpenAI routes in front of ktd's engines.
 
-Quart serves ``/v1/models`` (and ``/v1/models/{id}``), ``/health``,
-``/metrics`` and renders errors for unknown routes and methods (afterlife.py:
-why it never sees the disconnect that ends a response). The proxied
-routes (routes.py: chat, completions, embeddings, Responses, Anthropic
-Messages, SGLang's native and scoring routes, audio, Ollama's chat and generate,
-``/v1/loads``) and Ollama's other routes (ollama.py) are answered by a raw ASGI
-layer in front of Quart (flow.py: the request flow), which also reads any request body before
-Quart sees it, so no per-request or per-chunk Quart work sits on the hot path;
-the upstream hop is a small pooled HTTP/1.1 client on trio (upstream.py). The
-app is still one QuartTrio object served by ``hypercorn.trio.serve``: the layer
-wraps ``app.asgi_app``, as any ASGI middleware would.
+Every route is a row of one table (routes.py), looked up once by the router
+(router.py) in front of Quart: the proxied routes (flow.py: chat, completions,
+embeddings, Responses, Anthropic Messages, SGLang's native and scoring routes,
+audio, Ollama's chat and generate, ``/v1/loads``), Ollama's own answers (ollama.py)
+and the dashboard (ui/) are answered there on raw ASGI, so no per-request or
+per-chunk Quart work sits on the hot path; the upstream hop is a small pooled
+HTTP/1.1 client on trio (upstream.py). Quart serves the rows the table gives it
+(``/v1/models`` and ``/v1/models/{id}``, ``/health``, ``/metrics``, the worker
+info sglang-router reads), with the body already read (afterlife.py: why it never
+sees the disconnect that ends a response). The app is still one QuartTrio object
+served by ``hypercorn.trio.serve``: the router wraps ``app.asgi_app``, as any ASGI
+middleware would.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -28,13 +30,14 @@ from ktd.control.errors import ControlError
 from ktd.core.keys import Policy
 from ktd.frontend import catalog, errors, gateway_metrics, patches, ui, worker_info
 from ktd.frontend.errors import ApiError
-from ktd.frontend.flow import ProxyRoutes
+from ktd.frontend.flow import Flow
 from ktd.frontend.inbound import header
 from ktd.frontend.ollama import OllamaRoutes
 from ktd.frontend.origin import Guard, OriginPolicy
 from ktd.frontend.promtext import merge
 from ktd.frontend.proxy import control_error
-from ktd.frontend.routes import EXACT, GET_EXACT
+from ktd.frontend.router import Handler, Router
+from ktd.frontend.routes import TABLE, Owner
 from ktd.frontend.scrape import scrape_engines
 from ktd.frontend.state import FrontendOptions, State
 
@@ -56,8 +59,9 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     """Build the app. Background tasks (control client, heartbeats) start with it.
 
     The layers, outside in: the ``Guard`` (Origin, Host, JSON bodies, WebSockets), the
-    proxy's own routes (``ProxyRoutes``, with Ollama's as its local routes), the
-    dashboard (``/ui``), then Quart's routes: the frontend's own answers."""
+    ``Router`` (routes.py's table, looked up once: the proxy, Ollama's answers and the
+    dashboard on raw ASGI, a 404 or 405 in the path's shape), then Quart: the
+    frontend's own answers, its rules made from the same table."""
     patches.install(options.frontend.send_timeout)  # refuses an unchecked Hypercorn
     app = QuartTrio("ktd.frontend")
     app.config["MAX_CONTENT_LENGTH"] = None  # counted by read_limited, OpenAI-shaped 413
@@ -65,13 +69,17 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     state = State(options)
     app.extensions["ktd"] = state
-    ui.install(app, state)  # /ui: inside the proxy layer, so proxied requests never reach it
-    app.asgi_app = ProxyRoutes(app.asgi_app, state, local=OllamaRoutes(state))  # type: ignore[method-assign,assignment,arg-type]
+    owners: dict[Owner, Handler] = {
+        "proxy": Flow(state).proxy,
+        "ollama": OllamaRoutes(state).answer,
+        "ui": ui.install(app, state).answer,
+    }
+    router = Router(app.asgi_app, owners, options.body_bounds)  # type: ignore[arg-type]
     front = options.frontend
     policy = OriginPolicy(
         front.bind, allowed_origins=front.allowed_origins, allowed_hosts=front.allowed_hosts
     )
-    app.asgi_app = Guard(app.asgi_app, policy)  # type: ignore[method-assign,assignment]
+    app.asgi_app = Guard(router, policy)  # type: ignore[method-assign,assignment]
     state.metrics.add_pool_gauge(state.upstream.counts)
 
     @app.before_serving
@@ -85,11 +93,21 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         await state.upstream.aclose()
 
     _install_error_handlers(app)
-    _install_own_routes(app, state)
-    worker_info.install(app, state)  # what sglang-router reads of a worker
+    _install_app_routes(app, {**_own_views(state), **worker_info.views(state)})
     gateway_metrics.install(app, state, interval=options.heartbeat_interval)
-    _install_proxied_methods(app)
     return app
+
+
+def _install_app_routes(app: QuartTrio, views: dict[str, Callable[..., Any]]) -> None:
+    """Quart's rules, one per ``owner="app"`` row of routes.py, each to its view."""
+    for route in TABLE:
+        if route.owner == "app":
+            view = views.pop(route.endpoint)
+            app.add_url_rule(
+                route.path, endpoint=route.endpoint, view_func=view, methods=list(route.methods)
+            )
+    if views:
+        raise ValueError(f"views without a route in routes.py: {sorted(views)}")
 
 
 def _install_error_handlers(app: QuartTrio) -> None:
@@ -121,10 +139,9 @@ def _key_policy(state: State) -> Policy | None:
     return state.keys.check(header(request.scope, b"authorization"))
 
 
-def _install_own_routes(app: QuartTrio, state: State) -> None:
-    """What the frontend answers itself: /health, /metrics, the model list."""
+def _own_views(state: State) -> dict[str, Callable[..., Any]]:
+    """What the frontend answers itself: /health, /metrics, the model list (by endpoint)."""
 
-    @app.get("/health")
     async def health() -> Response:
         """Liveness for anyone; the daemon's pid and version only for a key's holder."""
         known = not state.keys.enabled or _has_key(state)
@@ -138,7 +155,6 @@ def _install_own_routes(app: QuartTrio, state: State) -> None:
         body = {"status": "ok", "daemon": {"version": pong.version, "pid": pong.pid}}
         return _json_response(200, errors._encoder.encode(body))
 
-    @app.get("/metrics")
     async def metrics() -> Response:
         """ktd's own metrics, then every ready engine's SGLang metrics labelled by alias.
 
@@ -156,12 +172,10 @@ def _install_own_routes(app: QuartTrio, state: State) -> None:
             data += merge(scraped).encode()
         return Response(data, status=200, content_type=ctype)
 
-    @app.get("/v1/models")
     async def models() -> Response:
         data = _visible(await _model_cards(state), _key_policy(state))
         return _json_response(200, errors._encoder.encode({"object": "list", "data": data}))
 
-    @app.get("/v1/models/<path:model_id>")
     async def retrieve_model(model_id: str) -> Response:
         """The SDK's ``models.retrieve``: one card, or OpenAI's 404 naming what exists."""
         cards = _visible(await _model_cards(state), _key_policy(state))
@@ -170,28 +184,12 @@ def _install_own_routes(app: QuartTrio, state: State) -> None:
                 return _json_response(200, errors._encoder.encode(card))
         raise errors.make("unknown_model", model=model_id, available=[str(c["id"]) for c in cards])
 
-
-def _install_proxied_methods(app: QuartTrio) -> None:
-    """The proxied paths as Quart rules: their own methods never get here (ProxyRoutes
-    answers them); the rules exist so that other methods get Quart's 405, not a 404."""
-
-    async def proxied(**_: str) -> Response:
-        raise errors.make("internal", message="proxied route reached Quart")
-
-    for path, route in EXACT.items():
-        if route.api == "openai":  # Ollama's paths never reach Quart (ollama.py)
-            app.add_url_rule(path, endpoint=route.endpoint, view_func=proxied, methods=["POST"])
-    for path, route in GET_EXACT.items():
-        app.add_url_rule(path, endpoint=route.endpoint, view_func=proxied, methods=["GET"])
-    app.add_url_rule(
-        "/v1/responses/<response_id>", endpoint="responses_get", view_func=proxied, methods=["GET"]
-    )
-    app.add_url_rule(
-        "/v1/responses/<response_id>/cancel",
-        endpoint="responses_cancel",
-        view_func=proxied,
-        methods=["POST"],
-    )
+    return {
+        "health": health,
+        "metrics": metrics,
+        "models": models,
+        "retrieve_model": retrieve_model,
+    }
 
 
 def _has_key(state: State) -> bool:

@@ -1,12 +1,11 @@
-"""The request flow of every proxied route: a raw ASGI layer in front of Quart.
+"""The request flow of every proxied route, straight on ASGI messages.
 
-Every route of routes.py (chat, completions, embeddings, Responses, Anthropic
-Messages, SGLang's native and scoring routes, audio) is answered here, straight
-on ASGI messages; everything else (``/v1/models``, ``/health``, ``/metrics``,
-unknown routes, wrong methods) goes on to the Quart app. Why: Quart's
-per-request machinery (request and app contexts, the response object, its
-body iterator with a timeout per chunk, signals) cost more than the proxying
-itself, and a streamed answer paid for Quart on every chunk.
+Every ``owner="proxy"`` row of routes.py (chat, completions, embeddings, Responses,
+Anthropic Messages, SGLang's native and scoring routes, audio, Ollama's chat and
+generate) is answered here; router.py hands each request over after one look-up.
+Why not Quart: its per-request machinery (request and app contexts, the response
+object, its body iterator with a timeout per chunk, signals) cost more than the
+proxying itself, and a streamed answer paid for Quart on every chunk.
 
 HTTP/1.1 discipline: the request body is always read to its end before the
 answer, on every path, including the ones that fail early (401, 404, 405):
@@ -16,8 +15,8 @@ to its end (too large, too slow), the answer says ``Connection: close``.
 
 Request flow:
 
-1. The path is normalised (``//v1/x`` is ``/v1/x``); the query string is never
-   forwarded (``?api_key=`` must not reach the engine).
+1. The path was normalised by the router (``//v1/x`` is ``/v1/x``); the query
+   string is never forwarded (``?api_key=`` must not reach the engine).
 2. API key, then the body (size-limited), then the routing fields only
    (``model``/``stream`` of JSON, the ``model`` form field of multipart audio;
    routes.py says what routes a request without one).
@@ -49,7 +48,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -60,7 +59,6 @@ from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.admission import ANYONE, KeyTerms
 from ktd.frontend import catalog, errors, keepalive
-from ktd.frontend.afterlife import QuietAfterResponse
 from ktd.frontend.body import check_declared_length, check_model, parse_head
 from ktd.frontend.broker import Admission
 from ktd.frontend.errors import ApiError
@@ -68,14 +66,12 @@ from ktd.frontend.inbound import (
     DRAIN_BYTES,
     DRAIN_SECONDS,
     JSON_HEADER,
-    ASGIApp,
     Disconnected,
     Receive,
     Scope,
     Send,
     drain,
     header,
-    may_have_body,
     read_body_in_time,
     respond,
     send_error,
@@ -99,10 +95,8 @@ from ktd.frontend.proxy import (
 from ktd.frontend.routes import (
     MODEL_HEADER,
     Match,
-    ProxyRoute,
+    Route,
     forwarded_query,
-    match,
-    normalise,
     response_id_in,
     split_lora,
 )
@@ -187,69 +181,11 @@ def _quick(receive: Receive, intake: Intake | None) -> Receive:
     return quick
 
 
-class LocalRoutes(Protocol):
-    """Answers the frontend makes itself on raw ASGI (ollama.py), ahead of Quart."""
+class Flow:
+    """The proxied routes' handler (routes.py's ``owner="proxy"`` rows, router.py)."""
 
-    def owns(self, path: str) -> bool: ...
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None: ...
-
-
-class ProxyRoutes:
-    """ASGI middleware: the proxied routes here, ``local``'s paths there, the rest to
-    ``app`` (body read first)."""
-
-    def __init__(self, app: ASGIApp, state: State, local: LocalRoutes | None = None) -> None:
-        self.app = app
+    def __init__(self, state: State) -> None:
         self.state = state
-        self.local = local
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = normalise(scope["path"])
-        if path != scope["path"]:
-            scope = dict(scope)
-            scope["path"] = path
-            scope["raw_path"] = path.encode("utf-8", "surrogateescape")
-        found = match(scope["method"], path)
-        if found is not None:
-            await self.proxy(found, scope, receive, send)
-            return
-        if self.local is not None and self.local.owns(path):
-            await self.local(scope, receive, send)
-            return
-        await self.to_app(scope, receive, send)
-
-    async def to_app(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Quart's routes: read any body first, so even a 404 leaves a usable connection.
-
-        Quart never sees the disconnect Hypercorn queues at the end of a response
-        (afterlife.py): it would cancel the close of the connection or its idle timer.
-        """
-        quiet = QuietAfterResponse(receive, send)
-        receive, send = quiet.receive, quiet.send
-        if not may_have_body(scope):
-            await self.app(scope, receive, send)
-            return
-        try:
-            body = await read_body_in_time(receive, *self.state.options.body_bounds)
-        except ApiError as err:
-            await send_error(send, err, close=True)
-            return
-        except Disconnected:
-            return
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
 
     async def proxy(self, found: Match, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
@@ -473,8 +409,8 @@ class ProxyRoutes:
 
     async def _fallback_model(self, found: Match, scope: Scope) -> str:
         """No model in the body: remembered response id, ``X-Ktd-Model``, the only ready engine."""
-        if found.response_id is not None:
-            alias = self.state.responses.get(found.response_id)
+        if found.param is not None:
+            alias = self.state.responses.get(found.param)
             if alias is not None:
                 return alias
         named = header(scope, MODEL_HEADER)
@@ -576,7 +512,7 @@ async def _try_send_error(send: Send, err: ApiError, *, ollama: bool = False) ->
         pass
 
 
-def _target(scope: Scope, route: ProxyRoute) -> bytes:
+def _target(scope: Scope, route: Route) -> bytes:
     """The path, and of the query only the route's own parameters (``/v1/loads``'s).
 
     The rest of the query string stays here: no other SGLang route reads one, and a

@@ -61,7 +61,7 @@ from ktd.frontend.inbound import (
     send_error,
 )
 from ktd.frontend.proxy import control_error
-from ktd.frontend.routes import ollama_name
+from ktd.frontend.routes import Match, ollama_name
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -79,29 +79,20 @@ _PULL = (
     "ktd serves the models configured in models.json; it does not {} models "
     "(edit models.json, then run `ktctl reload`)"
 )
-NOT_SERVED: dict[str, tuple[str, str]] = {
-    "/api/pull": ("POST", _PULL.format("pull")),
-    "/api/push": ("POST", _PULL.format("push")),
-    "/api/create": ("POST", _PULL.format("create")),
-    "/api/copy": ("POST", _PULL.format("copy")),
-    "/api/delete": ("DELETE", _PULL.format("delete")),
-    "/api/embed": (
-        "POST",
+#: What Ollama has and ktd cannot honour, by routes.py endpoint: why, in a 501.
+NOT_SERVED: dict[str, str] = {
+    "pull": _PULL.format("pull"),
+    "push": _PULL.format("push"),
+    "create": _PULL.format("create"),
+    "blobs": _PULL.format("create"),
+    "copy": _PULL.format("copy"),
+    "delete": _PULL.format("delete"),
+    "embed": (
         "SGLang's Ollama API has no embeddings: use POST /v1/embeddings (OpenAI's shape) "
-        "on an engine launched with --is-embedding",
+        "on an engine launched with --is-embedding"
     ),
 }
-NOT_SERVED["/api/embeddings"] = NOT_SERVED["/api/embed"]
-ANSWERED: dict[str, tuple[str, ...]] = {
-    "/": ("GET", "HEAD"),
-    "/api/version": ("GET", "HEAD"),
-    "/api/tags": ("GET", "HEAD"),
-    "/api/ps": ("GET",),
-    "/api/show": ("POST",),
-    "/api/chat": ("POST",),  # proxied (flow.py); other methods end here
-    "/api/generate": ("POST",),
-}
-_OPEN = frozenset({"/", "/api/version"})  # no API key needed
+NOT_SERVED["embeddings_ollama"] = NOT_SERVED["embed"]
 
 
 def ollama_alias(model: str) -> str:
@@ -204,27 +195,24 @@ def ps_rows(
 
 
 class OllamaRoutes:
-    """``/`` and ``/api/...`` that are not proxied (flow.py's ``LocalRoutes``)."""
+    """The ``owner="ollama"`` rows of routes.py: ``/`` and the ``/api/...`` not proxied."""
 
     def __init__(self, state: State) -> None:
         self.state = state
         self._estimates: dict[str, tuple[float, dict[str, Any] | None]] = {}
 
-    def owns(self, path: str) -> bool:
-        return path == "/" or path.startswith("/api/")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        method, path = scope["method"], scope["path"]
+    async def answer(self, found: Match, scope: Scope, receive: Receive, send: Send) -> None:
+        route = found.route
         body = b""
         try:
-            if path == "/api/show" and method == "POST":
+            if route.endpoint == "show":
                 body = await read_body_in_time(receive, *self.state.options.body_bounds)
             elif may_have_body(scope) and not await drain(receive, DRAIN_BYTES, DRAIN_SECONDS):
                 raise _Unread
             policy = None
-            if path not in _OPEN:
+            if not route.open:
                 policy = self.state.keys.check(header(scope, b"authorization"))
-            await self._answer(method, path, body, send, policy)
+            await self._answer(route.endpoint, scope, body, send, policy)
         except _Unread:
             err = errors.make(
                 "bad_request", message="The request body could not be read.", code="invalid_body"
@@ -234,32 +222,18 @@ class OllamaRoutes:
             await send_error(send, err, close=err.status in (408, 413), ollama=True)
 
     async def _answer(
-        self, method: str, path: str, body: bytes, send: Send, policy: Policy | None = None
+        self, endpoint: str, scope: Scope, body: bytes, send: Send, policy: Policy | None
     ) -> None:
-        allowed = ANSWERED.get(path)
-        if allowed is None and path in NOT_SERVED:
-            allowed = (NOT_SERVED[path][0],)
-        if allowed is None and path.startswith("/api/blobs/"):
-            allowed = ("POST", "HEAD")
-        if allowed is None:
-            raise errors.make("unknown_route", what="Ollama ", method=method, path=path)
-        if method not in allowed:
-            raise errors.make(
-                "method_not_allowed",
-                method=method,
-                path=path,
-                headers={"Allow": ", ".join(allowed)},
-            )
-        if path in NOT_SERVED or path.startswith("/api/blobs/"):
-            why = NOT_SERVED.get(path, NOT_SERVED["/api/create"])[1]
-            raise errors.make("not_supported", method=method, path=path, why=why)
-        if path == "/":
+        why = NOT_SERVED.get(endpoint)
+        if why is not None:
+            raise errors.make("not_supported", method=scope["method"], path=scope["path"], why=why)
+        if endpoint == "root":
             await _reply(send, 200, b"Ollama is running", b"text/plain; charset=utf-8")
-        elif path == "/api/version":
+        elif endpoint == "version":
             await _reply(send, 200, _encode({"version": __version__}))
-        elif path == "/api/tags":
+        elif endpoint == "tags":
             await _reply(send, 200, _encode({"models": await self.tags(policy)}))
-        elif path == "/api/ps":
+        elif endpoint == "ps":
             await _reply(send, 200, _encode({"models": await self.ps(policy)}))
         else:
             await self.show(body, send, policy)

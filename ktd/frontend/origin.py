@@ -21,7 +21,7 @@ ktd speaks, refuses both for the same reason; ktd does as its middleware does:
 * **WebSockets**: ktd serves none: an upgrade is refused at the handshake (403),
   quietly.
 
-Each refusal is a typed error in the route's own shape (Ollama's under ``/api/``).
+Each refusal is a typed error in the route's own shape (routes.py's ``api_of``).
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ from urllib.parse import urlsplit
 
 from ktd.frontend import errors
 from ktd.frontend.errors import ApiError
-from ktd.frontend.inbound import Receive, Scope, Send, header, may_have_body, send_error
+from ktd.frontend.inbound import Receive, Scope, Send, header, may_have_body
+from ktd.frontend.router import send_shaped
+from ktd.frontend.routes import TABLE, api_of
 
 #: POST paths whose bodies are not JSON (multipart audio).
-_NOT_JSON = frozenset({"/v1/audio/transcriptions"})
+_NOT_JSON = frozenset(r.path for r in TABLE if r.body == "multipart")
 
 
 def is_loopback_bind(bind: str) -> bool:
@@ -153,7 +155,6 @@ class Guard:
         if kind == "http":
             err = self.policy.refusal(scope)
             if err is not None:
-                ollama = str(scope.get("path", "")).startswith("/api/")
-                await send_error(send, err, close=True, ollama=ollama)
+                await send_shaped(send, api_of(str(scope.get("path", ""))), err, close=True)
                 return
         await self.app(scope, receive, send)

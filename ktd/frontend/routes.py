@@ -1,8 +1,13 @@
-"""Which requests the frontend proxies, and how each one names its engine. Pure.
+"""Every route of the frontend, in one table: its path, its methods, who answers it. Pure.
 
-Why a table: every route of SGLang's HTTP surface that clients use goes through
-the same proxy (lease, bytes up, bytes back); routes differ only in where the
-model name comes from and what the body is:
+Why one table: the frontend answers four kinds of route (proxied to an engine, Ollama's
+answers over every model, the dashboard, and Quart's own: health, metrics, the model
+list), and a path belongs to exactly one row here. The router (router.py) looks a
+request up once, answers an unknown path (404) or a wrong method (405, with ``Allow``)
+in the path's own error shape, and hands the rest to the row's owner; Quart's rules
+are made from this table too. A new route is a new row.
+
+Proxied routes differ only in where the model name comes from and what the body is:
 
 * ``model: "required"``: the JSON (or multipart form) ``model`` field names the
   engine, exactly (the routing rule: README, "Configure"); missing -> 400, as OpenAI does.
@@ -17,8 +22,7 @@ model name comes from and what the body is:
 ``GET /v1/loads`` has no body either: the header, else the only ready engine.
 Ollama's ``/api/chat`` and ``/api/generate`` (``api="ollama"``) route by ``model``
 like OpenAI's, with Ollama's ``name:latest`` meaning ``name``; the frontend's own
-errors there are Ollama-shaped, and streams are NDJSON (ollama.py answers the
-rest of Ollama's API).
+errors there are Ollama-shaped, and streams are NDJSON.
 
 Paths are normalised first (repeated slashes collapsed, one trailing slash
 dropped) so ``//v1/chat/completions`` is the route it looks like.
@@ -28,63 +32,165 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode
 
 BodyKind = Literal["json", "multipart", "none"]
 ModelRule = Literal["required", "optional", "response"]
-ApiKind = Literal["openai", "ollama"]
+#: The shape of a route's errors (and, proxied, its stream framing): OpenAI's, Ollama's,
+#: or the dashboard's (OpenAI's body with the page's own headers).
+ApiKind = Literal["openai", "ollama", "ui"]
+#: Who answers a route: the proxy (flow.py), Ollama's own answers (ollama.py), the
+#: dashboard (ui/asgi.py), or Quart (app.py, worker_info.py).
+Owner = Literal["proxy", "ollama", "ui", "app"]
 
 MODEL_HEADER = b"x-ktd-model"
 
 
 @dataclass(frozen=True)
-class ProxyRoute:
-    endpoint: str  # the metrics label
-    body: BodyKind
-    model: ModelRule
+class Route:
+    """One row of the frontend's route table: a path, its methods, who answers it.
+
+    ``path`` is exact, or has one variable part in Quart's syntax (``<name>``: an id of
+    letters, digits, ``_`` and ``-``; ``<path:name>``: the rest of the path, slashes and
+    all). ``endpoint`` names the owner's handler, the Quart endpoint, and the metrics label.
+    ``open``: answered without an API key (Ollama's probes, the dashboard's page and
+    session). The last four fields matter to proxied routes only.
+    """
+
+    path: str
+    methods: tuple[str, ...]
+    owner: Owner
+    endpoint: str
+    api: ApiKind = "openai"
+    open: bool = False
+    body: BodyKind = "none"
+    model: ModelRule = "optional"
     remember: bool = False  # POST /v1/responses: remember the response id's engine
-    api: ApiKind = "openai"  # the shape of the frontend's own errors, the stream framing
     query: tuple[str, ...] = ()  # query parameters passed on (every other one stays here)
 
 
 @dataclass(frozen=True)
 class Match:
-    route: ProxyRoute
-    response_id: str | None = None
+    route: Route
+    param: str | None = None  # the path's variable part: a response id, a model id, a digest
 
 
-EXACT: dict[str, ProxyRoute] = {
-    "/v1/chat/completions": ProxyRoute("chat", "json", "required"),
-    "/v1/completions": ProxyRoute("completions", "json", "required"),
-    "/v1/embeddings": ProxyRoute("embeddings", "json", "required"),
-    "/v1/responses": ProxyRoute("responses", "json", "required", remember=True),
-    "/v1/messages": ProxyRoute("messages", "json", "required"),
-    "/v1/messages/count_tokens": ProxyRoute("count_tokens", "json", "required"),
-    "/v1/audio/transcriptions": ProxyRoute("transcriptions", "multipart", "required"),
-    "/v1/rerank": ProxyRoute("rerank", "json", "optional"),
-    "/v1/score": ProxyRoute("score", "json", "optional"),
-    "/v1/classify": ProxyRoute("classify", "json", "optional"),
-    "/v1/tokenize": ProxyRoute("tokenize", "json", "optional"),
-    "/v1/detokenize": ProxyRoute("detokenize", "json", "optional"),
-    "/generate": ProxyRoute("generate", "json", "optional"),
-    # Ollama's API, which SGLang serves itself: NDJSON streams, Ollama-shaped errors.
-    "/api/chat": ProxyRoute("ollama_chat", "json", "required", api="ollama"),
-    "/api/generate": ProxyRoute("ollama_generate", "json", "required", api="ollama"),
-}
+def _proxied(path: str, endpoint: str, body: BodyKind, model: ModelRule, **kw: Any) -> Route:
+    return Route(
+        path, kw.pop("methods", ("POST",)), "proxy", endpoint, body=body, model=model, **kw
+    )
 
-GET_EXACT: dict[str, ProxyRoute] = {
+
+def _ollama(path: str, endpoint: str, *methods: str, open: bool = False) -> Route:
+    return Route(path, methods, "ollama", endpoint, api="ollama", open=open)
+
+
+def _ui(path: str, endpoint: str, method: str, *, open: bool = False) -> Route:
+    return Route(path, (method,), "ui", endpoint, api="ui", open=open)
+
+
+def _app(path: str, endpoint: str) -> Route:
+    return Route(path, ("GET", "HEAD"), "app", endpoint)
+
+
+TABLE: tuple[Route, ...] = (
+    # Proxied to an engine (flow.py): where the model name comes from, what the body is.
+    _proxied("/v1/chat/completions", "chat", "json", "required"),
+    _proxied("/v1/completions", "completions", "json", "required"),
+    _proxied("/v1/embeddings", "embeddings", "json", "required"),
+    _proxied("/v1/responses", "responses", "json", "required", remember=True),
+    _proxied("/v1/responses/<response_id>", "responses_get", "none", "response", methods=("GET",)),
+    _proxied("/v1/responses/<response_id>/cancel", "responses_cancel", "none", "response"),
+    _proxied("/v1/messages", "messages", "json", "required"),
+    _proxied("/v1/messages/count_tokens", "count_tokens", "json", "required"),
+    _proxied("/v1/audio/transcriptions", "transcriptions", "multipart", "required"),
+    _proxied("/v1/rerank", "rerank", "json", "optional"),
+    _proxied("/v1/score", "score", "json", "optional"),
+    _proxied("/v1/classify", "classify", "json", "optional"),
+    _proxied("/v1/tokenize", "tokenize", "json", "optional"),
+    _proxied("/v1/detokenize", "detokenize", "json", "optional"),
+    _proxied("/generate", "generate", "json", "optional"),
     # SGLang's load route (per DP rank); its own query parameters reach the engine.
-    "/v1/loads": ProxyRoute("loads", "none", "optional", query=("dp_rank", "include", "format")),
-}
+    _proxied(
+        "/v1/loads",
+        "loads",
+        "none",
+        "optional",
+        methods=("GET",),
+        query=("dp_rank", "include", "format"),
+    ),
+    # Ollama's API, which SGLang serves itself: NDJSON streams, Ollama-shaped errors.
+    _proxied("/api/chat", "ollama_chat", "json", "required", api="ollama"),
+    _proxied("/api/generate", "ollama_generate", "json", "required", api="ollama"),
+    # Ollama's API that the frontend answers itself, over every configured model (ollama.py).
+    _ollama("/", "root", "GET", "HEAD", open=True),
+    _ollama("/api/version", "version", "GET", "HEAD", open=True),
+    _ollama("/api/tags", "tags", "GET", "HEAD"),
+    _ollama("/api/ps", "ps", "GET"),
+    _ollama("/api/show", "show", "POST"),
+    _ollama("/api/pull", "pull", "POST"),
+    _ollama("/api/push", "push", "POST"),
+    _ollama("/api/create", "create", "POST"),
+    _ollama("/api/copy", "copy", "POST"),
+    _ollama("/api/delete", "delete", "DELETE"),
+    _ollama("/api/blobs/<path:digest>", "blobs", "POST", "HEAD"),
+    _ollama("/api/embed", "embed", "POST"),
+    _ollama("/api/embeddings", "embeddings_ollama", "POST"),
+    # The dashboard (ui/asgi.py).
+    _ui("/ui", "index", "GET", open=True),
+    _ui("/ui/favicon.svg", "favicon", "GET", open=True),
+    _ui("/ui/api/session", "session", "GET", open=True),
+    _ui("/ui/api/login", "login", "POST", open=True),
+    _ui("/ui/api/logout", "logout", "POST", open=True),
+    _ui("/ui/api/view", "view", "GET"),
+    _ui("/ui/api/series", "series", "GET"),
+    _ui("/ui/api/events", "events", "GET"),
+    _ui("/ui/api/logs", "logs", "GET"),
+    _ui("/ui/api/plan", "plan", "GET"),
+    _ui("/ui/api/usage", "usage", "GET"),
+    _ui("/ui/api/action", "action", "POST"),
+    # The frontend's own answers, served by Quart (app.py; worker_info.py: what
+    # sglang-router reads of a worker).
+    _app("/health", "health"),
+    _app("/metrics", "metrics"),
+    _app("/v1/models", "models"),
+    _app("/v1/models/<path:model_id>", "retrieve_model"),
+    _app("/server_info", "server_info"),
+    _app("/get_server_info", "get_server_info"),
+    _app("/model_info", "model_info"),
+    _app("/get_model_info", "get_model_info"),
+    _app("/get_load", "get_load"),
+)
 
-RESPONSE_GET = ProxyRoute("responses_get", "none", "response")
-RESPONSE_CANCEL = ProxyRoute("responses_cancel", "none", "response")
+# Exact paths -> their rows; paths with a variable part as one regex each, tried in turn.
+_EXACT: dict[str, tuple[Route, ...]] = {}
+_PATTERNS: list[tuple[re.Pattern[str], tuple[Route, ...]]] = []
+_VARIABLE = re.compile(r"<(?:(path):)?(\w+)>")
+_ID = r"[A-Za-z0-9_\-]{1,200}"  # OpenAI's response ids: resp_ + base62/hex (SGLang: resp_<hex>)
 
-# OpenAI response ids: resp_ + base62/hex (SGLang: resp_<uuid hex>).
-_RESPONSE_ID = r"[A-Za-z0-9_\-]{1,200}"
-_GET = re.compile(rf"/v1/responses/({_RESPONSE_ID})")
-_CANCEL = re.compile(rf"/v1/responses/({_RESPONSE_ID})/cancel")
+
+def _compile(path: str) -> re.Pattern[str]:
+    parts = _VARIABLE.split(path)  # [text, kind, name, text, ...]
+    if len(parts) != 4:
+        raise ValueError(f"{path}: a route has at most one variable part")
+    return re.compile(
+        re.escape(parts[0]) + ("(.+)" if parts[1] else f"({_ID})") + re.escape(parts[3])
+    )
+
+
+def _index() -> None:
+    by_path: dict[str, list[Route]] = {}
+    for route in TABLE:
+        by_path.setdefault(route.path, []).append(route)
+    for path, rows in by_path.items():
+        if "<" in path:
+            _PATTERNS.append((_compile(path), tuple(rows)))
+        else:
+            _EXACT[path] = tuple(rows)
+
+
+_index()
 _SLASHES = re.compile(r"/{2,}")
 
 
@@ -96,35 +202,43 @@ def normalise(path: str) -> str:
     return clean or "/"
 
 
+def rows(path: str) -> tuple[tuple[Route, ...], str | None]:
+    """The table's rows for ``path`` (already normalised), and its variable part."""
+    exact = _EXACT.get(path)
+    if exact is not None:
+        return exact, None
+    for pattern, found in _PATTERNS:
+        m = pattern.fullmatch(path)
+        if m:
+            return found, m[1]
+    return (), None
+
+
 def match(method: str, path: str) -> Match | None:
-    """The proxy route for ``method path`` (already normalised), or None."""
-    if method == "POST":
-        route = EXACT.get(path)
-        if route is not None:
-            return Match(route)
-        m = _CANCEL.fullmatch(path)
-        if m:
-            return Match(RESPONSE_CANCEL, m[1])
-    elif method == "GET":
-        route = GET_EXACT.get(path)
-        if route is not None:
-            return Match(route)
-        m = _GET.fullmatch(path)
-        if m:
-            return Match(RESPONSE_GET, m[1])
+    """The route for ``method path`` (already normalised), or None."""
+    found, param = rows(path)
+    for route in found:
+        if method in route.methods:
+            return Match(route, param)
     return None
 
 
 def allowed_methods(path: str) -> list[str]:
-    """Methods a proxied path answers (for a 405 with ``Allow``); [] = not a proxied path."""
-    if path in EXACT or _CANCEL.fullmatch(path):
-        return ["POST"]
-    if path in GET_EXACT or _GET.fullmatch(path):
-        return ["GET"]
-    return []
+    """Methods ``path`` answers (for a 405 with ``Allow``); [] = no such route."""
+    return [m for route in rows(path)[0] for m in route.methods]
 
 
-def forwarded_query(route: ProxyRoute, query_string: bytes) -> bytes:
+def api_of(path: str) -> ApiKind:
+    """The error shape of a path, routed or not: Ollama's under ``/api/`` and at ``/``
+    (what Ollama's tools probe), the dashboard's under ``/ui``, else OpenAI's."""
+    if path == "/" or path.startswith("/api/"):
+        return "ollama"
+    if path == "/ui" or path.startswith("/ui/"):
+        return "ui"
+    return "openai"
+
+
+def forwarded_query(route: Route, query_string: bytes) -> bytes:
     """The part of the query string the engine may see: only the route's own parameters."""
     if not route.query or not query_string:
         return b""

@@ -14,10 +14,10 @@ demand when the first request arrives.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from quart import Response, request
-from quart_trio import QuartTrio
 
 from ktd import __version__
 from ktd import protocol as p
@@ -98,8 +98,8 @@ def sum_loads(per_engine: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return [by_rank[r] for r in sorted(by_rank)] or [dict(_IDLE_LOAD)]
 
 
-def install(app: QuartTrio, state: State) -> None:
-    """Add the worker-info routes to ``app``."""
+def views(state: State) -> dict[str, Callable[..., Any]]:
+    """The worker-info views, by routes.py endpoint (Quart serves them)."""
 
     def check_key() -> None:
         state.keys.check(header(request.scope, b"authorization"))
@@ -165,8 +165,10 @@ def install(app: QuartTrio, state: State) -> None:
                 loads.append([x for x in entries if isinstance(x, dict)])
         return reply(sum_loads(loads))
 
-    for path in ("/server_info", "/get_server_info"):
-        app.add_url_rule(path, endpoint=f"wi{path}", view_func=server_info, methods=["GET"])
-    for path in ("/model_info", "/get_model_info"):
-        app.add_url_rule(path, endpoint=f"wi{path}", view_func=model_info, methods=["GET"])
-    app.add_url_rule("/get_load", endpoint="wi/get_load", view_func=get_load, methods=["GET"])
+    return {
+        "server_info": server_info,
+        "get_server_info": server_info,
+        "model_info": model_info,
+        "get_model_info": model_info,
+        "get_load": get_load,
+    }

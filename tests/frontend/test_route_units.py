@@ -16,13 +16,17 @@ from ktd.frontend.errors import ApiError
 from ktd.frontend.ollama import ollama_alias, ps_entry, ps_rows
 from ktd.frontend.promtext import label_sample, merge
 from ktd.frontend.routes import (
-    EXACT,
+    TABLE,
+    Match,
+    Route,
     allowed_methods,
+    api_of,
     forwarded_query,
     match,
     normalise,
     ollama_name,
     response_id_in,
+    rows,
     split_lora,
 )
 from ktd.sim.cli import parse
@@ -57,15 +61,43 @@ def test_route_table_covers_sglang_surface() -> None:
         "/v1/audio/transcriptions",
     ):
         found = match("POST", path)
-        assert found is not None and found.route is EXACT[path]
+        assert found is not None and found.route.path == path and found.route.owner == "proxy"
         assert match("GET", path) is None and allowed_methods(path) == ["POST"]
     got = match("GET", "/v1/responses/resp_abc")
-    assert got is not None and got.response_id == "resp_abc"
+    assert got is not None and got.param == "resp_abc"
     cancel = match("POST", "/v1/responses/resp_abc/cancel")
     assert cancel is not None and cancel.route.endpoint == "responses_cancel"
     assert match("GET", "/v1/responses/a/b") is None
-    assert EXACT["/v1/audio/transcriptions"].body == "multipart"
-    assert EXACT["/generate"].model == "optional"
+    assert _route("POST", "/v1/audio/transcriptions").body == "multipart"
+    assert _route("POST", "/generate").model == "optional"
+
+
+def _route(method: str, path: str) -> Route:
+    found = match(method, path)
+    assert found is not None
+    return found.route
+
+
+def test_one_table_every_path_in_one_row_and_one_endpoint_each() -> None:
+    """Endpoints name handlers, Quart rules and metric labels: one each. A path's rows
+    share one owner's shape, and the variable parts match what they should."""
+    endpoints = [r.endpoint for r in TABLE]
+    assert len(endpoints) == len(set(endpoints))
+    for route in TABLE:
+        assert route.methods and all(m == m.upper() for m in route.methods)
+        assert route.api == api_of(route.path.split("<")[0] or "/"), route
+        if route.owner != "proxy":
+            assert route.body == "none" and not route.remember and not route.query
+    model = _route("GET", "/v1/models/org/some-model")
+    assert model.endpoint == "retrieve_model" and model.owner == "app"
+    assert match("GET", "/v1/models/org/x") == Match(model, "org/x")
+    assert _route("HEAD", "/api/blobs/sha256:ab/cd").endpoint == "blobs"
+    assert _route("HEAD", "/").open and not _route("GET", "/api/tags").open
+    assert allowed_methods("/api/chat") == ["POST"] and allowed_methods("/nope") == []
+    assert allowed_methods("/health") == ["GET", "HEAD"]
+    assert match("HEAD", "/v1/loads") is None  # a proxied GET has no HEAD: a 405
+    assert api_of("/ui/api/x") == "ui" and api_of("/") == "ollama" and api_of("/x") == "openai"
+    assert rows("/v1/responses/" + "a" * 201) == ((), None)
 
 
 def test_lora_split_and_response_ids() -> None:
@@ -160,7 +192,7 @@ def test_ollama_and_loads_routes() -> None:
         b"include=core&dp_rank=0"
     )
     assert forwarded_query(loads.route, b"api_key=k") == b""
-    assert forwarded_query(EXACT["/v1/chat/completions"], b"include=core") == b""
+    assert forwarded_query(_route("POST", "/v1/chat/completions"), b"include=core") == b""
     # Ollama's name:tag: :latest is the alias; another tag is kept (and refused by flow.py).
     assert ollama_name("m1:latest") == ("m1", None)
     assert ollama_name("m1") == ("m1", None)

@@ -1,9 +1,10 @@
 """The dashboard at ``GET /ui``: engines, the machine, loads and traffic, live.
 
-``install`` mounts it on the frontend's app; docs/ui.md has the data flow and the
-access rules. The pure parts: ``access`` (keys, cookie), ``series`` (the hour of
-traffic), ``view`` (what a page shows), ``wire`` (SSE framing), ``page`` (the page
-from ``static/``); the I/O: ``hub`` (events in, streams out) and ``asgi`` (HTTP).
+``install`` builds it for the frontend's app (router.py hands it its routes);
+docs/ui.md has the data flow and the access rules. The pure parts: ``access`` (keys,
+cookie), ``series`` (the hour of traffic), ``view`` (what a page shows), ``wire`` (SSE
+framing), ``page`` (the page from ``static/``); the I/O: ``hub`` (events in, streams
+out) and ``asgi`` (HTTP).
 """
 
 from __future__ import annotations
@@ -31,12 +32,9 @@ def heartbeat_interval(idle_timeout: float) -> float:
     return min(max(idle_timeout / 2, 1.0), 15.0)
 
 
-def install(app: QuartTrio, state: State) -> None:
-    """Put the dashboard in front of ``app``'s own routes and start its tasks with the app.
-
-    Call before the proxy layer wraps ``app.asgi_app``: proxied requests then never
-    reach the dashboard's code.
-    """
+def install(app: QuartTrio, state: State) -> Dashboard:
+    """The dashboard, its tasks started and stopped with the app; the router hands it
+    its routes."""
     options = state.options
     hub = Hub(
         state.broker,
@@ -45,12 +43,8 @@ def install(app: QuartTrio, state: State) -> None:
         sample_interval=options.ui_sample_interval,
     )
     access = Access(state.keys.ring, control=options.frontend.ui_control)
-    app.asgi_app = Dashboard(  # type: ignore[method-assign,assignment]
-        app.asgi_app,  # type: ignore[arg-type]
-        hub,
-        access,
-        load(),
-        heartbeat=heartbeat_interval(options.frontend.idle_timeout),
+    dashboard = Dashboard(
+        hub, access, load(), heartbeat=heartbeat_interval(options.frontend.idle_timeout)
     )
     app.extensions[_KEY] = hub
 
@@ -61,6 +55,8 @@ def install(app: QuartTrio, state: State) -> None:
     @app.after_serving
     async def _stop_dashboard() -> None:
         hub.close()
+
+    return dashboard
 
 
 def close(app: QuartTrio) -> None:

@@ -1,9 +1,8 @@
 """The dashboard's HTTP surface: ``/ui`` and ``/ui/...``, answered on raw ASGI messages.
 
-It sits between the proxy layer (flow.py, which has already answered the proxied
-routes and read any request body) and Quart, so no proxied request passes through
-here, and it answers its own streams without Quart (whose per-chunk timeouts would
-cut a live stream, and whose answers do not close connections as asked).
+The router (router.py) hands over the ``owner="ui"`` rows of routes.py's table; the
+dashboard answers them, its streams included, without Quart (whose per-chunk timeouts
+would cut a live stream, and whose answers do not close connections as asked).
 
 Paths (the page computes them from its own address, so they are relative to it):
 
@@ -42,8 +41,10 @@ from ktd.core import usage
 from ktd.core.loglines import Seam
 from ktd.frontend import errors, inbound
 from ktd.frontend.errors import ApiError
-from ktd.frontend.inbound import ASGIApp, Receive, Scope, Send
+from ktd.frontend.inbound import Receive, Scope, Send
 from ktd.frontend.proxy import control_error
+from ktd.frontend.router import UI_HEADERS, send_shaped
+from ktd.frontend.routes import Match
 from ktd.frontend.transport import ClientDeaf
 from ktd.frontend.ui import wire
 from ktd.frontend.ui.access import CONTROL_HEADER, Access, cookie_value, set_cookie
@@ -62,16 +63,11 @@ ACTIONS = ("load", "evict", "sleep", "wake", "reload")
 # What the daemon answers a sleep or a wake it will not do: no sleep configured or
 # supported, or not running / not asleep. The message says why (409, not a 503).
 _REFUSED = frozenset({p.ErrorCode.NO_SLEEP, p.ErrorCode.NOT_LOADED})
-_COMMON = [
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cache-control", b"no-store"),
-]
 
-Handler = Callable[["Request"], Awaitable[None]]
+Handler = Callable[["UiRequest"], Awaitable[None]]
 
 
-class Request:
+class UiRequest:
     """One request to the dashboard: the ASGI triple and what access decided."""
 
     __slots__ = ("allowed", "query", "receive", "scope", "send", "who")
@@ -122,66 +118,50 @@ class Request:
         ctype: bytes = b"application/json",
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        out = [(b"content-type", ctype), *_COMMON, *(headers or [])]
+        out = [(b"content-type", ctype), *UI_HEADERS, *(headers or [])]
         await inbound.respond(self.send, status, body, out)
 
     async def json_reply(self, obj: Any, status: int = 200, **kw: Any) -> None:
         await self.respond(status, wire.encode(obj), **kw)
 
     async def error(self, err: ApiError) -> None:
-        await inbound.send_error(self.send, err, extra=_COMMON)
+        await send_shaped(self.send, "ui", err)
 
 
 class Dashboard:
-    """ASGI middleware: ``/ui`` and below here, everything else to ``app``."""
+    """The ``owner="ui"`` rows of routes.py: ``/ui`` and below (router.py hands them over)."""
 
-    def __init__(self, app: ASGIApp, hub: Hub, access: Access, page: Page, *, heartbeat: float):
-        self.app = app
+    def __init__(self, hub: Hub, access: Access, page: Page, *, heartbeat: float):
         self.hub = hub
         self.access = access
         self.page = page
         self.heartbeat = heartbeat
-        # path -> (method, handler, needs a key)
-        self.routes: dict[str, tuple[str, Handler, bool]] = {
-            "/ui": ("GET", self.index, False),
-            "/ui/favicon.svg": ("GET", self.favicon, False),
-            "/ui/api/session": ("GET", self.session, False),
-            "/ui/api/login": ("POST", self.login, False),
-            "/ui/api/logout": ("POST", self.logout, False),
-            "/ui/api/view": ("GET", self.view, True),
-            "/ui/api/series": ("GET", self.series, True),
-            "/ui/api/events": ("GET", self.events, True),
-            "/ui/api/logs": ("GET", self.logs, True),
-            "/ui/api/plan": ("GET", self.plan, True),
-            "/ui/api/usage": ("GET", self.usage, True),
-            "/ui/api/action": ("POST", self.action, True),
+        # routes.py's endpoints -> their handlers
+        self.handlers: dict[str, Handler] = {
+            "index": self.index,
+            "favicon": self.favicon,
+            "session": self.session,
+            "login": self.login,
+            "logout": self.logout,
+            "view": self.view,
+            "series": self.series,
+            "events": self.events,
+            "logs": self.logs,
+            "plan": self.plan,
+            "usage": self.usage,
+            "action": self.action,
         }
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"] if scope["type"] == "http" else ""
-        if path != "/ui" and not path.startswith("/ui/"):
-            await self.app(scope, receive, send)
-            return
-        req = Request(scope, receive, send, self.access)
+    async def answer(self, found: Match, scope: Scope, receive: Receive, send: Send) -> None:
+        req = UiRequest(scope, receive, send, self.access)
         try:
-            route = self.routes.get(path)
-            if route is None:
-                raise errors.make("unknown_route", what="", method=scope["method"], path=path)
-            method, handler, needs_key = route
-            if scope["method"] != method:
-                raise errors.make(
-                    "method_not_allowed",
-                    method=scope["method"],
-                    path=path,
-                    headers={"Allow": method},
-                )
-            if needs_key and not req.allowed:
+            if not found.route.open and not req.allowed:
                 raise errors.make("key_needed")
-            await handler(req)
+            await self.handlers[found.route.endpoint](req)
         except ApiError as err:
             await req.error(err)
         except Exception:
-            log.exception("dashboard: unexpected error on %s %s", scope["method"], path)
+            log.exception("dashboard: unexpected error on %s %s", scope["method"], scope["path"])
             try:  # a 500 if nothing was sent yet; Hypercorn closes the connection otherwise
                 await req.error(errors.make("internal", message="internal frontend error"))
             except Exception:
@@ -189,14 +169,14 @@ class Dashboard:
 
     # ------------------------------------------------------------ page, session
 
-    async def index(self, req: Request) -> None:
+    async def index(self, req: UiRequest) -> None:
         headers = [
             (b"content-security-policy", self.page.csp.encode("ascii")),
             (b"x-frame-options", b"DENY"),
         ]
         await req.respond(200, self.page.html, b"text/html; charset=utf-8", headers)
 
-    async def favicon(self, req: Request) -> None:
+    async def favicon(self, req: UiRequest) -> None:
         await req.respond(200, self.page.favicon, b"image/svg+xml")
 
     def _session(self, allowed: bool, admin: bool) -> dict[str, Any]:
@@ -207,10 +187,10 @@ class Dashboard:
             "heartbeat": self.heartbeat,
         }
 
-    async def session(self, req: Request) -> None:
+    async def session(self, req: UiRequest) -> None:
         await req.json_reply(self._session(req.allowed, req.who is not None and req.who.admin))
 
-    async def login(self, req: Request) -> None:
+    async def login(self, req: UiRequest) -> None:
         key = (await req.json()).get("key")
         if not self.access.required:
             await req.json_reply(self._session(True, False))
@@ -221,20 +201,20 @@ class Dashboard:
         cookie = set_cookie(cookie_value(key), secure=req.secure).encode("latin-1")
         await req.json_reply(self._session(True, who.admin), headers=[(b"set-cookie", cookie)])
 
-    async def logout(self, req: Request) -> None:
+    async def logout(self, req: UiRequest) -> None:
         cookie = set_cookie("", secure=req.secure, max_age=0).encode("latin-1")
         session = self._session(not self.access.required, False)
         await req.json_reply(session, headers=[(b"set-cookie", cookie)])
 
     # ------------------------------------------------------------ data
 
-    async def view(self, req: Request) -> None:
+    async def view(self, req: UiRequest) -> None:
         await req.respond(200, await self.hub.current_view())
 
-    async def series(self, req: Request) -> None:
+    async def series(self, req: UiRequest) -> None:
         await req.respond(200, self.hub.series_json())
 
-    async def logs(self, req: Request) -> None:
+    async def logs(self, req: UiRequest) -> None:
         alias = _alias(req.arg("alias"))
         try:
             lines = max(0, min(int(req.arg("lines") or TAIL_LINES), 10_000))
@@ -248,7 +228,7 @@ class Dashboard:
             raise control_error(alias, exc) from None
         await req.json_reply({"alias": alias, "lines": tail})
 
-    async def plan(self, req: Request) -> None:
+    async def plan(self, req: UiRequest) -> None:
         alias = _alias(req.arg("alias"))
         try:
             plan = await self.hub.plan(alias)
@@ -256,7 +236,7 @@ class Dashboard:
             raise control_error(alias, exc) from None
         await req.json_reply({"alias": alias, "plan": plan})
 
-    async def usage(self, req: Request) -> None:
+    async def usage(self, req: UiRequest) -> None:
         """The usage ledger's last ``USAGE_DAYS`` days (UTC): every key's for an admin key
         (or a frontend without keys), else only the viewer's own key's."""
         since = usage.days_before(usage.day_of(time.time()), USAGE_DAYS - 1)
@@ -269,7 +249,7 @@ class Dashboard:
         rows = reply.rows if isinstance(reply, p.UsageReply) else []
         await req.json_reply({"since": since, "days": USAGE_DAYS, "rows": rows})
 
-    async def action(self, req: Request) -> None:
+    async def action(self, req: UiRequest) -> None:
         if not self.access.may_act(req.who, req.header(CONTROL_HEADER)):
             why = "off (frontend.ui_control)" if not self.access.control else "not allowed"
             raise errors.make("forbidden", message=f"The dashboard's actions are {why}.")
@@ -307,7 +287,7 @@ class Dashboard:
 
     # ------------------------------------------------------------ the live stream
 
-    async def events(self, req: Request) -> None:
+    async def events(self, req: UiRequest) -> None:
         hub = self.hub
         if hub.closing.is_set():
             raise errors.make("frontend_stopping")
@@ -317,7 +297,7 @@ class Dashboard:
             headers = [
                 (b"content-type", b"text/event-stream"),
                 (b"x-accel-buffering", b"no"),
-                *_COMMON,
+                *UI_HEADERS,
             ]
             await req.send({"type": "http.response.start", "status": 200, "headers": headers})
             gone = False
@@ -343,7 +323,7 @@ class Dashboard:
         finally:
             hub.leave(viewer)
 
-    async def _stream(self, req: Request, viewer: Viewer) -> None:
+    async def _stream(self, req: UiRequest, viewer: Viewer) -> None:
         hub = self.hub
 
         async def out(data: bytes) -> None:
