@@ -21,10 +21,10 @@ from ktd.core.placement import Holding
 
 __all__ = [
     "HolderView",
-    "MakeRoom",
     "NoLaunch",
     "PlanView",
     "Step",
+    "StopIdle",
     "Use",
     "WaitIdle",
     "WaitLeaving",
@@ -69,7 +69,7 @@ class Use:
 
 
 @dataclass(frozen=True)
-class MakeRoom:
+class StopIdle:
     """Stop these idle engines, wait for them, then plan again."""
 
     aliases: tuple[str, ...]
@@ -98,7 +98,7 @@ class NoLaunch:
     impossible: bool = False
 
 
-Step = Use | MakeRoom | WaitLeaving | WaitIdle | NoLaunch
+Step = Use | StopIdle | WaitLeaving | WaitIdle | NoLaunch
 
 
 def waitable(holder: HolderView, *, swap: bool) -> bool:
@@ -122,7 +122,7 @@ def idle_for(holder: HolderView, cutoff: int) -> bool:
 def place_step(plan: PlanView, holders: Mapping[str, HolderView], *, swap: bool) -> Step:
     """What to do with ``plan``; ``holders`` has every engine the plan may name."""
     if plan.ok:
-        return MakeRoom(tuple(plan.evict)) if plan.evict else Use()
+        return StopIdle(tuple(plan.evict)) if plan.evict else Use()
     reason = plan.reason or "cannot be placed"
     if plan.impossible:
         return NoLaunch(reason, impossible=True)

@@ -239,7 +239,7 @@ class Placer:
                     step = eviction.place_step(plan, views, swap=engine.spec.swap)
                     if isinstance(step, eviction.Use):
                         return plan
-                    if isinstance(step, eviction.MakeRoom):
+                    if isinstance(step, eviction.StopIdle):
                         await self._evict_for(engine, step.aliases)
                         continue
                     if isinstance(step, eviction.WaitLeaving):

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from ktd.core import states as S
 from ktd.core.eviction import (
     HolderView,
-    MakeRoom,
     NoLaunch,
+    StopIdle,
     Use,
     WaitIdle,
     WaitLeaving,
@@ -33,7 +33,7 @@ def holder(alias: str, state: str = S.READY, *, want_up: bool = True, **kw: obje
 
 def test_a_fitting_plan_is_used_or_evicts_the_idle_engines_it_names() -> None:
     assert place_step(P(), {}, swap=True) == Use()
-    assert place_step(P(evict=("a", "b")), {}, swap=True) == MakeRoom(("a", "b"))
+    assert place_step(P(evict=("a", "b")), {}, swap=True) == StopIdle(("a", "b"))
 
 
 def test_an_impossible_plan_is_refused_as_such() -> None:
