@@ -173,7 +173,7 @@ def main() -> int:
         trio.run(run_phase, front, stack.url, args, fe_pid, f"{ALIAS}-ktd")
         time.sleep(0.5)
         rss_after = rss_bytes(fe_pid)
-        leases = stack.engine(f"{ALIAS}-ktd").leases
+        in_flight = stack.engine(f"{ALIAS}-ktd").in_flight
 
     interval = 1.0 / args.rate
     print()
@@ -207,7 +207,7 @@ def main() -> int:
     print(
         f"frontend: RSS idle {rss_idle / 2**20:.1f} MB, peak {mb:.1f} MB, "
         f"after {rss_after / 2**20:.1f} MB; CPU {front.cpu:.2f} s over {front.seconds:.1f} s"
-        f" = {front.cpu / max(front.events, 1) * 1e6:.0f} us/event; leases left {leases}"
+        f" = {front.cpu / max(front.events, 1) * 1e6:.0f} us/event; in flight after {in_flight}"
     )
     d_st = [g for g in direct.steady if g >= interval / 2]
     f_st = [g for g in front.steady if g >= interval / 2]

@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("ping", "check that ktd answers; print its version and pid")
 
-    sp = add("status", "show engines (state, pid, port, placement, leases)")
+    sp = add("status", "show engines (state, pid, port, placement, requests in flight)")
     sp.add_argument("alias", nargs="?", metavar="ALIAS", help="only this engine")
 
     add("models", "list the models of models.json and whether ktd serves them")
@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also show the access lines of ktd's own health checks (GET /health, /v1/models)",
     )  # fmt: skip
 
-    sp = add("events", "print ktd's events as they happen (state changes, logs, leases)")
+    sp = add("events", "print ktd's events as they happen (state changes, logs, in-flight counts)")
     sp.add_argument("topics", nargs="*", metavar="TOPIC",
                     help="topic prefixes, e.g. engine. or log.ALIAS (default: all)")  # fmt: skip
     sp.add_argument("--probes", action="store_true",

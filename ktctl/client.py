@@ -169,7 +169,7 @@ class Client(Closing):
             engine = ktd.load("deepseek-v4-kt")          # waits until ready
             print(engine.url, engine.pid)
             for e in ktd.status():
-                print(e.alias, e.state, e.leases)
+                print(e.alias, e.state, e.in_flight)
             try:
                 ktd.evict("deepseek-v4-kt", timeout=60)
             except KtdError as exc:
@@ -610,8 +610,8 @@ class Client(Closing):
         """Every event whose topic starts with one of ``topics``, forever (``""``: all).
 
         Topics: ``engine.<alias>`` (state, reason, phase), ``log.<alias>``
-        (lines), ``lease.<alias>`` (leases). The subscription is made before this
-        returns, so events published after the call are not missed.
+        (lines), ``lease.<alias>`` (``in_flight``). The subscription is made before
+        this returns, so events published after the call are not missed.
         """
         sub = self.subscribe(topics)
 

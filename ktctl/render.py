@@ -209,7 +209,7 @@ def until_cell(e: p.EngineInfo, now: float) -> str:
         return f"in {duration(e.asleep_since + e.sleep_ttl - now)}"
     if e.state != S.READY or not e.ttl:
         return "-"
-    if e.leases:
+    if e.in_flight:
         return "busy"
     if e.expires_at is None:
         return "-"
@@ -238,7 +238,7 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
                 str(e.port) if e.port else "-",
                 ranges(e.numa_nodes),
                 gpus,
-                str(e.leases),
+                str(e.in_flight),
                 uptime,
                 f"{duration(now - e.last_used)} ago" if e.last_used else "-",
                 until_cell(e, now),
@@ -246,7 +246,7 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
             ]
         )
     headers = [
-        "ALIAS", "STATE", "PHASE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "UPTIME", "USED",
+        "ALIAS", "STATE", "PHASE", "PID", "PORT", "NUMA", "GPUS", "IN_FLIGHT", "UPTIME", "USED",
         "UNTIL", "REASON",
     ]  # fmt: skip
     if any(e.sleep in SLEEP_SHOWN for e in engines):  # only when a model may sleep
@@ -539,8 +539,8 @@ def event_lines(ev: p.Event) -> list[str]:
         parts.append(f"pid={ev.pid}")
     if ev.port:
         parts.append(f"port={ev.port}")
-    if ev.leases is not None:
-        parts.append(f"leases={ev.leases}")
+    if ev.in_flight is not None:
+        parts.append(f"in_flight={ev.in_flight}")
     if ev.reason:
         parts.append(one_line(ev.reason))
     parts += [one_line(line) for line in ev.lines]

@@ -220,6 +220,10 @@ class ClaimState(msgspec.Struct, kw_only=True):
     claim: Id
     alias: ModelName
     url: Url = ""
+    # On the wire still ``inflight``: nothing keeps a frontend and its daemon on one
+    # release (``Ping`` only shows the daemon's version; unknown fields are dropped, not
+    # refused), and a report under a name the daemon does not know would read as 0
+    # requests in flight: busy engines taken for idle by status, eviction and reload.
     in_flight: Annotated[int, msgspec.Meta(ge=0)] = msgspec.field(default=0, name="inflight")
     idle: Seconds = 0.0  # since its last request ended (0 while one is in flight)
     routing: bool = True  # False once recalled: no new request goes there
@@ -367,7 +371,12 @@ class GatewayInfo(msgspec.Struct, kw_only=True):
 
 
 class EngineInfo(msgspec.Struct, kw_only=True):
-    """One engine as ``ktctl status --json`` shows it. Fields are only ever added."""
+    """One engine as ``ktctl status --json`` shows it. Fields are only ever added.
+
+    ``leases`` is the deprecated name of ``in_flight`` (it counts claim holders'
+    requests too, not only acquire leases), carried with the same value for the
+    scripts that read it and removed in the next release.
+    """
 
     alias: str
     state: EngineState
@@ -378,7 +387,8 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     gpus: list[int] = []
     since: float = 0.0
     reason: str | None = None
-    leases: int = 0  # requests in flight: acquire leases plus what claim holders report
+    in_flight: int = 0  # requests in flight: acquire leases plus what claim holders report
+    leases: int = 0  # deprecated: ``in_flight``
     url: str | None = None
     cpus: list[int] = []
     restarts: int = 0
@@ -417,6 +427,11 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     asleep_since: float | None = None  # wall clock: when it fell asleep (state "asleep")
     sleep_ttl: float = 0.0  # seconds asleep before it is stopped (0: never)
     host_bytes: int | None = None  # host RAM it holds on its NUMA nodes while asleep (estimate)
+
+    def __post_init__(self) -> None:
+        # One number under two names, whichever the sender set: an older daemon sends
+        # only ``leases``, code that builds one sets ``in_flight``.
+        self.in_flight = self.leases = self.in_flight or self.leases
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):
@@ -603,8 +618,9 @@ class Event(msgspec.Struct, kw_only=True):
     """Published on the PUB socket as ``[topic, msgpack(Event)]``.
 
     Topics: ``engine.<alias>`` (state changes), ``log.<alias>`` (log lines),
-    ``lease.<alias>`` (lease count changes), ``probe.<alias>`` (the engine's access
+    ``lease.<alias>`` (``in_flight`` changes), ``probe.<alias>`` (the engine's access
     lines for ktd's own health checks, kept off ``log.`` so they do not bury the rest).
+    ``leases`` is the deprecated name of ``in_flight``, as in ``EngineInfo``.
     """
 
     topic: str
@@ -616,7 +632,8 @@ class Event(msgspec.Struct, kw_only=True):
     # ``log.``/``probe.`` events: lines the engine's log had taken once these were
     # added (one count per engine per daemon run; 0 from a daemon that does not count).
     upto: int = 0
-    leases: int | None = None
+    in_flight: int | None = None  # ``lease.`` events: requests in flight on the engine
+    leases: int | None = None  # deprecated: ``in_flight``
     pid: int | None = None
     port: int | None = None
     phase: str | None = None
@@ -624,6 +641,12 @@ class Event(msgspec.Struct, kw_only=True):
     load_eta: float | None = None
     step: str | None = None  # as ``EngineInfo.step``
     waiting_for: list[str] = []
+
+    def __post_init__(self) -> None:
+        # As ``EngineInfo``'s: both names carry the number, whichever the sender set.
+        if self.in_flight is None:
+            self.in_flight = self.leases
+        self.leases = self.in_flight
 
 
 _request_encoder = msgspec.msgpack.Encoder()

@@ -141,3 +141,27 @@ def test_a_claim_report_keeps_its_wire_name_for_requests_in_flight() -> None:
     ]})  # fmt: skip
     sync = p.decode_request(raw)
     assert isinstance(sync, p.Sync) and sync.claims[0].in_flight == 3
+
+
+def test_status_and_lease_events_carry_in_flight_and_the_deprecated_leases_equal() -> None:
+    """``leases`` is ``in_flight``'s old name, kept for one release for the scripts that
+    read it: the same number under both, whichever the sender set (an older daemon
+    sends only ``leases``)."""
+    info = p.EngineInfo(alias="m", state=p.EngineState.READY, in_flight=3)
+    assert msgspec.to_builtins(info)["in_flight"] == msgspec.to_builtins(info)["leases"] == 3
+    old = msgspec.msgpack.encode({"type": "status", "engines": [
+        {"alias": "m", "state": "ready", "leases": 2}
+    ]})  # fmt: skip
+    status = p.decode_reply(old)
+    assert isinstance(status, p.StatusReply)
+    assert (status.engines[0].in_flight, status.engines[0].leases) == (2, 2)
+    assert p.EngineInfo(alias="m", state=p.EngineState.STOPPED).leases == 0
+
+    event = p.Event(topic="lease.m", time=0.0, alias="m", in_flight=0)
+    assert (event.in_flight, event.leases) == (0, 0)  # 0 is a count, not "not set"
+    wire = p.decode_event(p.encode(event))
+    assert (wire.in_flight, wire.leases) == (0, 0)
+    old = msgspec.msgpack.encode({"topic": "lease.m", "time": 0.0, "alias": "m", "leases": 4})
+    old_event = p.decode_event(old)
+    assert (old_event.in_flight, old_event.leases) == (4, 4)
+    assert p.Event(topic="engine.m", time=0.0, alias="m").in_flight is None

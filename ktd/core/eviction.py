@@ -59,7 +59,7 @@ class HolderView:
     state: str
     want_up: bool
     pinned: bool = False
-    leases: int = 0
+    in_flight: int = 0
     queue: tuple[int, ...] = ()  # tickets of waiting requests
 
 
@@ -114,7 +114,7 @@ def idle_for(holder: HolderView, cutoff: int) -> bool:
     """Done with everything that arrived before ``cutoff`` (or gone)."""
     if holder.state in (S.STOPPED, S.FAILED) or not holder.want_up:
         return True
-    if holder.state != S.READY or holder.leases:
+    if holder.state != S.READY or holder.in_flight:
         return False
     return not any(t < cutoff for t in holder.queue)
 

@@ -61,7 +61,7 @@ class Holding:
     alias: str
     numa_nodes: tuple[int, ...]
     gpus: tuple[int, ...]
-    leases: int = 0
+    in_flight: int = 0
     pinned: bool = False
     last_used: float = 0.0
     state: str = S.READY
@@ -73,13 +73,13 @@ class Holding:
         A starting engine is never evicted for another: killing a half-loaded
         model throws away minutes of work and invites load ping-pong.
         """
-        return self.leases == 0 and not self.pinned and self.state == S.READY
+        return self.in_flight == 0 and not self.pinned and self.state == S.READY
 
     def describe(self, allow_evict: bool = True) -> str:
         """Why this holder stays, for ``blocked_by`` reasons."""
         parts: list[str] = []
-        if self.leases:
-            parts.append(f"{self.leases} lease" + ("" if self.leases == 1 else "s"))
+        if self.in_flight:
+            parts.append(f"{self.in_flight} in flight")
         if self.pinned:
             parts.append("pinned")
         if self.state != S.READY:
@@ -541,7 +541,7 @@ def _short(need: _Need, wanted: Sequence[int], held: set[int]) -> bool:
 def _busy_reason(
     req: _Request, evictable: Sequence[Holding], allow_evict: bool
 ) -> tuple[str, tuple[str, ...]]:
-    """Name every holder that keeps a contested resource: ``NUMA node 1 held by x (2 leases)``.
+    """Name every holder that keeps a contested resource: ``NUMA node 1 held by x (2 in flight)``.
 
     Only holders that stay count (those we could not evict); the operator needs
     to know whom to wait for or ``ktctl evict``, not the whole pool.

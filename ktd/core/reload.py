@@ -2,7 +2,7 @@
 
 Hot reload without llama-swap's habit of restarting everything: engines whose
 launch is unchanged keep running (their lifecycle fields update in place);
-changed ones restart when idle, or are ``stale`` until their last lease ends;
+changed ones restart when idle, or are ``stale`` until their last request ends;
 removed ones drain and stop; new ones appear stopped. ``plan_reload`` decides;
 the pool carries the plan out.
 """
@@ -25,8 +25,8 @@ ChangeKind = Literal[
     "add",  # new: appears stopped
     "same",  # the spec is what runs: clear any pending restart
     "update",  # the launch is unchanged (or nothing runs): new spec in place
-    "restart",  # the launch changed and no lease: restart when idle
-    "stale",  # the launch changed and leases run: stale until idle, then restart
+    "restart",  # the launch changed and nothing in flight: restart when idle
+    "stale",  # the launch changed and requests are in flight: stale until idle, then restart
 ]
 
 
@@ -36,7 +36,7 @@ class Existing:
 
     spec: ModelSpec
     state: str
-    leases: int = 0
+    in_flight: int = 0
     retired: bool = False
     finished: bool = False  # its owner task has returned
     restart_pending: bool = False  # a changed spec already waits for it to go idle
@@ -91,7 +91,7 @@ def plan_reload(engines: Mapping[str, Existing], served: Mapping[str, ModelSpec]
         elif spec.launch_key() == view.spec.launch_key() or view.state not in S.HAS_PROCESSES:
             plan.changes.append(Change(alias, "update", spec))
         else:
-            kind = "stale" if view.leases else "restart"
+            kind = "stale" if view.in_flight else "restart"
             plan.changes.append(
                 Change(alias, kind, spec, schedule_restart=not view.restart_pending)
             )

@@ -347,7 +347,7 @@ class Engine:
             gpus=list(plan.gpus) if plan else [],
             cpus=list(plan.cpus) if plan else [],
             since=self.since,
-            leases=self.in_flight(),
+            in_flight=self.in_flight(),
             claims=len(self.claims),
             url=self.url if self.state in (S.READY, S.DRAINING) else None,
             restarts=st.restarts,

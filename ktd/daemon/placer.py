@@ -38,7 +38,7 @@ def holder_view(engine: Engine) -> eviction.HolderView:
         state=engine.state,
         want_up=engine.want_up,
         pinned=engine.spec.pinned,
-        leases=engine.in_flight(),
+        in_flight=engine.in_flight(),
         queue=tuple(w.ticket for w in engine.gate.line),
     )
 
@@ -85,7 +85,7 @@ class Placer:
                     alias=e.alias,
                     numa_nodes=tuple(e.plan.numa_nodes),
                     gpus=tuple(e.plan.gpus),
-                    leases=e.in_flight(),
+                    in_flight=e.in_flight(),
                     pinned=e.spec.pinned,
                     last_used=e.idle_since if e.idle_since is not None else 0.0,
                     state=e.state,

@@ -286,7 +286,7 @@ class Pool:
         topic = f"lease.{engine.alias}"
         self.publish(
             topic,
-            Event(topic=topic, time=time.time(), alias=engine.alias, leases=engine.in_flight()),
+            Event(topic=topic, time=time.time(), alias=engine.alias, in_flight=engine.in_flight()),
         )
         engine.notify_changed()
 

@@ -47,7 +47,7 @@ class Reloader:
             alias: Existing(
                 spec=e.spec,
                 state=e.state,
-                leases=e.in_flight(),
+                in_flight=e.in_flight(),
                 retired=e.retired,
                 finished=e.finished,
                 restart_pending=e.pending_spec is not None,

@@ -211,7 +211,13 @@ class EngineCollector:
 
 #: ktd's per-engine series, read off each engine's ``EngineInfo``.
 ENGINE_FAMILIES = (
-    Family("ktd_engine_leases", "Requests holding a lease on the engine.", lambda e: e.leases),
+    Family(
+        "ktd_engine_in_flight",
+        "Requests in flight on the engine: acquire leases plus claim holders' reports.",
+        lambda e: e.in_flight,
+    ),
+    # The old name, for the dashboards and alerts that read it; removed in the next release.
+    Family("ktd_engine_leases", "Deprecated: use ktd_engine_in_flight.", lambda e: e.in_flight),
     Family(
         "ktd_engine_queue_depth",
         "Requests waiting for the engine (a slot, a load or a swap).",

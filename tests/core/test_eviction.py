@@ -42,22 +42,22 @@ def test_an_impossible_plan_is_refused_as_such() -> None:
 
 
 def test_holders_already_leaving_are_waited_for() -> None:
-    views = {"a": holder("a", S.DRAINING, want_up=False), "b": holder("b", leases=1)}
+    views = {"a": holder("a", S.DRAINING, want_up=False), "b": holder("b", in_flight=1)}
     step = place_step(P(ok=False, blocked_by=("a", "b")), views, swap=True)
     assert step == WaitLeaving(("a",))
 
 
 def test_busy_holders_that_can_swap_are_waited_for_until_idle() -> None:
-    views = {"a": holder("a", leases=2), "b": holder("b", S.STARTING)}
+    views = {"a": holder("a", in_flight=2), "b": holder("b", S.STARTING)}
     step = place_step(P(ok=False, blocked_by=("a", "b"), reason="busy"), views, swap=True)
     assert step == WaitIdle(("a", "b"))
 
 
 def test_pinned_holders_or_no_swap_make_it_busy() -> None:
     plan = P(ok=False, blocked_by=("a",), reason="a holds GPU 0")
-    pinned = {"a": holder("a", leases=1, pinned=True)}
+    pinned = {"a": holder("a", in_flight=1, pinned=True)}
     assert place_step(plan, pinned, swap=True) == NoLaunch("a holds GPU 0", ("a",))
-    assert place_step(plan, {"a": holder("a", leases=1)}, swap=False) == NoLaunch(
+    assert place_step(plan, {"a": holder("a", in_flight=1)}, swap=False) == NoLaunch(
         "a holds GPU 0", ("a",)
     )
 
@@ -80,7 +80,7 @@ def test_waitable() -> None:
 def test_idle_for_counts_only_requests_before_the_cutoff() -> None:
     assert idle_for(holder("a", queue=(7, 9)), cutoff=5)
     assert not idle_for(holder("a", queue=(3,)), cutoff=5)
-    assert not idle_for(holder("a", leases=1), cutoff=5)
+    assert not idle_for(holder("a", in_flight=1), cutoff=5)
     assert not idle_for(holder("a", S.STARTING), cutoff=5)
     assert idle_for(holder("a", S.STOPPED), cutoff=5)
     assert idle_for(holder("a", S.STARTING, want_up=False), cutoff=5)
@@ -92,7 +92,7 @@ def test_a_wake_needs_its_own_nodes_and_gpus_idle_holders_go_busy_ones_are_waite
 
     holders = [
         Holding("idle", (0,), ()),
-        Holding("busy", (), (1,), leases=2),
+        Holding("busy", (), (1,), in_flight=2),
         Holding("elsewhere", (1,), (2,)),
         Holding("pinned", (0,), (), pinned=True),
     ]
@@ -101,7 +101,7 @@ def test_a_wake_needs_its_own_nodes_and_gpus_idle_holders_go_busy_ones_are_waite
     assert "busy" in (plan.reason or "")
     assert room_for((3,), (), holders).ok
     views = {
-        "busy": HolderView("busy", S.READY, want_up=True, leases=2),
+        "busy": HolderView("busy", S.READY, want_up=True, in_flight=2),
         "pinned": HolderView("pinned", S.READY, want_up=True, pinned=True),
     }
     assert isinstance(place_step(plan, views, swap=True), NoLaunch)  # pinned: never waited for

@@ -35,7 +35,7 @@ def test_impossible_plans_are_marked_and_busy_ones_are_not(xeon: Topology) -> No
     assert held.ok
     from ktd.core.placement import Holding
 
-    busy = plan("a", [0], 0, [], xeon, [Holding("b", (0,), (), leases=1)])
+    busy = plan("a", [0], 0, [], xeon, [Holding("b", (0,), (), in_flight=1)])
     assert not busy.ok and not busy.impossible
 
 

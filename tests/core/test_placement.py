@@ -43,12 +43,12 @@ def H(
     nodes: tuple[int, ...] = (),
     gpus: tuple[int, ...] = (),
     *,
-    leases: int = 0,
+    in_flight: int = 0,
     pinned: bool = False,
     last_used: float = 0.0,
     state: str = "ready",
 ) -> Holding:
-    return Holding(alias, nodes, gpus, leases, pinned, last_used, state)
+    return Holding(alias, nodes, gpus, in_flight, pinned, last_used, state)
 
 
 def flags_of(p: Plan) -> dict[str, tuple[tuple[str, ...], str]]:
@@ -126,11 +126,11 @@ def test_laptop_reserved_cpus_and_cpu_reserve(laptop: Topology) -> None:
 
 
 def test_laptop_second_engine_busy(laptop: Topology) -> None:
-    holding = H("qwen3-kt", (0,), leases=2)
+    holding = H("qwen3-kt", (0,), in_flight=2)
     p = plan("m", "auto", "auto", [], laptop, [holding])
     assert not p.ok
     assert p.blocked_by == ("qwen3-kt",)
-    assert p.reason == "busy: NUMA node 0 held by qwen3-kt (2 leases)"
+    assert p.reason == "busy: NUMA node 0 held by qwen3-kt (2 in flight)"
     assert p.argv_flags() == [] and p.cpus == () and p.evict == ()
 
 
@@ -145,9 +145,9 @@ def test_laptop_gpu_requests_without_gpus(laptop: Topology) -> None:
     assert p.env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert any("no GPUs were found" in n and "trusting" in n for n in p.notes)
     # ...but still exclusive against other engines' GPUs
-    p = plan("m", "auto", [1], [], laptop, [H("other", (), (1,), leases=1)])
+    p = plan("m", "auto", [1], [], laptop, [H("other", (), (1,), in_flight=1)])
     assert not p.ok and p.blocked_by == ("other",)
-    assert "GPU 1 held by other (1 lease)" in (p.reason or "")
+    assert "GPU 1 held by other (1 in flight)" in (p.reason or "")
 
 
 def test_gpu_error_is_quoted(tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_xeon_two_engines_one_socket_each_third_blocked(xeon: Topology) -> None:
     }
     assert dict(a.env) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0"}
 
-    ha = H("a", a.numa_nodes, a.gpus, leases=1, last_used=10)
+    ha = H("a", a.numa_nodes, a.gpus, in_flight=1, last_used=10)
     b = plan("b", "auto", "auto", [], xeon, [ha])
     assert b.ok and b.evict == ()
     assert b.numa_nodes == (0,)
@@ -180,13 +180,13 @@ def test_xeon_two_engines_one_socket_each_third_blocked(xeon: Topology) -> None:
     assert b.gpus == (1,)
     assert b.env["CUDA_VISIBLE_DEVICES"] == "1"
 
-    hb = H("b", b.numa_nodes, b.gpus, leases=3, last_used=5)
+    hb = H("b", b.numa_nodes, b.gpus, in_flight=3, last_used=5)
     c = plan("c", "auto", "auto", [], xeon, [ha, hb])
     assert not c.ok
     assert set(c.blocked_by) == {"a", "b"}
     assert c.reason is not None and c.reason.startswith("busy: ")
-    assert "NUMA node 0 held by b (3 leases)" in c.reason
-    assert "NUMA node 1 held by a (1 lease)" in c.reason
+    assert "NUMA node 0 held by b (3 in flight)" in c.reason
+    assert "NUMA node 1 held by a (1 in flight)" in c.reason
     assert c.evict == ()
 
 
@@ -203,7 +203,7 @@ def test_xeon_third_engine_evicts_lru_idle(xeon: Topology) -> None:
 @pytest.mark.parametrize(
     ("b_kwargs", "why"),
     [
-        ({"leases": 1}, "has a lease"),
+        ({"in_flight": 1}, "has requests in flight"),
         ({"pinned": True}, "pinned"),
         ({"state": "starting"}, "not ready"),
         ({"state": "draining"}, "not ready"),
@@ -269,18 +269,18 @@ def test_xeon_evicts_several_in_lru_order(xeon: Topology) -> None:
 
 
 def test_xeon_partial_eviction_never_reported_when_blocked(xeon: Topology) -> None:
-    holdings = [H("a", (1,), (0,)), H("b", (0,), (1,), leases=1)]
+    holdings = [H("a", (1,), (0,)), H("b", (0,), (1,), in_flight=1)]
     p = plan("c", "all", "auto", [], xeon, holdings)
     assert not p.ok and p.evict == ()
     assert p.blocked_by == ("b",)  # a would be evicted; b is what blocks
-    assert p.reason == "busy: NUMA node 0 held by b (1 lease)"
+    assert p.reason == "busy: NUMA node 0 held by b (1 in flight)"
 
 
 def test_xeon_gpu_contention_blocks(xeon: Topology) -> None:
-    holdings = [H("a", (0,), (0, 1), leases=1)]
+    holdings = [H("a", (0,), (0, 1), in_flight=1)]
     p = plan("c", "auto", "auto", [], xeon, holdings)
     assert not p.ok and p.blocked_by == ("a",)
-    assert p.reason == "busy: GPU 0 held by a (1 lease); GPU 1 held by a (1 lease)"
+    assert p.reason == "busy: GPU 0 held by a (1 in flight); GPU 1 held by a (1 in flight)"
 
 
 def test_xeon_single_engine(xeon: Topology) -> None:
@@ -299,7 +299,7 @@ def test_xeon_single_engine(xeon: Topology) -> None:
     # one engine per machine: even a holder sharing nothing must go
     p = plan("m", "auto", 0, [], xeon, [H("x", (), (1,))], single_engine=True)
     assert p.ok and p.evict == ("x",)
-    p = plan("m", [0], 0, [], xeon, [H("x", (), (), leases=1)], single_engine=True)
+    p = plan("m", [0], 0, [], xeon, [H("x", (), (), in_flight=1)], single_engine=True)
     assert not p.ok and p.blocked_by == ("x",)
     assert "one engine per machine" in (p.reason or "")
 
@@ -318,9 +318,9 @@ def test_xeon_numa_requests(xeon: Topology) -> None:
 
 
 def test_xeon_explicit_node_busy_even_if_other_free(xeon: Topology) -> None:
-    p = plan("m", [1], 0, [], xeon, [H("qwen3-kt", (1,), (), leases=2)])
+    p = plan("m", [1], 0, [], xeon, [H("qwen3-kt", (1,), (), in_flight=2)])
     assert not p.ok
-    assert p.reason == "busy: NUMA node 1 held by qwen3-kt (2 leases)"
+    assert p.reason == "busy: NUMA node 1 held by qwen3-kt (2 in flight)"
     assert p.blocked_by == ("qwen3-kt",)
 
 
@@ -387,7 +387,7 @@ def test_user_numa_nodes_decide_placement(xeon: Topology) -> None:
     assert p.argv_flags() == ["--kt-threadpool-count", "2", "--kt-cpuinfer", "16"]
     assert not p.notes
     # ...so they are owned exclusively, like any planned node
-    p = plan("m", "auto", 0, ["--kt-numa-nodes", "0"], xeon, [H("x", (0,), (), leases=1)])
+    p = plan("m", "auto", 0, ["--kt-numa-nodes", "0"], xeon, [H("x", (0,), (), in_flight=1)])
     assert not p.ok and p.blocked_by == ("x",)
     # a config numa that disagrees gets a note; the user's flag is what kt-kernel uses
     p = plan("m", [1], 0, ["--kt-numa-nodes", "0"], xeon, [])
@@ -438,7 +438,7 @@ def test_epyc_auto_fills_nodes_by_free_memory(epyc: Topology) -> None:
         assert flags_of(p)["--kt-cpuinfer"] == (("8",), "derived")
         assert len(p.cpus) == 16
         order.append(p.numa_nodes[0])
-        holdings.append(H(f"m{i}", p.numa_nodes, p.gpus, leases=1))
+        holdings.append(H(f"m{i}", p.numa_nodes, p.gpus, in_flight=1))
     assert order == [2, 1, 3, 0]  # 180G, then the 150G tie broken by lowest id, then 100G
     assert sorted(h.gpus[0] for h in holdings) == [0, 1, 2, 3]
     p = plan("m4", "auto", "auto", [], epyc, holdings)
@@ -480,9 +480,9 @@ def test_memory_only_node(tmp_path: Path) -> None:
 
 
 def test_own_and_stopped_holdings_are_ignored(laptop: Topology) -> None:
-    p = plan("m", "auto", "auto", [], laptop, [H("m", (0,), leases=5)])
+    p = plan("m", "auto", "auto", [], laptop, [H("m", (0,), in_flight=5)])
     assert p.ok and p.evict == ()
-    p = plan("m", "auto", "auto", [], laptop, [H("x", (0,), leases=5, state="stopped")])
+    p = plan("m", "auto", "auto", [], laptop, [H("x", (0,), in_flight=5, state="stopped")])
     assert p.ok and p.evict == ()
 
 
@@ -532,7 +532,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Topology, list[Holding], dict[str, objec
                     draw(st.lists(st.integers(0, n_nodes - 1), unique=True, max_size=2))
                 ),
                 gpus=tuple(draw(st.lists(st.integers(0, 3), unique=True, max_size=2))),
-                leases=draw(st.sampled_from([0, 0, 1])),
+                in_flight=draw(st.sampled_from([0, 0, 1])),
                 pinned=draw(st.booleans()),
                 last_used=draw(st.floats(0, 100)),
                 state=draw(st.sampled_from(["ready", "ready", "starting", "stopped"])),
@@ -640,7 +640,7 @@ def test_sequential_auto_plans_stay_disjoint(
         p = plan(f"e{i}", "auto", "auto", [], topo, holdings)
         if p.ok:
             assert p.evict == ()
-            holdings.append(Holding(f"e{i}", p.numa_nodes, p.gpus, leases=1))
+            holdings.append(Holding(f"e{i}", p.numa_nodes, p.gpus, in_flight=1))
     nodes = [n for h in holdings for n in h.numa_nodes]
     gpus = [g for h in holdings for g in h.gpus]
     assert len(nodes) == len(set(nodes))

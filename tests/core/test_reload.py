@@ -32,7 +32,7 @@ def test_added_and_removed() -> None:
 
 
 def test_lifecycle_fields_update_in_place_without_a_restart() -> None:
-    running = Existing(spec("a"), S.READY, leases=2)
+    running = Existing(spec("a"), S.READY, in_flight=2)
     assert kinds({"a": running}, [spec("a", ttl=60.0, pinned=True)]) == {"a": "update"}
 
 
@@ -47,7 +47,7 @@ def test_a_changed_launch_restarts_when_idle_or_is_stale_while_busy() -> None:
     (change,) = plan.changes
     assert (change.kind, change.spec, change.schedule_restart) == ("restart", new, True)
     assert plan.summary() == "restarting: a"
-    busy = plan_reload({"a": Existing(spec("a"), S.READY, leases=1)}, {"a": new})
+    busy = plan_reload({"a": Existing(spec("a"), S.READY, in_flight=1)}, {"a": new})
     assert busy.changes[0].kind == "stale"
     assert busy.summary() == "stale until idle: a"
 
@@ -74,7 +74,7 @@ def test_removed_then_back_before_it_stopped_is_revived_else_replaced() -> None:
 def test_summary_lists_every_kind_in_a_fixed_order() -> None:
     engines = {
         "r": Existing(spec("r"), S.READY),
-        "s": Existing(spec("s"), S.READY, leases=1),
+        "s": Existing(spec("s"), S.READY, in_flight=1),
         "u": Existing(spec("u"), S.READY),
         "x": Existing(spec("x"), S.READY),
     }

@@ -64,7 +64,7 @@ def test_load_status_evict_end_to_end(
     engines = json.loads(r.stdout)["engines"]
     [e] = engines
     assert set(e) >= STATUS_FIELDS
-    assert e["state"] == "ready" and e["leases"] == 0
+    assert e["state"] == "ready" and e["in_flight"] == 0
     pid, port = e["pid"], e["port"]
     rec = json.loads(record.read_text())
     # The engine saw exactly the seed's flags (+ derived placement flags) + extra_args.

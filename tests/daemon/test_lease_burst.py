@@ -25,7 +25,7 @@ def test_every_acquire_of_a_burst_gets_its_reply(write_config: Any, daemon_facto
     sock.connect(f"ipc://{Path(daemon.socket)}")
 
     def held() -> int:
-        return int(daemon.engines()["m"]["leases"])
+        return int(daemon.engines()["m"]["in_flight"])
 
     try:
         for i in range(1, N + 1):

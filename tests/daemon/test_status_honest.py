@@ -63,7 +63,7 @@ def test_phases_eta_and_history_file(
     [e] = doc["engines"]
     contract = ("alias", "state", "pid", "port", "argv", "numa_nodes", "gpus", "since")
     added = ("started_at", "ttl", "expires_at", "load_eta", "phase")
-    for key in (*contract, "reason", "leases", *added):
+    for key in (*contract, "reason", "in_flight", "leases", *added):
         assert key in e, key
 
 

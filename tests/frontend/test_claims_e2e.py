@@ -90,7 +90,7 @@ def streaming(launch: Any, rate: float, tokens: int, **daemon: Any) -> tuple[Any
     d, fe = launch([sim_model("m", env={"KTD_SIM_TOKEN_RATE": rate}, **model)], **daemon)
     stream = Stream(fe.url, "m", tokens)
     assert stream.started.wait(60) and stream.error is None
-    wait_for(lambda: status(d)["m"]["leases"] == 1, what="in flight reported")
+    wait_for(lambda: status(d)["m"]["in_flight"] == 1, what="in flight reported")
     return d, fe, stream
 
 
@@ -131,7 +131,7 @@ def test_daemon_kill9_with_a_stream_running_keeps_the_stream_and_its_claim(
     daemon.stop(signal.SIGKILL)
     daemon.start()
     e = status(daemon)["m"]
-    assert e["pid"] == pid and e["claims"] == 1 and e["leases"] >= 1  # restored: busy
+    assert e["pid"] == pid and e["claims"] == 1 and e["in_flight"] >= 1  # restored: busy
     # A non-forced evict right away must wait for the stream, which was never cut.
     res = daemon.ktctl("evict", "m", timeout=120)
     assert res.returncode == 0, res.stderr
@@ -160,7 +160,7 @@ def test_a_dead_frontend_s_claims_expire_and_the_engine_stays(launch: Any) -> No
     assert status(daemon)["m"]["claims"] == 1
     fe.stop(signal.SIGKILL)
     wait_for(
-        lambda: (lambda e: e["claims"] == 0 and e["leases"] == 0)(status(daemon)["m"]),
+        lambda: (lambda e: e["claims"] == 0 and e["in_flight"] == 0)(status(daemon)["m"]),
         timeout=20,
         what="the dead frontend's claim expired",
     )
@@ -207,7 +207,7 @@ def test_a_burst_for_a_cold_model_leaves_nothing_held(launch: Any) -> None:
         statuses.append(data.split(b" ", 2)[1])
     assert statuses.count(b"200") == n, {x: statuses.count(x) for x in set(statuses)}
     # Afterwards: nothing in flight, one idle claim, and nothing in the way of an evict.
-    wait_for(lambda: status(daemon)["m"]["leases"] == 0, what="nothing in flight")
+    wait_for(lambda: status(daemon)["m"]["in_flight"] == 0, what="nothing in flight")
     assert status(daemon)["m"]["claims"] == 1
     res = daemon.ktctl("evict", "m")
     assert res.returncode == 0, res.stderr
@@ -261,7 +261,7 @@ def test_a_daemon_paused_after_a_restart_and_a_reload_never_ttl_evicts_a_stream(
     assert daemon.ktctl("load", "m").returncode == 0
     stream = Stream(fe.url, "m", 150)  # 15 s
     assert stream.started.wait(60) and stream.error is None
-    wait_for(lambda: status(daemon)["m"]["leases"] == 1, what="in flight reported")
+    wait_for(lambda: status(daemon)["m"]["in_flight"] == 1, what="in flight reported")
     assert daemon.proc is not None
     os.kill(daemon.proc.pid, signal.SIGSTOP)
     try:
@@ -328,7 +328,7 @@ def test_a_client_that_stops_reading_loses_its_slot_after_the_send_timeout(
     )
     deaf.sendall(head.encode() + body)  # ... and never reads
     try:
-        wait_for(lambda: status(daemon)["m"]["leases"] == 1, what="the deaf stream in flight")
+        wait_for(lambda: status(daemon)["m"]["in_flight"] == 1, what="the deaf stream in flight")
         t0 = time.monotonic()
         with httpx.Client(timeout=60) as c:
             r = c.post(

@@ -89,7 +89,7 @@ def test_openai_client_sync(stack: Any) -> None:
         assert "".join(c.choices[0].text for c in streamed if c.choices)
     finally:
         client.close()
-    wait_until(lambda: engine(daemon, "m1")["leases"] == 0, what="leases back to 0")
+    wait_until(lambda: engine(daemon, "m1")["in_flight"] == 0, what="leases back to 0")
 
 
 async def test_openai_client_async(stack: Any) -> None:
@@ -150,7 +150,7 @@ def test_concurrent_requests_for_unloaded_model_cause_one_load(stack: Any) -> No
         and proctree.environ_has(pid, MARK, RUN_ID)
     ]
     assert len(launches) == 1, launches
-    wait_until(lambda: engine(daemon, "m1")["leases"] == 0, what="leases back to 0")
+    wait_until(lambda: engine(daemon, "m1")["in_flight"] == 0, what="leases back to 0")
 
 
 def engine_state(daemon: Any, alias: str) -> str | None:
@@ -194,13 +194,13 @@ def test_abort_stream_closes_upstream_and_ends_the_request(stack: Any) -> None:
                 break
         url = engine(daemon, "m1")["url"]
         # The frontend's report of its claim: one request in flight.
-        wait_until(lambda: engine(daemon, "m1")["leases"] == 1, what="in flight reported")
+        wait_until(lambda: engine(daemon, "m1")["in_flight"] == 1, what="in flight reported")
         assert sim_stats(url)["active"] == 1
         t0 = time.monotonic()
         resp.close()  # hang up mid-stream
     wait_until(lambda: sim_stats(url)["aborted"] == 1, timeout=1.0, what="sim saw the abort")
     assert time.monotonic() - t0 < 1.0
-    wait_until(lambda: engine(daemon, "m1")["leases"] == 0, timeout=3, what="request ended")
+    wait_until(lambda: engine(daemon, "m1")["in_flight"] == 0, timeout=3, what="request ended")
     assert sim_stats(url)["active"] == 0
 
 
@@ -216,7 +216,7 @@ def test_abort_while_loading_leaves_nothing_in_flight(stack: Any) -> None:
 
     # The load goes on (other clients may want it); nothing stays in flight.
     wait_until(lambda: engine_state(daemon, "m1") == "ready", timeout=20, what="loaded")
-    wait_until(lambda: engine(daemon, "m1")["leases"] == 0, timeout=3, what="nothing in flight")
+    wait_until(lambda: engine(daemon, "m1")["in_flight"] == 0, timeout=3, what="nothing in flight")
     assert sim_stats(engine(daemon, "m1")["url"])["requests"] == 0
 
 

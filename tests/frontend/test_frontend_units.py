@@ -13,7 +13,7 @@ from ktd.frontend import errors
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.body import check_declared_length, parse_head, read_limited
 from ktd.frontend.errors import ApiError
-from ktd.frontend.metrics import ENGINE_STATES, EngineCollector
+from ktd.frontend.metrics import ENGINE_STATES, EngineCollector, Metrics
 from ktd.frontend.proxy import forward_headers, loading_comment
 
 
@@ -210,3 +210,13 @@ def test_the_daemons_shutting_down_is_said_once() -> None:
     assert err.status == 503 and err.message == "ktd is shutting down"
     err = from_control("m", "shutting_down", "stopping engines", {})
     assert err.message == "ktd is shutting down: stopping engines"
+
+
+def test_engine_in_flight_is_rendered_under_its_name_and_its_deprecated_one() -> None:
+    """``ktd_engine_leases`` stays one release, for the dashboards and alerts that read it."""
+    metrics = Metrics()
+    metrics.update_engines([p.EngineInfo(alias="m1", state=p.EngineState.READY, in_flight=3)])
+    text = metrics.render()[0].decode()
+    assert 'ktd_engine_in_flight{alias="m1"} 3.0' in text
+    assert 'ktd_engine_leases{alias="m1"} 3.0' in text
+    assert "# HELP ktd_engine_leases Deprecated: use ktd_engine_in_flight." in text

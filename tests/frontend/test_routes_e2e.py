@@ -210,13 +210,14 @@ def test_metrics_include_engine_metrics_by_alias_and_ktd_gauges(stack: Any) -> N
         for alias in ("m1", "m2"):
             body = {"model": alias, "messages": CHAT, "max_tokens": 1}
             assert c.post("/v1/chat/completions", json=body).status_code == 200
-        wait_for(lambda: all(e["leases"] == 0 for e in status(daemon)), what="leases released")
+        wait_for(lambda: all(e["in_flight"] == 0 for e in status(daemon)), what="requests ended")
         text = c.get("/metrics").text
     assert 'sglang:num_requests_total{alias="m1",model_name="m1"} 1.0' in text
     assert 'alias="m2",model_name' not in text  # m2 runs without --enable-metrics
     assert 'ktd_engine_state{alias="m1",state="ready"} 1.0' in text
     assert 'ktd_engine_state{alias="m2",state="stopped"} 0.0' in text
-    assert 'ktd_engine_leases{alias="m1"} 0.0' in text
+    assert 'ktd_engine_in_flight{alias="m1"} 0.0' in text
+    assert 'ktd_engine_leases{alias="m1"} 0.0' in text  # its deprecated old name
     assert 'ktd_engine_queue_depth{alias="m1"} 0.0' in text
     assert 'ktd_engine_loads_total{alias="m1"} 1.0' in text
     assert 'ktd_engine_evictions_total{alias="m1"} 0.0' in text

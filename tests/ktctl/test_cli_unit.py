@@ -66,7 +66,7 @@ READY = p.EngineInfo(
     numa_nodes=[0, 1],
     gpus=[0],
     since=1000.0,
-    leases=2,
+    in_flight=2,
 )
 
 PLAN: dict[str, Any] = {  # the shape of ktd.core.placement's Plan.to_dict() + dry_run_plan
@@ -320,7 +320,9 @@ def test_status_json_contract(
     assert list(doc) == ["engines"]
     assert doc == {"engines": [msgspec.to_builtins(READY)]}
     required = {"alias", "state", "pid", "port", "argv", "numa_nodes", "gpus", "since", "reason"}
-    assert required | {"leases"} <= set(doc["engines"][0])
+    assert required <= set(doc["engines"][0])
+    # The wire struct: the deprecated ``leases`` rides along with ``in_flight``.
+    assert doc["engines"][0]["in_flight"] == doc["engines"][0]["leases"] == 2
 
 
 def test_status_human_and_unknown_model(
@@ -338,7 +340,7 @@ def test_status_human_and_unknown_model(
         "PORT",
         "NUMA",
         "GPUS",
-        "LEASES",
+        "IN_FLIGHT",
         "UPTIME",
         "USED",
         "UNTIL",
@@ -560,14 +562,14 @@ def test_events_against_a_live_publisher(
 
     def two_then_stop(self: Client, topics: Any = ("",)) -> Iterator[p.Event]:
         it = real(self, topics)
-        ev = p.Event(topic="lease.deepseek-v4-kt", time=0.0, alias="deepseek-v4-kt", leases=3)
+        ev = p.Event(topic="lease.deepseek-v4-kt", time=0.0, alias="deepseek-v4-kt", in_flight=3)
         d.outbox.put(ev)  # published by the fake's own thread: one socket, one thread
         yield next(it)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Client, "events", two_then_stop)
     code, out, _ = run(capsys, "events", "--socket", str(d.path))
-    assert code == 0 and out.rstrip().endswith("lease.deepseek-v4-kt leases=3")
+    assert code == 0 and out.rstrip().endswith("lease.deepseek-v4-kt in_flight=3")
 
 
 def test_reload_and_shutdown(
@@ -704,7 +706,7 @@ def test_status_table_like_ollama_ps() -> None:
         alias="r", state="ready", started_at=10.0, last_used=130.0, ttl=600.0,
         expires_at=730.0, pid=8,
     )  # fmt: skip
-    busy = p.EngineInfo(alias="b", state="ready", ttl=600.0, leases=1, started_at=100.0)
+    busy = p.EngineInfo(alias="b", state="ready", ttl=600.0, in_flight=1, started_at=100.0)
     lines = render.status_table([starting, ready, busy], 160.0).splitlines()
     assert "loading weights 1m00s/~5m00s" in lines[1]
     cells = lines[2].split()
@@ -752,8 +754,8 @@ def test_load_progress_line_fits_the_terminal() -> None:
 
 
 def test_event_lines_for_each_topic() -> None:
-    lease = p.Event(topic="lease.m", time=0.0, alias="m", leases=2)
-    assert render.event_lines(lease)[0].endswith(" lease.m leases=2")
+    lease = p.Event(topic="lease.m", time=0.0, alias="m", in_flight=2)
+    assert render.event_lines(lease)[0].endswith(" lease.m in_flight=2")
     eng = p.Event(topic="engine.m", time=0.0, alias="m", state="ready", pid=3, port=4)
     assert render.event_lines(eng)[0].endswith(" engine.m ready pid=3 port=4")
 

@@ -364,7 +364,7 @@ def test_events_stream_all_topics(daemon: Callable[[Handler], FakeDaemon]) -> No
     with Client(d.path) as c:
         it = c.events()
         d.outbox.put(p.Event(topic="engine.m", time=1.0, alias="m", state="ready"))
-        d.outbox.put(p.Event(topic="lease.m", time=2.0, alias="m", leases=1))
+        d.outbox.put(p.Event(topic="lease.m", time=2.0, alias="m", in_flight=1))
         got = [next(it), next(it)]
         assert [e.topic for e in got] == ["engine.m", "lease.m"]
         sub = c.subscribe(["log."])

@@ -400,7 +400,7 @@ def test_status_shows_asleep_sleeping_and_waking() -> None:
     ]  # fmt: skip
     lines = render.status_table(engines, NOW).splitlines()
     assert lines[0].split() == [
-        "ALIAS", "STATE", "PHASE", "PID", "PORT", "NUMA", "GPUS", "LEASES", "UPTIME", "USED",
+        "ALIAS", "STATE", "PHASE", "PID", "PORT", "NUMA", "GPUS", "IN_FLIGHT", "UPTIME", "USED",
         "UNTIL", "SLEEP", "REASON",
     ]  # fmt: skip
     assert lines[1].split() == [

@@ -89,7 +89,7 @@ def listening_ports() -> set[int]:
 def status_view(client: Any) -> dict[str, tuple[Any, ...]]:
     """The parts of ``status`` that must not change unless someone acted on an engine."""
     return {
-        e.alias: (e.state, e.pid, e.port, e.leases, e.restarts, e.reason, e.stale)
+        e.alias: (e.state, e.pid, e.port, e.in_flight, e.restarts, e.reason, e.stale)
         for e in client.status()
     }
 

@@ -361,7 +361,7 @@ def run_chaos(
         with d.client() as c:
             c.evict(all=True, force=True)
             wait_for(
-                lambda: sum(e.leases for e in c.status()) == 0,
+                lambda: sum(e.in_flight for e in c.status()) == 0,
                 timeout=10,
                 what="every lease released or expired",
             )

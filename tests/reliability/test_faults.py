@@ -469,16 +469,16 @@ def test_lease_of_a_client_that_dies_after_a_long_autoload_expires(
 ) -> None:
     """User sees: a frontend (or tool) that acquires a model which first has to load for
     longer than ``lease_ttl``, and then dies without ever sending a heartbeat, does not pin
-    the engine: its lease is gone ``lease_ttl`` later and ``ktctl status`` shows 0 leases.
+    the engine: its lease is gone ``lease_ttl`` later and ``ktctl status`` shows 0 in flight.
     (Before the fix the sweeper forgot the client during the load and the lease never
     expired.)"""
     model = sim_model("al-kt", env={"KTD_SIM_LOAD_TIME": "2.5"})
     d = daemon_factory(write_config([model], daemon={**FAST_DAEMON, "lease_ttl": 1.0}))
     with d.client(timeout=60) as c:
         got = c.acquire("al-kt", "dies-after-acquire")
-        assert c.status("al-kt")[0].leases == 1
+        assert c.status("al-kt")[0].in_flight == 1
         # ... and the client is gone: no heartbeat, no release.
-        wait_for(lambda: c.status("al-kt")[0].leases == 0, timeout=4, what="lease expiry")
+        wait_for(lambda: c.status("al-kt")[0].in_flight == 0, timeout=4, what="lease expiry")
         c.release(got.lease)  # late release of an expired lease: harmless
         c.evict("al-kt")
     assert_clean()

@@ -142,7 +142,7 @@ class DaemonMachine(RuleBasedStateMachine):
 
     def trace(self) -> None:
         if TRACE:
-            view = [(e.alias, e.state, e.pid, e.leases) for e in self.c.status()]
+            view = [(e.alias, e.state, e.pid, e.in_flight) for e in self.c.status()]
             print(f"{time.monotonic():9.2f} {self.last:40} {view}", flush=True)
 
     def engine(self, alias: str) -> Any:
@@ -157,7 +157,7 @@ class DaemonMachine(RuleBasedStateMachine):
         self.h.write(self.ctx)
         self.c.reload()
         wait_for(
-            lambda: sum(e.leases for e in self.c.status()) == 0,
+            lambda: sum(e.in_flight for e in self.c.status()) == 0,
             timeout=10,
             what="leases of an earlier example to expire",
         )
@@ -305,7 +305,7 @@ class DaemonMachine(RuleBasedStateMachine):
         for alias, e in status.items():
             # A ready, idle engine runs the configured launch (a reload restarted it), unless
             # it is one a restarted daemon adopted (see test_faults: adoption keeps the argv).
-            if e.state == "ready" and not e.leases and self.adopted.get(alias) != e.pid:
+            if e.state == "ready" and not e.in_flight and self.adopted.get(alias) != e.pid:
                 ctx = e.argv[e.argv.index("--context-length") + 1]
                 if ctx != str(self.ctx[alias]):
                     problems.append(f"{alias} runs ctx {ctx}, config says {self.ctx[alias]}")
@@ -315,7 +315,7 @@ class DaemonMachine(RuleBasedStateMachine):
                 still = (self.ports[alias] - held) & listening
                 if still:
                     problems.append(f"{alias} is {e.state} but its port(s) {still} listen")
-        total = sum(e.leases for e in status.values())
+        total = sum(e.in_flight for e in status.values())
         now = time.monotonic()
         # A dead client's lease lives at most lease_ttl plus one sweep (ttl/3) after its
         # last heartbeat (sent with the acquire); one more second for slack.

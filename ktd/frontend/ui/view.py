@@ -85,7 +85,7 @@ CARD_FIELDS = (
     "ttl",
     "expires_at",
     "last_used",
-    "leases",
+    "in_flight",
     "queued",
     "claims",
     "max_concurrent",

@@ -19,6 +19,19 @@ def open_dashboard(b: Browser, url: str) -> None:
     b.wait("the live stream", lambda: b.text("#conn-text") == "live")
 
 
+def stat(b: Browser, alias: str, label: str) -> str | None:
+    """The value a card's stat shows under ``label``."""
+    got = b.js(
+        """const [alias, label] = arguments;
+        for (const s of document.querySelectorAll(`.card[data-alias="${alias}"] .stat`))
+          if (s.lastChild.textContent === label) return s.firstChild.textContent;  // b, span
+        return null;""",
+        alias,
+        label,
+    )
+    return None if got is None else str(got)
+
+
 def test_models_machine_a_live_load_its_log_and_plan(
     box_factory: Callable[..., Box], browser: Browser
 ) -> None:
@@ -40,6 +53,7 @@ def test_models_machine_a_live_load_its_log_and_plan(
     b.wait("node 0 and GPU 0 held by alpha", lambda: "alpha" in b.text("[data-node='0'] .chip"))
     assert "alpha" in b.text("[data-gpu='0'] .chip") and not b.count("[data-node='1'] .chip")
     assert "127.0.0.1:" in b.text(".card[data-alias=alpha] .url")
+    assert stat(b, "alpha", "in flight") == "0"  # the card reads the view's in_flight
 
     # Selected: its log tail (without ktd's probe lines), then new lines as they come.
     b.click(".card[data-alias=alpha]")

@@ -83,7 +83,7 @@ def test_build_one_card_per_configured_model_in_config_order() -> None:
             started_at=100.0,
             ttl=600,
             expires_at=700.0,
-            leases=2,
+            in_flight=2,
             queued=1,
         ),
         p.EngineInfo(alias="b", state="stopped"),
@@ -96,7 +96,7 @@ def test_build_one_card_per_configured_model_in_config_order() -> None:
     a, q, _, late = cards
     assert a["state"] == "ready" and a["pid"] == 42 and a["cpulist"] == "0-2"
     assert a["argv"] == ["python", "--api-key", view.MASK]
-    assert (a["started_at"], a["expires_at"], a["leases"], a["queued"]) == (100.0, 700.0, 2, 1)
+    assert (a["started_at"], a["expires_at"], a["in_flight"], a["queued"]) == (100.0, 700.0, 2, 1)
     assert q == {
         "alias": "q",
         "backend": "ds4",

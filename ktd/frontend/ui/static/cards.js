@@ -92,14 +92,14 @@ K.cards.render = function (card, ctx) {
   }
   const up = RUNNING.has(c.state) && c.started_at;
   const asleep = c.state === "asleep";
-  const idleText = asleep ? (c.sleep_ttl ? "–" : "no sleep TTL") : c.ttl ? (c.leases ? "busy" : "–") : "no TTL";
+  const idleText = asleep ? (c.sleep_ttl ? "–" : "no sleep TTL") : c.ttl ? (c.in_flight ? "busy" : "–") : "no TTL";
   const expires = asleep ? c.sleep_expires : c.state === "ready" ? c.expires_at : null;
   el.append(h("div", { class: "stats" },
     stat("uptime", "–", up ? "uptime" : null, up ? { at: c.started_at } : {}),
     stat(asleep ? "sleep TTL" : "TTL", "–", "ttl", { at: expires || "", idle: idleText }, asleep
       ? "asleep this long more and it is stopped (sleep_ttl)"
       : `idle this long more and it is ${c.sleep === "on" ? "put to sleep" : "evicted"} (ttl)`),
-    stat("in flight", `${c.leases}${c.max_concurrent ? " / " + c.max_concurrent : ""}`),
+    stat("in flight", `${c.in_flight}${c.max_concurrent ? " / " + c.max_concurrent : ""}`),
     stat("queued", `${c.queued}${c.max_queue !== null && c.max_queue !== undefined ? " / " + c.max_queue : ""}`),
     stat("req/s", rate ? K.fmtNum(rate[1]) : "–"),
     stat("tokens/s", rate ? K.fmtNum(rate[2]) : "–"),
