@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Pending:
+class _PendingWaiter:
+    """The driver's side of the gate's ``Waiter``: what its task waits on."""
+
     waiter: Waiter
     client: str
     done: trio.Event = field(default_factory=trio.Event)
@@ -49,7 +51,7 @@ class Gatekeeper:
         self.claims = claims
         self.leases: dict[str, Engine] = {}  # lease id -> its engine
         self._tickets = itertools.count()  # arrival order, across engines (swaps compare them)
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, _PendingWaiter] = {}
         self._heard = heard  # a client was heard (its leases stay alive)
         self._on_lease = on_lease  # a lease came or went: events, TTL
         self._settle = settle  # raises the error an ended load attempt deserves
@@ -92,7 +94,7 @@ class Gatekeeper:
             autoload=autoload,
             deadline=trio.current_time() + limit,
         )
-        pending = _Pending(waiter, client)
+        pending = _PendingWaiter(waiter, client)
         self._pending[waiter.ticket] = pending
         try:
             actions = engine.gate.arrive(waiter, engine.view(), engine.limits, trio.current_time())
@@ -111,7 +113,7 @@ class Gatekeeper:
                 self.update(engine)
         return self._answer(engine, pending, limit)
 
-    def _answer(self, engine: Engine, pending: _Pending, limit: float) -> str:
+    def _answer(self, engine: Engine, pending: _PendingWaiter, limit: float) -> str:
         outcome = pending.outcome
         alias = engine.alias
         if outcome == WaitEnd.GRANTED:

@@ -110,8 +110,9 @@ class Slot:
         self._broker.ended(self.held, self.key)
 
 
-class Admission:
-    """A request's way to a slot: granted at once, or waited on (in slices if it likes)."""
+class PendingAsk:
+    """A request's way to a slot, the driver's side of the desk's ``Ask``: granted at
+    once, or waited on (in slices if it likes)."""
 
     __slots__ = (
         "_broker",
@@ -189,7 +190,7 @@ class ClaimBroker:
         self.desk = adm.Desk()
         self.daemon_run = ""  # the daemon run our grants come from
         self.seen = 0  # highest grant number received from it
-        self._asks: dict[int, Admission] = {}
+        self._asks: dict[int, PendingAsk] = {}
         self._fetches: dict[str, trio.CancelScope] = {}  # model -> its Claim under way
         self._nursery: trio.Nursery | None = None
         self._scope: trio.CancelScope | None = None
@@ -350,7 +351,7 @@ class ClaimBroker:
         autoload: bool,
         load_timeout: float,
         key: adm.KeyTerms = adm.ANYONE,
-    ) -> Admission:
+    ) -> PendingAsk:
         """A slot on ``model``'s engine at once if this frontend holds its claim and has
         room; else a place in the line (raises ``queue_full`` past ``max_queue``).
 
@@ -370,7 +371,7 @@ class ClaimBroker:
             key=key,
             today=utc_day(),
         )
-        ask = Admission(self, rid, model, load_timeout)
+        ask = PendingAsk(self, rid, model, load_timeout)
         self._asks[rid] = ask
         self._do(actions)
         return ask

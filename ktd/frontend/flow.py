@@ -60,7 +60,7 @@ from ktd.core import states as S
 from ktd.core.admission import ANYONE, KeyTerms
 from ktd.frontend import catalog, errors, keepalive
 from ktd.frontend.body import check_declared_length, check_model, parse_head
-from ktd.frontend.broker import Admission
+from ktd.frontend.broker import PendingAsk
 from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import (
     DRAIN_BYTES,
@@ -294,7 +294,7 @@ class Flow:
             progress=self._progress_for(base),
         )
 
-    async def _acquire(self, alias: str, key: KeyTerms) -> Admission:
+    async def _acquire(self, alias: str, key: KeyTerms) -> PendingAsk:
         """Ask for a slot on ``alias`` on the frontend's terms (autoload, load timeout)
         and the key's."""
         front = self.state.options.frontend

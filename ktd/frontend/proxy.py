@@ -29,7 +29,7 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core.admission import ANYONE, KeyTerms
 from ktd.frontend import errors
-from ktd.frontend.broker import Admission, ClaimBroker, Slot
+from ktd.frontend.broker import ClaimBroker, PendingAsk, Slot
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.metrics import UNKNOWN_MODEL, Metrics
 from ktd.frontend.tally import Api, StreamTally, Tokens
@@ -199,7 +199,7 @@ class Exchange:
         body: bytes,
         headers: list[tuple[bytes, bytes]],
         started: float,
-        acquire: Callable[[], Awaitable[Admission]],
+        acquire: Callable[[], Awaitable[PendingAsk]],
         key: KeyTerms = ANYONE,
         api: Api = "openai",
         tally: StreamTally | None = None,
@@ -225,7 +225,7 @@ class Exchange:
         self.body = body
         self.headers = headers
         self.started = started
-        self.handle: Admission | None = None
+        self.handle: PendingAsk | None = None
         self.slot: Slot | None = None
         self.response: Response | None = None
         self.label = UNKNOWN_MODEL
@@ -241,7 +241,7 @@ class Exchange:
 
     # ------------------------------------------------------------ steps
 
-    async def admit(self) -> Admission:
+    async def admit(self) -> PendingAsk:
         """Ask for a slot; the handle to wait on for it (``ControlError`` and
         ``Unreachable`` become the route's error)."""
         try:
