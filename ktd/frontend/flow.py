@@ -111,8 +111,6 @@ log = logging.getLogger("ktd.frontend")
 # States in which a request waits for a wake, not a load (the claim wakes it).
 WAKES = frozenset({S.ASLEEP, S.WAKING, S.SLEEPING})
 
-#: Ollama's two proxied routes, by endpoint name.
-_OLLAMA_PATHS = {"ollama_chat": "/api/chat", "ollama_generate": "/api/generate"}
 #: OpenAI's streaming routes whose usage chunk is asked for when the client did not
 #: ask (and then taken out of what the client sees).
 _USAGE_ASKED = frozenset({"chat", "completions"})
@@ -224,7 +222,7 @@ class Flow:
             kind, keep = "generate", None
             if ollama:
                 try:
-                    kind, keep = keepalive.read(body, _OLLAMA_PATHS[endpoint])
+                    kind, keep = keepalive.read(body, route.path)
                 except ValueError as exc:
                     raise errors.make("bad_request", message=str(exc)) from None
         except ApiError as err:
@@ -238,7 +236,7 @@ class Flow:
         key = ANYONE if policy is None else policy.terms
         base = split_lora(model)[0]
         if kind != "generate":
-            await self._load_or_unload(base, _OLLAMA_PATHS[endpoint], kind, keep, key, send)
+            await self._load_or_unload(base, route.path, kind, keep, key, send)
             return
         ex = self._exchange_for(found, scope, model, body, stream, ctype, key, started)
         try:
