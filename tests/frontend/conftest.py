@@ -14,14 +14,14 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from frontend_fakes import FakeDaemon, FakeEngine
-from frontend_helpers import Frontend, StartFrontend, free_port
 from hypercorn.trio import serve
 
 from ktd.core.config import FrontendSection
 from ktd.frontend.app import create_app
 from ktd.frontend.main import hypercorn_config
 from ktd.frontend.state import FrontendOptions
+from tests.frontend.frontend_fakes import FakeDaemon, FakeEngine
+from tests.frontend.frontend_helpers import Frontend, StartFrontend, free_port
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from frontend_helpers import sim_entry
+
+from tests.frontend.frontend_helpers import sim_entry
 
 
 def test_keys_never_logged(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> None:

@@ -11,10 +11,10 @@ from contextlib import asynccontextmanager
 
 import httpx
 import trio
-from frontend_fakes import FakeDaemon, FakeEngine
-from frontend_helpers import Frontend, StartFrontend, wait_for
 
 from ktd.core.admission import QueueLimits
+from tests.frontend.frontend_fakes import FakeDaemon, FakeEngine
+from tests.frontend.frontend_helpers import Frontend, StartFrontend, wait_for
 
 CHAT = "/v1/chat/completions"
 

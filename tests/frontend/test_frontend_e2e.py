@@ -15,10 +15,10 @@ import httpx
 import openai
 import pytest
 import trio
-from frontend_helpers import sim_entry
 
 from ktd.daemon import proctree
 from tests.conftest import MARK, RUN_ID
+from tests.frontend.frontend_helpers import sim_entry
 
 CHAT: Any = [{"role": "user", "content": "hello"}]
 

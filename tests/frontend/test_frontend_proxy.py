@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import trio
-from frontend_fakes import FakeDaemon, FakeEngine
-from frontend_helpers import Frontend, StartFrontend, wait_for
 
 from ktd.frontend.upstream import UpstreamPool
+from tests.frontend.frontend_fakes import FakeDaemon, FakeEngine
+from tests.frontend.frontend_helpers import Frontend, StartFrontend, wait_for
 
 CHAT = "/v1/chat/completions"
 

@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 import h11
 import pytest
 import trio
-from frontend_fakes import FakeDaemon, FakeEngine
-from frontend_helpers import Frontend, StartFrontend
+
+from tests.frontend.frontend_fakes import FakeDaemon, FakeEngine
+from tests.frontend.frontend_helpers import Frontend, StartFrontend
 
 CHAT = b'{"model": "m", "messages": []}'
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import trio
-from frontend_fakes import FakeEngine, StatusDaemon
-from frontend_helpers import StartFrontend
 
 from ktd import protocol as p
+from tests.frontend.frontend_fakes import FakeEngine, StatusDaemon
+from tests.frontend.frontend_helpers import StartFrontend
 
 EST = {"host_bytes": 100, "gpu_bytes": 30, "gpu_weights_bytes": 20, "ctx": 512}
 

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ktctl_fakes import FakeDaemon, Handler
+
+from tests.ktctl.ktctl_fakes import FakeDaemon, Handler
 
 
 @pytest.fixture

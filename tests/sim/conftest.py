@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from simharness import SimProc, start_sim
+
+from tests.sim.simharness import SimProc, start_sim
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from frontend_helpers import Frontend, StartFrontend
 
 from ktd.frontend import ui
 from ktd.frontend.origin import Guard
@@ -26,6 +25,7 @@ from ktd.frontend.router import Router
 from ktd.frontend.routes import Match
 from ktd.frontend.ui import hub as hubmod
 from ktd.frontend.ui.access import COOKIE, cookie_value
+from tests.frontend.frontend_helpers import Frontend, StartFrontend
 from tests.frontend.ui.conftest import Box, sse_events
 from tests.frontend.ui.uienv import box_models
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import httpx
-from frontend_helpers import free_port
 
 from ktd.up import DEMO_ALIAS, demo_config
+from tests.frontend.frontend_helpers import free_port
 
 
 def test_demo_config_is_a_valid_config(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ def test_models_machine_a_live_load_its_log_and_plan(
     b.click(".card[data-alias=alpha] details summary")
     argv = b.text(".card[data-alias=alpha] .argv")
     assert "--enable-metrics" in argv and "--kt-numa-nodes" in argv
-    # The plots are drawn (data comes with the samples; tests/frontend/ui/test_ui_hub.py).
+    # The plots are drawn (data comes with the samples; tests/frontend/ui/test_hub.py).
     assert set(b.attrs("#plots svg", "data-metric")) == {
         "rps",
         "tps",

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from simharness import SimProc, alive, wait_until
+
+from tests.sim.simharness import SimProc, alive, wait_until
 
 SERVED = "sim-model"
 CTX = 512
@@ -166,7 +167,7 @@ def test_openai_client_streaming_with_usage(sim: SimProc) -> None:
 
     comp = client.completions.create(model=SERVED, prompt="a b", max_tokens=3)
     assert comp.choices[0].text == "tok0 tok1 tok2"
-    # A generation model has no embeddings: SGLang's 400 (tests/sim/test_sim_routes.py has
+    # A generation model has no embeddings: SGLang's 400 (tests/sim/test_routes.py has
     # an --is-embedding sim serve them).
     with pytest.raises(openai.BadRequestError, match="embedding model"):
         client.embeddings.create(model=SERVED, input=["alpha", "beta"])

@@ -8,11 +8,11 @@ to ``KeyCache`` is a function the test controls.
 from __future__ import annotations
 
 import trio
-from test_upstream import Server, read_request, serve
 
 from ktd.control.aclient import Unreachable
 from ktd.frontend.enginekeys import KeyCache
 from ktd.frontend.upstream import UpstreamPool
+from tests.frontend.test_upstream import Server, read_request, serve
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 DENIED = (

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import trio
-from frontend_fakes import StatusDaemon
-from frontend_helpers import StartFrontend
 
 from ktd import protocol as p
+from tests.frontend.frontend_fakes import StatusDaemon
+from tests.frontend.frontend_helpers import StartFrontend
 from tests.frontend.ui.conftest import Browser
 
 KEY = "sk-ui-sleep"

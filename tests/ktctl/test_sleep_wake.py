@@ -12,11 +12,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from ktctl_fakes import FakeDaemon
 
 from ktctl import Client, KtdError, render
 from ktctl.cli import build_parser, main
 from ktd import protocol as p
+from tests.ktctl.ktctl_fakes import FakeDaemon
 
 Answer = list[p.Reply] | None
 Handler = Callable[[p.Request], Answer]

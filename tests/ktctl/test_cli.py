@@ -21,12 +21,12 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from ktctl_fakes import FakeDaemon
 
 from ktctl import DaemonUnreachable, KtdError, ProtocolError, render
 from ktctl.cli import build_parser, exit_code, main
 from ktctl.client import Client
 from ktd import protocol as p
+from tests.ktctl.ktctl_fakes import FakeDaemon
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,11 +19,11 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from ktctl_fakes import Answer, FakeDaemon, Handler
 
 from ktctl import Client, ConnectionLost, DaemonUnreachable, KtdError, ProtocolError
 from ktctl.client import probe, resolve_socket
 from ktd import protocol as p
+from tests.ktctl.ktctl_fakes import Answer, FakeDaemon, Handler
 
 
 def engine(alias: str = "m", state: str = "ready", **kw: Any) -> p.EngineInfo:

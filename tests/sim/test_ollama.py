@@ -9,7 +9,8 @@ from collections.abc import Callable
 import httpx
 import ollama
 import pytest
-from simharness import SimProc
+
+from tests.sim.simharness import SimProc
 
 SERVED = "sim-model"
 CTX = 2100  # room for SGLang's default Ollama budget (2048 new tokens) and a short prompt

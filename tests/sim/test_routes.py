@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
-from simharness import SimProc
+
+from tests.sim.simharness import SimProc
 
 SERVED = "sim-model"
 

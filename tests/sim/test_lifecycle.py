@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from simharness import SHIM, SimProc, alive, wait_until
+
+from tests.sim.simharness import SHIM, SimProc, alive, wait_until
 
 Factory = Callable[..., SimProc]
 

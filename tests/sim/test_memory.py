@@ -19,11 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
-from simharness import SimProc, wait_until
 
 from ktd.sim.httpd import Reply, Request
 from ktd.sim.knobs import Knobs
 from ktd.sim.memory import parse_tags
+from tests.sim.simharness import SimProc, wait_until
 
 Factory = Callable[..., SimProc]
 SAVER = ["--enable-memory-saver", "--enable-weights-cpu-backup"]
