@@ -30,7 +30,7 @@ from ktd.daemon import enginekey, health, kill, memory, preflight, proctree, spa
 from ktd.daemon.engine import Busy, Engine, Running, Unplaceable
 from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.inotify import FileWatch
-from ktd.daemon.probe import KT_FORK, missing_message
+from ktd.daemon.probe import KT_FORK, ProbeResult, missing_message
 from ktd.daemon.safedir import UnsafeDir
 
 log = logging.getLogger("ktd.engine")
@@ -345,6 +345,22 @@ class Supervisor:
         e = self.e
         e.stats.load_started = time.time()
         e.stats.made_room, e.stats.owed = (), False
+        probe = await self._probed()
+        if isinstance(probe, Outcome):
+            return probe
+        e.catalog = probe.catalog
+        if not e.want_up:
+            return Outcome("stopped", "stopped before launch")
+        refused = await self._placed(probe)
+        if refused is not None:
+            return refused
+        return await self._started_engine()
+
+    async def _probed(self) -> ProbeResult | Outcome:
+        """What the model's interpreter has (SGLang, kt-kernel, the flags SGLang knows),
+        after a ``pip install`` of the kt fork when the model asks for one and none is
+        there; a failed ``Outcome`` when something it needs is missing."""
+        e = self.e
         env = build_env(e.spec, self.host.base_env)
         probe = await self.host.prober.probe(e.spec.python, env)
         if e.spec.auto_build and probe.ok_python and probe.sglang is None:
@@ -357,15 +373,15 @@ class Supervisor:
             self.host.prober.forget()
             probe = await self.host.prober.probe(e.spec.python, env)
         problem = missing_message(probe, auto_build=False)
-        if problem:
-            return Outcome("failed", problem)
-        e.catalog = probe.catalog
-        if not e.want_up:
-            return Outcome("stopped", "stopped before launch")
+        return Outcome("failed", problem) if problem else probe
 
-        # Before placing: placing may evict ready engines, and a load that cannot
-        # start must never cost a running model. Among the checks: a flag the
-        # installed SGLang would refuse (its catalogue, from the probe).
+    async def _placed(self, probe: ProbeResult) -> Outcome | None:
+        """Preflight, then placement (``e.plan``): None when the engine may start.
+
+        Preflight comes first: placing may evict ready engines, and a load that cannot
+        start must never cost a running model. Among its checks: a flag the installed
+        SGLang would refuse (its catalogue, from the probe)."""
+        e = self.e
         e.set_phase(Phase.of(Step.PREFLIGHT))
         refusal = await preflight.run(e.spec, probe)
         if refusal:
@@ -385,6 +401,11 @@ class Supervisor:
         if not e.want_up:
             e.plan = None
             return Outcome("stopped", "stopped before launch")
+        return None
+
+    async def _started_engine(self) -> Outcome | None:
+        """The placed engine's command, its key file, its process: None once it runs."""
+        e = self.e
         port = e.spec.port or proctree.pick_port(e.spec.host)
         flags = e.plan.argv_flags() if e.plan else []
         try:
