@@ -178,61 +178,11 @@ def read_topology(
     cpuinfo_text = _read(root / "proc" / "cpuinfo") or ""
     model, flags, cpuinfo_cores = _cpuinfo(cpuinfo_text)
     online = _online_cpus(sysdir, cpuinfo_cores, cpuinfo_text)
-    online_set = set(online)
-
-    core_of: dict[int, tuple[int, int]] = {}
-    for cpu in online:
-        tdir = sysdir / "cpu" / f"cpu{cpu}" / "topology"
-        pkg = _read_int(tdir / "physical_package_id")
-        core = _read_int(tdir / "core_id")
-        if pkg is not None and core is not None:
-            core_of[cpu] = (pkg, core)
-        elif cpu in cpuinfo_cores:
-            core_of[cpu] = cpuinfo_cores[cpu]
-
-    nodes: list[NumaNode] = []
-    node_dirs: list[tuple[int, Path]] = []
-    try:
-        for entry in (sysdir / "node").iterdir():
-            m = re.fullmatch(r"node(\d+)", entry.name)
-            if m and entry.is_dir():
-                node_dirs.append((int(m[1]), entry))
-    except OSError:
-        pass
-    for nid, ndir in sorted(node_dirs):
-        try:
-            cpus = parse_cpulist(_read(ndir / "cpulist") or "")
-        except ValueError:
-            cpus = []
-        meminfo = _read(ndir / "meminfo")
-        hp_total, hp_free = _hugepages(ndir / "hugepages" / "hugepages-2048kB")
-        nodes.append(
-            NumaNode(
-                id=nid,
-                cpus=tuple(c for c in cpus if c in online_set),
-                mem_total_kb=_meminfo_kb(meminfo, "MemTotal"),
-                mem_free_kb=_meminfo_kb(meminfo, "MemFree"),
-                hugepages_total=hp_total,
-                hugepages_free=hp_free,
-                mem_available_kb=_available_kb(meminfo),
-            )
-        )
-    if not nodes:
-        meminfo = _read(root / "proc" / "meminfo")
-        hp_total, hp_free = _hugepages(
-            root / "sys" / "kernel" / "mm" / "hugepages" / "hugepages-2048kB"
-        )
-        nodes.append(
-            NumaNode(
-                id=0,
-                cpus=tuple(online),
-                mem_total_kb=_meminfo_kb(meminfo, "MemTotal"),
-                mem_free_kb=_meminfo_kb(meminfo, "MemFree"),
-                hugepages_total=hp_total,
-                hugepages_free=hp_free,
-                mem_available_kb=_available_kb(meminfo),
-            )
-        )
+    core_of = _cores(sysdir, online, cpuinfo_cores)
+    nodes = _nodes(sysdir, set(online))
+    if not nodes:  # no NUMA in sysfs: one node 0 with every online CPU and all memory
+        huge = root / "sys" / "kernel" / "mm" / "hugepages" / "hugepages-2048kB"
+        nodes = [_node(0, online, _read(root / "proc" / "meminfo"), huge)]
 
     gpus: tuple[Gpu, ...] = ()
     gpu_error: str | None = None
@@ -246,4 +196,56 @@ def read_topology(
         core_of=MappingProxyType(core_of),
         gpus=gpus,
         gpu_error=gpu_error,
+    )
+
+
+def _cores(
+    sysdir: Path, online: Sequence[int], cpuinfo_cores: dict[int, tuple[int, int]]
+) -> dict[int, tuple[int, int]]:
+    """(package, core) of each online CPU: sysfs's topology, else ``/proc/cpuinfo``'s."""
+    core_of: dict[int, tuple[int, int]] = {}
+    for cpu in online:
+        tdir = sysdir / "cpu" / f"cpu{cpu}" / "topology"
+        pkg = _read_int(tdir / "physical_package_id")
+        core = _read_int(tdir / "core_id")
+        if pkg is not None and core is not None:
+            core_of[cpu] = (pkg, core)
+        elif cpu in cpuinfo_cores:
+            core_of[cpu] = cpuinfo_cores[cpu]
+    return core_of
+
+
+def _nodes(sysdir: Path, online: set[int]) -> list[NumaNode]:
+    """The ``node*`` directories of sysfs, in order, each with its online CPUs."""
+    node_dirs: list[tuple[int, Path]] = []
+    try:
+        for entry in (sysdir / "node").iterdir():
+            m = re.fullmatch(r"node(\d+)", entry.name)
+            if m and entry.is_dir():
+                node_dirs.append((int(m[1]), entry))
+    except OSError:
+        pass
+    nodes = []
+    for nid, ndir in sorted(node_dirs):
+        try:
+            cpus = parse_cpulist(_read(ndir / "cpulist") or "")
+        except ValueError:
+            cpus = []
+        mine = [c for c in cpus if c in online]
+        huge = ndir / "hugepages" / "hugepages-2048kB"
+        nodes.append(_node(nid, mine, _read(ndir / "meminfo"), huge))
+    return nodes
+
+
+def _node(nid: int, cpus: Sequence[int], meminfo: str | None, hugepages: Path) -> NumaNode:
+    """One node: its CPUs, its memory (a ``meminfo`` text), its 2 MiB huge pages."""
+    hp_total, hp_free = _hugepages(hugepages)
+    return NumaNode(
+        id=nid,
+        cpus=tuple(cpus),
+        mem_total_kb=_meminfo_kb(meminfo, "MemTotal"),
+        mem_free_kb=_meminfo_kb(meminfo, "MemFree"),
+        hugepages_total=hp_total,
+        hugepages_free=hp_free,
+        mem_available_kb=_available_kb(meminfo),
     )
