@@ -23,7 +23,7 @@ from ktd.core.command import LaunchError, build_launch, planner_args
 from ktd.core.config import ModelSpec
 from ktd.core.placement import plan
 from ktd.core.sglang_options import Catalog
-from ktd.core.topology import Topology, format_cpulist
+from ktd.core.topology import NumaNode, Topology, format_cpulist
 from ktd.core.userflags import user_flags
 
 __all__ = [
@@ -139,7 +139,16 @@ def cpu_checks(topo: Topology) -> list[Check]:
 
 def numa_checks(topo: Topology) -> list[Check]:
     """NUMA layout, free RAM per node, and 2 MiB hugepage reservations."""
-    checks: list[Check] = []
+    checks = _layout_checks(topo)
+    checks += [_memory_check(n) for n in topo.nodes]
+    checks += [_hugepages_check(n) for n in topo.nodes if n.hugepages_total]
+    if not any(n.hugepages_total for n in topo.nodes):
+        checks.append(Check("numa.hugepages", "ok", "no 2 MiB hugepages reserved"))
+    return checks
+
+
+def _layout_checks(topo: Topology) -> list[Check]:
+    """The nodes, and whether a multi-socket machine shows them (NUMA on in the BIOS)."""
     cpu_nodes = [n for n in topo.nodes if n.cpus]
     layout = "; ".join(
         f"node{n.id}: CPUs {format_cpulist(n.cpus) or '-'} "
@@ -148,7 +157,7 @@ def numa_checks(topo: Topology) -> list[Check]:
     )
     sockets = len(topo.packages)
     if sockets > 1 and len(cpu_nodes) == 1:
-        checks.append(
+        checks = [
             Check(
                 "numa.layout",
                 "warn",
@@ -156,9 +165,9 @@ def numa_checks(topo: Topology) -> list[Check]:
                 "enable NUMA in the BIOS (disable node interleaving) so kt-kernel can keep "
                 "each thread pool's experts in its own socket's memory",
             )
-        )
+        ]
     else:
-        checks.append(Check("numa.layout", "ok", f"{len(topo.nodes)} node(s): {layout}"))
+        checks = [Check("numa.layout", "ok", f"{len(topo.nodes)} node(s): {layout}")]
     memless = [n.id for n in topo.nodes if not n.cpus]
     if memless:
         checks.append(
@@ -169,59 +178,45 @@ def numa_checks(topo: Topology) -> list[Check]:
                 "(CXL/HBM); placement never puts a thread pool there",
             )
         )
-
-    for n in topo.nodes:
-        name = f"numa.node{n.id}.memory"
-        if n.mem_total_kb <= 0:
-            checks.append(
-                Check(
-                    name,
-                    "warn",
-                    "memory size unknown (meminfo unreadable)",
-                    "check /sys is mounted",
-                )
-            )
-            continue
-        frac = n.mem_free_kb / n.mem_total_kb
-        detail = f"{_gib(n.mem_free_kb)} free of {_gib(n.mem_total_kb)}"
-        if frac < 0.10:
-            checks.append(
-                Check(
-                    name,
-                    "warn",
-                    f"{detail} ({frac:.0%})",
-                    "little free RAM: another engine or job uses this node (page cache "
-                    "is counted as used and is reclaimed on demand)",
-                )
-            )
-        else:
-            checks.append(Check(name, "ok", detail))
-
-    for n in topo.nodes:
-        if not n.hugepages_total:
-            continue
-        name = f"numa.node{n.id}.hugepages"
-        reserved_kb = n.hugepages_total * 2048
-        free_kb = n.hugepages_free * 2048
-        detail = (
-            f"{n.hugepages_total} x 2 MiB hugepages reserved ({_gib(reserved_kb)}), "
-            f"{n.hugepages_free} free"
-        )
-        if n.mem_total_kb and free_kb > n.mem_total_kb * 0.25:
-            checks.append(
-                Check(
-                    name,
-                    "warn",
-                    detail,
-                    f"{_gib(free_kb)} of unused hugepages is RAM ordinary allocations "
-                    f"(kt-kernel's expert weights) cannot use; lower vm.nr_hugepages",
-                )
-            )
-        else:
-            checks.append(Check(name, "ok", detail))
-    if not any(n.hugepages_total for n in topo.nodes):
-        checks.append(Check("numa.hugepages", "ok", "no 2 MiB hugepages reserved"))
     return checks
+
+
+def _memory_check(n: NumaNode) -> Check:
+    name = f"numa.node{n.id}.memory"
+    if n.mem_total_kb <= 0:
+        return Check(
+            name, "warn", "memory size unknown (meminfo unreadable)", "check /sys is mounted"
+        )
+    frac = n.mem_free_kb / n.mem_total_kb
+    detail = f"{_gib(n.mem_free_kb)} free of {_gib(n.mem_total_kb)}"
+    if frac < 0.10:
+        return Check(
+            name,
+            "warn",
+            f"{detail} ({frac:.0%})",
+            "little free RAM: another engine or job uses this node (page cache "
+            "is counted as used and is reclaimed on demand)",
+        )
+    return Check(name, "ok", detail)
+
+
+def _hugepages_check(n: NumaNode) -> Check:
+    name = f"numa.node{n.id}.hugepages"
+    reserved_kb = n.hugepages_total * 2048
+    free_kb = n.hugepages_free * 2048
+    detail = (
+        f"{n.hugepages_total} x 2 MiB hugepages reserved ({_gib(reserved_kb)}), "
+        f"{n.hugepages_free} free"
+    )
+    if n.mem_total_kb and free_kb > n.mem_total_kb * 0.25:
+        return Check(
+            name,
+            "warn",
+            detail,
+            f"{_gib(free_kb)} of unused hugepages is RAM ordinary allocations "
+            f"(kt-kernel's expert weights) cannot use; lower vm.nr_hugepages",
+        )
+    return Check(name, "ok", detail)
 
 
 # ---------------------------------------------------------------- GPU
@@ -478,74 +473,73 @@ def python_checks(probe: Mapping[str, Any]) -> list[Check]:
                 "set ktransformers.python to the interpreter of SGLang's venv",
             )
         ]
-    checks = [Check("python", "ok", py)]
+    checks = [Check("python", "ok", py), _sglang_check(probe, py), _kt_kernel_check(probe, py)]
+    flags = _kt_flags_check(probe, py)
+    return checks + ([flags] if flags else [])
+
+
+def _sglang_check(probe: Mapping[str, Any], py: str) -> Check:
+    """SGLang importable, and the kt fork rather than upstream."""
     sglang = probe.get("sglang")
     package = probe.get("sglang_package") or "sglang"
     fork = probe.get("kt_fork")
     if not sglang:
-        checks.append(
-            Check(
-                "python.sglang",
-                "fail",
-                f"sglang is not importable by {py}",
-                f"install the kt fork in that venv ({py} -m pip install sglang-kt; or set "
-                "auto_build), or point ktransformers.python at the venv that has it",
-            )
+        return Check(
+            "python.sglang",
+            "fail",
+            f"sglang is not importable by {py}",
+            f"install the kt fork in that venv ({py} -m pip install sglang-kt; or set "
+            "auto_build), or point ktransformers.python at the venv that has it",
         )
-    elif fork is False:
-        checks.append(
-            Check(
-                "python.sglang",
-                "warn",
-                f"{package} {sglang}: upstream SGLang, not the kt fork (no --kt-numa-nodes; its "
-                "kt wrapper does not match kt-kernel 0.7's API)",
-                f"{py} -m pip uninstall -y sglang && {py} -m pip install sglang-kt",
-            )
+    if fork is False:
+        return Check(
+            "python.sglang",
+            "warn",
+            f"{package} {sglang}: upstream SGLang, not the kt fork (no --kt-numa-nodes; its "
+            "kt wrapper does not match kt-kernel 0.7's API)",
+            f"{py} -m pip uninstall -y sglang && {py} -m pip install sglang-kt",
         )
-    else:
-        what = "the kt fork" if fork else "kt fork or upstream unknown"
-        checks.append(Check("python.sglang", "ok", f"{package} {sglang} ({what})"))
+    what = "the kt fork" if fork else "kt fork or upstream unknown"
+    return Check("python.sglang", "ok", f"{package} {sglang} ({what})")
+
+
+def _kt_kernel_check(probe: Mapping[str, Any], py: str) -> Check:
     kt = probe.get("kt_kernel")
-    if kt:
-        variant = probe.get("kt_variant")
-        checks.append(
-            Check(
-                "python.kt_kernel", "ok", f"kt-kernel {kt}" + (f" ({variant})" if variant else "")
-            )
+    if not kt:
+        return Check(
+            "python.kt_kernel",
+            "fail",
+            f"kt_kernel is not importable by {py}",
+            "install kt-kernel in that venv (ktd never builds or installs it)",
         )
-    else:
-        checks.append(
-            Check(
-                "python.kt_kernel",
-                "fail",
-                f"kt_kernel is not importable by {py}",
-                "install kt-kernel in that venv (ktd never builds or installs it)",
-            )
-        )
+    variant = probe.get("kt_variant")
+    return Check("python.kt_kernel", "ok", f"kt-kernel {kt}" + (f" ({variant})" if variant else ""))
+
+
+def _kt_flags_check(probe: Mapping[str, Any], py: str) -> Check | None:
+    """The ``--kt-*`` flags SGLang's argparse declares (none said when it has no SGLang)."""
+    sglang = probe.get("sglang")
+    package = probe.get("sglang_package") or "sglang"
     kt_flags = probe.get("kt_flags")
     if isinstance(kt_flags, list) and kt_flags:
-        checks.append(Check("python.kt_flags", "ok", "declares " + " ".join(kt_flags)))
-    elif isinstance(kt_flags, list):
-        checks.append(
-            Check(
-                "python.kt_flags",
-                "fail",
-                f"{package} {sglang} declares no --kt-* flags: kt-kernel cannot be used",
-                f"{py} -m pip install sglang-kt",
-            )
+        return Check("python.kt_flags", "ok", "declares " + " ".join(kt_flags))
+    if isinstance(kt_flags, list):
+        return Check(
+            "python.kt_flags",
+            "fail",
+            f"{package} {sglang} declares no --kt-* flags: kt-kernel cannot be used",
+            f"{py} -m pip install sglang-kt",
         )
-    elif sglang:
-        checks.append(
-            Check(
-                "python.kt_flags",
-                "warn",
-                "could not read SGLang's option list: "
-                + str(probe.get("options_error") or "unknown error"),
-                "ktd builds the argv without checking it against SGLang; run "
-                f"'{py} -m sglang.launch_server --help' to see what fails",
-            )
+    if sglang:
+        return Check(
+            "python.kt_flags",
+            "warn",
+            "could not read SGLang's option list: "
+            + str(probe.get("options_error") or "unknown error"),
+            "ktd builds the argv without checking it against SGLang; run "
+            f"'{py} -m sglang.launch_server --help' to see what fails",
         )
-    return checks
+    return None
 
 
 # ---------------------------------------------------------------- report
