@@ -100,14 +100,71 @@ def sum_loads(per_engine: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def views(state: State) -> dict[str, Callable[..., Any]]:
     """The worker-info views, by routes.py endpoint (Quart serves them)."""
+    info = WorkerInfo(state)
+    return {
+        "server_info": info.server_info,
+        "get_server_info": info.server_info,
+        "model_info": info.model_info,
+        "get_model_info": info.model_info,
+        "get_load": info.get_load,
+    }
 
-    def check_key() -> None:
-        state.keys.check(header(request.scope, b"authorization"))
 
-    async def fronted() -> tuple[list[p.EngineInfo], list[p.ModelInfo]]:
+class WorkerInfo:
+    """The frontend's answers to what sglang-router asks a worker."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    async def server_info(self) -> Response:
+        return await self._from_engine_or_config(
+            "/server_info", lambda a, path, st: server_info_shape(a, path, status=st)
+        )
+
+    async def model_info(self) -> Response:
+        return await self._from_engine_or_config(
+            "/model_info", lambda a, path, st: model_info_shape(path)
+        )
+
+    async def get_load(self) -> Response:
+        """The ready engines' ``/v1/loads``, summed per DP rank (one engine that fails
+        to answer is left out)."""
+        self._check_key()
+        ready, _ = await self._fronted()
+        loads: list[list[dict[str, Any]]] = []
+        for e in ready:
+            try:
+                got = await self._engine_json(e.url or "", "/v1/loads?include=core")
+            except (UpstreamError, ValueError, OSError):
+                continue
+            entries = got.get("loads") if isinstance(got, dict) else None
+            if isinstance(entries, list):
+                loads.append([x for x in entries if isinstance(x, dict)])
+        return _reply(sum_loads(loads))
+
+    async def _from_engine_or_config(self, path: str, build: Any) -> Response:
+        """A ready engine's own answer at ``path``, else one built from the config."""
+        self._check_key()
+        ready, models = await self._fronted()
+        if ready:
+            try:
+                return _reply(await self._engine_json(ready[0].url or "", path))
+            except (UpstreamError, ValueError, OSError):
+                pass  # going away as we asked: describe it from the config
+        if not models:
+            return _reply(build("ktd", "", "no model"))
+        m = next((m for m in models if any(e.alias == m.alias for e in ready)), models[0])
+        return _reply(build(m.alias, m.path, m.state))
+
+    def _check_key(self) -> None:
+        self.state.keys.check(header(request.scope, b"authorization"))
+
+    async def _fronted(self) -> tuple[list[p.EngineInfo], list[p.ModelInfo]]:
+        """The ready engines (with a URL) and the served models, from the daemon."""
+        broker = self.state.broker
         try:
-            status = await state.broker.request(p.Status())
-            models = await state.broker.request(p.Models())
+            status = await broker.request(p.Status())
+            models = await broker.request(p.Models())
         except (Unreachable, ControlError) as exc:
             raise errors.make("daemon_unreachable", detail=str(exc)) from None
         if not isinstance(status, p.StatusReply) or not isinstance(models, p.ModelsReply):
@@ -115,8 +172,8 @@ def views(state: State) -> dict[str, Callable[..., Any]]:
         ready = [e for e in status.engines if e.state == S.READY and e.url]
         return ready, [m for m in models.models if m.served]
 
-    async def engine_json(url: str, path: str) -> Any:
-        resp = await state.upstream.request(url, path.encode(), [], b"", method=b"GET")
+    async def _engine_json(self, url: str, path: str) -> Any:
+        resp = await self.state.upstream.request(url, path.encode(), [], b"", method=b"GET")
         try:
             body = await resp.read()
         finally:
@@ -125,50 +182,6 @@ def views(state: State) -> dict[str, Callable[..., Any]]:
             raise UpstreamError(f"{path}: HTTP {resp.status}")
         return without_keys(json.loads(body))
 
-    def reply(obj: Any) -> Response:
-        return Response(errors._encoder.encode(obj), status=200, content_type=_JSON)
 
-    async def from_engine_or_config(path: str, build: Any) -> Response:
-        check_key()
-        ready, models = await fronted()
-        if ready:
-            try:
-                return reply(await engine_json(ready[0].url or "", path))
-            except (UpstreamError, ValueError, OSError):
-                pass  # going away as we asked: describe it from the config
-        if not models:
-            return reply(build("ktd", "", "no model"))
-        m = next((m for m in models if any(e.alias == m.alias for e in ready)), models[0])
-        return reply(build(m.alias, m.path, m.state))
-
-    async def server_info() -> Response:
-        return await from_engine_or_config(
-            "/server_info", lambda a, path, st: server_info_shape(a, path, status=st)
-        )
-
-    async def model_info() -> Response:
-        return await from_engine_or_config(
-            "/model_info", lambda a, path, st: model_info_shape(path)
-        )
-
-    async def get_load() -> Response:
-        check_key()
-        ready, _ = await fronted()
-        loads: list[list[dict[str, Any]]] = []
-        for e in ready:
-            try:
-                got = await engine_json(e.url or "", "/v1/loads?include=core")
-            except (UpstreamError, ValueError, OSError):
-                continue
-            entries = got.get("loads") if isinstance(got, dict) else None
-            if isinstance(entries, list):
-                loads.append([x for x in entries if isinstance(x, dict)])
-        return reply(sum_loads(loads))
-
-    return {
-        "server_info": server_info,
-        "get_server_info": server_info,
-        "model_info": model_info,
-        "get_model_info": model_info,
-        "get_load": get_load,
-    }
+def _reply(obj: Any) -> Response:
+    return Response(errors._encoder.encode(obj), status=200, content_type=_JSON)
