@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK, SAVER
@@ -159,35 +159,8 @@ class Persister:
             if pidfd is not None:
                 os.close(pidfd)
             return False
-        if rec is not None:
-            digest, state = rec.digest, rec.state
-            started_at = rec.started_at or rec.since
-            port, argv = rec.port, list(rec.argv)
-            plan = FixedPlacement(
-                numa_nodes=tuple(rec.numa_nodes),
-                cpus=tuple(rec.cpus),
-                gpus=tuple(rec.gpus),
-                env=dict(rec.env),
-            )
-        else:
-            # No record (lost to a failed write, or corrupt): what the process itself says.
-            # Unknown state: it gets a fresh health_timeout to answer (a ready one does at
-            # once), rather than being judged by a deadline computed from a guess.
-            digest = f.digest or engine.spec.launch_digest()
-            state, started_at = None, time.time()
-            port, argv = f.port or 0, list(f.argv)
-            plan = FixedPlacement(
-                numa_nodes=f.numa_nodes,
-                cpus=f.cpus,
-                gpus=f.gpus,
-                env={} if f.gpus_env is None else {"CUDA_VISIBLE_DEVICES": f.gpus_env},
-            )
-            log.warning(
-                "recovered engine %s (pid %d, port %d) without a state record",
-                f.alias,
-                f.pid,
-                port,
-            )
+        known = _from_record(rec) if rec is not None else _from_process(f, engine)
+        digest, state, started_at, port, argv, plan = known
         # Its key: from the 0600 file its argv names (never from the state file).
         key, key_file = key_of_argv(argv)
         if key_file is not None and key is None:
@@ -219,3 +192,45 @@ class Persister:
             engine.stale = True
             self.restart_later.append(engine)
         return True
+
+
+class _Known(NamedTuple):
+    """What ktd knows of an engine it adopts: from its state record, or its process."""
+
+    digest: str
+    state: S.State | None
+    started_at: float
+    port: int
+    argv: list[str]
+    plan: FixedPlacement
+
+
+def _from_record(rec: statefile.EngineRecord) -> _Known:
+    plan = FixedPlacement(
+        numa_nodes=tuple(rec.numa_nodes),
+        cpus=tuple(rec.cpus),
+        gpus=tuple(rec.gpus),
+        env=dict(rec.env),
+    )
+    return _Known(
+        rec.digest, rec.state, rec.started_at or rec.since, rec.port, list(rec.argv), plan
+    )
+
+
+def _from_process(f: adoption.Found, engine: Engine) -> _Known:
+    """No record (lost to a failed write, or corrupt): what the process itself says.
+
+    Unknown state: it gets a fresh health_timeout to answer (a ready one does at once),
+    rather than being judged by a deadline computed from a guess."""
+    plan = FixedPlacement(
+        numa_nodes=f.numa_nodes,
+        cpus=f.cpus,
+        gpus=f.gpus,
+        env={} if f.gpus_env is None else {"CUDA_VISIBLE_DEVICES": f.gpus_env},
+    )
+    port = f.port or 0
+    log.warning(
+        "recovered engine %s (pid %d, port %d) without a state record", f.alias, f.pid, port
+    )
+    digest = f.digest or engine.spec.launch_digest()
+    return _Known(digest, None, time.time(), port, list(f.argv), plan)
