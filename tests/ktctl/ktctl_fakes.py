@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 import zmq
 
+from ktctl.cli import main
 from ktd import protocol as p
 
 Answer = list[p.Reply | bytes] | str | None
@@ -72,3 +74,10 @@ class FakeDaemon:
         self._stop.set()
         self.thread.join(5)
         self.ctx.destroy(linger=0)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``ktctl ARGV`` in process: its exit code, what it printed and what it logged."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err

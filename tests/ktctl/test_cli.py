@@ -27,33 +27,12 @@ from ktctl.cli import build_parser, exit_code, main
 from ktctl.client import Client
 from ktd import protocol as p
 from tests.ktctl.ktctl_fakes import FakeDaemon
+from tests.ktctl.ktctl_fakes import run_cli as run
 
 REPO = Path(__file__).resolve().parents[2]
 
 Answer = list[p.Reply] | None
 Handler = Callable[[p.Request], Answer]
-
-
-@pytest.fixture
-def daemon(daemon: Callable[..., FakeDaemon]) -> Callable[[Handler], FakeDaemon]:
-    """The shared fake, with one-argument handlers whose replies get the request's id."""
-
-    def start(handler: Handler) -> FakeDaemon:
-        return daemon(lambda req, _d: handler(req), echo_ids=True)
-
-    return start
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("KTD_SOCKET", "KTCTL_TIMEOUT", "KTCTL_DEBUG"):
-        monkeypatch.delenv(var, raising=False)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 READY = p.EngineInfo(

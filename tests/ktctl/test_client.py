@@ -104,8 +104,8 @@ def test_silent_daemon_times_out(rundir: Path) -> None:
 # ---------------------------------------------------------------- replies
 
 
-def test_ping_and_status(daemon: Callable[[Handler], FakeDaemon]) -> None:
-    d = daemon(basic)
+def test_ping_and_status(fake_daemon: Callable[[Handler], FakeDaemon]) -> None:
+    d = fake_daemon(basic)
     with Client(d.path) as c:
         pong = c.ping()
         assert (pong.version, pong.pid) == ("9.9", 42)
@@ -116,8 +116,8 @@ def test_ping_and_status(daemon: Callable[[Handler], FakeDaemon]) -> None:
     assert ids == sorted(set(ids)) and ids[0] >= 1
 
 
-def test_error_reply_raises_ktd_error(daemon: Callable[[Handler], FakeDaemon]) -> None:
-    d = daemon(basic)
+def test_error_reply_raises_ktd_error(fake_daemon: Callable[[Handler], FakeDaemon]) -> None:
+    d = fake_daemon(basic)
     with Client(d.path) as c:
         with pytest.raises(KtdError) as info:
             c.status("nope")
@@ -129,7 +129,7 @@ def test_error_reply_raises_ktd_error(daemon: Callable[[Handler], FakeDaemon]) -
         assert c.ping().pid == 42  # the connection is still usable after errors
 
 
-def test_replies_with_other_ids_are_ignored(daemon: Callable[[Handler], FakeDaemon]) -> None:
+def test_replies_with_other_ids_are_ignored(fake_daemon: Callable[[Handler], FakeDaemon]) -> None:
     def handler(req: p.Request, d: FakeDaemon) -> Answer:
         return [
             p.Pong(id=req.id + 1000, version="wrong", pid=1),
@@ -137,13 +137,13 @@ def test_replies_with_other_ids_are_ignored(daemon: Callable[[Handler], FakeDaem
             p.Pong(id=req.id, version="right", pid=2),
         ]
 
-    d = daemon(handler)
+    d = fake_daemon(handler)
     with Client(d.path) as c:
         assert c.ping().version == "right"
 
 
 def test_late_reply_of_timed_out_request_is_dropped(
-    daemon: Callable[[Handler], FakeDaemon],
+    fake_daemon: Callable[[Handler], FakeDaemon],
 ) -> None:
     held: list[int] = []
 
@@ -154,7 +154,7 @@ def test_late_reply_of_timed_out_request_is_dropped(
         late = p.Pong(id=held[0], version="late", pid=1)
         return [late, p.Pong(id=req.id, version="fresh", pid=2)]
 
-    d = daemon(handler)
+    d = fake_daemon(handler)
     with Client(d.path, timeout=0.3) as c:
         with pytest.raises(DaemonUnreachable):
             c.ping()
@@ -162,28 +162,28 @@ def test_late_reply_of_timed_out_request_is_dropped(
 
 
 def test_undecodable_reply_for_our_id_is_a_protocol_error(
-    daemon: Callable[[Handler], FakeDaemon],
+    fake_daemon: Callable[[Handler], FakeDaemon],
 ) -> None:
     def handler(req: p.Request, d: FakeDaemon) -> Answer:
         return [msgspec.msgpack.encode({"type": "from_the_future", "id": req.id})]
 
-    d = daemon(handler)
+    d = fake_daemon(handler)
     with Client(d.path) as c, pytest.raises(ProtocolError, match="same version"):
         c.ping()
 
 
 def test_unexpected_reply_type_is_a_protocol_error(
-    daemon: Callable[[Handler], FakeDaemon],
+    fake_daemon: Callable[[Handler], FakeDaemon],
 ) -> None:
-    d = daemon(lambda req, d: [p.Ok(id=req.id)])
+    d = fake_daemon(lambda req, d: [p.Ok(id=req.id)])
     with Client(d.path) as c, pytest.raises(ProtocolError, match="StatusReply"):
         c.status()
 
 
 def test_request_does_not_touch_the_callers_message(
-    daemon: Callable[[Handler], FakeDaemon],
+    fake_daemon: Callable[[Handler], FakeDaemon],
 ) -> None:
-    d = daemon(basic)
+    d = fake_daemon(basic)
     msg = p.Ping()
     with Client(d.path) as c:
         reply = c.request(msg)
@@ -200,7 +200,7 @@ def test_evict_needs_alias_or_all() -> None:
         c.evict("m", all=True)
 
 
-def test_wire_arguments_of_operations(daemon: Callable[[Handler], FakeDaemon]) -> None:
+def test_wire_arguments_of_operations(fake_daemon: Callable[[Handler], FakeDaemon]) -> None:
     def handler(req: p.Request, d: FakeDaemon) -> Answer:
         match req:
             case p.Load(dry_run=True):
@@ -221,7 +221,7 @@ def test_wire_arguments_of_operations(daemon: Callable[[Handler], FakeDaemon]) -
                 return [p.ModelsReply(id=req.id, models=[])]
         return [p.Ok(id=req.id, message="fine")]
 
-    d = daemon(handler)
+    d = fake_daemon(handler)
     with Client(d.path) as c:
         assert c.load("m").state == "ready"
         assert c.load("m", wait=False, timeout=3).alias == "m"
@@ -251,8 +251,8 @@ def test_wire_arguments_of_operations(daemon: Callable[[Handler], FakeDaemon]) -
 # ---------------------------------------------------------------- long waits and events
 
 
-def test_daemon_death_ends_an_unbounded_wait(daemon: Callable[[Handler], FakeDaemon]) -> None:
-    d = daemon(lambda req, d: "die")
+def test_daemon_death_ends_an_unbounded_wait(fake_daemon: Callable[[Handler], FakeDaemon]) -> None:
+    d = fake_daemon(lambda req, d: "die")
     t0 = time.monotonic()
     with (
         Client(d.path, timeout=0.5) as c,
@@ -263,15 +263,15 @@ def test_daemon_death_ends_an_unbounded_wait(daemon: Callable[[Handler], FakeDae
 
 
 def test_shutdown_counts_a_vanished_daemon_as_done(
-    daemon: Callable[[Handler], FakeDaemon],
+    fake_daemon: Callable[[Handler], FakeDaemon],
 ) -> None:
-    d = daemon(lambda req, d: "die")
+    d = fake_daemon(lambda req, d: "die")
     with Client(d.path) as c:
         assert c.shutdown() == "ktd exited"
 
 
 def test_load_progress_sees_events_published_right_after_the_request(
-    daemon: Callable[[Handler], FakeDaemon],
+    fake_daemon: Callable[[Handler], FakeDaemon],
 ) -> None:
     def handler(req: p.Request, d: FakeDaemon) -> Answer:
         if isinstance(req, p.Load):
@@ -283,7 +283,7 @@ def test_load_progress_sees_events_published_right_after_the_request(
             return [p.LoadReply(id=req.id, engine=engine(pid=9))]
         return None
 
-    d = daemon(handler)
+    d = fake_daemon(handler)
     seen: list[p.Event] = []
     ticks = itertools.count()
 
@@ -306,7 +306,7 @@ def test_load_progress_sees_events_published_right_after_the_request(
 
 @pytest.mark.parametrize("reply_first", [False, True])
 def test_follow_logs_drops_by_count_what_the_tail_holds(
-    daemon: Callable[[Handler], FakeDaemon], reply_first: bool
+    fake_daemon: Callable[[Handler], FakeDaemon], reply_first: bool
 ) -> None:
     """Lines written while the tail is read arrive both ways, and their events may come
     before or after the tail's reply (another socket: the flaky seam of ``logs -f``,
@@ -327,7 +327,7 @@ def test_follow_logs_drops_by_count_what_the_tail_holds(
             return [p.LogsReply(id=req.id, alias="m", lines=["a", "x", "x"], upto=3)]
         return None
 
-    d = daemon(handler)
+    d = fake_daemon(handler)
     with Client(d.path) as c:
         it = c.follow_logs("m", 3)
         assert [next(it), next(it), next(it)] == ["a", "x", "x"]
@@ -343,14 +343,14 @@ def test_follow_logs_drops_by_count_what_the_tail_holds(
 
 
 def test_follow_logs_of_a_daemon_that_does_not_count_keeps_following(
-    daemon: Callable[[Handler], FakeDaemon],
+    fake_daemon: Callable[[Handler], FakeDaemon],
 ) -> None:
     def handler(req: p.Request, d: FakeDaemon) -> Answer:
         if isinstance(req, p.Logs):
             return [p.LogsReply(id=req.id, alias="m", lines=["a", "b"])]
         return None
 
-    d = daemon(handler)
+    d = fake_daemon(handler)
     with Client(d.path) as c:
         it = c.follow_logs("m", 2)
         assert [next(it), next(it)] == ["a", "b"]
@@ -359,8 +359,8 @@ def test_follow_logs_of_a_daemon_that_does_not_count_keeps_following(
         it.close()
 
 
-def test_events_stream_all_topics(daemon: Callable[[Handler], FakeDaemon]) -> None:
-    d = daemon(basic)
+def test_events_stream_all_topics(fake_daemon: Callable[[Handler], FakeDaemon]) -> None:
+    d = fake_daemon(basic)
     with Client(d.path) as c:
         it = c.events()
         d.outbox.put(p.Event(topic="engine.m", time=1.0, alias="m", state="ready"))
@@ -388,8 +388,8 @@ def test_close_is_idempotent_and_cheap_when_unused(rundir: Path) -> None:
     assert "control.sock" in repr(c)
 
 
-def test_no_thread_or_fd_leak_after_close(daemon: Callable[[Handler], FakeDaemon]) -> None:
-    d = daemon(basic)
+def test_no_thread_or_fd_leak_after_close(fake_daemon: Callable[[Handler], FakeDaemon]) -> None:
+    d = fake_daemon(basic)
     fds = len(os.listdir("/proc/self/fd"))
     for _ in range(5):
         with Client(d.path) as c:
@@ -413,9 +413,9 @@ def test_wedged_listener_bounds_even_an_unbounded_load(rundir: Path) -> None:
 
 
 def test_daemon_gone_between_requests_is_reported_precisely(
-    daemon: Callable[[Handler], FakeDaemon],
+    fake_daemon: Callable[[Handler], FakeDaemon],
 ) -> None:
-    d = daemon(basic)
+    d = fake_daemon(basic)
     with Client(d.path, timeout=0.3) as c:
         assert c.ping().pid == 42
         d.close()  # zmq unlinks the ipc file it bound

@@ -17,6 +17,7 @@ from ktctl import Client, KtdError, render
 from ktctl.cli import build_parser, main
 from ktd import protocol as p
 from tests.ktctl.ktctl_fakes import FakeDaemon
+from tests.ktctl.ktctl_fakes import run_cli as run
 
 Answer = list[p.Reply] | None
 Handler = Callable[[p.Request], Answer]
@@ -26,28 +27,6 @@ NO_SLEEP_MSG = (
     "m cannot sleep: sglang 0.4.6 has no --enable-memory-saver "
     "(install sglang-kt or SGLang >= 0.4.9); its swaps stop and reload"
 )
-
-
-@pytest.fixture
-def daemon(daemon: Callable[..., FakeDaemon]) -> Callable[[Handler], FakeDaemon]:
-    """The shared fake, with one-argument handlers whose replies get the request's id."""
-
-    def start(handler: Handler) -> FakeDaemon:
-        return daemon(lambda req, _d: handler(req), echo_ids=True)
-
-    return start
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("KTD_SOCKET", "KTCTL_TIMEOUT", "KTCTL_DEBUG"):
-        monkeypatch.delenv(var, raising=False)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def asleep(since: float, **kw: object) -> p.EngineInfo:
