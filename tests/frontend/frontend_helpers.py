@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import httpx
 import trio
 
 from ktd.frontend.state import State
+from tests.frontend.frontend_fakes import FakeEngine
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "ktd" / "sim" / "shim"
@@ -71,3 +74,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+CHAT = "/v1/chat/completions"
+
+
+def body(model: str = "m", stream: bool = False, **extra: object) -> bytes:
+    """A chat request's body for the fakes (they read only ``model`` and ``stream``)."""
+    return json.dumps({"model": model, "stream": stream, "messages": [], **extra}).encode()
+
+
+@asynccontextmanager
+async def held_stream(
+    fe: Frontend, fake_engine: FakeEngine
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.Response]]:
+    """A slow stream on ``m`` under way (its first event seen) for the block's duration:
+    the client, and the stream (``aclose()`` it to end it early; leaving the block hangs
+    up mid-stream)."""
+    fake_engine.chunks = 10_000
+    fake_engine.chunk_delay = 0.01
+    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as held:
+        chunks = held.aiter_raw()  # kept: a dropped iterator closes the stream
+        async for chunk in chunks:
+            if chunk.startswith(b"data: {"):
+                break
+        yield c, held

@@ -5,38 +5,18 @@ In-process (Hypercorn + the app), so the fake daemon sees every control message.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import httpx
 import trio
 
 from ktd.core.admission import QueueLimits
 from tests.frontend.frontend_fakes import FakeDaemon, FakeEngine
-from tests.frontend.frontend_helpers import Frontend, StartFrontend, wait_for
-
-CHAT = "/v1/chat/completions"
-
-
-def body(model: str = "m", stream: bool = False) -> bytes:
-    return json.dumps({"model": model, "stream": stream, "messages": []}).encode()
-
-
-@asynccontextmanager
-async def held_stream(
-    fe: Frontend, fake_engine: FakeEngine
-) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.Response]]:
-    """A slow stream on ``m`` under way (its first event seen) for the block's duration:
-    the client, and the stream (``aclose()`` it to end it early)."""
-    fake_engine.chunks = 10_000
-    fake_engine.chunk_delay = 0.01
-    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as held:
-        chunks = held.aiter_raw()  # kept: a dropped iterator closes the stream
-        async for chunk in chunks:
-            if chunk.startswith(b"data: {"):
-                break
-        yield c, held
+from tests.frontend.frontend_helpers import (
+    CHAT,
+    StartFrontend,
+    body,
+    held_stream,
+    wait_for,
+)
 
 
 async def test_requests_on_a_held_claim_send_nothing_to_the_daemon(

@@ -16,17 +16,18 @@ import trio
 
 from ktd.frontend.upstream import UpstreamPool
 from tests.frontend.frontend_fakes import FakeDaemon, FakeEngine
-from tests.frontend.frontend_helpers import Frontend, StartFrontend, wait_for
-
-CHAT = "/v1/chat/completions"
+from tests.frontend.frontend_helpers import (
+    CHAT,
+    Frontend,
+    StartFrontend,
+    body,
+    held_stream,
+    wait_for,
+)
 
 
 def _pool(fe: Frontend) -> UpstreamPool:
     return fe.state.upstream
-
-
-def body(model: str = "m", stream: bool = False, **extra: object) -> bytes:
-    return json.dumps({"model": model, "stream": stream, "messages": [], **extra}).encode()
 
 
 def assert_openai_error(resp: httpx.Response, status: int) -> dict[str, object]:
@@ -344,15 +345,8 @@ async def test_shutdown_gives_claims_back_after_cut_streams(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
     fake_daemon.add("m", url=fake_engine.url, state="ready")
-    fake_engine.chunks = 10_000
-    fake_engine.chunk_delay = 0.01
     fe = await start_frontend()
-    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as resp:
-        # Kept: a dropped iterator is closed when collected, which hangs up the stream
-        # (then it may end before its report: a flaky "reported in flight").
-        chunks = resp.aiter_raw()
-        async for _ in chunks:
-            break
+    async with held_stream(fe, fake_engine):
         await wait_for(lambda: fake_daemon.in_flight == 1, what="reported in flight")
         fe.shutdown.set()  # graceful shutdown (graceful_timeout 1 s) cuts the stream
     await wait_for(lambda: fake_daemon.in_flight == 0, timeout=3, what="request ended")
@@ -385,16 +379,8 @@ async def test_client_abort_mid_stream_closes_upstream_and_releases(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
     fake_daemon.add("m", url=fake_engine.url, state="ready")
-    fake_engine.chunks = 10_000
-    fake_engine.chunk_delay = 0.01
     fe = await start_frontend()
-    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as resp:
-        got = 0
-        chunks = resp.aiter_raw()  # kept, as above: the hang-up is the block's end
-        async for _ in chunks:
-            got += 1
-            if got >= 3:
-                break
+    async with held_stream(fe, fake_engine):
         await wait_for(lambda: fake_daemon.in_flight == 1, what="reported in flight")
         t0 = trio.current_time()
         # leaving the block closes the connection mid-stream
