@@ -31,7 +31,6 @@ from ktd.core.keys import Policy
 from ktd.frontend import catalog, errors, gateway_metrics, patches, ui, worker_info
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import Flow
-from ktd.frontend.inbound import header
 from ktd.frontend.ollama import OllamaRoutes
 from ktd.frontend.origin import Guard, OriginPolicy
 from ktd.frontend.promtext import merge
@@ -136,7 +135,7 @@ def _install_error_handlers(app: QuartTrio) -> None:
 
 def _key_policy(state: State) -> Policy | None:
     """The key this request shows, as its policy (401 without a good one, keys set)."""
-    return state.keys.check(header(request.scope, b"authorization"))
+    return state.keys.of(request.scope)
 
 
 def _own_views(state: State) -> dict[str, Callable[..., Any]]:

@@ -5,11 +5,13 @@ The secret is never logged or echoed; a token is compared with every key's diges
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ktd.core.config import KeyEntry
 from ktd.core.keys import KeyRing, Policy, bearer
 from ktd.frontend import errors
+from ktd.frontend.inbound import header
 
 
 class ApiKeys:
@@ -22,6 +24,11 @@ class ApiKeys:
     @property
     def enabled(self) -> bool:
         return self.ring.enabled
+
+    def of(self, scope: Mapping[str, Any]) -> Policy | None:
+        """The policy of the key an ASGI request shows (``check`` of its Authorization):
+        the one key check of every route but the dashboard's (which takes a cookie too)."""
+        return self.check(header(scope, b"authorization"))
 
     def check(self, authorization: bytes | str | None) -> Policy | None:
         """The policy of the key the header carries (None: no keys configured); raise

@@ -197,7 +197,7 @@ class Flow:
         receive = _quick(receive, intake)
         try:
             try:
-                policy = state.keys.check(header(scope, b"authorization"))
+                policy = state.keys.of(scope)
             except ApiError as err:
                 # Swallow a small body so the client's next request on this
                 # connection is answered; a big one is not worth reading for a 401.

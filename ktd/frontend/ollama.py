@@ -54,7 +54,6 @@ from ktd.frontend.inbound import (
     Scope,
     Send,
     drain,
-    header,
     may_have_body,
     read_body_in_time,
     respond,
@@ -211,7 +210,7 @@ class OllamaRoutes:
                 raise _Unread
             policy = None
             if not route.open:
-                policy = self.state.keys.check(header(scope, b"authorization"))
+                policy = self.state.keys.of(scope)
             await self._answer(route.endpoint, scope, body, send, policy)
         except _Unread:
             err = errors.make(

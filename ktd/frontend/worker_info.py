@@ -25,7 +25,6 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.frontend import errors
-from ktd.frontend.inbound import header
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -157,7 +156,7 @@ class WorkerInfo:
         return _reply(build(m.alias, m.path, m.state))
 
     def _check_key(self) -> None:
-        self.state.keys.check(header(request.scope, b"authorization"))
+        self.state.keys.of(request.scope)
 
     async def _fronted(self) -> tuple[list[p.EngineInfo], list[p.ModelInfo]]:
         """The ready engines (with a URL) and the served models, from the daemon."""

@@ -28,3 +28,12 @@ def test_api_keys() -> None:
         assert info.value.status == 401
         assert info.value.code == code
         assert b"sk-" not in info.value.body()  # never echo a key
+
+
+def test_a_request_s_key_is_read_from_its_authorization_header() -> None:
+    keys = ApiKeys(["sk-one"])
+    scope = {"headers": [(b"x-other", b"1"), (b"authorization", b"Bearer sk-one")]}
+    assert keys.of(scope) is not None and ApiKeys([]).of({"headers": []}) is None
+    with pytest.raises(ApiError) as err:
+        keys.of({"headers": []})
+    assert err.value.status == 401
