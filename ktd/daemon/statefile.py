@@ -129,7 +129,7 @@ def set_aside(path: Path, now: float | None = None) -> Path:
     return aside
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     """os.write may write less than asked (a full disk, a signal): loop until all is out.
     A write that makes no progress is an error, never a silent truncation."""
     view = memoryview(data)
@@ -155,7 +155,7 @@ def write_bytes(path: Path, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
