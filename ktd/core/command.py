@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 from ktd.core.config import ModelSpec
 from ktd.core.sglang_options import Catalog, Option, OptionError, UserFlag, parse_user_args
 from ktd.core.userflags import flag_names, user_flags
@@ -207,13 +209,27 @@ KEY_FLAG = "--api-key"
 
 @dataclass(frozen=True)
 class Keying:
-    """Whether the engine gets a key of ktd's own (``config``: ktd writes the file and
-    appends ``--config FILE``), or runs with the user's ``--api-key`` from extra_args
-    (``user_key``), or without one (``note`` says why: its port answers every local user)."""
+    """Whether the engine's key is in a file (``config``: ktd writes it and appends
+    ``--config FILE``): ktd's own key, or the user's ``--api-key`` from extra_args
+    (``user_key``) taken off the command line (``extra_args`` is what is left), or the
+    user's key stays on the command line (no ``--config`` in this SGLang), or there is
+    none (``note`` says why: its port answers every local user)."""
 
     config: bool = False
     user_key: str | None = None
     note: str | None = None
+    extra_args: tuple[str, ...] | None = None  # extra_args without the user's key
+
+
+def keyed_launch(
+    spec: ModelSpec, port: int, placement_flags: Sequence[str], catalog: Catalog | None
+) -> tuple[Command, Keying]:
+    """The engine's command and how it is keyed, the user's ``--api-key`` moved out of
+    its argv when it goes in the key file (a launch and ``ktctl load --dry-run`` alike)."""
+    keyed = keying(spec, catalog)
+    if keyed.extra_args is not None:
+        spec = msgspec.structs.replace(spec, extra_args=keyed.extra_args)
+    return build_launch(spec, port, placement_flags, catalog), keyed
 
 
 def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
@@ -228,9 +244,11 @@ def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
         return Keying(note="no API key: the installed SGLang's options are unknown")
     user_key: str | None = None
     workers = 1
+    key_tokens: set[int] = set()
     for f in read_user_args(spec.extra_args, catalog):
         if f.option.dest == "api_key" and f.values:
             user_key = f.values[-1]
+            key_tokens.update(range(*f.span))
         elif f.option.dest == "tokenizer_worker_num" and f.values:
             workers = int(f.values[-1]) if f.values[-1].isdigit() else 1
         elif f.option.dest == "config":
@@ -238,15 +256,19 @@ def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
                 f"extra_args {f.written}: ktd gives each engine a config file of its own "
                 "(its API key, readable by ktd alone); write those options in extra_args"
             )
+    in_file = catalog.exact(CONFIG_FLAG) is not None and catalog.exact(KEY_FLAG) is not None
     if user_key is not None:
-        return Keying(user_key=user_key, note=_USER_KEY_NOTE)
+        if not in_file or user_key.startswith("-"):  # SGLang's merge would read a flag
+            return Keying(user_key=user_key, note=_USER_KEY_NOTE)
+        rest = tuple(t for i, t in enumerate(spec.extra_args) if i not in key_tokens)
+        return Keying(config=True, user_key=user_key, extra_args=rest)
     if workers > 1:
         # Each tokenizer worker asserts ``api_key is None`` (http_server.py, both packages).
         return Keying(
             note="no API key: SGLang takes none with --tokenizer-worker-num above 1; "
             "its port answers every local user"
         )
-    if catalog.exact(CONFIG_FLAG) is None or catalog.exact(KEY_FLAG) is None:
+    if not in_file:
         return Keying(
             note=f"no API key: {catalog.label} has no {CONFIG_FLAG} and {KEY_FLAG}; "
             "its port answers every local user"
@@ -256,7 +278,8 @@ def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
 
 _USER_KEY_NOTE = (
     f"{KEY_FLAG} from extra_args is on the engine's command line, readable by every local "
-    "user; without it ktd gives the engine a key of its own in a file only ktd reads"
+    f"user (this SGLang reads no {CONFIG_FLAG} file, or the key starts with '-'); without "
+    "it ktd gives the engine a key of its own in a file only ktd reads"
 )
 
 

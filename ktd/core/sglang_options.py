@@ -133,6 +133,7 @@ class UserFlag:
     option: Option
     written: str  # as the user wrote it (maybe abbreviated)
     values: tuple[str, ...]
+    span: tuple[int, int] = (0, 0)  # its tokens in ``extra_args``: [start, end)
 
     @property
     def dest(self) -> str:
@@ -157,6 +158,7 @@ def parse_user_args(args: Sequence[str], catalog: Catalog) -> list[UserFlag]:
     out: list[UserFlag] = []
     i = 0
     while i < len(args):
+        start = i
         tok = args[i]
         i += 1
         found = catalog.lookup(tok)
@@ -182,7 +184,7 @@ def parse_user_args(args: Sequence[str], catalog: Catalog) -> list[UserFlag]:
                         f"{written}: invalid choice {v!r} for {catalog.label} "
                         f"(choose from {', '.join(opt.choices)})"
                     )
-        out.append(UserFlag(opt, written, tuple(values)))
+        out.append(UserFlag(opt, written, tuple(values), (start, i)))
     return out
 
 

@@ -14,9 +14,8 @@ from ktd.core import doctor
 from ktd.core.command import (
     LaunchError,
     build_env,
-    build_launch,
     env_additions,
-    keying,
+    keyed_launch,
     with_key_file,
 )
 from ktd.core.config import Config, ModelSpec, load_config
@@ -42,8 +41,7 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
     sglang = probe.sglang_label if probe and probe.sglang else None
     try:
         plan = pool.plan(spec, exclude=engine, catalog=catalog)
-        launch = build_launch(spec, spec.port, plan.argv_flags(), catalog)
-        keyed = keying(spec, catalog)
+        launch, keyed = keyed_launch(spec, spec.port, plan.argv_flags(), catalog)
     except LaunchError as exc:
         return {"alias": alias, "ok": False, "reason": str(exc), "error": str(exc),
                 "sglang": sglang, "state": engine.state}  # fmt: skip

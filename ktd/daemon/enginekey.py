@@ -18,6 +18,7 @@ is readable by the same uid only), but SGLang reads no key from it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -91,7 +92,10 @@ class KeyDir:
         )
         try:
             os.fchmod(fd, 0o600)
-            os.write(fd, f'# the engine\'s API key, written by ktd\napi-key: "{key}"\n'.encode())
+            # A JSON string is a YAML double-quoted scalar: any key, quotes and all.
+            os.write(
+                fd, f"# the engine's API key, written by ktd\napi-key: {json.dumps(key)}\n".encode()
+            )
             os.fsync(fd)
         except BaseException:
             os.close(fd)

@@ -23,7 +23,7 @@ import trio
 from ktd.core import fit, loglines
 from ktd.core import lifecycle as L
 from ktd.core import states as S
-from ktd.core.command import LaunchError, build_env, build_launch, keying, with_key_file
+from ktd.core.command import LaunchError, build_env, keyed_launch, with_key_file
 from ktd.core.exits import Outcome, classify_exit
 from ktd.core.states import Phase, Step
 from ktd.daemon import enginekey, health, kill, memory, preflight, proctree, spawn, weights
@@ -409,8 +409,7 @@ class Supervisor:
         port = e.spec.port or proctree.pick_port(e.spec.host)
         flags = e.plan.argv_flags() if e.plan else []
         try:
-            launch = build_launch(e.spec, port, flags, e.catalog)
-            keyed = keying(e.spec, e.catalog)
+            launch, keyed = keyed_launch(e.spec, port, flags, e.catalog)
         except LaunchError as exc:
             e.plan = None
             return Outcome("failed", str(exc))
@@ -426,7 +425,7 @@ class Supervisor:
         )
         key, key_file = keyed.user_key, None
         if keyed.config:
-            key = enginekey.new_key()
+            key = keyed.user_key or enginekey.new_key()
             try:
                 key_file = await trio.to_thread.run_sync(self.host.key_dir.write, e.alias, key)
             except (OSError, UnsafeDir) as exc:

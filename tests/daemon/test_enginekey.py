@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ktd.core.command import LaunchError, key_file_of, keying, with_key_file
+from ktd.core.command import LaunchError, key_file_of, keyed_launch, keying, with_key_file
 from ktd.core.config import ModelSpec
 from ktd.core.sglang_options import Catalog, CatalogData
 from ktd.daemon.enginekey import KeyDir, key_of_argv, new_key, read_key
@@ -43,12 +43,35 @@ def test_an_engine_gets_a_key_file_when_its_sglang_reads_one(which: str) -> None
     assert argv[-2:] == ["--config", "/s/keys/m.yml"] and key_file_of(argv) == "/s/keys/m.yml"
 
 
-def test_the_users_own_key_is_used_and_said_to_be_visible() -> None:
-    got = keying(spec("--api-key", "mine"), catalog())
-    assert not got.config and got.user_key == "mine"
+def test_the_users_own_key_goes_in_the_key_file_off_the_command_line() -> None:
+    """Issue 32's leftover: a user's ``--api-key`` (however argparse reads it) is taken
+    out of the argv, every other flag kept in place, and written in the 0600 file."""
+    got = keying(spec("--trust-remote-code", "--api-key", "mine", "--tp", "1"), catalog())
+    assert got.config and got.user_key == "mine" and got.note is None
+    assert got.extra_args == ("--trust-remote-code", "--tp", "1")
+    assert keying(spec("--api-k=mine2"), catalog()).extra_args == ()  # argparse's prefix
+    twice = keying(spec("--api-key", "a", "--api-key", "b"), catalog())
+    assert twice.user_key == "b" and twice.extra_args == ()  # the last wins, both go
+    command, keyed = keyed_launch(spec("--api-key", "mine", "--tp", "1"), 30000, (), catalog())
+    assert "mine" not in command.argv and command.argv[-2:] == ["--tp", "1"]
+    assert keyed.user_key == "mine"
+
+
+@pytest.mark.parametrize(
+    ("extra", "cat"),
+    [
+        (("--api-key", "x"), None),  # no catalogue: as written
+        (("--api-key", "mine"), "no-config"),  # an SGLang that reads no --config
+        (("--api-key=-dash",), "kt"),  # SGLang's merge would take "-dash" for a flag
+    ],
+)
+def test_the_users_key_stays_on_the_command_line_where_no_file_can_carry_it(
+    extra: tuple[str, ...], cat: str | None
+) -> None:
+    found = None if cat is None else catalog(drop=("--config",) if cat == "no-config" else ())
+    got = keying(spec(*extra), found)
+    assert not got.config and got.extra_args is None and got.user_key is not None
     assert got.note is not None and "readable by every local user" in got.note
-    assert keying(spec("--api-k=mine2"), catalog()).user_key == "mine2"  # argparse's prefix
-    assert keying(spec("--api-key", "x"), None).user_key == "x"  # no catalogue: as written
 
 
 def test_a_users_config_file_is_refused_and_an_old_sglang_runs_without_a_key() -> None:
@@ -71,6 +94,9 @@ def test_the_key_file_is_0600_in_a_0700_dir_read_back_and_swept(tmp_path: Path) 
     assert path == tmp_path / "state" / "keys" / "m.yml"
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
     assert read_key(path) == key
+    odd = 'a "quoted" key: with # and \\ and ü'
+    assert read_key(keys.write("q", odd)) == odd  # a user's key, whatever it holds
+    KeyDir.remove(keys.file_for("q"))
     assert key_of_argv(["py", "--port", "1", "--config", str(path)]) == (key, path)
     assert key_of_argv(["py", "--api-key", "u"]) == ("u", None)
     other = keys.write("n", new_key())
