@@ -2,9 +2,9 @@
 
 ktd hands each engine its API key in a 0600 YAML file read with ``--config``, never
 on the command line. Each package's own ``ConfigArgumentMerger`` and argparse
-(``parse_argv.py`` in that venv) read the very file ktd writes, and a set of other
-files that show how the merge goes (the key's spelling, booleans, a mapping, an
-action the merger refuses, a bad suffix, the command line winning); the sim
+(``parse_argv.py`` in that venv) read the very files ktd writes (its own key, a user's),
+and a set of other files that show how the merge goes (the key's spelling, booleans, a
+mapping, an action the merger refuses, a bad suffix, the command line winning); the sim
 (``ktd.sim.configfile``) must read every one of them the same way. No server is
 started here; ``test_real_server.py`` checks that the real server started by ktd
 refuses a request without the key.
@@ -22,6 +22,8 @@ from ktd.daemon.enginekey import KeyDir, new_key
 from ktd.sim import cli
 from tests.real.test_argv_conformance import parse_all
 
+#: A user's own key, with what YAML and a shell would both trip on.
+USER_KEY = 'sk-a "quoted" key: with # and \\ and ü'
 #: name -> (file name, YAML text, extra command line); the file is passed last.
 CASES: dict[str, tuple[str, str, list[str]]] = {
     "api_key spelled as the dest": ("a.yml", 'api_key: "k"\n', []),
@@ -62,7 +64,9 @@ def test_the_key_file_ktd_writes_and_the_sims_merge_match_the_real_argparse(
     key_file = KeyDir(tmp_path / "keys").write("tiny", key)
     assert key_file.stat().st_mode & 0o777 == 0o600
     ours = with_key_file(["--model", "/m", "--port", "30123"], str(key_file))
-    argvs = [ours]
+    # A user's own --api-key goes in the file too (any text: ktd quotes it as JSON).
+    user_file = KeyDir(tmp_path / "keys").write("user", USER_KEY)
+    argvs = [ours, with_key_file(["--model", "/m"], str(user_file))]
     for name, text, extra in CASES.values():
         path = tmp_path / name
         path.write_text(text)
@@ -71,8 +75,10 @@ def test_the_key_file_ktd_writes_and_the_sims_merge_match_the_real_argparse(
     assert real[0]["ok"], real[0]
     assert real[0]["args"]["api_key"] == key and real[0]["args"]["port"] == 30123
     assert key not in " ".join(ours)  # the key is in the file alone
+    assert real[1]["ok"] and real[1]["args"]["api_key"] == USER_KEY, real[1]
     which = "kt" if kt else "upstream"
-    for case, argv, got in zip(["ktd's key file", *CASES], argvs, real, strict=True):
+    names = ["ktd's key file", "a user's key in the file", *CASES]
+    for case, argv, got in zip(names, argvs, real, strict=True):
         sim = sim_parse(argv, which)
         print(f"\n{which} {case}: real {got.get('code', 'ok')}, sim {sim.get('code', 'ok')}")
         assert sim["ok"] == got["ok"], (case, got, sim)
@@ -83,7 +89,7 @@ def test_the_key_file_ktd_writes_and_the_sims_merge_match_the_real_argparse(
             if dest in got["args"]:
                 assert sim["args"].get(dest) == got["args"][dest], (case, dest, got, sim)
     # What the cases show (the same in both packages).
-    by_name = dict(zip(CASES, real[1:], strict=True))
+    by_name = dict(zip(CASES, real[2:], strict=True))
     assert by_name["api_key spelled as the dest"]["code"] == 2  # --api_key: no such option
     assert by_name["a list for SGLang's own action"]["code"] == 1  # Unsupported config option
     assert by_name["not .yaml"]["code"] == 1
