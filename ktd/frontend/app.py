@@ -110,7 +110,8 @@ def _install_app_routes(app: QuartTrio, views: dict[str, Callable[..., Any]]) ->
 
 
 def _install_error_handlers(app: QuartTrio) -> None:
-    """Every error Quart meets, in OpenAI's shape (ours, its 404/405, and a crash)."""
+    """Every error Quart meets, in OpenAI's shape: ours, an HTTP error of its own (the
+    router answers unknown routes and methods first), and a crash."""
 
     @app.errorhandler(ApiError)
     async def _api_error(err: ApiError) -> Response:
@@ -131,11 +132,6 @@ def _install_error_handlers(app: QuartTrio) -> None:
     async def _internal(exc: Exception) -> Response:
         app.logger.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(errors.make("internal", message="internal frontend error"))
-
-
-def _key_policy(state: State) -> Policy | None:
-    """The key this request shows, as its policy (401 without a good one, keys set)."""
-    return state.keys.of(request.scope)
 
 
 def _own_views(state: State) -> dict[str, Callable[..., Any]]:
@@ -162,7 +158,7 @@ def _own_views(state: State) -> dict[str, Callable[..., Any]]:
         a short timeout so one stuck engine cannot stall the scrape.
         """
         if not state.options.frontend.metrics_public:
-            _key_policy(state)  # with keys set: a key's holder
+            state.keys.of(request.scope)  # with keys set: a key's holder
         engines = await catalog.all_engines(state.broker)
         state.metrics.update_engines(engines)
         scraped = await scrape_engines(state.upstream, engines)
@@ -172,12 +168,12 @@ def _own_views(state: State) -> dict[str, Callable[..., Any]]:
         return Response(data, status=200, content_type=ctype)
 
     async def models() -> Response:
-        data = _visible(await _model_cards(state), _key_policy(state))
+        data = _visible(await _model_cards(state), state.keys.of(request.scope))
         return _json_response(200, errors._encoder.encode({"object": "list", "data": data}))
 
     async def retrieve_model(model_id: str) -> Response:
         """The SDK's ``models.retrieve``: one card, or OpenAI's 404 naming what exists."""
-        cards = _visible(await _model_cards(state), _key_policy(state))
+        cards = _visible(await _model_cards(state), state.keys.of(request.scope))
         for card in cards:
             if card["id"] == model_id:
                 return _json_response(200, errors._encoder.encode(card))
@@ -192,9 +188,9 @@ def _own_views(state: State) -> dict[str, Callable[..., Any]]:
 
 
 def _has_key(state: State) -> bool:
-    """Whether this request shows a good key (``_key_policy`` without its 401)."""
+    """Whether this request shows a good key (``ApiKeys.of`` without its 401)."""
     try:
-        _key_policy(state)
+        state.keys.of(request.scope)
     except ApiError:
         return False
     return True

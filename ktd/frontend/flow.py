@@ -63,8 +63,6 @@ from ktd.frontend.body import check_declared_length, check_model, parse_head
 from ktd.frontend.broker import PendingAsk
 from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import (
-    DRAIN_BYTES,
-    DRAIN_SECONDS,
     JSON_HEADER,
     Disconnected,
     Receive,
@@ -201,7 +199,7 @@ class Flow:
             except ApiError as err:
                 # Swallow a small body so the client's next request on this
                 # connection is answered; a big one is not worth reading for a 401.
-                body_read = await drain(receive, DRAIN_BYTES, DRAIN_SECONDS)
+                body_read = await drain(receive)
                 raise err from None
             limit = options.frontend.max_body_bytes
             declared = header(scope, b"content-length")

@@ -30,6 +30,7 @@ __all__ = [
     "Scope",
     "Send",
     "drain",
+    "drained",
     "header",
     "headers",
     "may_have_body",
@@ -113,7 +114,17 @@ async def _body_chunks(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-async def drain(receive: Receive, max_bytes: int, seconds: float) -> bool:
+async def drained(scope: Scope, receive: Receive) -> bool:
+    """Whether the request's body is read to its end once what is left of it (within
+    ``DRAIN_BYTES`` and ``DRAIN_SECONDS``) is dropped: before an early answer, so the
+    connection can carry the client's next request; False: answer with
+    ``Connection: close``."""
+    return not may_have_body(scope) or await drain(receive)
+
+
+async def drain(
+    receive: Receive, max_bytes: int = DRAIN_BYTES, seconds: float = DRAIN_SECONDS
+) -> bool:
     """Read and drop the rest of a request body; True when it ended within the bounds."""
     size = 0
     with trio.move_on_after(seconds):

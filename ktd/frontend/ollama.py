@@ -48,13 +48,10 @@ from ktd.frontend import catalog, errors
 from ktd.frontend.body import parse_head
 from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import (
-    DRAIN_BYTES,
-    DRAIN_SECONDS,
     Receive,
     Scope,
     Send,
-    drain,
-    may_have_body,
+    drained,
     read_body_in_time,
     respond,
     send_error,
@@ -206,7 +203,7 @@ class OllamaRoutes:
         try:
             if route.endpoint == "show":
                 body = await read_body_in_time(receive, *self.state.options.body_bounds)
-            elif may_have_body(scope) and not await drain(receive, DRAIN_BYTES, DRAIN_SECONDS):
+            elif not await drained(scope, receive):
                 raise _Unread
             policy = None
             if not route.open:

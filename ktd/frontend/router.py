@@ -21,19 +21,26 @@ from ktd.frontend import errors
 from ktd.frontend.afterlife import QuietAfterResponse
 from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import (
-    DRAIN_BYTES,
-    DRAIN_SECONDS,
     ASGIApp,
     Disconnected,
     Receive,
     Scope,
     Send,
-    drain,
+    drained,
     may_have_body,
     read_body_in_time,
     send_error,
 )
-from ktd.frontend.routes import TABLE, ApiKind, Match, Owner, api_of, normalise, rows
+from ktd.frontend.routes import (
+    TABLE,
+    ApiKind,
+    Match,
+    Owner,
+    allowed_methods,
+    api_of,
+    match,
+    normalise,
+)
 
 #: An owner's handler: the matched row (and the path's variable part), the ASGI triple.
 Handler = Callable[[Match, Scope, Receive, Send], Awaitable[None]]
@@ -79,18 +86,17 @@ class Router:
             scope = dict(scope)
             scope["path"] = path
             scope["raw_path"] = path.encode("utf-8", "surrogateescape")
-        found, param = rows(path)
-        method = scope["method"]
-        for route in found:
-            if method in route.methods:
-                await self.owners[route.owner](Match(route, param), scope, receive, send)
-                return
-        await self._refuse(scope, receive, send, [m for r in found for m in r.methods])
+        found = match(scope["method"], path)
+        if found is not None:
+            await self.owners[found.route.owner](found, scope, receive, send)
+            return
+        await self._refuse(scope, receive, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, allowed: list[str]) -> None:
-        """404 (no such path) or 405 (``allowed`` are its methods), the body drained first."""
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """404 (no such path) or 405 (it answers other methods), the body drained first."""
         method, path = scope["method"], scope["path"]
         api = api_of(path)
+        allowed = allowed_methods(path)
         if allowed:
             err = errors.make(
                 "method_not_allowed",
@@ -101,8 +107,7 @@ class Router:
         else:
             what = "Ollama " if api == "ollama" else ""
             err = errors.make("unknown_route", what=what, method=method, path=path)
-        read = not may_have_body(scope) or await drain(receive, DRAIN_BYTES, DRAIN_SECONDS)
-        await send_shaped(send, api, err, close=not read)
+        await send_shaped(send, api, err, close=not await drained(scope, receive))
 
     async def _to_app(self, found: Match, scope: Scope, receive: Receive, send: Send) -> None:
         """Quart's routes: read any body first, so even an error leaves a usable connection.

@@ -267,7 +267,7 @@ def split_lora(model: str) -> tuple[str, str | None]:
     return model, None
 
 
-_RESP_ID_IN_BODY = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_\-]{1,200})"')
+_RESP_ID_IN_BODY = re.compile(rb'"id"\s*:\s*"(resp_' + _ID.encode() + rb')"')
 
 
 def response_id_in(data: bytes) -> str | None:

@@ -128,7 +128,7 @@ class WorkerInfo:
     async def get_load(self) -> Response:
         """The ready engines' ``/v1/loads``, summed per DP rank (one engine that fails
         to answer is left out)."""
-        self._check_key()
+        self.state.keys.of(request.scope)  # 401 without a good key, keys set
         ready, _ = await self._fronted()
         loads: list[list[dict[str, Any]]] = []
         for e in ready:
@@ -143,7 +143,7 @@ class WorkerInfo:
 
     async def _from_engine_or_config(self, path: str, build: Any) -> Response:
         """A ready engine's own answer at ``path``, else one built from the config."""
-        self._check_key()
+        self.state.keys.of(request.scope)  # 401 without a good key, keys set
         ready, models = await self._fronted()
         if ready:
             try:
@@ -154,9 +154,6 @@ class WorkerInfo:
             return _reply(build("ktd", "", "no model"))
         m = next((m for m in models if any(e.alias == m.alias for e in ready)), models[0])
         return _reply(build(m.alias, m.path, m.state))
-
-    def _check_key(self) -> None:
-        self.state.keys.of(request.scope)
 
     async def _fronted(self) -> tuple[list[p.EngineInfo], list[p.ModelInfo]]:
         """The ready engines (with a URL) and the served models, from the daemon."""

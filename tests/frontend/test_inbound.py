@@ -12,8 +12,10 @@ from ktd.core.keys import bearer
 from ktd.frontend import errors
 from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import (
+    DRAIN_BYTES,
     Disconnected,
     drain,
+    drained,
     header,
     headers,
     may_have_body,
@@ -80,6 +82,15 @@ async def test_drain_reports_whether_the_rest_ended_within_bounds() -> None:
     assert not await drain(feed(part(b"x" * 50, True), part(b"y" * 60)), 100, 1.0)
     assert not await drain(feed({"type": "http.disconnect"}), 100, 1.0)
     assert not await drain(feed(part(b"x", True)), 100, 0.05)
+
+
+async def test_a_request_is_drained_only_if_it_has_a_body_and_within_the_bounds() -> None:
+    bodiless = {"headers": [(b"host", b"x")]}
+    assert await drained(bodiless, feed())  # nothing to read: no receive at all
+    sized = {"headers": [(b"content-length", b"3")]}
+    assert await drained(sized, feed(part(b"abc")))
+    too_big = part(b"x" * (DRAIN_BYTES + 1))
+    assert not await drained({"headers": [(b"transfer-encoding", b"chunked")]}, feed(too_big))
 
 
 async def test_errors_go_out_in_the_route_s_shape() -> None:
