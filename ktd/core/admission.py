@@ -239,6 +239,12 @@ class Gate:
             self.line.pop(0)
             in_flight += not w.claim
             out.append(Answer(w.ticket, WaitEnd.GRANTED))
+        # The load they rode ended ready: who still waits (behind a swap's cutoff, or for
+        # a slot) rides nothing now. Left riding, a later stop or sleep of the engine
+        # answered them with that load's end ("attempt ended") instead of loading or
+        # waking it for them.
+        for w in self.line:
+            w.riding = False
         return out
 
     def _settle(self, view: EngineView) -> list[GateAction]:

@@ -59,12 +59,25 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 TRANSITIONS[STARTING] = TRANSITIONS[STARTING] | {ASLEEP}
 
 # States in which the engine holds its NUMA nodes' CPUs, its GPUs and a port: nobody
-# else may be placed there. An asleep engine holds only host memory and its port.
+# else may be placed there. An asleep engine holds only host memory and its port. A
+# waking one holds them only once its room is made (``holds``).
 HOLDS_RESOURCES = frozenset({STARTING, READY, DRAINING, STOPPING, SLEEPING, WAKING})
 # States in which processes may exist.
 HAS_PROCESSES = HOLDS_RESOURCES | {ASLEEP}
 # States on the way down (a reason given by whoever asked for the stop applies).
 GOING_DOWN = frozenset({DRAINING, STOPPING, STOPPED})
+
+
+def holds(state: State, step: str | None) -> bool:
+    """Does an engine in ``state`` at phase ``step`` hold its NUMA nodes' CPUs and its
+    GPUs now? A waking engine holds them from the moment its room is made (the placer
+    moves it to ``resuming`` while it still has the placement lock) until it is asleep
+    again; before that it is asleep in all but name, exactly as a starting engine holds
+    nothing until it is placed. Counting a wake that is still making room as a holder
+    made two wakes on one node each wait for the other to go idle, for ever."""
+    if state == WAKING:
+        return step in (Step.RESUMING, Step.CHECKING)
+    return state in HOLDS_RESOURCES
 
 
 class IllegalTransition(RuntimeError):
@@ -91,6 +104,7 @@ class Step(StrEnum):
     DRAINING = "draining"  # requests in flight finish before the stop
     DEREGISTERING = "deregistering"  # off the gateway before the drain
     TERMINATING = "terminating"
+    FENCING = "fencing"  # new requests held at SGLang's door, the engine proven idle (sleep)
     RELEASING = "releasing"  # SGLang releases its GPU memory (sleep)
     RESUMING = "resuming"  # SGLang takes its GPU memory back (wake)
     CHECKING = "checking"  # one generation after a resume, before ready
@@ -124,6 +138,7 @@ _TEXT = {
     Step.DRAINING: "draining",
     Step.DEREGISTERING: "deregistering from the gateway",
     Step.TERMINATING: "terminating",
+    Step.FENCING: "holding new requests, proving the engine idle",
     Step.RELEASING: "releasing GPU memory",
     Step.RESUMING: "resuming GPU memory",
     Step.CHECKING: "checking health after resume",

@@ -241,6 +241,10 @@ class Engine:
         """Requests in flight: acquire leases, and what the claims' holders report."""
         return len(self.leases) + sum(c.counts_as for c in self.claims.values())
 
+    def holds_resources(self) -> bool:
+        """It holds its NUMA nodes' CPUs and its GPUs now (``ktd.core.states.holds``)."""
+        return S.holds(self.state, self.phase.step if self.phase else None)
+
     def holding(self) -> bool:
         """Someone may still send it requests: a drain waits for this to end."""
         return bool(self.leases or self.claims)
@@ -482,11 +486,7 @@ class Engine:
         (a swap's wait: a request may have started or woken it again at once)."""
         stops, sleeps = self.stops, self.sleeps_done
         await self.wait_until(
-            lambda: (
-                self.state not in S.HOLDS_RESOURCES
-                or self.stops > stops
-                or self.sleeps_done > sleeps
-            )
+            lambda: not self.holds_resources() or self.stops > stops or self.sleeps_done > sleeps
         )
 
     def load_settled(self) -> bool:

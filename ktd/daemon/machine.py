@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping, Sequence
 import trio
 
 from ktd import protocol as p
-from ktd.core import states as S
 from ktd.core.topology import Topology
 from ktd.daemon import weights
 from ktd.daemon.pool import Pool
@@ -63,7 +62,7 @@ def holders(pool: Pool) -> list[p.Holder]:
     """Engines whose placement is theirs now (the states that hold resources)."""
     out = []
     for e in pool.engines.values():
-        if e.plan is None or e.state not in S.HOLDS_RESOURCES:
+        if e.plan is None or not e.holds_resources():
             continue
         out.append(
             p.Holder(

@@ -78,7 +78,7 @@ class Placer:
     def holdings(self, exclude: Engine | None = None) -> list[Holding]:
         out = []
         for e in self.engines.values():
-            if e is exclude or e.plan is None or e.state not in S.HOLDS_RESOURCES:
+            if e is exclude or e.plan is None or not e.holds_resources():
                 continue
             out.append(
                 Holding(
@@ -192,7 +192,11 @@ class Placer:
         def plan() -> Plan:
             return self.make_plan(engine.spec, exclude=engine, catalog=engine.catalog)
 
-        placed = await self._place(engine, plan, fitted=engine.spec.fit == "ignore")
+        def take(placed: Plan | eviction.RoomPlan) -> None:
+            # Placed is holding: the next plan made under the lock must see it.
+            engine.plan = placed if isinstance(placed, Plan) else None
+
+        placed = await self._place(engine, plan, take, fitted=engine.spec.fit == "ignore")
         return placed if isinstance(placed, Plan) else None
 
     async def make_room(self, engine: Engine) -> str | None:
@@ -207,8 +211,13 @@ class Placer:
             holders = self.holdings(exclude=engine)
             return eviction.room_for(own.numa_nodes, own.gpus, holders)
 
+        def take(_: Plan | eviction.RoomPlan) -> None:
+            # The room is its own from now on (``states.holds``): a second wake planned
+            # under the lock after this one waits for it instead of taking the room too.
+            engine.set_phase(Phase.of(Step.RESUMING))
+
         try:
-            if await self._place(engine, plan, fitted=True) is None:
+            if await self._place(engine, plan, take, fitted=True) is None:
                 return "the wake was called off"
         except (Busy, Unplaceable, Refused) as exc:
             return str(exc)
@@ -218,38 +227,47 @@ class Placer:
         self,
         engine: Engine,
         planner: Callable[[], Plan | eviction.RoomPlan],
+        take: Callable[[Plan | eviction.RoomPlan], None],
         *,
         fitted: bool,
     ) -> Plan | eviction.RoomPlan | None:
+        """Plan, make room, take it. The lock is held from a plan to the room it makes
+        and until ``take`` has made the room ``engine``'s own, so that nobody placed in
+        between takes the room an eviction freed (a victim woken again by its next
+        request waits for the lock and then finds the room taken); it is let go only
+        while busy holders are waited for, and they yield meanwhile."""
         yielded: list[tuple[Engine, int]] = []
         try:
             while True:
                 async with self._lock:
-                    plan = planner()
-                    if isinstance(plan, Plan) and plan.ok and not fitted:
-                        # Once, before anything is evicted: after an eviction the victim's
-                        # memory may take a while to show up as free.
-                        fitted = True
-                        await self._fit_or_stop_sleepers(engine, plan)
-                    views = {
-                        a: holder_view(self.engines[a])
-                        for a in plan.blocked_by
-                        if a in self.engines
-                    }
-                    step = eviction.place_step(plan, views, swap=engine.spec.swap)
-                    if isinstance(step, eviction.Use):
-                        return plan
-                    if isinstance(step, eviction.StopIdle):
-                        await self._evict_for(engine, step.aliases)
-                        continue
-                    if isinstance(step, eviction.WaitLeaving):
-                        for alias in step.aliases:
-                            await self.engines[alias].wait_off()
-                        continue
-                    if isinstance(step, eviction.NoLaunch):
-                        if step.impossible:
-                            raise Unplaceable(step.reason)
-                        raise Busy(step.reason, step.blocked_by)
+                    while True:
+                        plan = planner()
+                        if isinstance(plan, Plan) and plan.ok and not fitted:
+                            # Once, before anything is evicted: after an eviction the
+                            # victim's memory may take a while to show up as free.
+                            fitted = True
+                            await self._fit_or_stop_sleepers(engine, plan)
+                        views = {
+                            a: holder_view(self.engines[a])
+                            for a in plan.blocked_by
+                            if a in self.engines
+                        }
+                        step = eviction.place_step(plan, views, swap=engine.spec.swap)
+                        if isinstance(step, eviction.Use):
+                            take(plan)
+                            return plan
+                        if isinstance(step, eviction.StopIdle):
+                            await self._evict_for(engine, step.aliases)
+                            continue
+                        if isinstance(step, eviction.WaitLeaving):
+                            for alias in step.aliases:
+                                await self.engines[alias].wait_off()
+                            continue
+                        if isinstance(step, eviction.NoLaunch):
+                            if step.impossible:
+                                raise Unplaceable(step.reason)
+                            raise Busy(step.reason, step.blocked_by)
+                        break
                     holders = [self.engines[a] for a in step.aliases]
                     cutoff = self._ticket()
                     for h in holders:

@@ -145,6 +145,19 @@ def test_a_yielding_engine_serves_the_earlier_requests_and_holds_back_the_later(
     assert outcomes(g.update(ready(0), lim, now=3)) == [(6, WaitEnd.GRANTED)]
 
 
+def test_who_waits_on_past_a_load_that_ended_ready_is_loaded_again_not_failed() -> None:
+    """A lease that came during the load, saw it ready and still waits (no slot, or
+    behind a swap's cutoff) rides nothing any more: when the engine then stops or falls
+    asleep it asks for the engine again (issue 40: it was answered "attempt ended")."""
+    g, lim = Gate(), QueueLimits(max_concurrent=1)
+    starting = EngineView(state=S.STARTING, want_up=True)
+    g.arrive(Waiter(1), starting, lim, now=0)
+    g.arrive(Waiter(2), starting, lim, now=0)
+    assert outcomes(g.update(ready(), lim, now=1)) == [(1, WaitEnd.GRANTED)]
+    asleep = EngineView(state=S.ASLEEP, want_up=False)  # put to sleep for another's swap
+    assert outcomes(g.update(asleep, lim, now=2)) == ["launch"]
+
+
 def test_leases_past_max_queue_are_refused_claims_never() -> None:
     g, lim = Gate(), QueueLimits(max_concurrent=1, max_queue=1)
     g.arrive(Waiter(1), ready(1), lim, now=0)
@@ -184,6 +197,7 @@ class GateMachine(RuleBasedStateMachine):
         self.answered: dict[int, WaitEnd] = {}
         self.waiting: dict[int, Waiter] = {}
         self.granted_order: list[int] = []
+        self.saw_ready: set[int] = set()  # waiters that saw the engine ready while waiting
 
     def view(self) -> EngineView:
         return EngineView(
@@ -216,8 +230,14 @@ class GateMachine(RuleBasedStateMachine):
                 assert w.deadline <= self.now
             if a.outcome == WaitEnd.ATTEMPT_ENDED:
                 assert not self.restarting, "a restart's stop ended the load it waited for"
+                # Only a load that ended without ready is an attempt's end for its riders;
+                # one who saw it ready and still waits (for a slot, behind a swap) is owed
+                # a load or a wake by the next stop, not that old load's end.
+                assert a.ticket not in self.saw_ready, "answered with a load that succeeded"
 
     def update(self) -> None:
+        if self.state == S.READY:
+            self.saw_ready |= set(self.waiting)
         self.apply(self.gate.update(self.view(), self.limits, self.now))
 
     @rule(
@@ -233,6 +253,7 @@ class GateMachine(RuleBasedStateMachine):
     @rule()
     def supervisor_starts(self) -> None:
         self.state = S.STARTING
+        self.saw_ready.clear()  # everyone waiting rides this new load
         self.update()
 
     @precondition(lambda self: self.state == S.STARTING)

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from ktd.core import states as S
-from ktd.core.states import Step
+from ktd.core.states import Phase, Step
 from ktd.core.topology import Gpu, NumaNode, Topology
 from ktd.daemon.engine import Busy, Engine
 from ktd.daemon.placer import Placer
@@ -187,3 +187,88 @@ async def test_a_load_called_off_while_it_waits_lets_the_holder_serve_again(
 
     assert await _placed(p, b, called_off) is None
     assert a.gate.cutoff is None and a.want == a.want.UP and a.stats.evictions == 0
+
+
+def _asleep(p: Placing, alias: str) -> Engine:
+    """A sleep-enabled engine asleep on the machine's node (its process pinned there)."""
+    e = p.holder(alias, sleep=True)
+    e.run = Running(pid=1, start=1, engine_id=f"t/{alias}@1", port=8000, argv=[])
+    e.sleeps = True
+    move(e, S.ASLEEP, want_up=False)
+    return e
+
+
+def _waking(e: Engine) -> None:
+    """What its supervisor does when a request wants it: waking, room to make."""
+    e.want_up = True
+    e.state = S.WAKING
+    e.set_phase(Phase.of(Step.PLACING))
+
+
+async def test_two_wakes_on_one_node_never_wait_on_each_other(
+    placing: Callable[[], Placing], autojump_clock: trio.abc.Clock
+) -> None:
+    """Both asleep on node 0 and both wanted at once (issue 40): the first to take the
+    placement lock makes the room its own; the other waits for it to serve and go idle,
+    then puts it to sleep and wakes. (Each counting the other's unfinished wake as a busy
+    holder made both wait for ever, both shown waking.)"""
+    p = placing()
+    a, b = _asleep(p, "a"), _asleep(p, "b")
+    done: dict[str, str | None] = {}
+
+    async def wake(e: Engine) -> None:
+        done[e.alias] = await p.placer.make_room(e)
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as n:
+            for e in (a, b):
+                _waking(e)
+                n.start_soon(wake, e)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(done) == 1 and None in done.values(), done
+            first = p.d.host.engines[next(iter(done))]
+            second = b if first is a else a
+            assert first.phase is not None and first.phase.step == Step.RESUMING
+            assert second.phase is not None and second.phase.waiting_for() == (first.alias,)
+            move(first, S.READY)  # its supervisor resumed and checked it
+            await trio.testing.wait_all_tasks_blocked()
+            assert first.want == first.want.ASLEEP  # idle: put to sleep for the other
+            move(first, S.ASLEEP)
+    assert done == {"a": None, "b": None}
+    assert second.phase is not None and second.phase.step == Step.RESUMING
+
+
+async def test_a_victim_woken_again_at_once_does_not_take_the_room_back(
+    placing: Callable[[], Placing], autojump_clock: trio.abc.Clock
+) -> None:
+    """b's wake puts the idle a to sleep; a request for a wakes it again before b has
+    the room. b keeps the placement lock from the eviction to the room it takes, so a's
+    wake finds b holding and waits (before, a took the freed room first, b put a to
+    sleep again, and so on)."""
+    p = placing()
+    a = p.holder("a", sleep=True)
+    a.run = Running(pid=1, start=1, engine_id="t/a@1", port=8000, argv=[])
+    a.sleeps = True
+    b = _asleep(p, "b")
+    done: dict[str, str | None] = {}
+
+    async def wake(e: Engine) -> None:
+        done[e.alias] = await p.placer.make_room(e)
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as n:
+            _waking(b)
+            n.start_soon(wake, b)
+            await trio.testing.wait_all_tasks_blocked()
+            assert a.want == a.want.ASLEEP
+            move(a, S.ASLEEP)
+            _waking(a)  # a request for a, at once
+            n.start_soon(wake, a)
+            await trio.testing.wait_all_tasks_blocked()
+            assert done == {"b": None} and b.phase is not None
+            assert b.phase.step == Step.RESUMING
+            assert a.phase is not None and a.phase.waiting_for() == ("b",)
+            move(b, S.READY)
+            await trio.testing.wait_all_tasks_blocked()
+            move(b, S.ASLEEP)
+    assert done == {"a": None, "b": None}

@@ -1,0 +1,298 @@
+"""The daemon's pool in-process, for tests: the real ``Pool`` (its supervisors, the gate,
+the placer, the sweeper, the claim table) on trio's virtual clock, its engines adopted
+from stand-in processes and SGLang's HTTP played by ``FakeSGLang`` through httpx's
+``MockTransport``.
+
+Each engine's process is a real one (a ``sleep`` in a session of its own, carrying the
+engine's marker), so the supervisor's exit watch and the stop sequence act on a real
+process tree; its HTTP side is a fake that keeps SGLang's rules as ``docs/sglang.md``
+states them and records every breach instead of dying: a release while a request runs
+(SGLang asserts and takes the server down), a generation that reaches a released
+engine's scheduler (on a GPU it would run on freed memory), a resume of memory that is
+not released. The fake's requests are visible to ``/v1/loads`` only once their prefill
+has ended (SGLang publishes its load snapshot after a prefill, not before).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+import trio.testing
+
+from ktd.core import states as S
+from ktd.core.command import ENGINE_MARK
+from ktd.core.config import Config, ConfigFile, DaemonSection, ModelSpec
+from ktd.core.topology import Gpu, NumaNode, Topology
+from ktd.daemon import proctree
+from ktd.daemon.engine import Engine
+from ktd.daemon.persist import FixedPlacement
+from ktd.daemon.pool import Pool
+from ktd.daemon.running import Running
+from tests.fixtures.specs import kt_spec
+
+#: One NUMA node and one GPU: only one engine may be awake on it at a time.
+ONE_NODE = Topology(
+    (NumaNode(0, (0, 1, 2, 3), 100, 64 << 20),),
+    "cpu",
+    frozenset({"avx2"}),
+    {c: (0, c // 2) for c in range(4)},
+    (Gpu(0, "G", 1000, 0),),
+    None,
+)
+
+SAVER = ("--enable-memory-saver", "--enable-weights-cpu-backup")
+
+
+@dataclass
+class Call:
+    """One of SGLang's memory or fence calls as the fake met it."""
+
+    path: str
+    at: float
+    released: bool
+
+
+@dataclass
+class FakeSGLang:
+    """One engine's SGLang, as its HTTP routes behave (``docs/sglang.md``, "Sleep").
+
+    ``release_time``/``resume_time``: seconds each call takes (a callable: a new value
+    each call, so a test can make them slow, fast or varied). ``prefill``: seconds a
+    request is invisible to ``/v1/loads``."""
+
+    alias: str
+    release_time: Callable[[], float] = lambda: 0.05
+    resume_time: Callable[[], float] = lambda: 0.05
+    prefill: float = 0.0
+    released: bool = False
+    paused: bool = False  # /pause_generation: new requests wait at the tokenizer
+    scheduler: set[int] = field(default_factory=set)  # requests the scheduler holds
+    visible_at: dict[int, float] = field(default_factory=dict)
+    breaches: list[str] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    served: int = 0
+    _next: int = 0
+    _unpaused: trio.Event = field(default_factory=trio.Event)
+    _aborted: set[int] = field(default_factory=set)
+
+    def _breach(self, what: str) -> None:
+        self.breaches.append(f"{self.alias}: {what} at {trio.current_time():.2f}")
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path in ("/release_memory_occupation", "/resume_memory_occupation"):
+            self.calls.append(Call(path, trio.current_time(), self.released))
+            return await (self._release() if "release" in path else self._resume())
+        if path == "/pause_generation":
+            self.calls.append(Call(path, trio.current_time(), self.released))
+            return await self._pause(json.loads(request.content or b"{}"))
+        if path == "/continue_generation":
+            self.calls.append(Call(path, trio.current_time(), self.released))
+            self.paused = False
+            self._unpaused.set()
+            return httpx.Response(200, json={"message": "ok", "status": "ok"})
+        if path == "/flush_cache":
+            ok = not self.scheduler
+            return httpx.Response(200 if ok else 400, text="Cache flushed.\n")
+        if path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": self.alias}]})
+        if path == "/v1/loads":
+            return httpx.Response(200, json={"loads": [self._load()]})
+        if path in ("/health", "/health_generate", "/generate"):
+            hold = float(request.headers.get("x-hold", "0"))
+            return await self._generate(hold, health=path != "/generate")
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    def _load(self) -> dict[str, Any]:
+        now = trio.current_time()
+        seen = [r for r in self.scheduler if self.visible_at.get(r, math.inf) <= now]
+        return {
+            "timestamp": time.time(),
+            "dp_rank": 0,
+            "num_running_reqs": len(seen),
+            "num_waiting_reqs": 0,
+            "num_used_tokens": 16 * len(seen),
+        }
+
+    async def _generate(self, hold: float, *, health: bool) -> httpx.Response:
+        if self.paused:  # the tokenizer holds it before it reaches the scheduler
+            with trio.move_on_after(20 if health else math.inf):
+                await self._unpaused.wait()
+            if self.paused:
+                return httpx.Response(503)  # /health gives up after its timeout
+        if self.released:
+            self._breach("a generation reached the scheduler while released")
+            return httpx.Response(500)
+        rid = self._next = self._next + 1
+        self.scheduler.add(rid)
+        self.visible_at[rid] = trio.current_time() + self.prefill
+        try:
+            await trio.sleep(max(hold, 0.01))
+        finally:
+            self.scheduler.discard(rid)
+            self.visible_at.pop(rid, None)
+        if rid in self._aborted:
+            self._aborted.discard(rid)
+            return httpx.Response(200, json={"meta_info": {"finish_reason": "abort"}})
+        self.served += 0 if health else 1
+        return httpx.Response(200, json={"text": "x"})
+
+    async def _pause(self, body: dict[str, Any]) -> httpx.Response:
+        self.paused = True
+        self._unpaused = trio.Event()
+        if body.get("mode", "abort") == "abort":
+            self._aborted |= self.scheduler
+        return httpx.Response(200, json={"message": "Generation paused successfully."})
+
+    async def _release(self) -> httpx.Response:
+        if self.scheduler:
+            self._breach(f"release with {len(self.scheduler)} request(s) in the scheduler")
+        if self.released:
+            self._breach("release of memory already released")
+        await trio.sleep(self.release_time())
+        self.released = True
+        return httpx.Response(200, json=None)
+
+    async def _resume(self) -> httpx.Response:
+        if not self.released:
+            self._breach("resume of memory that is not released")
+        await trio.sleep(self.resume_time())
+        self.released = False
+        return httpx.Response(200, json=None)
+
+
+@dataclass
+class World:
+    """A pool in-process with its fake engines; ``holders()`` is checked at every change."""
+
+    pool: Pool
+    fakes: dict[str, FakeSGLang]
+    procs: list[trio.Process] = field(default_factory=list)
+    breaches: list[str] = field(default_factory=list)
+    started: bool = False
+
+    def engine(self, alias: str) -> Engine:
+        return self.pool.engines[alias]
+
+    def problems(self) -> list[str]:
+        return self.breaches + [b for f in self.fakes.values() for b in f.breaches]
+
+    def check(self) -> None:
+        if not self.started:
+            return  # adopted engines show "adopting" until their supervisors take over
+        awake = [a for a, e in self.pool.engines.items() if e.plan and e.holds_resources()]
+        if len(awake) > 1:
+            self.breaches.append(f"{' and '.join(awake)} awake on one node at once")
+
+    async def use(self, alias: str, hold: float, *, timeout: float) -> str:
+        """A client's lease on ``alias``, one request of ``hold`` seconds on the engine,
+        the lease given back: "ok", or the error code it met."""
+        from ktd.control.errors import ControlError
+
+        try:
+            lease, e = await self.pool.acquire(alias, f"client-{alias}", timeout=timeout)
+        except ControlError as exc:
+            return exc.code
+        try:
+            assert e.url is not None
+            r = await self.pool.http.post(
+                e.url + "/generate",
+                json={"text": "hi"},
+                headers={"x-hold": str(hold)},
+                timeout=None,
+            )
+            return "ok" if r.status_code == 200 else f"http {r.status_code}"
+        finally:
+            self.pool.release(lease)
+
+
+async def _spawn(marker: str) -> trio.Process:
+    """A stand-in engine process: real, in a session of its own, carrying the marker."""
+    env = {**os.environ, ENGINE_MARK: marker}
+    return await trio.lowlevel.open_process(
+        ["sleep", "100000"], env=env, start_new_session=True, stdin=subprocess.DEVNULL
+    )
+
+
+@asynccontextmanager
+async def world(
+    tmp: Path,
+    engines: Iterable[tuple[str, S.State]],
+    *,
+    fakes: Callable[[str], FakeSGLang] = FakeSGLang,
+    **daemon: Any,
+) -> AsyncIterator[World]:
+    """A running pool whose sleep-enabled engines on one node were adopted in ``state``
+    (ready or asleep). Leaves no process behind."""
+    settings = {"health_interval": 5.0, "hang_timeout": 30.0, "lease_ttl": 1e6, **daemon}
+    specs: dict[str, ModelSpec] = {}
+    wanted = list(engines)
+    for alias, _ in wanted:
+        specs[alias] = kt_spec(alias=alias, sleep=True, fit="ignore", numa=[0], port=0)
+    config = Config(
+        path=str(tmp / "config.json"),
+        file=ConfigFile(daemon=DaemonSection(**settings)),
+        models=specs,
+    )
+    w = World(Pool(config, log_dir=tmp, publish=lambda topic, ev: w.check()), {})
+    w.pool.refresh_topology(ONE_NODE)
+    port = 30000
+    for alias, state in wanted:
+        port += 1
+        fake = w.fakes[alias] = fakes(alias)
+        fake.released = state == S.ASLEEP
+        marker = f"{w.pool.instance}/{alias}@{port}"
+        proc = await _spawn(marker)
+        w.procs.append(proc)
+        stat = proctree.read_stat(proc.pid)
+        assert stat is not None
+        e = w.engine(alias)
+        e.begin_adoption(
+            Running(
+                pid=proc.pid,
+                start=stat.start,
+                engine_id=marker,
+                port=port,
+                argv=["python", "-m", "sglang.launch_server", *SAVER],
+                proc=proc,
+                adopted_state=state,
+                sleeps=True,
+                api_key="engine-key-of-the-test",
+            )
+        )
+        e.plan = FixedPlacement(numa_nodes=(0,), cpus=(0, 1, 2, 3), gpus=(0,), env={})
+
+    async def route(request: httpx.Request) -> httpx.Response:
+        for alias, fake in w.fakes.items():
+            run = w.engine(alias).run
+            if run is not None and run.port == request.url.port:
+                return await fake.handle(request)
+        raise httpx.ConnectError("connection refused", request=request)
+
+    w.pool.http = httpx.AsyncClient(transport=httpx.MockTransport(route))
+    try:
+        async with trio.open_nursery() as n:
+            await n.start(w.pool.run)
+            await trio.testing.wait_all_tasks_blocked()
+            w.started = True
+            yield w
+            await w.pool.stop_all(force=True)
+            n.cancel_scope.cancel()
+    finally:
+        for proc in w.procs:
+            if proc.returncode is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            with trio.CancelScope(shield=True):
+                await proc.wait()

@@ -1,0 +1,84 @@
+"""Two sleep-enabled engines on one NUMA node, wanted in turn and at once, with slow and
+varied releases and resumes (issue 40: under load, alternating requests left both
+engines ``waking`` for good). The real pool in-process (``tests.daemon.inpool``) on
+trio's virtual clock; hypothesis chooses when each request comes, how long it runs and
+how long each of SGLang's memory calls takes.
+
+After every schedule: every request was served (none waited past its bound), the two
+engines were never awake on the node at once, SGLang's rules were never broken (no
+release with a request running, no generation while released), and both engines came
+to rest (ready or asleep, nobody waiting)."""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from pathlib import Path
+
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ktd.core import states as S
+from tests.daemon.inpool import FakeSGLang, world
+
+ALIASES = ("a", "b")
+BOUND = 900.0  # virtual seconds a request may wait: far above any schedule's need
+
+requests = st.lists(
+    st.tuples(
+        st.sampled_from(ALIASES),
+        st.floats(0, 40, allow_nan=False),  # when it comes
+        st.floats(0, 6, allow_nan=False),  # how long it runs on the engine
+    ),
+    min_size=1,
+    max_size=10,
+)
+durations = st.lists(st.floats(0.01, 8, allow_nan=False), min_size=1, max_size=6)
+
+
+def _served(
+    schedule: list[tuple[str, float, float]], releases: list[float], resumes: list[float]
+) -> None:
+    def fake(alias: str) -> FakeSGLang:
+        rel, res = itertools.cycle(releases), itertools.cycle(resumes)
+        return FakeSGLang(alias, release_time=lambda: next(rel), resume_time=lambda: next(res))
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            start = [("a", S.READY), ("b", S.ASLEEP)]
+            async with world(Path(tmp), start, fakes=fake) as w:
+                outcomes: list[tuple[str, str]] = []
+
+                async def client(alias: str, at: float, hold: float) -> None:
+                    await trio.sleep(at)
+                    outcomes.append((alias, await w.use(alias, hold, timeout=BOUND)))
+
+                with trio.fail_after(BOUND * 2):
+                    async with trio.open_nursery() as n:
+                        for alias, at, hold in schedule:
+                            n.start_soon(client, alias, at, hold)
+                    while any(e.state not in (S.READY, S.ASLEEP) for e in w.pool.engines.values()):
+                        await trio.sleep(1)
+                assert [o for o in outcomes if o[1] != "ok"] == [], outcomes
+                assert w.problems() == []
+                for e in w.pool.engines.values():
+                    assert not e.gate.line, f"{e.alias}: {len(e.gate.line)} still waiting"
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedule=requests, releases=durations, resumes=durations)
+def test_wakes_from_both_sides_are_all_served(
+    schedule: list[tuple[str, float, float]], releases: list[float], resumes: list[float]
+) -> None:
+    _served(schedule, releases, resumes)
+
+
+def test_requests_for_both_while_the_first_wake_puts_the_other_to_sleep() -> None:
+    """The smallest schedule hypothesis found against the old placer: b's wake puts a to
+    sleep while a's own requests arrive; a's wake then waited for b's and b's for a's."""
+    schedule = [("b", 0.0, 1.7), ("a", 0.0, 0.001), ("a", 0.0, 6.0), ("a", 1.0, 0.0)]
+    _served([*schedule, ("a", 32.6, 3.6), ("b", 40.0, 0.0)], [1.0], [1.0])
