@@ -13,12 +13,23 @@ experts stay in host RAM throughout. SGLang asserts that nothing runs when it
 releases (a release with a request in flight takes the server down), and a released
 server would still run a generation sent to it, on freed memory. So:
 
-* a release is asked only once the engine is drained to zero: nobody holds it (ktd's
-  leases and the frontends' claims, which were recalled first) *and* the engine's own
-  ``/v1/loads`` counts nothing running or waiting, read after the last holder left;
+* a release is asked only once the engine is drained to zero and fenced: nobody holds it
+  (ktd's leases and the frontends' claims, which were recalled first) and its own
+  ``/v1/loads`` counts nothing, read after the last holder left; then SGLang's door is
+  closed (``/pause_generation`` in ``abort`` mode: every new generation, ``/health``'s
+  included, waits in the tokenizer; what ktd could not see is aborted) and the engine
+  proves itself idle: ``/flush_cache`` succeeds (the scheduler answers it after
+  everything sent before) and a ``/v1/loads`` reading taken after the door closed counts
+  nothing. One zero reading is no proof: ``/v1/loads`` misses a request while it is
+  tokenized and in its first prefill (``ktd.core.loads``). An SGLang without the pause
+  route gets the best ktd can do without it: zero readings for longer than SGLang's
+  republish interval;
 * from the release on, nothing that generates is sent (no ``/health`` probe, which
-  generates a token) until the resume has answered; then one readiness check;
-* an asleep engine is stopped without a wake, and a dead one is never woken.
+  generates a token) until the resume has answered and the door is open again; then one
+  readiness check;
+* an asleep engine is stopped without a wake, and a dead one is never woken; one whose
+  memory ktd cannot know (a restart of ktd between the fence and the record of the
+  release) is stopped and loaded afresh when wanted, never resumed.
 
 A drain has one budget (``drain_timeout``, or the evict's own) shared by the gateway's
 deregistration and the wait for holders and the engine's load. A sleep whose drain
@@ -35,21 +46,27 @@ from enum import StrEnum
 
 from ktd.core import states as S
 from ktd.core.exits import Outcome
+from ktd.core.loads import EngineLoad
 from ktd.core.restart import GiveUp, RestartBudget
 from ktd.core.states import Phase, State, Step
 
 __all__ = [
     "LOAD_POLL",
+    "REPUBLISH",
     "Action",
     "CheckHealth",
     "CheckLoad",
+    "Continue",
     "Deregister",
+    "Fence",
+    "Flush",
     "Idle",
     "Kill",
     "Launch",
     "Lifecycle",
     "Look",
     "MakeRoom",
+    "Pause",
     "ReleaseMemory",
     "Resume",
     "Settings",
@@ -60,6 +77,19 @@ __all__ = [
 #: Seconds between two reads of the engine's ``/v1/loads`` while it drains, and between
 #: two readiness checks after a resume.
 LOAD_POLL = 0.2
+
+#: Seconds of zero ``/v1/loads`` readings that stand in for a fence on an SGLang without
+#: ``/pause_generation``: upstream republishes its load snapshot at least every 15 decode
+#: steps (``--load-snapshot-publish-interval``), well under this for a model that serves.
+REPUBLISH = 2.0
+
+
+class Fence(StrEnum):
+    """How far a sleep's fence got: SGLang holds new requests (``paused``: a resume must
+    open the door again), or this SGLang has no door to close (``reads``)."""
+
+    PAUSED = "paused"
+    READS = "reads"
 
 
 class Want(StrEnum):
@@ -135,6 +165,28 @@ class CheckLoad:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Close SGLang's door: ``POST /pause_generation`` in ``abort`` mode, bounded by
+    ``memory_timeout`` and the drain's budget (``until``). Report with ``paused``."""
+
+    until: float
+
+
+@dataclass(frozen=True)
+class Flush:
+    """``POST /flush_cache`` (bounded like ``Pause``): succeeds only on an idle
+    scheduler. Report with ``flushed``."""
+
+    until: float
+
+
+@dataclass(frozen=True)
+class Continue:
+    """Open SGLang's door again after a resume: ``POST /continue_generation``. Report
+    with ``continued``."""
+
+
+@dataclass(frozen=True)
 class ReleaseMemory:
     """``POST /release_memory_occupation`` (bounded by ``memory_timeout``). Report with
     ``released``."""
@@ -170,9 +222,12 @@ Action = (
     | Launch
     | Deregister
     | CheckLoad
+    | Pause
+    | Flush
     | ReleaseMemory
     | MakeRoom
     | Resume
+    | Continue
     | CheckHealth
     | Kill
 )
@@ -186,6 +241,7 @@ class _End(StrEnum):
     CRASHED = "crashed"  # restart per policy
     RETRY = "retry"  # the port was taken at bind: launch again at once, once
     DROPPED = "dropped"  # stopped, and the attempt that wanted it failed (sleep, wake)
+    RELOAD = "reload"  # stopped to be loaded afresh at once (memory ktd cannot know)
 
 
 @dataclass
@@ -204,6 +260,13 @@ class Lifecycle:
     ready_seen: bool = False  # this run was ready once (an exit is then a crash)
     adopted: bool = False  # this run is a previous daemon's
     memory_released: bool = False  # from the release call until the resume answered
+    memory_unknown: bool = False  # adopted between the fence and the release's record
+    door_closed: bool = False  # SGLang holds new requests: a resume must open the door
+    fence: Fence | None = None  # how far this sleep's fence got
+    barrier: float = 0.0  # wall clock when SGLang's door closed (the pause's answer)
+    flush: bool | None = None  # None: not asked yet; False: asked, not idle yet; True: idle
+    flush_at: float | None = None  # when /flush_cache was last asked
+    quiet_since: float | None = None  # the first of the zero readings in a row
     budget: RestartBudget = field(default_factory=RestartBudget)
     deadline: float = math.inf  # starting: healthy by then; waking: ready by then
     backoff_until: float | None = None  # a crash restart waits until then
@@ -213,7 +276,7 @@ class Lifecycle:
     drain_until: float = math.inf
     off_traffic: bool = False  # Deregister has been carried out
     load_read: float | None = None  # when /v1/loads (or a check) was last read
-    engine_load: int | None = None  # what it counted then (None: unknown)
+    engine_load: EngineLoad | None = None  # what it counted then (None: unknown)
     # What the attempt's end makes of the want (the driver applies it and clears it): a
     # failed, refused or dropped attempt, or an exit nobody asked for, is not retried
     # until someone asks again; a wake that found no room leaves the engine asleep.
@@ -321,7 +384,8 @@ class Lifecycle:
         self.going = to
         self.drain_until = look.now + budget
         self.off_traffic = False
-        self.load_read = self.engine_load = None
+        self._reset_reads()
+        self.fence = self.flush = self.flush_at = None
         if to == S.SLEEPING:
             self._move(S.SLEEPING, Phase.of(Step.DEREGISTERING))
         else:
@@ -340,37 +404,85 @@ class Lifecycle:
             return Deregister()
         if look.force:
             return self._stop(look)
-        wait_engine = sleep or self.settings.drain_engine
-        idle = look.held == 0 and (
-            not wait_engine or (self.load_read is not None and self.engine_load == 0)
-        )
-        if idle:
+        step = self._drain_step(look, sleep)
+        if step is None:
             if not sleep:
                 return self._stop(look)
             self.phase = Phase.of(Step.RELEASING)
             self.memory_released = True  # from the call on, nothing that generates is sent
             return ReleaseMemory()
-        if look.now >= self.drain_until:
-            if sleep:
-                left = f"{look.held} held" if look.held else "the engine not idle"
-                why = f"drain did not reach zero in time ({left}); stopped instead of sleeping"
-                self.settle_want = Want.DOWN
-                return self._kill(self.settings.stop_grace, _End.STOPPED, why, stopping=True)
+        if look.now < self.drain_until:
+            return step
+        if sleep:
             if look.held:
-                self.note = f"drain ended with {look.held} request(s) still running"
+                left = f"{look.held} held"
+            elif self.fence is None:
+                left = "the engine not idle"
             else:
-                self.note = "drain ended with requests still running in the engine"
-            return self._stop(look)
+                left = "the engine not proven idle behind its closed door"
+            why = f"drain did not reach zero in time ({left}); stopped instead of sleeping"
+            self.settle_want = Want.DOWN
+            return self._kill(self.settings.stop_grace, _End.STOPPED, why, stopping=True)
+        if look.held:
+            self.note = f"drain ended with {look.held} request(s) still running"
+        else:
+            self.note = "drain ended with requests still running in the engine"
+        return self._stop(look)
+
+    def _drain_step(self, look: Look, sleep: bool) -> Action | None:
+        """The next step of the way down, None once the engine may be stopped (or, for a
+        sleep, released): holders gone; then, when the engine's own count matters, a
+        zero reading taken after they left; then, for a sleep, the fence."""
+        if look.held:
+            self._draining(f"waiting for {look.held} request(s)")
+            self._reset_reads()  # a reading taken before a holder came back is stale
+            return Wait(self.drain_until)
+        if not (sleep or self.settings.drain_engine):
+            return None
+        if self.fence is None and not (self.engine_load is not None and self.engine_load.quiet):
+            self._draining("waiting for the engine")
+            return self._read(look)
+        if not sleep:
+            return None
+        return self._fence(look)
+
+    def _draining(self, text: str) -> None:
         if self.state != S.SLEEPING and self.state != S.DRAINING:
             self._move(S.DRAINING, reason=self.down_reason)
-        text = f"waiting for {look.held} request(s)" if look.held else "waiting for the engine"
         self.phase = Phase.of(Step.DRAINING, text)
-        if look.held:
-            self.load_read = None  # a reading taken before a holder came back is stale
-            return Wait(self.drain_until)
+
+    def _read(self, look: Look) -> Action:
         if self.load_read is None or look.now >= self.load_read + LOAD_POLL:
             return CheckLoad()
         return Wait(min(self.drain_until, self.load_read + LOAD_POLL))
+
+    def _reset_reads(self) -> None:
+        self.load_read = self.engine_load = self.quiet_since = None
+
+    def _fence(self, look: Look) -> Action | None:
+        """Close SGLang's door, then wait for the engine to prove itself idle behind it;
+        None once it has (the release may go)."""
+        self.phase = Phase.of(Step.FENCING)
+        if self.fence is None:
+            return Pause(self.drain_until)
+        if self.fence == Fence.PAUSED and self.flush is not True and self.flush_at != math.inf:
+            if self.flush_at is None or look.now >= self.flush_at + LOAD_POLL:
+                return Flush(self.drain_until)
+            return Wait(min(self.drain_until, self.flush_at + LOAD_POLL))
+        if self._proven():
+            return None
+        return self._read(look)
+
+    def _proven(self) -> bool:
+        """Idle behind the door: with SGLang's own answer (the flush) a zero reading taken
+        after the door closed; without one, zero readings for longer than SGLang's
+        republish interval (also after the door closed, when there is one)."""
+        last = self.engine_load
+        if last is None or not last.quiet or self.load_read is None:
+            return False
+        if self.fence == Fence.PAUSED and self.flush is True and last.taken_after(self.barrier):
+            return True
+        return self.quiet_since is not None and self.load_read - self.quiet_since >= REPUBLISH
 
     def _stop(self, look: Look) -> Action:
         grace = 0.0 if look.force else self.settings.stop_grace
@@ -379,6 +491,12 @@ class Lifecycle:
     def _asleep(self, look: Look) -> Action:
         if look.want == Want.DOWN:  # stopped without a wake
             return self._stop(look)
+        if look.want == Want.UP and self.memory_unknown:
+            # Released or not, paused or not: a resume of memory that is not released
+            # takes SGLang down, a generation on released memory too. Loaded afresh.
+            why = "asleep with its memory in a state ktd cannot know; loading it afresh"
+            self.note = why
+            return self._kill(self.settings.stop_grace, _End.RELOAD, why, stopping=True)
         if look.want == Want.UP:
             self._move(S.WAKING, Phase.of(Step.PLACING))
             return MakeRoom()
@@ -392,6 +510,8 @@ class Lifecycle:
                 self._move(S.ASLEEP)
                 return Wait(math.inf)
             return Resume()
+        if self.door_closed:  # resumed: open SGLang's door before anything generates
+            return Continue()
         if look.now >= self.deadline:
             t = self.settings.memory_timeout
             why = f"wake failed: not ready within {t:g}s after the resume; stopped"
@@ -432,17 +552,31 @@ class Lifecycle:
 
     # ------------------------------------------------------------ reports
 
-    def adopt(self, adopted: State | None, deadline: float, *, sleeps: bool) -> None:
-        """A previous daemon's engine, taken over running (``adopted``: its state then).
-        An asleep one stays asleep, never probed with a generation, until wanted."""
+    def adopt(
+        self,
+        adopted: State | None,
+        deadline: float,
+        *,
+        sleeps: bool,
+        step: str | None = None,
+    ) -> None:
+        """A previous daemon's engine, taken over running (``adopted``: its state then,
+        ``step`` its phase). An asleep one stays asleep, never probed with a generation,
+        until wanted; so does one that was fencing or releasing (SGLang's door closed,
+        its memory maybe released: ``memory_unknown``), and it is loaded afresh when
+        wanted. One that was waking is not trusted either: it may be released."""
         self.running = True
         self.adopted = True
         self.sleeps = sleeps
         self.ready_seen = adopted in (S.READY, S.ASLEEP, S.SLEEPING, S.WAKING)
         self.deadline = deadline
         self._move(S.STARTING, Phase.of(Step.ADOPTING))  # as the record shows it meanwhile
-        if adopted == S.ASLEEP:
-            self.memory_released = True
+        unknown = (adopted == S.SLEEPING and step in (Step.FENCING, Step.RELEASING)) or (
+            adopted == S.WAKING
+        )
+        if adopted == S.ASLEEP or unknown:
+            self.memory_released = self.door_closed = True
+            self.memory_unknown = unknown
             self._move(S.ASLEEP)
 
     def launched(self, failure: Outcome | None, deadline: float = math.inf) -> None:
@@ -464,14 +598,46 @@ class Lifecycle:
     def deregistered(self) -> None:
         self.off_traffic = True
 
-    def load(self, now: float, count: int | None) -> None:
+    def load(self, now: float, reading: EngineLoad | None) -> None:
         """What ``/v1/loads`` counted (None: no answer, or not SGLang's shape). For a
         stop, no answer ends the wait (SGLang's own SIGTERM drain is the backstop); for a
         sleep it cannot prove the engine idle, so it never releases."""
         self.load_read = now
-        if count is None and self.going != S.SLEEPING:
-            count = 0
-        self.engine_load = count
+        if reading is None and self.going != S.SLEEPING:
+            reading = EngineLoad(0)
+        self.engine_load = reading
+        if reading is None or not reading.quiet:
+            self.quiet_since = None
+        elif self.quiet_since is None:
+            self.quiet_since = now
+
+    def paused(
+        self, ok: bool, *, absent: bool = False, at: float = 0.0, why: str | None = None
+    ) -> Kill | None:
+        """``Pause``'s end: the door is closed (``at``: when, on the wall clock), this
+        SGLang has none (``absent``: zero readings must do), or it failed: then the
+        engine cannot be fenced and is stopped instead of put to sleep."""
+        if self.state != S.SLEEPING:
+            return None
+        self._reset_reads()  # what counts from now on was read behind the door
+        if ok:
+            self.fence, self.door_closed, self.barrier = Fence.PAUSED, True, at
+            return None
+        if absent:
+            self.fence = Fence.READS
+            self.note = "this SGLang has no /pause_generation: fenced by its load count alone"
+            return None
+        self.settle_want = Want.DOWN
+        text = f"sleep failed: SGLang did not hold new requests ({why}); stopped"
+        return self._kill(self.settings.stop_grace, _End.STOPPED, text, stopping=True)
+
+    def flushed(self, now: float, ok: bool, *, absent: bool = False) -> None:
+        """``Flush``'s end: idle (``ok``), not yet (asked again after ``LOAD_POLL``), or
+        no such route (the readings alone must prove it)."""
+        if self.state != S.SLEEPING:
+            return
+        self.flush = ok
+        self.flush_at = math.inf if absent else now
 
     def released(self, ok: bool, why: str | None = None) -> Kill | None:
         """The release answered (``ok``) or failed; after a failed one SGLang's memory is
@@ -505,6 +671,17 @@ class Lifecycle:
         self.memory_released = False
         self.deadline = now + self.settings.memory_timeout
         self.load_read = None
+        self.phase = Phase.of(Step.RESUMING if self.door_closed else Step.CHECKING)
+        return None
+
+    def continued(self, ok: bool, *, absent: bool = False, why: str | None = None) -> Kill | None:
+        """``Continue``'s end: the door is open (or this SGLang never had one)."""
+        if self.state != S.WAKING:
+            return None
+        if not (ok or absent):
+            text = f"wake failed: SGLang did not let requests in again ({why}); stopped"
+            return self._kill(0.0, _End.DROPPED, text, stopping=True)
+        self.door_closed = False
         self.phase = Phase.of(Step.CHECKING)
         return None
 
@@ -522,6 +699,7 @@ class Lifecycle:
         end, why = self._end
         self._end = None
         self.running = self.memory_released = self.adopted = False
+        self.memory_unknown = self.door_closed = False
         if end == _End.STOPPED:
             if self.state != S.STOPPING:  # an exit nobody asked for: not to be redone
                 self.settle_want = Want.DOWN
@@ -531,6 +709,10 @@ class Lifecycle:
             self._move(S.STOPPED, reason=why, error_code="load_failed")
         elif end == _End.RETRY:
             self.note = f"{why}; retrying once on another port"
+            self.ready_seen = False
+            self.backoff_until = now
+            self._move(S.STARTING, Phase.of(Step.PROBING), reason=why)
+        elif end == _End.RELOAD:
             self.ready_seen = False
             self.backoff_until = now
             self._move(S.STARTING, Phase.of(Step.PROBING), reason=why)

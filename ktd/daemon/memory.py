@@ -1,39 +1,57 @@
-"""The HTTP calls of a sleep and a wake: SGLang's memory API and its load counter.
+"""The HTTP calls of a sleep and a wake: SGLang's memory API, its fence and its load count.
 
-Apart from the supervisor so that what SGLang answers (``docs/sglang.md``, "Sleep")
-is read in one place: ``POST /release_memory_occupation`` and
-``POST /resume_memory_occupation`` answer 200 (body ``null``) when done, and
-``GET /v1/loads`` counts the requests running and waiting over the engine's DP
-ranks. A release is only sent once ``/v1/loads`` counted zero (``ktd.core.lifecycle``).
-The engine's API key, when it has one, goes with every call.
+Apart from the supervisor so that what SGLang answers (``docs/sglang.md``, "Sleep") is
+read in one place:
+
+* ``POST /release_memory_occupation`` and ``POST /resume_memory_occupation`` answer 200
+  (body ``null``) when done;
+* ``POST /pause_generation`` with ``{"mode": "abort"}`` makes the tokenizer manager hold
+  every new generation (``/health``'s own token too) before it reaches the scheduler,
+  aborts what is in flight, and answers once no request is left in the tokenizer; it
+  leaves the scheduler itself running (the ``retract``/``in_place`` modes pause the
+  scheduler, whose loop then spins on a core for as long as the pause lasts: never
+  used). ``POST /continue_generation`` lets the held requests go on;
+* ``POST /flush_cache`` is answered by the scheduler in the order it receives
+  requests: 200 only when nothing is running (upstream: nor waiting), 400 otherwise;
+* ``GET /v1/loads`` counts the requests running and waiting over the DP ranks
+  (``ktd.core.loads``).
+
+A route this SGLang lacks answers 404 (``Outcome.absent``). The engine's API key goes
+with every call (the admin key, for the routes SGLang reserves to it, when the user set
+one).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from dataclasses import dataclass
 
 import httpx
 
 from ktd.core import loglines
+from ktd.core.loads import EngineLoad, parse
 from ktd.daemon.enginekey import auth_headers
 
-__all__ = ["in_flight", "read_load", "release", "resume"]
+__all__ = ["Outcome", "cont", "flush", "pause", "read_load", "release", "resume"]
 
 #: Every tag SGLang's memory saver knows; ktd releases and resumes them all.
 TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
-def in_flight(loads: Any) -> int:
-    """Requests an SGLang ``/v1/loads`` answer counts, running and waiting, over its DP ranks.
+@dataclass(frozen=True)
+class Outcome:
+    """How one of SGLang's control calls ended: done (``ok``), not a route of this
+    SGLang (``absent``), or why not; ``at``: the wall clock when the answer came."""
 
-    Raises KeyError/TypeError/AttributeError/ValueError on an answer of another shape."""
-    return sum(
-        int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0))
-        for x in loads["loads"]
-    )
+    ok: bool
+    absent: bool = False
+    why: str | None = None
+    at: float = 0.0
 
 
-async def read_load(http: httpx.AsyncClient, base: str, *, key: str | None = None) -> int | None:
+async def read_load(
+    http: httpx.AsyncClient, base: str, *, key: str | None = None
+) -> EngineLoad | None:
     """What ``/v1/loads`` counts now; None when it does not answer in SGLang's shape."""
     try:
         r = await http.get(
@@ -43,34 +61,64 @@ async def read_load(http: httpx.AsyncClient, base: str, *, key: str | None = Non
         )
         if r.status_code != 200:
             return None
-        return in_flight(r.json())
-    except (httpx.HTTPError, OSError, ValueError, TypeError, AttributeError, KeyError):
+        return parse(r.json())
+    except (httpx.HTTPError, OSError, ValueError):
         return None
 
 
-async def _call(http: httpx.AsyncClient, url: str, timeout: float, key: str | None) -> str | None:
+async def _call(
+    http: httpx.AsyncClient,
+    url: str,
+    timeout: float,
+    key: str | None,
+    body: object,
+) -> Outcome:
     try:
-        r = await http.post(
-            url, json={"tags": list(TAGS)}, timeout=timeout, headers=auth_headers(key)
-        )
+        r = await http.post(url, json=body, timeout=timeout, headers=auth_headers(key))
     except httpx.TimeoutException:
-        return f"no answer within {timeout:g}s"
+        return Outcome(False, why=f"no answer within {timeout:g}s")
     except (httpx.HTTPError, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return Outcome(False, why=f"{type(exc).__name__}: {exc}")
+    at = time.time()
+    if r.status_code == 404:
+        return Outcome(False, absent=True, why="HTTP 404: not a route of this SGLang", at=at)
     if r.status_code != 200:
-        return f"HTTP {r.status_code}: {r.text[:200]}"
-    return None
+        return Outcome(False, why=f"HTTP {r.status_code}: {r.text[:200]}", at=at)
+    return Outcome(True, at=at)
 
 
 async def release(
     http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
-) -> str | None:
-    """Release the engine's GPU memory; None when done, else why not."""
-    return await _call(http, base + "/release_memory_occupation", timeout, key)
+) -> Outcome:
+    """Release the engine's GPU memory."""
+    url = base + "/release_memory_occupation"
+    return await _call(http, url, timeout, key, {"tags": list(TAGS)})
 
 
 async def resume(
     http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
-) -> str | None:
-    """Take the GPU memory back; None when done, else why not."""
-    return await _call(http, base + "/resume_memory_occupation", timeout, key)
+) -> Outcome:
+    """Take the GPU memory back."""
+    url = base + "/resume_memory_occupation"
+    return await _call(http, url, timeout, key, {"tags": list(TAGS)})
+
+
+async def pause(
+    http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
+) -> Outcome:
+    """Hold new requests at the tokenizer, abort what is left in flight (the fence)."""
+    return await _call(http, base + "/pause_generation", timeout, key, {"mode": "abort"})
+
+
+async def cont(
+    http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
+) -> Outcome:
+    """Let held requests reach the scheduler again (after a resume)."""
+    return await _call(http, base + "/continue_generation", timeout, key, {})
+
+
+async def flush(
+    http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
+) -> Outcome:
+    """Ask the scheduler, in order after everything sent before, whether it is idle."""
+    return await _call(http, base + "/flush_cache", timeout, key, None)

@@ -29,6 +29,7 @@ from ktd.core.claimsync import may_hold
 from ktd.core.command import build_env
 from ktd.core.config import Config, ModelSpec
 from ktd.core.lifecycle import Want
+from ktd.core.loads import EngineLoad
 from ktd.core.placement import Plan
 from ktd.core.sglang_options import Catalog
 from ktd.core.states import Step
@@ -295,7 +296,7 @@ class Pool:
         if persist_now:
             self.save_state()  # claims are rare (one per engine and frontend): at once
 
-    async def _engine_load(self, engine: Engine) -> int | None:
+    async def _engine_load(self, engine: Engine) -> EngineLoad | None:
         url, run = engine.url, engine.run
         if url is None or run is None:
             return None

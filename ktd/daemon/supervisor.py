@@ -157,18 +157,21 @@ class Supervisor:
                 await self.host.before_drain(e)
                 m.deregistered()
             case L.CheckLoad():
-                count = await memory.read_load(self.host.http, self._url(), key=self._key())
-                m.load(trio.current_time(), count)
-            case L.ReleaseMemory():
+                reading = await memory.read_load(self.host.http, self._url(), key=self._key())
+                m.load(trio.current_time(), reading)
+            case L.Pause(until=until):
                 self._show()
                 await self._health.quiet()  # its own last /health probe has ended
-                why = await memory.release(
-                    self.host.http,
-                    self._url(),
-                    timeout=self.host.settings.memory_timeout,
-                    key=self._key(),
-                )
-                await self._then(m.released(why is None, why))
+                out = await memory.pause(self.host.http, self._url(), **self._admin(until))
+                await self._then(m.paused(out.ok, absent=out.absent, at=out.at, why=out.why))
+            case L.Flush(until=until):
+                out = await memory.flush(self.host.http, self._url(), **self._admin(until))
+                m.flushed(trio.current_time(), out.ok, absent=out.absent)
+            case L.ReleaseMemory():
+                self._show()  # recorded as releasing before the call (a restart adopts it so)
+                await self._health.quiet()
+                out = await memory.release(self.host.http, self._url(), **self._admin())
+                await self._then(m.released(out.ok, out.why))
                 if m.state == S.ASLEEP:
                     await self._count_host_memory()
             case L.MakeRoom():
@@ -177,13 +180,11 @@ class Supervisor:
                 m.room(why is None, why)
             case L.Resume():
                 self._show()
-                why = await memory.resume(
-                    self.host.http,
-                    self._url(),
-                    timeout=self.host.settings.memory_timeout,
-                    key=self._key(),
-                )
-                await self._then(m.resumed(trio.current_time(), why is None, why))
+                out = await memory.resume(self.host.http, self._url(), **self._admin())
+                await self._then(m.resumed(trio.current_time(), out.ok, out.why))
+            case L.Continue():
+                out = await memory.cont(self.host.http, self._url(), **self._admin())
+                await self._then(m.continued(out.ok, absent=out.absent, why=out.why))
             case L.CheckHealth():
                 ok = await health.is_ready(self.host.http, self._url(), e.alias, key=self._key())
                 m.checked(trio.current_time(), ok)
@@ -209,6 +210,12 @@ class Supervisor:
 
     def _key(self) -> str | None:
         return None if self.e.run is None else self.e.run.api_key
+
+    def _admin(self, until: float = math.inf) -> dict[str, Any]:
+        """The bound and key of SGLang's admin-level calls (memory, pause, flush):
+        ``memory_timeout``, and no later than ``until`` (a drain's budget)."""
+        left = max(until - trio.current_time(), 0.1)
+        return {"timeout": min(self.host.settings.memory_timeout, left), "key": self._key()}
 
     # ------------------------------------------------------------ showing the machine
 

@@ -14,6 +14,7 @@ import trio
 
 from ktd.core import states as S
 from ktd.core.expiry import EvictIdle, Expiry, SleepIdle, ttl_due
+from ktd.core.loads import EngineLoad
 from ktd.daemon.engine import Engine
 
 log = logging.getLogger("ktd")
@@ -27,7 +28,7 @@ class Sweeper:
         *,
         expire: Callable[[frozenset[str]], None],
         recall_idle: Callable[[Engine, float], object],
-        engine_load: Callable[[Engine], Awaitable[int | None]] | None = None,
+        engine_load: Callable[[Engine], Awaitable[EngineLoad | None]] | None = None,
     ) -> None:
         self.engines = engines
         # The engine's own count of requests (``/v1/loads``): the TTL asks it last, so a
@@ -90,12 +91,15 @@ class Sweeper:
         its stream did not end): the engine counts as used now, and stays."""
         if self._engine_load is None or engine.state != S.READY:
             return False
-        count = await self._engine_load(engine)
+        reading = await self._engine_load(engine)
         due = ttl_due(engine.idle_view())
         if due is None or due > trio.current_time():
             return True  # used (or going) meanwhile: nothing to do now
-        if not count:
+        if reading is None or reading.quiet:
             return False
-        engine.log.note(f"ttl: the engine still counts {count} request(s) in flight: kept")
+        engine.log.note(
+            f"ttl: the engine still counts {reading.requests} request(s) "
+            f"({reading.tokens} KV tokens) in flight: kept"
+        )
         engine.used(ago=0, busy=True)
         return True

@@ -1,8 +1,10 @@
 """The engine lifecycle machine (``ktd.core.lifecycle``): unit cases and a hypothesis
 state machine that drives it against a simulated engine and checks, after every step,
 that nothing generating reaches a released engine, that a release never happens while
-anything is held or running, that an asleep engine is stopped without a wake, and
-that every wanted engine ends ready, asleep or down within its bounds."""
+anything is held or running (requests the daemon cannot see included: SGLang's load
+count misses a request while it is tokenized and in its first prefill), that an asleep
+engine is stopped without a wake, and that every wanted engine ends ready, asleep or
+down within its bounds."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ktd.core import lifecycle as L
 from ktd.core import states as S
 from ktd.core.exits import Outcome
+from ktd.core.loads import EngineLoad
 
 SETTINGS = L.Settings(
     stop_grace=5.0,
@@ -40,7 +43,19 @@ class World:
     force: bool = False
     held: int = 0  # leases and claims
     engine_busy: int = 0  # requests the engine itself counts (/v1/loads)
+    # Requests inside the engine its load snapshot does not show yet (tokenized, in their
+    # first prefill): they show at ``hidden_until``.
+    hidden: int = 0
+    hidden_until: float = math.inf
+    snapshot_at: float = 0.0  # when the snapshot /v1/loads answers with was taken
     loads_answer: bool = True  # /v1/loads answers
+    has_door: bool = True  # this SGLang has /pause_generation and /flush_cache
+    door_closed: bool = False  # new generations wait in the tokenizer
+    at_door: int = 0  # generations waiting behind the closed door
+    # Aborted by the door's closing, still in the scheduler until its forward pass ends
+    # (a long prefill's: seconds), then gone, and a snapshot counting nothing published.
+    aborted: int = 0
+    aborted_until: float = 0.0
     alive: bool = False
     loaded_at: float = math.inf  # healthy from then on
     crashed: Outcome | None = None
@@ -51,6 +66,34 @@ class World:
     room_ok: bool = True
     launch_ok: bool = True
     log: list[str] = field(default_factory=list)
+
+    def scheduler(self) -> int:
+        """Requests the scheduler holds, shown or not."""
+        if self.aborted and self.now >= self.aborted_until:
+            self.aborted, self.snapshot_at = 0, self.aborted_until
+        return self.engine_busy + self.hidden + self.aborted
+
+    def reading(self) -> EngineLoad | None:
+        if not self.loads_answer:
+            return None
+        if self.scheduler() and self.aborted:  # the old snapshot, until the pass ends
+            return EngineLoad(self.engine_busy, 16 * self.engine_busy, self.snapshot_at)
+        if self.hidden and self.now >= self.hidden_until:
+            self.engine_busy += self.hidden
+            self.hidden, self.snapshot_at = 0, self.hidden_until
+        return EngineLoad(self.engine_busy, 16 * self.engine_busy, self.snapshot_at)
+
+    def traffic(self, visible: int, hidden: int = 0, *, shows_in: float = math.inf) -> None:
+        """Requests sent straight to the engine (a router, a client ktd never saw): they
+        wait behind a closed door; on released memory they would run on freed memory."""
+        if self.door_closed:
+            self.at_door += visible + hidden
+            return
+        if (visible or hidden) and self.released:
+            raise Violation("a generation reached the scheduler while released")
+        self.engine_busy, self.hidden = visible, hidden
+        self.hidden_until = self.now + shows_in
+        self.snapshot_at = self.now
 
     def look(self, m: L.Lifecycle) -> L.Look:
         return L.Look(
@@ -102,11 +145,27 @@ def drive(m: L.Lifecycle, w: World, *, steps: int = 60, until: float | None = No
             case L.Deregister():
                 m.deregistered()
             case L.CheckLoad():
-                m.load(w.now, w.engine_busy if w.loads_answer else None)
+                m.load(w.now, w.reading())
+                w.now += 0.05
+            case L.Pause():
+                if not w.has_door:
+                    kill = m.paused(False, absent=True)
+                else:  # the door closes; what is in flight is aborted, gone once the
+                    # scheduler's current forward pass ends
+                    w.door_closed = True
+                    w.aborted = w.scheduler()
+                    w.aborted_until = w.now + (3.0 if w.hidden else 0.1)
+                    w.hidden_until = math.inf
+                    kill = m.paused(True, at=w.now)
+                    w.engine_busy = w.hidden = 0
+                if kill is not None:
+                    _kill(m, w, kill)
+            case L.Flush():
+                m.flushed(w.now, w.has_door and not w.scheduler(), absent=not w.has_door)
                 w.now += 0.05
             case L.ReleaseMemory():
-                if w.held or w.engine_busy:
-                    raise Violation(f"release with {w.held} held, {w.engine_busy} running")
+                if w.held or w.scheduler():
+                    raise Violation(f"release with {w.held} held, {w.scheduler()} running")
                 if not w.alive:
                     raise Violation("release sent to a dead engine")
                 if w.release_ok:
@@ -124,10 +183,18 @@ def drive(m: L.Lifecycle, w: World, *, steps: int = 60, until: float | None = No
                 kill = m.resumed(w.now, w.resume_ok, None if w.resume_ok else "timed out")
                 if kill is not None:
                     _kill(m, w, kill)
+            case L.Continue():
+                if w.released:
+                    raise Violation("SGLang's door opened on released memory")
+                waiting, w.door_closed, w.at_door = w.at_door, False, 0
+                w.traffic(w.engine_busy + waiting)
+                kill = m.continued(w.has_door, absent=not w.has_door)
+                if kill is not None:
+                    _kill(m, w, kill)
             case L.CheckHealth():
                 if w.released:
                     raise Violation("a generation sent to a released engine")
-                m.checked(w.now, w.alive and not w.hung)
+                m.checked(w.now, w.alive and not w.hung and not w.door_closed)
                 w.now += 0.05
             case L.Kill() as kill:
                 _kill(m, w, kill)
@@ -136,6 +203,8 @@ def drive(m: L.Lifecycle, w: World, *, steps: int = 60, until: float | None = No
 def _kill(m: L.Lifecycle, w: World, kill: L.Kill) -> None:
     w.now += min(kill.grace, 0.5)
     w.alive, w.released, w.crashed = False, False, None
+    w.engine_busy = w.hidden = w.at_door = w.aborted = 0
+    w.door_closed = False
     w.loaded_at = math.inf
     m.killed(w.now)
 
@@ -175,6 +244,102 @@ def test_sleep_drains_to_zero_by_the_engines_own_count_before_releasing() -> Non
     w.engine_busy = 0
     drive(m, w)
     assert m.state == S.ASLEEP and w.released and w.alive
+
+
+def _actions(w: World) -> list[str]:
+    return [line.split()[-1] for line in w.log]
+
+
+def test_a_request_the_load_count_misses_is_aborted_behind_the_door_before_the_release() -> None:
+    """A request in a long kt prefill that ``/v1/loads`` does not show (issue 40): zero
+    readings say idle, SGLang's release would assert and take the server down. The door
+    closes (the request is aborted there), the scheduler proves idle (flush), a reading
+    taken after the door closed counts nothing: only then the release."""
+    m, w = machine()
+    up(m, w)
+    w.traffic(0, 1, shows_in=60.0)
+    w.want = L.Want.ASLEEP
+    drive(m, w)
+    assert m.state == S.ASLEEP and w.released and w.door_closed
+    acts = _actions(w)
+    assert acts.index("Pause") < acts.index("Flush") < acts.index("ReleaseMemory")
+    assert "CheckLoad" in acts[acts.index("Flush") : acts.index("ReleaseMemory")]
+
+
+def test_a_zero_reading_taken_before_the_door_closed_proves_nothing() -> None:
+    m, w = machine()
+    up(m, w)
+    w.want = L.Want.ASLEEP
+    drive(m, w, until=w.now + 0.2)
+    assert m.fence == L.Fence.PAUSED
+    m.load(w.now, EngineLoad(0, 0, taken=m.barrier - 1.0))  # an old snapshot's zero
+    assert not m._proven()
+    m.load(w.now, EngineLoad(0, 0, taken=m.barrier + 0.1))
+    assert m.flush is not True or m._proven()
+
+
+def test_without_the_door_zero_readings_must_outlast_the_republish_interval() -> None:
+    m, w = machine()
+    w.has_door = False
+    up(m, w)
+    w.traffic(0, 1, shows_in=L.REPUBLISH * 0.75)  # shows in the next snapshot
+    w.want = L.Want.ASLEEP
+    drive(m, w, until=w.now + L.REPUBLISH * 0.5)
+    assert m.state == S.SLEEPING and not w.released  # zero readings, not long enough
+    drive(m, w, until=w.now + L.REPUBLISH)
+    assert m.state == S.SLEEPING and w.engine_busy == 1  # it showed: the readings are not zero
+    w.engine_busy = 0  # the request ends
+    drive(m, w, steps=400)
+    assert m.state == S.ASLEEP and m.fence == L.Fence.READS
+    quiet = [ln for ln in w.log if ln.endswith("CheckLoad")]
+    assert len(quiet) >= 2
+
+
+def test_requests_at_the_closed_door_wait_for_the_resume_and_then_run() -> None:
+    m, w = machine()
+    up(m, w)
+    w.want = L.Want.ASLEEP
+    drive(m, w)
+    w.traffic(1)  # a client that kept the engine's URL and key
+    assert w.at_door == 1 and not w.scheduler()
+    w.want = L.Want.UP
+    drive(m, w)
+    acts = _actions(w)
+    assert m.state == S.READY and acts.index("Resume") < acts.index("Continue")
+    assert w.engine_busy == 1 and not w.door_closed
+
+
+def test_a_door_that_will_not_close_stops_the_engine_instead() -> None:
+    m = L.Lifecycle(settings=SETTINGS, sleeps=True)
+    m.state, m.running, m.going = S.SLEEPING, True, S.SLEEPING
+    kill = m.paused(False, why="HTTP 401")
+    assert isinstance(kill, L.Kill) and m.state == S.STOPPING
+    assert "did not hold new requests (HTTP 401)" in (m.reason or "")
+
+
+@pytest.mark.parametrize(
+    ("state", "step"), [(S.SLEEPING, "fencing"), (S.SLEEPING, "releasing"), (S.WAKING, "resuming")]
+)
+def test_an_engine_adopted_mid_sleep_is_loaded_afresh_never_resumed(
+    state: S.State, step: str
+) -> None:
+    """A ktd restarted between closing the door (or the release call) and its record, or
+    during a wake: released or not, SGLang would die of a resume of memory it holds or a
+    generation on memory it released. Asleep until wanted, then stopped and loaded."""
+    m, w = machine()
+    w.alive, w.released, w.loaded_at, w.door_closed = True, True, 0.0, True
+    m.adopt(state, w.now + 5, sleeps=True, step=step)
+    w.want = L.Want.ASLEEP
+    drive(m, w)
+    assert (
+        m.state == S.ASLEEP
+        and m.memory_unknown
+        and not any("CheckHealth" in line for line in w.log)
+    )
+    w.want = L.Want.UP
+    drive(m, w)
+    acts = _actions(w)
+    assert m.state == S.READY and "Resume" not in acts and acts.index("Kill") < acts.index("Launch")
 
 
 def test_a_wake_resumes_then_checks_with_one_generation_then_is_ready() -> None:
@@ -377,10 +542,27 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(busy=st.integers(0, 2), answers=st.booleans())
     def engine_traffic(self, busy: int, answers: bool) -> None:
         # Straight to the engine (a router): only while it may be reached.
-        if self.m.state == S.READY or busy == 0:
-            self.w.engine_busy = busy
+        if self.m.state in (S.READY, S.SLEEPING) and not self.w.released or busy == 0:
+            self.w.traffic(busy)
         self.w.loads_answer = answers
         self._drive()
+
+    @rule(busy=st.integers(1, 2), long_prefill=st.booleans())
+    def requests_the_daemon_cannot_see(self, busy: int, long_prefill: bool) -> None:
+        """Requests in the engine that neither a holder nor ``/v1/loads`` shows yet: a
+        router's sent after the daemon's last reading, a stream whose client left during
+        a long kt prefill. Without SGLang's door they show within its republish interval
+        (or no fence could hold); behind a door, however long their prefill."""
+        if self.w.alive and self.m.state in (S.READY, S.SLEEPING) and not self.w.released:
+            shows_in = 40.0 if long_prefill and self.w.has_door else L.REPUBLISH * 0.75
+            self.w.traffic(self.w.engine_busy, busy, shows_in=shows_in)
+        self._drive()
+
+    @precondition(lambda self: not self.w.alive)
+    @rule(has_door=st.booleans())
+    def sglang_version(self, has_door: bool) -> None:
+        """The next launch's SGLang has the pause and flush routes, or not."""
+        self.w.has_door = has_door
 
     @precondition(lambda self: self.w.alive)
     @rule(kind=st.sampled_from(["crashed", "failed", "exited"]))
@@ -418,7 +600,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         """With a healthy world and nothing in the way, whatever is wanted is reached
         within the bounds: the load, the drain, the memory calls, the restart backoff."""
         m, w = self.m, self.w
-        if w.hung or w.held or w.engine_busy or not w.loads_answer:
+        if w.hung or w.held or w.scheduler() or not w.loads_answer:
             return
         if not (w.release_ok and w.resume_ok and w.room_ok and w.launch_ok):
             return

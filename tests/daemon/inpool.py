@@ -252,7 +252,7 @@ async def world(
     for alias, state in wanted:
         port += 1
         fake = w.fakes[alias] = fakes(alias)
-        fake.released = state == S.ASLEEP
+        fake.released = fake.paused = state == S.ASLEEP
         marker = f"{w.pool.instance}/{alias}@{port}"
         proc = await _spawn(marker)
         w.procs.append(proc)
