@@ -542,7 +542,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(busy=st.integers(0, 2), answers=st.booleans())
     def engine_traffic(self, busy: int, answers: bool) -> None:
         # Straight to the engine (a router): only while it may be reached.
-        if self.m.state in (S.READY, S.SLEEPING) and not self.w.released or busy == 0:
+        if (self.m.state in (S.READY, S.SLEEPING) and not self.w.released) or busy == 0:
             self.w.traffic(busy)
         self.w.loads_answer = answers
         self._drive()
