@@ -337,8 +337,13 @@ class Client(Closing):
     # ------------------------------------------------------------ operations
 
     def ping(self) -> p.Pong:
-        """The daemon's version and pid: the cheapest proof it is alive and answering."""
-        return self._expect(self._call(p.Ping(), self.timeout), p.Pong)
+        """The daemon's version and pid, its protocol and features: the cheapest proof
+        it is alive and answering. A daemon of protocol 1.0 names no features; it has
+        ``FEATURES_1_0``, filled in here so that a feature test works on it too."""
+        pong = self._expect(self._call(p.Ping(), self.timeout), p.Pong)
+        if pong.protocol == p.PROTOCOL_1_0 and not pong.features:
+            pong.features = list(p.FEATURES_1_0)
+        return pong
 
     def status(self, alias: str | None = None) -> list[p.EngineInfo]:
         """Every engine ktd knows (or just ``alias``; unknown aliases raise ``unknown_model``)."""

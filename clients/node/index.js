@@ -328,7 +328,7 @@ class Client {
 
   /** `{version, pid, protocol: {major, minor}, features}`; a 1.0 daemon says no protocol. */
   async ping() {
-    const pong = await this._expect({ op: "ping" }, "pong");
+    const { type, id, ...pong } = await this._expect({ op: "ping" }, "pong");
     const protocol = pong.protocol ?? { major: 1, minor: 0 };
     const features = pong.features ?? (protocol.major === 1 && protocol.minor === 0 ? [...FEATURES_1_0] : []);
     return { ...pong, protocol, features };

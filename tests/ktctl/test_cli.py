@@ -291,7 +291,7 @@ def test_ping(daemon: Callable[[Handler], FakeDaemon], capsys: pytest.CaptureFix
         "version": "0.1.0",
         "pid": 77,
         "protocol": {"major": 1, "minor": 0},
-        "features": [],
+        "features": list(p.FEATURES_1_0),
         "socket": str(d.path),
     }
 
