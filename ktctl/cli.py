@@ -1,7 +1,8 @@
 """``ktctl``: the command line of ktd (README, "Operate").
 
 Exit codes are a contract for scripts: 0 ok, 1 the operation failed, 2 usage
-(argparse), 3 ktd unreachable, 4 unknown model (``unknown_model``/``not_kt``).
+(argparse), 3 ktd unreachable, 4 unknown model (``unknown_model``/``not_kt``), and
+for ``ktctl wait`` alone 5: the state was not reached within ``--timeout``.
 Errors are one line on stderr (``ktctl: <code>: <message>``), never a traceback;
 with ``--json`` stdout carries ``{"error": {"code", "message", "detail"}}`` too.
 
@@ -31,6 +32,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_UNKNOWN_MODEL = 4
+EXIT_TIMED_OUT = 5  # ktctl wait: not in the state within --timeout
 EXIT_INTERRUPTED = 130
 
 UNKNOWN_MODEL_CODES = frozenset({p.ErrorCode.UNKNOWN_MODEL, p.ErrorCode.NOT_KT})
@@ -96,7 +98,36 @@ def report_error(
 def cmd_ping(client: Client, args: argparse.Namespace) -> int:
     pong = client.ping()
     doc = {**render.reply_doc(pong), "socket": str(client.socket_path)}
-    _emit(args, doc, f"ktd {pong.version} (pid {pong.pid}) on {client.socket_path}")
+    where = client.socket_path
+    _emit(args, doc, f"ktd {pong.version} (pid {pong.pid}, protocol {pong.protocol}) on {where}")
+    return EXIT_OK
+
+
+def cmd_schema(client: Client, args: argparse.Namespace) -> int:
+    """The protocol's JSON Schema: the daemon's own (it may be newer than this ktctl), or
+    with ``--local`` this ktctl's, without a daemon. JSON either way."""
+    from ktd import protocol_schema  # only here: the other commands need none of it
+
+    doc = protocol_schema.document() if args.local else client.schema().schema
+    sys.stdout.write(protocol_schema.dumps(doc))
+    return EXIT_OK
+
+
+def cmd_wait(client: Client, args: argparse.Namespace) -> int:
+    """``ktctl wait ALIAS --state ready --timeout 600``: on the events socket, no polling."""
+    alias: str = args.alias
+    states = args.state or [S.READY]
+    started = time.monotonic()
+    try:
+        engine = client.wait(alias, states, timeout=args.timeout)
+    except KtdError as exc:
+        if exc.code != p.ErrorCode.TIMEOUT:
+            raise
+        report_error(args, exc.code, exc.message, exc.detail)
+        return EXIT_TIMED_OUT
+    elapsed = time.monotonic() - started
+    doc = {"engine": engine, "elapsed": round(elapsed, 3)}
+    _emit(args, doc, render.engine_line(engine, elapsed))
     return EXIT_OK
 
 
@@ -364,6 +395,8 @@ HANDLERS: dict[str, Handler] = {
     "doctor": cmd_doctor,
     "usage": cmd_usage,
     "shutdown": cmd_shutdown,
+    "schema": cmd_schema,
+    "wait": cmd_wait,
 }
 
 
@@ -423,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ktctl",
         parents=[common],
         description="Control ktd, the daemon that owns ktransformers engines.",
-        epilog="exit codes: 0 ok, 1 failed, 2 usage, 3 ktd unreachable, 4 unknown model. "
+        epilog="exit codes: 0 ok, 1 failed, 2 usage, 3 ktd unreachable, 4 unknown model, "
+        "5 timed out (wait). "
         "$KTCTL_TIMEOUT sets the reply timeout (default 5 s).",
     )
     parser.add_argument("--version", action="version", version=f"ktctl {__version__}")
@@ -507,6 +541,27 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--csv", action="store_true", help="CSV with a header line")
 
     add("shutdown", "stop every engine and the daemon")
+
+    sp = add(
+        "wait",
+        "wait until an engine is in a state (starts nothing; on ktd's events, no polling); "
+        "exit 1 if it fails meanwhile, 5 if --timeout passes first",
+    )
+    sp.add_argument("alias", metavar="ALIAS")
+    sp.add_argument(
+        "--state", action="append", metavar="STATE", choices=[str(s) for s in S.ALL],
+        help="a state to wait for (default ready; repeat for any of several: "
+        f"{', '.join(S.ALL)})",
+    )  # fmt: skip
+    sp.add_argument("--timeout", type=_seconds, metavar="S", help="give up after S seconds")
+
+    sp = add(
+        "schema",
+        "print the control protocol's JSON Schema (the daemon's; docs/protocol.md explains it)",
+    )
+    sp.add_argument(
+        "--local", action="store_true", help="this ktctl's own schema; no daemon needed"
+    )
     return parser
 
 

@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar, overload
 import msgspec
 import zmq
 
-from ktctl.events import Closing, Subscription, slice_ms
+from ktctl.events import POLL_SLICE, Closing, Subscription, slice_ms
 from ktd import paths
 from ktd import protocol as p
 from ktd.control.endpoint import check_reply, control_path, dealer
@@ -337,8 +337,13 @@ class Client(Closing):
     # ------------------------------------------------------------ operations
 
     def ping(self) -> p.Pong:
-        """The daemon's version and pid: the cheapest proof it is alive and answering."""
-        return self._expect(self._call(p.Ping(), self.timeout), p.Pong)
+        """The daemon's version and pid, its protocol and features: the cheapest proof
+        it is alive and answering. A daemon of protocol 1.0 names no features; it has
+        ``FEATURES_1_0``, filled in here so that a feature test works on it too."""
+        pong = self._expect(self._call(p.Ping(), self.timeout), p.Pong)
+        if pong.protocol == p.PROTOCOL_1_0 and not pong.features:
+            pong.features = list(p.FEATURES_1_0)
+        return pong
 
     def status(self, alias: str | None = None) -> list[p.EngineInfo]:
         """Every engine ktd knows (or just ``alias``; unknown aliases raise ``unknown_model``)."""
@@ -542,6 +547,70 @@ class Client(Closing):
                 yield from seam.fresh(ev.upto, ev.lines)
         finally:
             sub.close()
+
+    def wait(
+        self,
+        alias: str,
+        states: Iterable[str] = ("ready",),
+        *,
+        timeout: float | None = None,
+        on_event: Callable[[p.Event], None] | None = None,
+    ) -> p.EngineInfo:
+        """Wait until ``alias``'s engine is in one of ``states``; return its EngineInfo.
+
+        Starts nothing: it watches (a load, a wake, an adoption after a restart is
+        someone else's). Built on the events socket, not on polling: it subscribes to
+        ``engine.<alias>`` first and reads the status after, so a transition between
+        the two is never missed; after a gap in the events (the daemon restarted: its
+        greeting came again) it reads the status again. Raises ``KtdError`` with code
+        ``timeout`` after ``timeout`` seconds (None: no limit), ``load_failed`` when
+        the engine becomes ``failed`` meanwhile (unless ``failed`` is waited for; an
+        engine already failed is waited on: a retry may come), ``unknown_model``.
+        A state this client does not know (a newer daemon's) is waited through.
+        """
+        wanted = frozenset(states)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        with self.subscribe([f"engine.{alias}"], exact=True) as sub:
+            engine = self._expect(self._call(p.Status(alias=alias), self.timeout), p.StatusReply)
+            state = engine.engines[0].state if engine.engines else None
+            while state not in wanted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KtdError(
+                        p.ErrorCode.TIMEOUT,
+                        f"{alias} is {state}, not {' or '.join(sorted(wanted))}, "
+                        f"after {timeout:g}s",
+                        {"alias": alias, "state": state},
+                    )
+                ev = sub.get(min(left, POLL_SLICE))
+                if sub.gaps():
+                    reply = self._call(p.Status(alias=alias), self.timeout)
+                    engine = self._expect(reply, p.StatusReply)
+                    state = engine.engines[0].state if engine.engines else None
+                    continue
+                if ev is None or ev.state is None:
+                    continue
+                if on_event is not None:
+                    on_event(ev)
+                state = ev.state
+                if state == "failed" and "failed" not in wanted:
+                    why = f": {ev.reason}" if ev.reason else ""
+                    raise KtdError(
+                        p.ErrorCode.LOAD_FAILED,
+                        f"{alias} failed while waited for{why}",
+                        {"alias": alias, "state": state, "reason": ev.reason},
+                    )
+                if state in wanted:
+                    # The full record, as ``status`` has it now (the event carries a part).
+                    engine = self._expect(
+                        self._call(p.Status(alias=alias), self.timeout), p.StatusReply
+                    )
+        return engine.engines[0]
+
+    def schema(self) -> p.SchemaReply:
+        """The daemon's protocol (its version) and its JSON Schema document: what a
+        client introspects. A daemon of protocol 1.0 raises ``KtdError`` ``bad_request``."""
+        return self._expect(self._call(p.Schema(), self.timeout), p.SchemaReply)
 
     def reload(self) -> p.Reply:
         """Re-read config.json and models.json; returns the daemon's reply (``Ok`` usually)."""

@@ -89,11 +89,23 @@ class Subscription(Closing):
         self.socket.connect(paths.endpoint(path))
         deadline = time.monotonic() + SUBSCRIBE_SETTLE
         self._early: list[list[bytes]] = []
+        #: Greetings after the first (``gaps()``): the subscription was made again.
+        self._greetings = 0
+        self._gaps_seen = 0
         while (left := deadline - time.monotonic()) > 0 and self.socket.poll(slice_ms(left)):
             frames = self.socket.recv_multipart()
             if frames[0] == p.WELCOME:
                 break
             self._early.append(frames)  # an event that overtook the greeting
+
+    def gaps(self) -> int:
+        """How many greetings the reads since the last call have seen: the subscription
+        was made again (the daemon restarted or rebound its events socket; or its first
+        greeting came late), so events published meanwhile may be missed. A caller that
+        tracks a state reads it afresh (``Client.wait`` does)."""
+        new = self._greetings - self._gaps_seen
+        self._gaps_seen = self._greetings
+        return new
 
     def get(self, timeout: float | None = None) -> p.Event | None:
         """The next event, or None after ``timeout`` seconds (None: wait forever)."""
@@ -124,6 +136,7 @@ class Subscription(Closing):
                 except zmq.Again:
                     return None
             if frames[0] == p.WELCOME:
+                self._greetings += 1  # a new subscription: whatever came between is lost
                 continue
             if self._exact is not None and frames[0] not in self._exact:
                 continue

@@ -5,6 +5,13 @@ replies are two tagged unions encoded as msgpack. Unknown *fields* are tolerated
 on the wire so that a newer ktctl can talk to an older ktd and back; an unknown
 *op* is a ``bad_request``.
 
+The protocol is public (``docs/protocol.md``): ``PROTOCOL`` is its version, and
+``docs/protocol/ktd-control-<major>.<minor>.json`` its JSON Schema, generated from
+these types by ``python -m ktd.protocol_schema --write`` (a test fails when they
+differ). Every change here follows the compatibility rules written there: a minor
+adds optional fields, requests, replies to new requests and values of open
+vocabularies (states, steps, error codes); anything else is a new major.
+
 Framing: a client's DEALER sends one frame (the encoded request); the daemon's
 ROUTER sees ``[identity, payload]`` and answers ``[identity, reply]``. An empty
 delimiter frame, as REQ sockets add, is accepted and echoed.
@@ -13,7 +20,7 @@ delimiter frame, as REQ sockets add, is accepted and echoed.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 
@@ -40,9 +47,41 @@ Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 LineCount = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]
 
 
-# A model name (alias, or ``alias:adapter``): longer is nobody's model, and a client
-# must not make the daemon, its logs, an ``unknown_model`` error or a stream's
-# ``: loading`` comments carry megabytes. Every request field naming a model has this type.
+class ProtocolVersion(msgspec.Struct, frozen=True, kw_only=True):
+    """The control protocol's version: a new ``minor`` only adds (fields, requests,
+    values clients must tolerate); a new ``major`` may break (docs/protocol.md)."""
+
+    major: int
+    minor: int
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
+#: The protocol this module speaks. 1.0 is the protocol as it was before it had a
+#: number (``Pong`` without ``protocol``); 1.1 added the number, the feature names,
+#: the ``schema`` request, and open vocabularies for states.
+PROTOCOL = ProtocolVersion(major=1, minor=1)
+PROTOCOL_1_0 = ProtocolVersion(major=1, minor=0)
+
+#: What this daemon can do, by name (``Pong.features``): a client tests for a feature
+#: rather than for a version. A daemon of 1.0 sends none; it has ``FEATURES_1_0``.
+FEATURES_1_0: tuple[str, ...] = (
+    "claims",  # the frontend's claim protocol (claim, sync, return)
+    "keep_alive",  # Ollama's keep_alive (keep_alive)
+    "keys",  # engines' own API keys (engine_keys; acquire and claim replies carry them)
+    "machine",  # the machine as placement sees it (machine)
+    "sleep",  # sleep and wake, and the states sleeping, asleep, waking
+    "usage",  # the usage ledger (usage)
+    "welcome",  # the events socket greets each subscription with WELCOME
+)
+FEATURES: tuple[str, ...] = tuple(sorted({*FEATURES_1_0, "schema"}))
+
+#: Requests only ktd's own frontend sends: a tool that sends them takes part in the
+#: claim protocol (and its engines' keys) and can stall evictions or leak secrets.
+FRONTEND_ONLY: frozenset[str] = frozenset({"claim", "sync", "return", "engine_keys"})
+
+
 class EngineState(StrEnum):
     """An engine's state, as status, events and the state file carry it (its plain
     name, so scripts see ``"ready"``); ``ktd.core.states`` has the moves between them."""
@@ -61,6 +100,21 @@ class EngineState(StrEnum):
     WAKING = "waking"
 
 
+# An engine's state as replies and events carry it: a string, not the enum, so that a
+# client decodes a state a newer daemon adds (a new value is a minor change; a 1.0
+# ktctl, which decoded the enum, failed on one). Known values: ``EngineState``.
+OpenState = Annotated[
+    str,
+    msgspec.Meta(
+        description="An engine state (EngineState). Clients must accept values they "
+        "do not know: a minor version may add states.",
+        examples=[s.value for s in EngineState],
+    ),
+]
+
+# A model name (alias, or ``alias:adapter``): longer is nobody's model, and a client
+# must not make the daemon, its logs, an ``unknown_model`` error or a stream's
+# ``: loading`` comments carry megabytes. Every request field naming a model has this type.
 MAX_MODEL_NAME = 256
 ModelName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME)]
 
@@ -102,6 +156,10 @@ class ErrorCode:
     INTERNAL = "internal"
     # sleep/wake of a model whose config or installed SGLang cannot sleep (issue 28)
     NO_SLEEP = "no_sleep"
+
+
+#: Every code of ``ErrorCode``, as the schema lists them.
+ERROR_CODES: tuple[str, ...] = tuple(v for k, v in vars(ErrorCode).items() if k.isupper())
 
 
 # ---------------------------------------------------------------- requests
@@ -307,6 +365,12 @@ class EngineKeys(Request, tag="engine_keys"):
     directory only ktd's user (and ``daemon.group``) may enter; never in status."""
 
 
+class Schema(Request, tag="schema"):
+    """This daemon's protocol as a JSON Schema document (``docs/protocol/``): a client
+    introspects the daemon it talks to (protocol 1.1; a 1.0 daemon answers
+    ``bad_request``)."""
+
+
 AnyRequest = (
     Ping
     | Status
@@ -329,6 +393,7 @@ AnyRequest = (
     | EngineKeys
     | KeepAlive
     | Usage
+    | Schema
 )
 
 # ---------------------------------------------------------------- replies
@@ -379,7 +444,7 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     """
 
     alias: str
-    state: EngineState
+    state: OpenState
     pid: int | None = None
     port: int | None = None
     argv: list[str] = []
@@ -448,8 +513,13 @@ class Reply(msgspec.Struct, tag_field="type", kw_only=True):
 
 
 class Pong(Reply, tag="pong"):
+    """The daemon's release and pid, and (from 1.1) its protocol and features: absent,
+    the daemon speaks 1.0 and has ``FEATURES_1_0``."""
+
     version: str
     pid: int
+    protocol: ProtocolVersion = PROTOCOL_1_0
+    features: list[str] = []
 
 
 class StatusReply(Reply, tag="status"):
@@ -511,7 +581,15 @@ class Recall(msgspec.Struct, kw_only=True):
 
     claim: str
     alias: str
-    kind: Literal["drain", "idle"] = "drain"
+    # "drain" or "idle"; a kind the frontend does not know is taken as "drain" (give it
+    # back, route nothing new there): the safe reading of a newer daemon's recall.
+    kind: Annotated[
+        str,
+        msgspec.Meta(
+            description='"drain" or "idle"; an unknown kind is read as "drain"',
+            examples=["drain", "idle"],
+        ),
+    ] = "drain"
     idle: float = 0.0
     reason: str = ""
 
@@ -558,7 +636,7 @@ class Holder(msgspec.Struct, kw_only=True):
     """An engine holding NUMA nodes, CPUs and GPUs (starting, ready, draining, stopping)."""
 
     alias: str
-    state: EngineState
+    state: OpenState
     numa_nodes: list[int] = []
     cpus: list[int] = []
     gpus: list[int] = []
@@ -586,8 +664,23 @@ class Ok(Reply, tag="ok"):
     message: str = ""
 
 
+class SchemaReply(Reply, tag="schema"):
+    protocol: ProtocolVersion
+    schema: dict[str, Any]  # the JSON Schema document (docs/protocol/ktd-control-*.json)
+
+
 class Error(Reply, tag="error"):
-    code: str
+    """A request that failed: ``code`` is stable (``ErrorCode``; scripts match on it, and
+    a client must accept codes it does not know), ``message`` is for people,
+    ``detail`` for programs."""
+
+    code: Annotated[
+        str,
+        msgspec.Meta(
+            description="An ErrorCode; clients must accept codes they do not know",
+            examples=list(ERROR_CODES),
+        ),
+    ]
     message: str
     detail: dict[str, Any] = {}
 
@@ -607,6 +700,7 @@ AnyReply = (
     | MachineReply
     | EngineKeysReply
     | UsageReply
+    | SchemaReply
     | Ok
     | Error
 )
@@ -626,7 +720,7 @@ class Event(msgspec.Struct, kw_only=True):
     topic: str
     time: float
     alias: str
-    state: EngineState | None = None
+    state: OpenState | None = None
     reason: str | None = None
     lines: list[str] = []
     # ``log.``/``probe.`` events: lines the engine's log had taken once these were

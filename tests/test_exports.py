@@ -56,6 +56,7 @@ def test_protocol_request_and_reply_tags() -> None:
         "release",
         "reload",
         "return",
+        "schema",
         "shutdown",
         "sleep",
         "status",
@@ -77,6 +78,7 @@ def test_protocol_request_and_reply_tags() -> None:
         "ok",
         "plan",
         "pong",
+        "schema",
         "status",
         "sync",
         "usage",
@@ -118,6 +120,11 @@ def test_protocol_names_for_clients() -> None:
         "decode_event",
         "skim_id",
         "peek_id",
+        "PROTOCOL",
+        "ProtocolVersion",
+        "FEATURES",
+        "FRONTEND_ONLY",
+        "ERROR_CODES",
     ):
         assert hasattr(p, name), name
 

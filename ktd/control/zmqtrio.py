@@ -32,12 +32,18 @@ class TrioSocket:
         *,
         max_outbox: int = 100_000,
         on_drop: Callable[[Frames], None] | None = None,
+        on_full: Callable[[Frames], None] | None = None,
     ) -> None:
         """``on_message=None`` for send-only sockets (PUB), which must never be read.
 
         ``on_drop``: told of every message that could not be sent (the outbox was
         full, or the peer is gone), so that nothing is lost without its owner knowing:
         a lease granted in an undeliverable reply, for one, is given back.
+
+        ``on_full``: for a ROUTER with ``ROUTER_MANDATORY``, whose EAGAIN means that
+        one peer's queue is at its high-water mark (it does not read): that message
+        goes to ``on_full`` instead and the next is sent, so one client never holds
+        up the replies to the others.
         """
         self.sock = sock
         self._on_message = on_message
@@ -47,6 +53,7 @@ class TrioSocket:
         self._wait_scope: trio.CancelScope | None = None
         self._closed = False
         self._rebind: tuple[str, int] | None = None
+        self._on_full = on_full
         self.dropped = 0
 
     def rebind(self, endpoint: str, *, umask: int) -> None:
@@ -77,7 +84,11 @@ class TrioSocket:
             try:
                 self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return False
+                if self._on_full is None:
+                    return False
+                self.dropped += 1
+                self._on_full(self._outbox.popleft())  # that peer's queue is full
+                continue
             except zmq.ZMQError as exc:
                 # EHOSTUNREACH with ROUTER_MANDATORY and similar: the peer is gone.
                 if exc.errno in (zmq.EHOSTUNREACH, zmq.ENOTSOCK, zmq.ETERM):

@@ -126,6 +126,10 @@ def check_not_running(path: Path) -> None:
     raise SystemExit(f"ktd: another ktd is already listening on {path}")
 
 
+#: Replies the control socket queues for one client that does not read them.
+REPLY_HWM = 10_000
+
+
 def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     control = ctx.socket(zmq.ROUTER)
@@ -134,11 +138,14 @@ def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         s.setsockopt(zmq.LINGER, 0)
     control.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_FRAME)
     control.setsockopt(zmq.ROUTER_HANDOVER, 1)
-    # No reply dropped silently: a ROUTER discards what exceeds a peer's high-water
-    # mark (1,000 by default: a burst of acquires lost their granted leases that way),
-    # and what goes to a peer that left. Unbounded here (ktd's outbox bounds it), and
-    # MANDATORY turns an unknown peer into EHOSTUNREACH, which the server handles.
-    control.setsockopt(zmq.SNDHWM, 0)
+    # No reply dropped silently: a plain ROUTER discards what exceeds a peer's
+    # high-water mark (1,000 by default: a burst of acquires lost their granted leases
+    # that way), and what goes to a peer that left. MANDATORY makes both visible: an
+    # unknown peer is EHOSTUNREACH, and a peer with REPLY_HWM replies unread is EAGAIN
+    # for that peer alone, which the server counts as dropped (a lease in one given
+    # back): a client that never reads costs ktd a bounded queue, and the others
+    # nothing (an unbounded one grew ktd's memory with every request it sent).
+    control.setsockopt(zmq.SNDHWM, REPLY_HWM)
     control.setsockopt(zmq.ROUTER_MANDATORY, 1)
     events.setsockopt(zmq.SNDHWM, 10_000)
     events.setsockopt(zmq.XPUB_WELCOME_MSG, WELCOME)

@@ -8,6 +8,7 @@ decoded gets a ``bad_request`` reply; nothing a client sends can raise out of he
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,7 +17,7 @@ import msgspec
 import trio
 import zmq
 
-from ktd import __version__
+from ktd import __version__, protocol_schema
 from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, TrioSocket
@@ -24,6 +25,18 @@ from ktd.daemon.pool import Pool
 from ktd.frameid import peek_id, skim_id
 
 log = logging.getLogger("ktd.server")
+
+_OPS = frozenset(str(t.__struct_config__.tag) for t in p.AnyRequest.__args__)
+
+
+def _op_of(payload: bytes) -> str | None:
+    """The ``op`` of a frame that decodes as msgpack but not as a request, if it is a string."""
+    try:
+        obj = msgspec.msgpack.decode(payload)
+    except Exception:
+        return None
+    op = obj.get("op") if isinstance(obj, dict) else None
+    return op if isinstance(op, str) else None
 
 
 def error_reply(req: p.Request, exc: Exception) -> p.Error:
@@ -49,7 +62,11 @@ class ControlServer:
         machine: Callable[[], Awaitable[p.MachineReply]] | None = None,
     ) -> None:
         self.pool = pool
-        self.control = TrioSocket(control, self._on_message, on_drop=self._undelivered)
+        self.control = TrioSocket(
+            control, self._on_message, on_drop=self._undelivered, on_full=self._unread
+        )
+        self._unread_since_warning = 0
+        self._warned_at = -math.inf
         # An XPUB: subscriptions come in as messages, read and dropped (zmq keeps them).
         self.events = TrioSocket(events, lambda frames: None, max_outbox=10_000)
         self._reload = reload
@@ -85,16 +102,33 @@ class ControlServer:
             return
         if isinstance(reply, p.AcquireReply):
             self.pool.release(reply.lease)
-            log.info("reply to a client that left: lease %s released", reply.lease)
+            log.info("undeliverable reply: lease %s released", reply.lease)
         else:
-            log.debug("reply to a client that left dropped: %s", type(reply).__name__)
+            log.debug("undeliverable reply dropped: %s", type(reply).__name__)
+
+    def _unread(self, frames: Frames) -> None:
+        """A reply to a client with ``REPLY_HWM`` replies unread (one that sends and never
+        reads): dropped like an undeliverable one, and said in the log at most every
+        10 s, with how many."""
+        self._undelivered(frames)
+        self._unread_since_warning += 1
+        now = trio.current_time()
+        if now - self._warned_at >= 10.0:
+            log.warning(
+                "dropped %d control replies: a client does not read its replies",
+                self._unread_since_warning,
+            )
+            self._warned_at, self._unread_since_warning = now, 0
 
     def _reply(self, envelope: Frames, reply: p.Reply) -> None:
         self.control.send([*envelope, self._encoder.encode(reply)])
 
-    def _bad_request(self, envelope: Frames, rid: int, message: str) -> None:
+    def _bad_request(
+        self, envelope: Frames, rid: int, message: str, detail: dict[str, Any] | None = None
+    ) -> None:
         """Answer a frame that is no request (too big, undecodable), by the id it carries."""
-        self._reply(envelope, p.Error(id=rid, code=p.ErrorCode.BAD_REQUEST, message=message))
+        error = p.Error(id=rid, code=p.ErrorCode.BAD_REQUEST, message=message, detail=detail or {})
+        self._reply(envelope, error)
 
     def _on_message(self, frames: Frames) -> None:
         if len(frames) < 2:
@@ -107,7 +141,7 @@ class ControlServer:
         try:
             req = p.decode_request(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._bad_request(envelope, peek_id(payload), f"malformed request: {exc}")
+            self._malformed(envelope, payload, exc)
             return
         try:
             reply = self._answer_now(req)
@@ -119,6 +153,20 @@ class ControlServer:
             return
         assert self._nursery is not None
         self._nursery.start_soon(self._handle, envelope, req)
+
+    def _malformed(self, envelope: Frames, payload: bytes, exc: Exception) -> None:
+        """``bad_request`` for a frame that did not decode, with the request's id when it
+        can be read (a truncated frame's too, from its first bytes), and for an op this
+        daemon does not know, ``detail.unknown_op`` and the protocol it speaks: a newer
+        client's new request (docs/protocol.md, "Compatibility")."""
+        rid = peek_id(payload) or skim_id(payload)
+        op = _op_of(payload)
+        if op is not None and op not in _OPS:
+            message = f"unknown op {op[:64]!r}: this ktd speaks protocol {p.PROTOCOL}"
+            detail = {"unknown_op": op[:64], "protocol": str(p.PROTOCOL)}
+            self._bad_request(envelope, rid, message, detail)
+            return
+        self._bad_request(envelope, rid, f"malformed request: {exc}")
 
     async def _handle(self, envelope: Frames, req: p.Request) -> None:
         try:
@@ -135,7 +183,14 @@ class ControlServer:
         pool = self.pool
         match req:
             case p.Ping():
-                return p.Pong(version=__version__, pid=os.getpid())
+                return p.Pong(
+                    version=__version__,
+                    pid=os.getpid(),
+                    protocol=p.PROTOCOL,
+                    features=list(p.FEATURES),
+                )
+            case p.Schema():
+                return p.SchemaReply(protocol=p.PROTOCOL, schema=protocol_schema.current())
             case p.Status(alias=alias):
                 return p.StatusReply(engines=pool.status(alias), gateway=self._gateway())
             case p.Models():

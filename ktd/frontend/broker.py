@@ -468,7 +468,7 @@ class ClaimBroker:
         for claim in reply.dropped:
             self._do(self.desk.dropped(claim))
         for recall in reply.recalls:
-            drain = recall.kind == "drain"
+            drain = recall.kind != "idle"  # an unknown (newer) kind: the safe reading
             actions = self.desk.recall(recall.claim, drain=drain, idle=recall.idle, now=now)
             log.debug("recall %s %s idle=%g: %s", recall.claim, recall.kind, recall.idle, actions)
             self._do(actions)

@@ -142,3 +142,49 @@ async def test_undeliverable_messages_are_reported_not_lost_silently(tmp_path: P
         n.cancel_scope.cancel()
     sock.close()
     assert dropped == [[b"no-such-peer", b"reply"]] and sock.dropped == 1
+
+
+async def test_a_peer_that_does_not_read_loses_its_replies_and_holds_up_nobody(
+    tmp_path: Path,
+) -> None:
+    """A per-peer high-water mark (``on_full``): past it, that peer's messages are
+    dropped and reported, and the next peer's go out at once; without ``on_full`` the
+    pump would wait on the full peer forever (its EAGAIN) and everyone behind it too."""
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.SNDHWM, 10)
+    router.bind(f"ipc://{tmp_path}/r.sock")
+    peers = {}
+    for name, hwm in ((b"mute", 1), (b"reader", 1000)):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVHWM, hwm)
+        s.setsockopt(zmq.IDENTITY, name)
+        s.connect(f"ipc://{tmp_path}/r.sock")
+        s.send(b"hello")
+        peers[name] = s
+    full: list[list[bytes]] = []
+    hellos: list[list[bytes]] = []
+    sock = TrioSocket(router, hellos.append, on_full=full.append)
+    try:
+        async with trio.open_nursery() as n:
+            n.start_soon(sock.run)
+            with trio.fail_after(5):
+                while len(hellos) < 2:
+                    await trio.sleep(0.01)
+            for _ in range(5000):  # 5 MB the mute peer never reads
+                sock.send([b"mute", b"x" * 1000])
+            sock.send([b"reader", b"after"])
+            with trio.fail_after(5):
+                while not peers[b"reader"].poll(0):
+                    await trio.sleep(0.01)
+            assert peers[b"reader"].recv() == b"after"
+            n.cancel_scope.cancel()
+    finally:
+        sock.close()
+        for s in peers.values():
+            s.close(0)
+    assert full and all(f[0] == b"mute" for f in full) and sock.dropped == len(full)
+    assert len(full) > 4000  # what fits in the kernel's buffers and the peer's queues went

@@ -1,6 +1,7 @@
-"""The control server's dispatch of ``sleep``/``wake`` (issue 28), against a fake pool:
-each is answered with a ``load`` reply in a task of its own, and the pool's errors keep
-their stable codes on the wire."""
+"""The control server's dispatch, against a fake pool: ``sleep``/``wake`` (issue 28),
+each answered with a ``load`` reply in a task of its own, the pool's errors keeping
+their stable codes on the wire; the protocol's version, features and schema (issue
+37), and what a frame that is no request of this daemon's gets."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import pytest
 import trio
 import zmq
 
 from ktd import protocol as p
+from ktd import protocol_schema
 from ktd.control.aclient import AsyncClient
 from ktd.control.errors import ControlError
 from ktd.daemon.pool import Pool
@@ -62,6 +65,12 @@ async def _unused() -> Any:
 
 @asynccontextmanager
 async def serving(tmp_path: Path, pool: FakePool) -> AsyncIterator[AsyncClient]:
+    async with serving_at(tmp_path, pool) as (client, _endpoint):
+        yield client
+
+
+@asynccontextmanager
+async def serving_at(tmp_path: Path, pool: FakePool) -> AsyncIterator[tuple[AsyncClient, str]]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     control = ctx.socket(zmq.ROUTER)
     events = ctx.socket(zmq.XPUB)
@@ -84,7 +93,7 @@ async def serving(tmp_path: Path, pool: FakePool) -> AsyncIterator[AsyncClient]:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             await nursery.start(client.run)
-            yield client
+            yield client, endpoint
             nursery.cancel_scope.cancel()
     finally:
         server.close()
@@ -151,3 +160,78 @@ async def test_a_too_long_alias_is_a_bad_request(tmp_path: Path) -> None:
                 await client.request(msg)
             assert info.value.code == "bad_request"
     assert pool.calls == []
+
+
+async def raw(endpoint: str, payload: bytes) -> p.Reply:
+    """Send one frame as any client might (no ``ktd.protocol`` encoder), read its reply."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send(payload)
+        with trio.fail_after(5):
+            while not sock.poll(0):
+                await trio.sleep(0.01)
+        return p.decode_reply(sock.recv())
+    finally:
+        sock.close()
+
+
+async def test_ping_says_the_protocol_and_its_features(tmp_path: Path) -> None:
+    async with serving(tmp_path, FakePool()) as client:
+        pong = await client.request(p.Ping())
+    assert isinstance(pong, p.Pong)
+    assert pong.protocol == p.PROTOCOL and str(pong.protocol) == "1.1"
+    assert pong.features == list(p.FEATURES)
+    assert {"sleep", "usage", "keys", "schema"} <= set(pong.features)
+
+
+async def test_the_schema_request_answers_the_committed_document(tmp_path: Path) -> None:
+    async with serving(tmp_path, FakePool()) as client:
+        reply = await client.request(p.Schema())
+    assert isinstance(reply, p.SchemaReply) and reply.protocol == p.PROTOCOL
+    assert reply.schema == protocol_schema.document()
+    committed = protocol_schema.DOCS / f"ktd-control-{p.PROTOCOL}.json"
+    assert protocol_schema.dumps(reply.schema) == committed.read_text()
+
+
+async def test_an_unknown_op_is_a_bad_request_naming_it_and_the_protocol(tmp_path: Path) -> None:
+    """A newer client's new request, sent to this daemon: ``bad_request`` with the op in
+    ``detail.unknown_op`` (the client may fall back), answered with its id."""
+    async with serving_at(tmp_path, FakePool()) as (_client, endpoint):
+        frame = msgspec.msgpack.encode({"op": "plan_config", "id": 17, "changes": [1]})
+        reply = await raw(endpoint, frame)
+    assert isinstance(reply, p.Error) and reply.code == "bad_request" and reply.id == 17
+    assert reply.detail == {"unknown_op": "plan_config", "protocol": "1.1"}
+    assert "unknown op 'plan_config'" in reply.message
+
+
+async def test_a_newer_minor_s_request_with_unknown_fields_is_served(tmp_path: Path) -> None:
+    async with serving_at(tmp_path, FakePool()) as (_client, endpoint):
+        frame = msgspec.msgpack.encode(
+            {"op": "ping", "id": 5, "client_protocol": {"major": 1, "minor": 9}, "zz": [1]}
+        )
+        reply = await raw(endpoint, frame)
+    assert isinstance(reply, p.Pong) and reply.id == 5
+
+
+@pytest.mark.parametrize(
+    ("frame", "rid", "says"),
+    [
+        # Cut short: its id (written first, as a client may) is still read.
+        (msgspec.msgpack.encode({"id": 12, "op": "status", "alias": "m"})[:-3], 12, "malformed"),
+        (b"\xc1\xc1garbage", 0, "malformed"),
+        (msgspec.msgpack.encode([1, 2, 3]), 0, "malformed"),
+        # A known op with a field of the wrong type: not an unknown op.
+        (msgspec.msgpack.encode({"op": "load", "id": 3, "alias": 7}), 3, "$.alias"),
+        (msgspec.msgpack.encode({"op": 5, "id": 4}), 4, "malformed"),
+    ],
+)
+async def test_a_frame_that_is_no_request_gets_a_bad_request(
+    tmp_path: Path, frame: bytes, rid: int, says: str
+) -> None:
+    async with serving_at(tmp_path, FakePool()) as (client, endpoint):
+        reply = await raw(endpoint, frame)
+        assert isinstance(await client.request(p.Ping()), p.Pong)  # still serving
+    assert isinstance(reply, p.Error) and reply.code == "bad_request"
+    assert reply.id == rid and says in reply.message and "unknown_op" not in reply.detail

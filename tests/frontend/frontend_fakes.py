@@ -102,7 +102,7 @@ class FakeDaemon:
     def recall(self, alias: str, kind: str = "drain", idle: float = 0.0) -> None:
         for claim, a in self.claims.items():
             if a == alias:
-                self.recalls.append(p.Recall(claim=claim, alias=a, kind=kind, idle=idle))  # type: ignore[arg-type]
+                self.recalls.append(p.Recall(claim=claim, alias=a, kind=kind, idle=idle))
                 self._untold += 1
         self._wake.set()
         self._wake = trio.Event()

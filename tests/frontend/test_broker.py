@@ -6,6 +6,7 @@ In-process (Hypercorn + the app), so the fake daemon sees every control message.
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 
 from ktd.core.admission import QueueLimits
@@ -54,8 +55,11 @@ async def test_a_burst_for_a_cold_model_costs_one_claim(
     await wait_for(lambda: fake_daemon.in_flight == 0, what="all ended (reported)")
 
 
+# A kind of recall this frontend does not know (a newer daemon's) is read as a drain:
+# route nothing new there and give it back, never keep routing (docs/protocol.md).
+@pytest.mark.parametrize("kind", ["drain", "a-newer-kind"])
 async def test_a_drain_recall_stops_routing_at_once_and_waits_for_the_request_there(
-    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
+    fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend, kind: str
 ) -> None:
     fake_daemon.add("m", url=fake_engine.url, state="ready")
     fe = await start_frontend()
@@ -63,7 +67,7 @@ async def test_a_drain_recall_stops_routing_at_once_and_waits_for_the_request_th
     async with held_stream(fe, fake_engine) as (c, _):
         [claim] = list(broker.desk.claims)
         assert broker.desk.claims[claim].in_flight == 1
-        fake_daemon.recall("m")
+        fake_daemon.recall("m", kind=kind)
         await wait_for(lambda: not broker.desk.claims[claim].routing, what="routing stopped")
         assert fake_daemon.returns == 0  # its request still runs there
         # A new request asks for a new claim (here: granted at once).

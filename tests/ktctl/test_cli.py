@@ -284,9 +284,97 @@ def test_importtime_and_unreachable_in_a_subprocess(rundir: Path) -> None:
 def test_ping(daemon: Callable[[Handler], FakeDaemon], capsys: pytest.CaptureFixture[str]) -> None:
     d = daemon(canned)
     code, out, _ = run(capsys, "ping", "--socket", str(d.path))
-    assert code == 0 and out == f"ktd 0.1.0 (pid 77) on {d.path}\n"
+    # A daemon whose Pong says no protocol speaks 1.0 (it has 1.0's features).
+    assert code == 0 and out == f"ktd 0.1.0 (pid 77, protocol 1.0) on {d.path}\n"
     code, out, _ = run(capsys, "ping", "--json", "--socket", str(d.path))
-    assert json.loads(out) == {"version": "0.1.0", "pid": 77, "socket": str(d.path)}
+    assert json.loads(out) == {
+        "version": "0.1.0",
+        "pid": 77,
+        "protocol": {"major": 1, "minor": 0},
+        "features": list(p.FEATURES_1_0),
+        "socket": str(d.path),
+    }
+
+
+# A reply of a newer daemon (protocol 1.9): fields this ktctl does not know, at the top
+# and inside the engine, and a state it does not know. It must show what it knows.
+NEWER_STATUS = msgspec.msgpack.encode(
+    {
+        "type": "status",
+        "engines": [
+            {
+                "alias": "m",
+                "state": "hibernating",
+                "pid": 9,
+                "since": 1000.0,
+                "zz_new_field": {"a": [1, 2]},
+            }
+        ],
+        "zz_top": True,
+    }
+)
+NEWER_PONG = msgspec.msgpack.encode(
+    {
+        "type": "pong",
+        "version": "9.0",
+        "pid": 5,
+        "protocol": {"major": 1, "minor": 9, "patchlevel": 3},
+        "features": ["sleep", "time_travel"],
+        "zz_top": "x",
+    }
+)
+
+
+def test_a_newer_daemon_s_replies_are_read_and_shown(
+    fake_daemon: Callable[..., FakeDaemon], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def newer(req: p.Request, d: FakeDaemon) -> list[bytes]:
+        frame = NEWER_PONG if isinstance(req, p.Ping) else NEWER_STATUS
+        # The request's id, as a daemon stamps it: prefix the map with it.
+        decoded = msgspec.msgpack.decode(frame)
+        return [msgspec.msgpack.encode({**decoded, "id": req.id})]
+
+    d = fake_daemon(newer)
+    code, out, _ = run(capsys, "ping", "--socket", str(d.path))
+    assert code == 0 and out == f"ktd 9.0 (pid 5, protocol 1.9) on {d.path}\n"
+    code, out, err = run(capsys, "status", "--socket", str(d.path))
+    assert code == 0, err
+    assert "hibernating" in out.splitlines()[1]
+    code, out, _ = run(capsys, "status", "--json", "--socket", str(d.path))
+    [engine] = json.loads(out)["engines"]
+    assert engine["state"] == "hibernating" and "zz_new_field" not in engine
+    with Client(d.path) as c:
+        [info] = c.status()
+    assert info.state == "hibernating" and info.pid == 9
+
+
+def test_schema_prints_the_daemon_s_and_with_local_this_ktctl_s(
+    fake_daemon: Callable[..., FakeDaemon], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ktd import protocol_schema
+
+    theirs = {"title": "ktd control protocol 1.9", "$defs": {}}
+
+    def handler(req: p.Request, d: FakeDaemon) -> list[p.Reply]:
+        assert isinstance(req, p.Schema)
+        reply = p.SchemaReply(protocol=p.ProtocolVersion(major=1, minor=9), schema=theirs)
+        reply.id = req.id
+        return [reply]
+
+    d = fake_daemon(handler)
+    code, out, _ = run(capsys, "schema", "--socket", str(d.path))
+    assert code == 0 and json.loads(out) == theirs
+    code, out, _ = run(capsys, "schema", "--local", "--socket", "/nonexistent")
+    committed = protocol_schema.DOCS / f"ktd-control-{p.PROTOCOL}.json"
+    assert code == 0 and out == committed.read_text()
+
+
+def test_schema_of_a_1_0_daemon_is_a_bad_request(
+    daemon: Callable[[Handler], FakeDaemon], capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = daemon(canned)  # answers an op it does not know bad_request, as 1.0 did
+    code, _, err = run(capsys, "schema", "--socket", str(d.path))
+    assert code == 1 and err.startswith("ktctl: bad_request:")
 
 
 def test_status_json_contract(

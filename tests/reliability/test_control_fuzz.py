@@ -31,14 +31,15 @@ from ktd import protocol as p
 from ktd.frameid import peek_id, skim_id
 from tests.conftest import ConfigWriter, sim_model
 
-from ._util import FAST_DAEMON, alive, status_view
+from ._util import FAST_DAEMON, alive, status_view, wait_for
 
 THREADS = 20
 # Requests that decode but cannot change the daemon's state: the only valid
 # requests a batch may contain, so that "status unchanged" is a real oracle.
-SAFE = (p.Ping, p.Status, p.Models, p.Logs, p.Release, p.Heartbeat, p.Machine)
+SAFE = (p.Ping, p.Status, p.Models, p.Logs, p.Release, p.Heartbeat, p.Machine, p.Schema)
 TAGS = {
     "ping",
+    "schema",
     "status",
     "models",
     "load",
@@ -78,7 +79,7 @@ class Msg:
         try:
             req = p.decode_request(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return ("bad_request", peek_id(data))
+            return ("bad_request", peek_id(data) or skim_id(data))
         return ("answer", req.id)
 
 
@@ -390,8 +391,47 @@ def test_every_message_kind_at_once(fuzz_daemon: Any) -> None:
         Msg((encode({"op": "shutdown", "id": "x"}),), "mutated"),
         Msg((encode({"op": "nope", "id": 7}),), "unknown-op"),
         Msg((encode({"op": ["ping"], "id": 10}),), "unknown-op"),
+        # A newer minor's request: fields this daemon does not know, answered all the same.
+        Msg((encode({"op": "status", "id": 11, "zz_newer": {"a": [1]}, "hint": 9}),), "newer"),
+        # Cut short after its id: refused with that id (a client waits on it).
+        Msg((encode({"id": 12, "op": "status", "alias": "fz-a"})[:-3],), "truncated"),
+        Msg((encode({"op": "schema", "id": 13}),), "valid-safe"),
     ]
     fire(fuzz_daemon, batch)
+    check_unchanged(fuzz_daemon)
+
+
+def test_a_client_that_never_reads_costs_the_others_nothing(fuzz_daemon: Any) -> None:
+    """A client sends and never reads its replies, staying connected: ktd keeps a bounded
+    queue for it (``REPLY_HWM``), drops the rest (and says so in its log), and answers
+    everyone else meanwhile; the reader's replies arrive in order when it reads at last."""
+    from ktd.daemon.main import REPLY_HWM
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    mute = ctx.socket(zmq.DEALER)
+    mute.setsockopt(zmq.LINGER, 0)
+    mute.setsockopt(zmq.RCVHWM, 1)  # its zmq stops taking replies off the socket at once
+    mute.setsockopt(zmq.SNDHWM, 0)
+    mute.connect(f"ipc://{fuzz_daemon.socket}")
+    sent = REPLY_HWM + 3000
+    try:
+        with fuzz_daemon.client(timeout=10) as other:
+            for i in range(1, sent + 1):
+                mute.send(encode({"op": "status", "id": i}))
+                if i % 2000 == 0:  # the others are answered throughout
+                    assert other.ping().pid == fuzz_daemon.proc.pid
+            wait_for(lambda: "a client does not read its replies" in fuzz_daemon.output())
+            assert other.ping().pid == fuzz_daemon.proc.pid
+        got: list[int] = []
+        while mute.poll(2000):
+            got.append(p.decode_reply(mute.recv()).id)
+        # What it reads: the oldest replies first, in order (then whatever ktd answered
+        # once it read again), and fewer than it asked for: the rest were dropped.
+        assert got[:REPLY_HWM] == list(range(1, REPLY_HWM + 1))
+        assert got == sorted(got) and len(got) < sent, len(got)
+    finally:
+        mute.close(0)
+        ctx.destroy(linger=0)
     check_unchanged(fuzz_daemon)
 
 
