@@ -166,7 +166,7 @@ class AgentServing:
                 content_index=0,
                 part=part,
             )
-            pacer = Pacer(self.o.knobs.token_rate, self.o.state)
+            pacer = Pacer(self.o.knobs, self.o.state)
             for piece in plan.pieces():
                 await pacer.tick()
                 if piece:
@@ -295,7 +295,7 @@ class AgentServing:
         async def events() -> AsyncGenerator[bytes, None]:
             start = anthropic_message(mid, model, None, None, anthropic_usage(prompt, 0))
             yield named_event("message_start", {"type": "message_start", "message": start})
-            pacer = Pacer(self.o.knobs.token_rate, self.o.state)
+            pacer = Pacer(self.o.knobs, self.o.state)
             opened = False
             for piece in plan.pieces():
                 await pacer.tick()

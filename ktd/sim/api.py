@@ -44,25 +44,59 @@ from ktd.sim.shapes import (
     usage,
     validation_reply,
 )
-from ktd.sim.state import ServerState
+from ktd.sim.state import Aborted, ServerState
 from ktd.sim.validate import Fields, items_of, parse_body
 
 
-class Pacer:
-    """Token timing: ``KTD_SIM_TOKEN_RATE`` tokens/s, and a hang stops the tokens too."""
+#: Seconds of one prefill chunk (``--chunked-prefill-size`` worth of a long prompt).
+PREFILL_CHUNK = 0.5
 
-    def __init__(self, rate: float, state: ServerState) -> None:
+
+class Pacer:
+    """Token timing: ``KTD_SIM_PREFILL_TIME`` before the first token (a long kt prefill:
+    the request is in no load snapshot meanwhile), then ``KTD_SIM_TOKEN_RATE`` tokens/s;
+    a hang stops the tokens too. A request begun before an ``abort_all`` (the pause
+    route's abort mode) raises ``Aborted`` at its next step."""
+
+    def __init__(self, knobs: Knobs, state: ServerState) -> None:
+        rate = knobs.token_rate
         self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.prefill = knobs.prefill_time
         self.state = state
         self.next = 0.0
+        self.epoch = state.abort_epoch
+
+    def check(self) -> None:
+        if self.state.abort_epoch != self.epoch:
+            raise Aborted
 
     async def tick(self) -> None:
+        self.check()
         if self.state.hung:
             await self.state.wait_unhung()
+        while self.prefill > 0:  # chunked prefill: an abort lands between two chunks
+            chunk = min(self.prefill, PREFILL_CHUNK)
+            await trio.sleep(chunk)
+            self.prefill -= chunk
+            self.check()
         if self.interval:
             now = trio.current_time()
             self.next = max(self.next + self.interval, now) if self.next else now + self.interval
             await trio.sleep_until(self.next)
+            self.check()
+
+
+async def _ends_on_abort(
+    stream: AsyncGenerator[bytes, None], rid: str
+) -> AsyncGenerator[bytes, None]:
+    """An aborted stream ends at once. (SGLang sends a last chunk with ``finish_reason``
+    ``"abort"`` in the route's shape first; the sim ends with ``[DONE]`` alone.)"""
+    try:
+        async for chunk in stream:
+            yield chunk
+    except Aborted:
+        log(f"sim: request {rid} aborted (abort_all)")
+        yield DONE
 
 
 class OpenAIServing:
@@ -92,6 +126,10 @@ class OpenAIServing:
 
         try:
             reply = await body(rid)
+        except Aborted:
+            finish(True)
+            log(f"sim: request {rid} aborted (abort_all)")
+            return error_reply("Generation aborted.", "InternalServerError", 500)
         except trio.Cancelled:
             finish(True)
             raise
@@ -100,6 +138,7 @@ class OpenAIServing:
             raise
         reply.finish = finish
         if reply.stream is not None:
+            reply.stream = _ends_on_abort(reply.stream, rid)
             self.state.mark_stream()
             if self.knobs.crash_mid_stream:
                 reply.on_chunk = self._crash_counter()
@@ -170,10 +209,10 @@ class OpenAIServing:
         counts it (tokens, and the time to the first one from ``started``)."""
         if started is None:
             started = trio.current_time()
-        if not self.knobs.token_rate and not self.state.hung:
+        if not self.knobs.token_rate and not self.knobs.prefill_time and not self.state.hung:
             self.state.first_token(trio.current_time() - started)
         else:
-            pacer = Pacer(self.knobs.token_rate, self.state)
+            pacer = Pacer(self.knobs, self.state)
             for i in range(n_tokens):
                 await pacer.tick()
                 if i == 0:
@@ -253,7 +292,7 @@ class OpenAIServing:
             yield sse(
                 chat_chunk(rid, created, model, [delta_choice(i, role="assistant", content="")])
             )
-        pacer = Pacer(self.knobs.token_rate, self.state)
+        pacer = Pacer(self.knobs, self.state)
         generated = 0
         for piece in plan.pieces():
             await pacer.tick()
@@ -358,7 +397,7 @@ class OpenAIServing:
     ) -> AsyncGenerator[bytes, None]:
         created = int(time.time())
         self.state.tokens(prompt_tokens)
-        pacer = Pacer(self.knobs.token_rate, self.state)
+        pacer = Pacer(self.knobs, self.state)
         last = plan.n_tokens - 1
         for step, piece in enumerate(plan.pieces()):
             await pacer.tick()

@@ -28,6 +28,9 @@ class Knobs:
     load_time: float = 0.3  # KTD_SIM_LOAD_TIME: seconds the scheduler "loads weights"
     warmup: float = 0.1  # KTD_SIM_WARMUP: seconds between bind and ready
     token_rate: float = 0.0  # KTD_SIM_TOKEN_RATE: tokens/s per request, 0 = no pacing
+    # KTD_SIM_PREFILL_TIME: seconds before a request's first token (a long kt prefill; no
+    # load snapshot shows the request meanwhile)
+    prefill_time: float = 0.0
     crash_during_load: bool = False  # KTD_SIM_CRASH_DURING_LOAD
     crash_mid_stream: int = 0  # KTD_SIM_CRASH_MID_STREAM: die after N chunks of a stream
     never_healthy: bool = False  # KTD_SIM_NEVER_HEALTHY: /health always 503
@@ -98,6 +101,7 @@ class Knobs:
             load_time=num("LOAD_TIME", cls.load_time),
             warmup=num("WARMUP", cls.warmup),
             token_rate=num("TOKEN_RATE", cls.token_rate),
+            prefill_time=num("PREFILL_TIME", cls.prefill_time),
             crash_during_load=flag("CRASH_DURING_LOAD"),
             crash_mid_stream=int(num("CRASH_MID_STREAM", 0)),
             never_healthy=flag("NEVER_HEALTHY"),

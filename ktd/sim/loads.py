@@ -27,15 +27,23 @@ SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all
 _PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def snapshot(*, running: int, max_total_tokens: int, max_running: int) -> dict[str, Any]:
-    """One DP rank's load, every section the CPU engine reports (no spec, no LoRA)."""
+def snapshot(
+    *,
+    running: int,
+    max_total_tokens: int,
+    max_running: int,
+    used_tokens: int = 0,
+    taken: float | None = None,
+) -> dict[str, Any]:
+    """One DP rank's load, every section the CPU engine reports (no spec, no LoRA);
+    ``taken``: when its figures were taken (upstream: its snapshot's publication)."""
     return {
-        "timestamp": time.time(),
+        "timestamp": time.time() if taken is None else taken,
         "dp_rank": 0,
         "num_running_reqs": running,
         "num_waiting_reqs": 0,
         "num_waiting_uncached_tokens": 0,
-        "num_used_tokens": 0,
+        "num_used_tokens": used_tokens,
         "num_total_tokens": 0,
         "num_active_tokens": 0,
         "num_prealloc_ready_tokens": 0,

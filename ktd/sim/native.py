@@ -108,7 +108,7 @@ class NativeServing:
             return json_reply(obj(plan.text(), plan.n_tokens, True))
 
         async def events() -> AsyncGenerator[bytes, None]:
-            pacer = Pacer(self.o.knobs.token_rate, self.o.state)
+            pacer = Pacer(self.o.knobs, self.o.state)
             so_far = ""
             pieces = list(plan.pieces())
             for n, piece in enumerate(pieces, 1):

@@ -247,7 +247,7 @@ class OllamaServing:
         message = self.o._context_error(prompt, limit or DEFAULT_MAX_NEW_TOKENS)
         if message is not None:  # raised in the generator: uvicorn cuts the response
             raise ValueError(message)
-        pacer = Pacer(self.o.knobs.token_rate, self.o.state)
+        pacer = Pacer(self.o.knobs, self.o.state)
         pieces = list(plan.pieces())
         for n, piece in enumerate(pieces, 1):
             await pacer.tick()

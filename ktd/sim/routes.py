@@ -36,10 +36,11 @@ from ktd.sim import flags, loads, lora, metrics
 from ktd.sim.agents import AgentServing
 from ktd.sim.api import OpenAIServing
 from ktd.sim.cli import SimArgs
+from ktd.sim.door import Door
 from ktd.sim.httpd import Reply, Request
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import log
-from ktd.sim.memory import MemoryApi
+from ktd.sim.memory import GENERATING, MemoryApi
 from ktd.sim.native import NativeServing
 from ktd.sim.ollama import OllamaServing
 from ktd.sim.shapes import WEIGHT_VERSION, json_reply, model_card
@@ -59,6 +60,19 @@ def _hf_config(model_path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+#: Routes SGLang marks ``AuthLevel.ADMIN_OPTIONAL`` that the sim serves: with
+#: ``--admin-api-key`` set they want that key, and the API key no more (``utils/auth.py``).
+ADMIN_OPTIONAL = frozenset(
+    {
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/pause_generation",
+        "/continue_generation",
+        "/flush_cache",
+    }
+)
+
+
 class SimApp:
     def __init__(
         self,
@@ -72,6 +86,7 @@ class SimApp:
         self.state = state
         self.scheduler_info: dict[str, Any] = {}
         self.memory = MemoryApi(state, knobs, server_args=args.server_args, die=die)
+        self.door = Door(state, knobs)
         self.openai = OpenAIServing(args, knobs, state)
         self.agents = AgentServing(self.openai)
         self.native = NativeServing(self.openai)
@@ -125,14 +140,16 @@ class SimApp:
             "/v1/loads": {"GET": self.v1_loads},
             "/release_memory_occupation": {"GET": self.memory.release, "POST": self.memory.release},
             "/resume_memory_occupation": {"GET": self.memory.resume, "POST": self.memory.resume},
+            "/pause_generation": {"POST": self.door.pause},
+            "/continue_generation": {"POST": self.door.cont},
+            "/flush_cache": {"GET": self.door.flush, "POST": self.door.flush},
             "/sim/stats": {"GET": self.stats},
         }
 
     async def handle(self, req: Request) -> Reply:
         if self.state.hung and not req.path.startswith(("/health", "/v1/models")):
             await self.state.wait_unhung()
-        key = self.args.api_key
-        if key and not self._authorized(req, key):
+        if not self._authorized(req):
             return json_reply({"error": "Unauthorized"}, 401)
         methods = self.routes.get(req.path)
         if methods is None:
@@ -150,13 +167,22 @@ class SimApp:
             reply = json_reply({"detail": "Method Not Allowed"}, 405)
             reply.headers.append(("allow", ", ".join(methods)))
             return reply
+        if req.path in GENERATING:
+            await self.door.wait_open()  # the tokenizer holds it while paused
         refused = await self.memory.admit(req)
         if refused is not None:
             return refused
         return await route(req)
 
-    def _authorized(self, req: Request, key: str) -> bool:
+    def _authorized(self, req: Request) -> bool:
+        """SGLang's ``decide_request_auth``: the admin-level routes want the admin key
+        when one is set (else the API key), every other route the API key; health,
+        readiness and metrics stay open."""
         if req.method == "OPTIONS" or req.path.startswith((*self._open_paths, "/sim/")):
+            return True
+        admin = self.args.server_args.get("admin_api_key")
+        key = admin if admin and req.path in ADMIN_OPTIONAL else self.args.api_key
+        if not key:
             return True
         scheme, _, token = (req.headers.get("authorization") or "").partition(" ")
         return scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode())
@@ -175,13 +201,17 @@ class SimApp:
         self.state.drain_handler = True
         with trio.move_on_after(self.knobs.health_timeout):
             await self.state.wait_unhung()
+            await self.door.wait_open()  # its token waits at a closed door like any other
             if await self.memory.health_refused(req):
                 return Reply(503, content_type=None)
             self.state.health_active += 1
             try:
                 await trio.sleep(self.knobs.token_time())
+                self.state.publish()  # its prefill ended: the scheduler publishes
             finally:
                 self.state.health_active -= 1
+                if not self.state.in_scheduler():
+                    self.state.publish()
             return Reply(200, content_type=None)
         log(f"Health check failed. Server couldn't get a response from detokenizer for last "
             f"{self.knobs.health_timeout:g} seconds.")  # fmt: skip
@@ -234,13 +264,19 @@ class SimApp:
         info["internal_states"] = [{"last_gen_throughput": 0.0, "status": self.state.status}]
         info["version"] = SIM_VERSION
         info.update(self.memory.info())
+        info.update(self.door.info())
         return json_reply(info)
 
     async def v1_loads(self, req: Request) -> Reply:
-        """SGLang's per-DP-rank load (ktd's gateway waits for no request before an evict)."""
+        """SGLang's per-DP-rank load: upstream's published snapshot, which a request is in
+        only from the end of its prefill on; the fork's count, asked between batches."""
         sa = self.args.server_args
+        upstream = flags.flavor() == "upstream"
+        running, tokens, taken = self.state.snapshot if upstream else self.state.live_load()
         load = loads.snapshot(
-            running=self.state.stats.active + self.state.health_active,  # a /health is a request
+            running=running,
+            used_tokens=tokens,
+            taken=taken,
             max_total_tokens=int(sa.get("max_total_tokens") or self.args.context_length),
             max_running=int(sa.get("max_running_requests") or 2048),
         )

@@ -8,6 +8,7 @@ idle sim uses no CPU.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import trio
@@ -46,6 +47,16 @@ class Stats:
         }
 
 
+class Aborted(Exception):
+    """The request was aborted by ``/pause_generation``'s ``abort`` mode (``abort_all``)."""
+
+
+#: Decode steps between two load snapshots (``--load-snapshot-publish-interval``).
+PUBLISH_INTERVAL = 15
+#: KV tokens a request holds in the sim's count (prompt and cache, as a round figure).
+REQUEST_TOKENS = 32
+
+
 class ServerState:
     def __init__(self) -> None:
         self.status = STARTING
@@ -57,6 +68,12 @@ class ServerState:
         # /health tokens the scheduler is running (not generation requests: /sim/stats
         # and /v1/loads leave them out, but a release asserts on them too).
         self.health_active = 0
+        # The load snapshot upstream SGLang's scheduler publishes for /v1/loads: after a
+        # prefill (a first token), every PUBLISH_INTERVAL decode steps, and when it goes
+        # idle; a request that arrived since is in no snapshot. (requests, tokens, time)
+        self.snapshot: tuple[int, int, float] = (0, 0, time.time())
+        self._steps = 0
+        self.abort_epoch = 0  # abort_all() calls: a request begun before one is aborted
         self._unhung = trio.Event()
         self._unhung.set()
         self._idle = trio.Event()
@@ -76,6 +93,26 @@ class ServerState:
         while self.hung:
             await self._unhung.wait()
 
+    # -- the scheduler's load count
+    def in_scheduler(self) -> int:
+        """Requests the scheduler holds now: generations and ``/health`` tokens."""
+        return self.stats.active + self.health_active
+
+    def publish(self) -> None:
+        n = self.in_scheduler()
+        self.snapshot = (n, n * REQUEST_TOKENS, time.time())
+
+    def live_load(self) -> tuple[int, int, float]:
+        """What the kt fork counts: it asks the scheduler between two batches. (The fork
+        leaves the request whose prefill just ended out of its running count for one
+        loop; the sim counts it: its KV tokens give it away either way.)"""
+        n = self.in_scheduler()
+        return (n, n * REQUEST_TOKENS, time.time())
+
+    def abort_all(self) -> None:
+        """``AbortReq(abort_all=True)``: every request in flight ends at its next step."""
+        self.abort_epoch += 1
+
     # -- request accounting
     def begin(self) -> None:
         self.drain_handler = True
@@ -90,9 +127,15 @@ class ServerState:
     def tokens(self, prompt: int = 0, generated: int = 0) -> None:
         self.stats.prompt_tokens += prompt
         self.stats.generation_tokens += generated
+        if generated:
+            self._steps += 1
+            if self._steps % PUBLISH_INTERVAL == 0:
+                self.publish()
 
     def first_token(self, seconds: float) -> None:
-        """One request's time to first token, into the histogram /metrics exports."""
+        """One request's time to first token, into the histogram /metrics exports; its
+        prefill ended, so the scheduler publishes a load snapshot."""
+        self.publish()
         stats = self.stats
         stats.ttft_sum += seconds
         stats.ttft_count += 1
@@ -108,6 +151,8 @@ class ServerState:
             self.stats.completed += 1
         if self.stats.active == 0:
             self._idle.set()
+        if not self.in_scheduler():
+            self.publish()  # idle: the scheduler publishes at once
 
     async def wait_idle(self) -> None:
         """Returns once no request is in flight."""

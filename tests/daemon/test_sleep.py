@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 from typing import Any
 
 import httpx
@@ -183,3 +184,42 @@ def test_a_reload_or_a_shutdown_stops_an_asleep_engine_without_a_wake(
     assert d.stop(signal.SIGTERM) == 0
     assert "Traceback" not in d.output()
     assert not engine_procs()
+
+
+def test_a_request_the_load_count_misses_never_meets_a_release(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """Issue 40: upstream SGLang's ``/v1/loads`` shows a request only once its prefill has
+    ended, and a release with it in the scheduler takes the server down. A request ktd
+    never saw (straight to the engine: a router's, a client that kept the key) in a long
+    prefill: ktd closes SGLang's door, the request is aborted there, the scheduler proves
+    idle, then the release. (Before: one zero reading, the release, the server dead.)"""
+    env = {"KTD_SIM_SGLANG": "upstream", "KTD_SIM_PREFILL_TIME": 4}
+    d = daemon_factory(write_config([sleepy("p-kt", env=env)]))
+    with d.client(timeout=60) as c:
+        e = c.load("p-kt")
+        base = f"http://127.0.0.1:{e.port}"
+        answer: list[httpx.Response] = []
+
+        def straggler() -> None:
+            body = {"text": "hi", "sampling_params": {"max_new_tokens": 4}}
+            answer.append(
+                httpx.post(base + "/generate", json=body, headers=engine_auth(e.port), timeout=60)
+            )
+
+        t = threading.Thread(target=straggler)
+        t.start()
+        try:
+            wait_for(lambda: httpx.get(base + "/sim/stats").json()["active"] == 1, what="in")
+            loads = httpx.get(base + "/v1/loads", headers=engine_auth(e.port)).json()
+            assert loads["loads"][0]["num_running_reqs"] == 0  # invisible in its prefill
+            asleep = c.sleep("p-kt", timeout=30)
+        finally:
+            t.join(30)
+        assert asleep.state == "asleep" and asleep.pid == e.pid
+        info = server_info(e.port)
+        assert info["memory_occupation"] == "released" and info["door"] == "closed"
+        assert not info["scheduler_spinning"] and info["generations_while_released"] == 0
+        assert answer and answer[0].status_code == 500  # aborted at the closed door
+        woke = c.load("p-kt")
+        assert woke.pid == e.pid and server_info(e.port)["door"] == "open"
