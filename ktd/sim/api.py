@@ -47,7 +47,6 @@ from ktd.sim.shapes import (
 from ktd.sim.state import Aborted, ServerState
 from ktd.sim.validate import Fields, items_of, parse_body
 
-
 #: Seconds of one prefill chunk (``--chunked-prefill-size`` worth of a long prompt).
 PREFILL_CHUNK = 0.5
 
