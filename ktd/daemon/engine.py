@@ -386,8 +386,8 @@ class Engine:
         there was lost, and the engine served on). One that daemon was stopping is
         stopped: a ``kill -9`` of ktd must not undo an evict."""
         self.adopt = run
-        if run.adopted_state == S.ASLEEP:
-            self.want = Want.ASLEEP  # asleep until a request wakes it
+        if run.adopted_state in (S.ASLEEP, S.SLEEPING):
+            self.want = Want.ASLEEP  # asleep (the sleep under way goes on) until wanted
         elif run.adopted_state in (S.DRAINING, S.STOPPING):
             self.want = Want.DOWN
         else:

@@ -77,6 +77,7 @@ def snapshot(engines: list[Engine]) -> statefile.StateFile:
                 env=dict(plan.env) if plan else {},
                 since=e.since,
                 state=e.state,
+                step=e.phase.step if e.phase else None,
                 started_at=run.started_at,
                 digest=run.digest,
                 claims=[statefile.ClaimRecord(id=c.id, client=c.client) for c in e.claims.values()],
@@ -160,7 +161,7 @@ class Persister:
                 os.close(pidfd)
             return False
         known = _from_record(rec) if rec is not None else _from_process(f, engine)
-        digest, state, started_at, port, argv, plan = known
+        digest, state, step, started_at, port, argv, plan = known
         # Its key: from the 0600 file its argv names (never from the state file).
         key, key_file = key_of_argv(argv)
         if key_file is not None and key is None:
@@ -171,6 +172,7 @@ class Persister:
             Running(
                 digest=digest,
                 adopted_state=state,
+                adopted_step=step,
                 started_at=started_at,
                 pid=f.pid,
                 start=f.start,
@@ -199,6 +201,7 @@ class _Known(NamedTuple):
 
     digest: str
     state: S.State | None
+    step: str | None
     started_at: float
     port: int
     argv: list[str]
@@ -213,7 +216,13 @@ def _from_record(rec: statefile.EngineRecord) -> _Known:
         env=dict(rec.env),
     )
     return _Known(
-        rec.digest, rec.state, rec.started_at or rec.since, rec.port, list(rec.argv), plan
+        rec.digest,
+        rec.state,
+        rec.step,
+        rec.started_at or rec.since,
+        rec.port,
+        list(rec.argv),
+        plan,
     )
 
 
@@ -233,4 +242,4 @@ def _from_process(f: adoption.Found, engine: Engine) -> _Known:
         "recovered engine %s (pid %d, port %d) without a state record", f.alias, f.pid, port
     )
     digest = f.digest or engine.spec.launch_digest()
-    return _Known(digest, None, time.time(), port, list(f.argv), plan)
+    return _Known(digest, None, None, time.time(), port, list(f.argv), plan)

@@ -32,6 +32,7 @@ class Running:
     started_at: float = field(default_factory=time.time)
     digest: str = ""  # the spec's launch digest when it was started
     adopted_state: str | None = None  # state recorded by the daemon that started it
+    adopted_step: str | None = None  # and the step of that state
     sleeps: bool = False  # launched with SGLang's memory saver: it can sleep
     # Its API key (every request of ktd's carries it) and the 0600 file SGLang read it
     # from, removed when the run ends (``ktd.daemon.enginekey``). Never in status.

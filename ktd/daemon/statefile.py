@@ -51,6 +51,9 @@ class EngineRecord(msgspec.Struct, kw_only=True):
     env: dict[str, str] = {}
     since: float = 0.0
     state: S.State = S.READY
+    # The step of that state (``Phase.step``): a sleeping engine that was fencing or
+    # releasing has memory a restarted ktd cannot know (``ktd.core.lifecycle.adopt``).
+    step: str | None = None
     started_at: float = 0.0
     digest: str = ""  # ModelSpec.launch_digest() of the spec it was started with
     claims: list[ClaimRecord] = []

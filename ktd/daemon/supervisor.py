@@ -298,6 +298,7 @@ class Supervisor:
             S.State(run.adopted_state) if run.adopted_state else None,
             self._deadline(run),
             sleeps=run.sleeps,
+            step=run.adopted_step,
         )
         self._started(run)
         self._show()

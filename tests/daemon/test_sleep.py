@@ -223,3 +223,31 @@ def test_a_request_the_load_count_misses_never_meets_a_release(
         assert answer and answer[0].status_code == 500  # aborted at the closed door
         woke = c.load("p-kt")
         assert woke.pid == e.pid and server_info(e.port)["door"] == "open"
+
+
+def test_a_ktd_killed_during_the_release_adopts_the_engine_asleep_and_never_probes_it(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """Issue 40: the record says "releasing" before the release call, so a ktd restarted
+    between the call and its answer adopts the engine asleep, never probes it with a
+    generation (the release may have freed its memory), and loads it afresh when wanted
+    (a resume of memory that was never released would take SGLang down as surely)."""
+    d = daemon_factory(write_config([sleepy("r-kt", env={"KTD_SIM_RELEASE_TIME": 3})]))
+    c = d.client(timeout=60)
+    e = c.load("r-kt")
+    t = threading.Thread(target=lambda: d.ktctl("sleep", "r-kt"))
+    t.start()
+    wait_for(lambda: server_info(e.port)["memory_occupation"] == "releasing", what="release")
+    c.close()
+    d.proc.kill()
+    d.proc.wait()
+    t.join(30)
+    d.start()
+    with d.client(timeout=60) as c:
+        wait_for(lambda: state(c, "r-kt") == "asleep", timeout=30, what="adopted asleep")
+        wait_for(lambda: server_info(e.port)["memory_occupation"] == "released", what="done")
+        assert server_info(e.port)["generations_while_released"] == 0
+        again = c.load("r-kt")
+        assert again.state == "ready" and again.pid != e.pid  # loaded afresh
+        log = d.ktctl("logs", "r-kt", "-n", "200").stdout
+        assert "cannot know" in log
