@@ -36,6 +36,9 @@ ENGINE_FLAGS = [
     "0.5",
     "--max-total-tokens",
     "4096",
+    # What ktd adds for a model that sleeps: an idle scheduler waits on its sockets
+    # instead of turning its loop (which makes a spinning one measurable, issue 40).
+    "--sleep-on-idle",
 ]
 
 READY_LINE = "The server is fired up and ready to roll!"

@@ -365,6 +365,85 @@ def test_the_memory_api_answers_as_the_sim_says_and_serves_after_a_resume(stack:
     assert reply.choices[0].message.content is not None
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _scheduler_pid(engine_pid: int) -> int:
+    for child in proctree.descendants(engine_pid, proctree.all_procs()):
+        if "sglang::scheduler" in Path(f"/proc/{child.pid}/cmdline").read_text(errors="replace"):
+            return child.pid
+        comm = Path(f"/proc/{child.pid}/comm").read_text().strip()
+        if comm.startswith("sglang::schedul"):
+            return child.pid
+    raise AssertionError("no sglang::scheduler under the engine")
+
+
+def test_the_door_holds_generations_and_health_and_the_scheduler_proves_idle(
+    stack: Stack,
+) -> None:
+    """Issue 40's fence on the real server, the sim beside it: ``/pause_generation``
+    (abort) answers as the sim does; a generation sent meanwhile is held before the
+    scheduler (``/v1/loads`` counts nothing, ``/flush_cache`` says idle) and runs after
+    ``/continue_generation``; ``/health`` waits at the door and answers 503 after its
+    timeout (it never reaches the scheduler); ``/v1/loads`` gives each rank's
+    ``timestamp`` and ``num_used_tokens``. The abort pause leaves the scheduler idle,
+    the retract pause makes its loop spin (measured: CPU seconds over the same window)."""
+    status = stack.status()
+    engine, auth = status["url"], stack.engine_auth()
+    answers: dict[str, list[tuple[int, str]]] = {}
+    with sbs.sim_like(engine_env.model_dir(), stack.root / "sim-door.log") as sim:
+        for name, base in (("real", engine), ("sim", sim)):
+            got = answers[name] = []
+            r = httpx.post(base + "/pause_generation", json={"mode": "abort"}, headers=auth)
+            got.append((r.status_code, r.text))
+            held: list[httpx.Response] = []
+
+            def send(base: str = base, held: list[httpx.Response] = held) -> None:
+                body = {"model": ALIAS, "messages": CHAT, "max_tokens": 2}
+                held.append(
+                    httpx.post(base + "/v1/chat/completions", json=body, headers=auth, timeout=120)
+                )
+
+            t = threading.Thread(target=send)
+            t.start()
+            time.sleep(1.0)  # not a bound: what is asserted is that nothing ran meanwhile
+            load = httpx.get(base + "/v1/loads?include=core", headers=auth).json()["loads"][0]
+            assert load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0, load
+            assert isinstance(load["timestamp"], float) and "num_used_tokens" in load
+            assert not held, "a generation went through the closed door"
+            flush = httpx.post(base + "/flush_cache", headers=auth, timeout=30)
+            got.append((flush.status_code, flush.text))
+            r = httpx.post(base + "/continue_generation", json={}, headers=auth)
+            got.append((r.status_code, r.text))
+            t.join(120)
+            assert held and held[0].status_code == 200, held
+        print(f"\nthe door: real {answers['real']}\n          sim  {answers['sim']}")
+        assert answers["real"] == answers["sim"]
+    # /health at a closed door: held, then SGLang's health check gives up (503).
+    httpx.post(engine + "/pause_generation", json={"mode": "abort"}, headers=auth)
+    t0 = time.monotonic()
+    health = httpx.get(engine + "/health", timeout=120)
+    waited = time.monotonic() - t0
+    MEASURED["health_at_closed_door_s"] = waited
+    assert health.status_code == 503 and waited >= 19, (health.status_code, waited)
+    # Does the pause spin the scheduler? The same window, idle behind an abort pause and
+    # behind a retract pause.
+    sched = _scheduler_pid(status["pid"])
+    cpu: dict[str, float] = {}
+    for mode in ("abort", "retract"):
+        httpx.post(engine + "/pause_generation", json={"mode": mode}, headers=auth)
+        c0 = _cpu_seconds(sched)
+        time.sleep(3.0)
+        cpu[mode] = _cpu_seconds(sched) - c0
+        httpx.post(engine + "/continue_generation", json={}, headers=auth)
+    MEASURED.update({f"scheduler_cpu_3s_{k}": v for k, v in cpu.items()})
+    print(f"scheduler CPU seconds over 3 s paused: {cpu}")
+    assert cpu["retract"] > 3 * cpu["abort"] + 0.3, cpu
+    assert httpx.get(engine + "/health", timeout=60).status_code == 200  # open again
+
+
 def test_kill9_of_ktd_then_restart_readopts_the_same_engine(stack: Stack) -> None:
     before = stack.status()
     assert stack.daemon.proc is not None
