@@ -12,6 +12,7 @@ knows it and the user did not set the same option under any spelling.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -205,6 +206,10 @@ def build_launch(
 #: command line, which every local user can read in ``/proc/PID/cmdline``.
 CONFIG_FLAG = "--config"
 KEY_FLAG = "--api-key"
+#: With ``--admin-api-key`` set, SGLang's admin-level routes (the memory calls, the
+#: pause, continue and flush of a sleep's fence) want that key and no other
+#: (``utils/auth.py``, ``decide_request_auth``): ktd carries the user's, from the same file.
+ADMIN_KEY_FLAG = "--admin-api-key"
 
 
 @dataclass(frozen=True)
@@ -218,7 +223,8 @@ class Keying:
     config: bool = False
     user_key: str | None = None
     note: str | None = None
-    extra_args: tuple[str, ...] | None = None  # extra_args without the user's key
+    extra_args: tuple[str, ...] | None = None  # extra_args without the user's keys
+    admin_key: str | None = None  # the user's --admin-api-key (in the file when ``config``)
 
 
 def keyed_launch(
@@ -238,17 +244,25 @@ def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
     Raises :class:`LaunchError` for a ``--config`` of the user's own: SGLang reads one
     config file only ("Multiple config files specified"), and ktd's carries the key."""
     if catalog is None:
-        values = user_flags(spec.extra_args).get(KEY_FLAG)
+        flags = user_flags(spec.extra_args)
+        values, admin = flags.get(KEY_FLAG), flags.get(ADMIN_KEY_FLAG)
+        blind_admin = admin[-1] if admin else None
         if values:
-            return Keying(user_key=values[-1], note=_USER_KEY_NOTE)
-        return Keying(note="no API key: the installed SGLang's options are unknown")
+            return Keying(user_key=values[-1], note=_USER_KEY_NOTE, admin_key=blind_admin)
+        note = "no API key: the installed SGLang's options are unknown"
+        return Keying(note=note, admin_key=blind_admin)
     user_key: str | None = None
+    admin_key: str | None = None
     workers = 1
     key_tokens: set[int] = set()
+    admin_tokens: set[int] = set()
     for f in read_user_args(spec.extra_args, catalog):
         if f.option.dest == "api_key" and f.values:
             user_key = f.values[-1]
             key_tokens.update(range(*f.span))
+        elif f.option.dest == "admin_api_key" and f.values:
+            admin_key = f.values[-1]
+            admin_tokens.update(range(*f.span))
         elif f.option.dest == "tokenizer_worker_num" and f.values:
             workers = int(f.values[-1]) if f.values[-1].isdigit() else 1
         elif f.option.dest == "config":
@@ -257,10 +271,42 @@ def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
                 "(its API key, readable by ktd alone); write those options in extra_args"
             )
     in_file = catalog.exact(CONFIG_FLAG) is not None and catalog.exact(KEY_FLAG) is not None
+    # The admin key goes in the file too, unless SGLang's merge would read it as a flag.
+    admin_in_file = in_file and admin_key is not None and not admin_key.startswith("-")
+    if not admin_in_file:
+        admin_tokens = set()
+    keyed = _keyed(spec, catalog, in_file, user_key, key_tokens | admin_tokens, workers)
+    if admin_key is None:
+        return keyed
+    if not (admin_in_file and keyed.config):
+        note = (
+            f"{ADMIN_KEY_FLAG} from extra_args is on the engine's command line, readable by "
+            "every local user (this SGLang reads no key file, or the key starts with '-'); "
+            "ktd sends it with its sleep and wake calls"
+        )
+        keyed = dataclasses.replace(keyed, note="; ".join(n for n in (keyed.note, note) if n))
+        if keyed.extra_args is not None:  # the admin key stays where the user wrote it
+            keyed = dataclasses.replace(
+                keyed,
+                extra_args=tuple(t for i, t in enumerate(spec.extra_args) if i not in key_tokens),
+            )
+    return dataclasses.replace(keyed, admin_key=admin_key)
+
+
+def _keyed(
+    spec: ModelSpec,
+    catalog: Catalog,
+    in_file: bool,
+    user_key: str | None,
+    dropped: set[int],
+    workers: int,
+) -> Keying:
+    """``keying`` once the user's flags are read: ``dropped`` are the tokens of the keys
+    that go in the file."""
     if user_key is not None:
         if not in_file or user_key.startswith("-"):  # SGLang's merge would read a flag
             return Keying(user_key=user_key, note=_USER_KEY_NOTE)
-        rest = tuple(t for i, t in enumerate(spec.extra_args) if i not in key_tokens)
+        rest = tuple(t for i, t in enumerate(spec.extra_args) if i not in dropped)
         return Keying(config=True, user_key=user_key, extra_args=rest)
     if workers > 1:
         # Each tokenizer worker asserts ``api_key is None`` (http_server.py, both packages).
@@ -273,6 +319,9 @@ def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
             note=f"no API key: {catalog.label} has no {CONFIG_FLAG} and {KEY_FLAG}; "
             "its port answers every local user"
         )
+    if dropped:
+        rest = tuple(t for i, t in enumerate(spec.extra_args) if i not in dropped)
+        return Keying(config=True, extra_args=rest)
     return Keying(config=True)
 
 
@@ -298,9 +347,10 @@ def key_file_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-def user_key_of(argv: Sequence[str]) -> str | None:
-    """The ``--api-key`` an engine's argv carries, as argparse reads it (last one wins)."""
-    values = user_flags(argv).get(KEY_FLAG)
+def user_key_of(argv: Sequence[str], flag: str = KEY_FLAG) -> str | None:
+    """The ``--api-key`` (or ``flag``) an engine's argv carries, as argparse reads it
+    (last one wins)."""
+    values = user_flags(argv).get(flag)
     return values[-1] if values else None
 
 
@@ -313,6 +363,12 @@ def build_argv(
     return build_launch(spec, port, placement_flags, catalog).argv
 
 
+#: What an engine that sleeps needs in its environment: without it SGLang captures its
+#: CUDA graphs outside the memory saver, and a release of ``cuda_graph`` frees nothing
+#: (``SGLANG_MEMORY_SAVER_CUDA_GRAPH``, read where each graph runner captures).
+SLEEP_ENV = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
+
+
 def build_env(
     spec: ModelSpec,
     base: Mapping[str, str],
@@ -320,8 +376,10 @@ def build_env(
     *,
     engine_id: str = "",
     digest: str = "",
+    sleeps: bool = False,
 ) -> dict[str, str]:
-    """ktd's environment, then the plan's (CUDA_VISIBLE_DEVICES), then the user's extra_env.
+    """ktd's environment, then the plan's (CUDA_VISIBLE_DEVICES) and a sleeper's
+    (``SLEEP_ENV``), then the user's extra_env.
 
     The user's values win over the plan's: an operator who pins
     CUDA_VISIBLE_DEVICES by hand means it.
@@ -329,6 +387,8 @@ def build_env(
     env = dict(base)
     env.pop("KTD_SOCKET", None)
     env.update(placement_env or {})
+    if sleeps:
+        env.update(SLEEP_ENV)
     env.update(spec.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[ENGINE_MARK] = engine_id or spec.alias
@@ -337,8 +397,12 @@ def build_env(
     return env
 
 
-def env_additions(spec: ModelSpec, placement_env: Mapping[str, str]) -> dict[str, str]:
+def env_additions(
+    spec: ModelSpec, placement_env: Mapping[str, str], *, sleeps: bool = False
+) -> dict[str, str]:
     """What ktd adds over its own environment: the dry-run plan shows exactly this."""
     env = dict(placement_env)
+    if sleeps:
+        env.update(SLEEP_ENV)
     env.update(spec.env)
     return env

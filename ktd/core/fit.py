@@ -12,10 +12,22 @@ The estimate:
 * host RAM = the apparent size of ``kt_weight_path`` (the converted experts);
   AMX weights are split per NUMA node at conversion, so each planned node
   needs its share;
-* GPU memory = the non-expert weights (from the safetensors headers of
-  ``model_path``, else from ``config.json``) + the KV cache for ``ctx``
-  (layers x KV heads x head dim x dtype, or the MLA latent for DeepSeek),
-  split over the planned GPUs (tensor parallel).
+* GPU memory = the weights the GPUs hold, over every tensor-parallel rank: the
+  non-expert weights (from the safetensors headers of ``model_path``, else from
+  ``config.json``), sharded over the ranks except those every rank keeps whole (norms,
+  biases, routers, MLA's down projections: ``replicated_bytes``), plus the routed
+  experts kept on the GPU (``--kt-num-gpu-experts`` of each layer's ``n_routed_experts``:
+  kt-kernel holds every expert in host RAM all the same); and the KV cache for ``ctx``
+  (layers x KV heads x head dim x dtype, or the MLA latent for DeepSeek); split over the
+  planned GPUs.
+
+Sleep adds host memory (``docs/sglang.md``, "Sleep"): ``--enable-weights-cpu-backup``
+copies the GPU weights into pinned host memory at the first release, and
+torch_memory_saver (0.0.9, which the kt fork pins) keeps that copy after the resume: an
+engine that has slept once (``backed_up``) holds experts + that copy, awake or asleep.
+An asleep engine still holds GPU memory too: the CUDA context, buffers outside the
+saver's regions, and the CUDA graphs unless ``SGLANG_MEMORY_SAVER_CUDA_GRAPH`` is set
+(ktd sets it): its ``residue``, measured by nvidia-smi after the release.
 """
 
 from __future__ import annotations
@@ -24,7 +36,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Estimate", "Fit", "Freed", "check", "estimate", "gib", "kv_cache_bytes"]
+__all__ = [
+    "RESIDUE_GUESS",
+    "Estimate",
+    "Fit",
+    "Freed",
+    "Holder",
+    "check",
+    "estimate",
+    "freed_by",
+    "gib",
+    "gpu_weights",
+    "host_held",
+    "kv_cache_bytes",
+    "to_wake",
+]
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -111,9 +137,16 @@ def dense_bytes_from_config(cfg: Mapping[str, Any]) -> int | None:
     return params * dtype_bytes(c)
 
 
+#: The GPU memory an asleep engine is taken to keep per GPU until nvidia-smi has measured
+#: it (the CUDA context and what lives outside the saver's regions).
+RESIDUE_GUESS = 1 * GIB
+
+
 @dataclass(frozen=True)
 class Estimate:
-    """What one load needs; ``None`` parts are unknown (and not checked)."""
+    """What one load needs; ``None`` parts are unknown (and not checked).
+    ``gpu_weights_bytes``: over every tensor-parallel rank (what the host copy of a
+    sleep holds too)."""
 
     host_bytes: int | None
     gpu_weights_bytes: int | None
@@ -138,12 +171,35 @@ class Estimate:
         }
 
 
+def gpu_weights(
+    dense: int,
+    *,
+    replicated: int = 0,
+    tp: int = 1,
+    routed_expert_bytes: int | None = None,
+    gpu_experts: int = 0,
+    routed_experts: int | None = None,
+) -> int:
+    """The weights the GPUs hold over every rank: the non-expert weights sharded over
+    ``tp`` ranks but for ``replicated`` bytes each rank keeps whole, plus ``gpu_experts``
+    of each layer's ``routed_experts`` (sharded like the rest)."""
+    tp = max(tp, 1)
+    total = dense + max(replicated, 0) * (tp - 1)
+    if gpu_experts > 0 and routed_expert_bytes and routed_experts:
+        total += routed_expert_bytes * min(gpu_experts, routed_experts) // routed_experts
+    return total
+
+
 def estimate(
     *,
     expert_bytes: int | None,
     dense_bytes: int | None,
     model_config: Mapping[str, Any] | None,
     ctx: int,
+    replicated_bytes: int = 0,
+    tp: int = 1,
+    gpu_experts: int = 0,
+    routed_expert_bytes: int | None = None,
 ) -> Estimate:
     """Combine what was read from disk into an :class:`Estimate`.
 
@@ -157,6 +213,18 @@ def estimate(
         dense_bytes = dense_bytes_from_config(model_config)
         if dense_bytes is not None:
             notes.append("GPU weights estimated from config.json shapes")
+    if dense_bytes is not None:
+        routed = _int(_text_config(cfg), "n_routed_experts", "num_experts", "num_local_experts")
+        dense_bytes = gpu_weights(
+            dense_bytes,
+            replicated=replicated_bytes,
+            tp=tp,
+            routed_expert_bytes=routed_expert_bytes,
+            gpu_experts=gpu_experts,
+            routed_experts=routed,
+        )
+        if gpu_experts and not (routed_expert_bytes and routed):
+            notes.append("GPU experts (--kt-num-gpu-experts) not counted: sizes unknown")
     kv = kv_cache_bytes(cfg, ctx) if model_config is not None else None
     if expert_bytes is None:
         notes.append("no kt_weight_path: host RAM not estimated")
@@ -174,21 +242,45 @@ class Freed:
     gpu_by_index: Mapping[int, int] = field(default_factory=dict)
 
 
-def asleep_host_bytes(est: Estimate) -> int | None:
-    """Host RAM an asleep engine holds: its experts (kt-kernel keeps them) plus the
-    host copy of its GPU weights (``--enable-weights-cpu-backup``)."""
-    if est.host_bytes is None and est.gpu_weights_bytes is None:
+def host_held(est: Estimate, *, backed_up: bool) -> int | None:
+    """Host RAM an engine holds: its experts (kt-kernel keeps them, awake or asleep),
+    plus, once it has slept in this run (``backed_up``), the pinned host copy of its GPU
+    weights (``--enable-weights-cpu-backup``, kept after a resume)."""
+    copy = est.gpu_weights_bytes if backed_up else None
+    if est.host_bytes is None and copy is None:
         return None
-    return (est.host_bytes or 0) + (est.gpu_weights_bytes or 0)
+    return (est.host_bytes or 0) + (copy or 0)
 
 
-def freed_by(
-    victims: Sequence[tuple[Estimate, Sequence[int], Sequence[int]]],
-    sleepers: Sequence[tuple[Estimate, Sequence[int], Sequence[int]]] = (),
-) -> Freed:
-    """Sum what evicting ``(estimate, numa_nodes, gpus)`` victims frees, split like loads.
-    ``sleepers`` go to sleep instead: they free their GPU memory and *take* host RAM
-    for the copy of their GPU weights; their experts stay."""
+@dataclass(frozen=True)
+class Holder:
+    """An engine whose memory a fit counts as freed or taken: its estimate, where it
+    runs, whether it holds the host copy already (``backed_up``) and what it keeps on
+    each GPU asleep (``residue``: measured, else ``RESIDUE_GUESS``)."""
+
+    est: Estimate
+    nodes: Sequence[int]
+    gpus: Sequence[int]
+    backed_up: bool = False
+    residue: Mapping[int, int] | None = None
+    asleep: bool = False  # holds its residue alone on its GPUs (and its host memory)
+
+    def kept_on(self, gpu: int) -> int:
+        return (self.residue or {}).get(gpu, RESIDUE_GUESS)
+
+    def on_gpu(self, gpu: int) -> int:
+        """What it holds on ``gpu`` now (a share of its estimate, or asleep its residue)."""
+        if self.asleep:
+            return self.kept_on(gpu)
+        g = self.est.gpu_bytes
+        return g // len(self.gpus) if g and self.gpus else 0
+
+
+def freed_by(victims: Sequence[Holder], sleepers: Sequence[Holder] = ()) -> Freed:
+    """Sum what evicting ``victims`` frees, split like loads: their GPU memory, their
+    experts and (if they have one) the host copy of their GPU weights. ``sleepers`` go
+    to sleep instead: they free their GPU memory but their residue, and *take* host RAM
+    for the copy of their GPU weights unless they hold it already; their experts stay."""
     host: dict[int, int] = {}
     anywhere = 0
     gpu: dict[int, int] = {}
@@ -201,18 +293,31 @@ def freed_by(
         else:
             anywhere += n
 
-    for est, _, gpus in [*victims, *sleepers]:
-        g = est.gpu_bytes
-        if g and gpus:
-            for i in gpus:
-                gpu[i] = gpu.get(i, 0) + g // len(gpus)
-    for est, nodes, _ in victims:
-        if est.host_bytes:
-            add_host(nodes, est.host_bytes)
-    for est, nodes, _ in sleepers:
-        if est.gpu_weights_bytes:
-            add_host(nodes, -est.gpu_weights_bytes)
+    for v in victims:
+        for i in v.gpus:
+            gpu[i] = gpu.get(i, 0) + v.on_gpu(i)
+        held = host_held(v.est, backed_up=v.backed_up or v.asleep)
+        if held:
+            add_host(v.nodes, held)
+    for v in sleepers:
+        g = v.est.gpu_bytes
+        if g and v.gpus:
+            for i in v.gpus:
+                gpu[i] = gpu.get(i, 0) + max(0, g // len(v.gpus) - v.kept_on(i))
+        if v.est.gpu_weights_bytes and not v.backed_up:
+            add_host(v.nodes, -v.est.gpu_weights_bytes)
     return Freed(host, anywhere, gpu)
+
+
+def to_wake(waker: Holder) -> Estimate:
+    """What a wake asks of the machine: GPU memory for what its residue does not cover;
+    no host memory (its experts and host copy are held already)."""
+    est = waker.est
+    if est.gpu_bytes is None or not waker.gpus:
+        return Estimate(None, None, None, est.ctx, est.notes)
+    per_gpu = est.gpu_bytes // len(waker.gpus)
+    need = sum(max(0, per_gpu - waker.kept_on(i)) for i in waker.gpus)
+    return Estimate(None, need, None, est.ctx, est.notes)
 
 
 @dataclass(frozen=True)

@@ -334,6 +334,11 @@ def _numa_need(
     return _Need(None, 1)
 
 
+def tp_size_of(tp_size: int | None, uflags: Mapping[str, tuple[str, ...]]) -> int | None:
+    """The tensor-parallel size a model runs with: its own field, else the user's flag."""
+    return _tp_size(tp_size, uflags)
+
+
 def _tp_size(tp_size: int | None, uflags: Mapping[str, tuple[str, ...]]) -> int | None:
     if tp_size is not None:
         return tp_size

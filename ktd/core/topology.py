@@ -23,6 +23,10 @@ __all__ = [
 ]
 
 NVIDIA_SMI_QUERY = ("--query-gpu=index,name,memory.total,memory.used", "--format=csv")
+#: What each process holds on which GPU (an asleep engine's residue): the GPUs' uuids to
+#: their indexes, then the compute processes by GPU uuid.
+NVIDIA_SMI_UUIDS = ("--query-gpu=index,uuid", "--format=csv,noheader")
+NVIDIA_SMI_APPS = ("--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader")
 NVIDIA_SMI_TIMEOUT = 15.0
 
 _AMX = ("amx_tile", "amx_int8", "amx_bf16")
@@ -214,6 +218,31 @@ def _mib(value: str) -> int:
         if text.startswith("[") or text.upper() in ("N/A", ""):
             return 0
         raise ValueError(f"bad memory value {value!r}") from None
+
+
+def parse_gpu_use(uuids_csv: str, apps_csv: str, pids: Iterable[int]) -> dict[int, int]:
+    """Bytes the processes ``pids`` hold on each GPU index, from nvidia-smi's
+    ``NVIDIA_SMI_UUIDS`` and ``NVIDIA_SMI_APPS`` answers. Raises ValueError for a line
+    of another shape."""
+    index: dict[str, int] = {}
+    for line in uuids_csv.splitlines():
+        if line.strip():
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) != 2 or not fields[0].isdigit():
+                raise ValueError(f"unexpected nvidia-smi line {line.strip()!r}")
+            index[fields[1]] = int(fields[0])
+    wanted = set(pids)
+    use: dict[int, int] = {}
+    for line in apps_csv.splitlines():
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 3 or not fields[1].isdigit():
+            raise ValueError(f"unexpected nvidia-smi line {line.strip()!r}")
+        if int(fields[1]) in wanted and fields[0] in index:
+            gpu = index[fields[0]]
+            use[gpu] = use.get(gpu, 0) + _mib(fields[2]) * (1 << 20)
+    return use
 
 
 def parse_nvidia_smi(csv_text: str) -> tuple[Gpu, ...]:

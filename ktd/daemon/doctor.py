@@ -60,7 +60,7 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
         )
     out.update(
         argv=argv,
-        env=env_additions(spec, plan.env),
+        env=env_additions(spec, plan.env, sleeps=launch.sleeps),
         state=engine.state,
         running_pid=engine.run.pid if engine.run else None,
         python=spec.python,

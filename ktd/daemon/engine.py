@@ -29,7 +29,7 @@ from ktd.core.lifecycle import Want
 from ktd.core.restart import RestartBudget, retry_delay
 from ktd.core.sglang_options import Catalog
 from ktd.core.states import Phase, State, Step
-from ktd.daemon import health
+from ktd.daemon import health, weights
 from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.enginelog import EngineLog
 from ktd.daemon.probe import Prober
@@ -180,6 +180,10 @@ class Engine:
         self.asleep_since: float | None = None  # wall clock: when it fell asleep
         self.asleep_at: float | None = None  # the same on the monotonic clock (sleep_ttl)
         self.host_bytes: int | None = None  # host RAM it holds asleep (the estimate)
+        # This run has slept once: it holds the pinned host copy of its GPU weights from
+        # then on, awake too (torch_memory_saver keeps it after a resume).
+        self.backed_up = False
+        self.gpu_residue: dict[int, int] | None = None  # asleep, per GPU (nvidia-smi)
         self.sleeps = False  # its running SGLang has the memory saver (the launch says)
         self._poke: Callable[[], None] = lambda: None  # its supervisor looks again
         self._changed = trio.Event()
@@ -244,6 +248,16 @@ class Engine:
     def holds_resources(self) -> bool:
         """It holds its NUMA nodes' CPUs and its GPUs now (``ktd.core.states.holds``)."""
         return S.holds(self.state, self.phase.step if self.phase else None)
+
+    def occupant(self) -> weights.Occupant | None:
+        """What a memory fit counts of it (None: not placed)."""
+        if self.plan is None:
+            return None
+        nodes, gpus = tuple(self.plan.numa_nodes), tuple(self.plan.gpus)
+        asleep = self.state == S.ASLEEP
+        return weights.Occupant(
+            self.spec, nodes, gpus, self.backed_up, self.gpu_residue, asleep=asleep
+        )
 
     def holding(self) -> bool:
         """Someone may still send it requests: a drain waits for this to end."""

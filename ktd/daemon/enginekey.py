@@ -27,10 +27,10 @@ from pathlib import Path
 
 import yaml
 
-from ktd.core.command import key_file_of, user_key_of
+from ktd.core.command import ADMIN_KEY_FLAG, key_file_of, user_key_of
 from ktd.daemon import safedir
 
-__all__ = ["KeyDir", "auth_headers", "key_of_argv", "new_key", "read_key"]
+__all__ = ["KeyDir", "admin_key_of_argv", "auth_headers", "key_of_argv", "new_key", "read_key"]
 
 log = logging.getLogger("ktd")
 
@@ -49,14 +49,15 @@ def auth_headers(key: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"} if key else {}
 
 
-def read_key(path: str | Path) -> str | None:
-    """The ``api-key`` of a config file ktd wrote; None when it is gone or not ours."""
+def read_key(path: str | Path, name: str = "api-key") -> str | None:
+    """The ``api-key`` (or ``name``) of a config file ktd wrote; None when it is gone or
+    not ours."""
     try:
         with open(path, "rb") as f:
             data = yaml.safe_load(f.read(65536))
     except (OSError, yaml.YAMLError):
         return None
-    key = data.get("api-key") if isinstance(data, dict) else None
+    key = data.get(name) if isinstance(data, dict) else None
     return key if isinstance(key, str) and key else None
 
 
@@ -67,6 +68,14 @@ def key_of_argv(argv: Sequence[str]) -> tuple[str | None, Path | None]:
     if path is not None:
         return read_key(path) or user_key_of(argv), Path(path)
     return user_key_of(argv), None
+
+
+def admin_key_of_argv(argv: Sequence[str]) -> str | None:
+    """The user's ``--admin-api-key`` an engine runs with: in its ``--config`` file, or
+    on its command line."""
+    path = key_file_of(argv)
+    in_file = read_key(path, "admin-api-key") if path is not None else None
+    return in_file or user_key_of(argv, ADMIN_KEY_FLAG)
 
 
 class KeyDir:
@@ -82,8 +91,9 @@ class KeyDir:
     def file_for(self, alias: str) -> Path:
         return self.path / f"{alias}{SUFFIX}"
 
-    def write(self, alias: str, key: str) -> Path:
-        """The engine's config file with its key, 0600 before a byte is written."""
+    def write(self, alias: str, key: str, admin_key: str | None = None) -> Path:
+        """The engine's config file with its key (and the user's admin key), 0600 before
+        a byte is written."""
         self.prepare()
         dest = self.file_for(alias)
         tmp = self.path / f"{_TMP}{secrets.token_hex(4)}{SUFFIX}"
@@ -93,9 +103,10 @@ class KeyDir:
         try:
             os.fchmod(fd, 0o600)
             # A JSON string is a YAML double-quoted scalar: any key, quotes and all.
-            os.write(
-                fd, f"# the engine's API key, written by ktd\napi-key: {json.dumps(key)}\n".encode()
-            )
+            text = f"# the engine's API key, written by ktd\napi-key: {json.dumps(key)}\n"
+            if admin_key is not None:
+                text += f"admin-api-key: {json.dumps(admin_key)}\n"
+            os.write(fd, text.encode())
             os.fsync(fd)
         except BaseException:
             os.close(fd)

@@ -19,7 +19,7 @@ from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK, SAVER
 from ktd.daemon import adoption, proctree, statefile
 from ktd.daemon.engine import Engine, Running
-from ktd.daemon.enginekey import KeyDir, key_of_argv
+from ktd.daemon.enginekey import KeyDir, admin_key_of_argv, key_of_argv
 
 #: Gives an adopted engine back the claims its frontends held: (claim id, client) pairs.
 RestoreClaims = Callable[[Engine, Iterable[tuple[str, str]]], None]
@@ -78,6 +78,7 @@ def snapshot(engines: list[Engine]) -> statefile.StateFile:
                 since=e.since,
                 state=e.state,
                 step=e.phase.step if e.phase else None,
+                backed_up=e.backed_up,
                 started_at=run.started_at,
                 digest=run.digest,
                 claims=[statefile.ClaimRecord(id=c.id, client=c.client) for c in e.claims.values()],
@@ -166,7 +167,9 @@ class Persister:
         key, key_file = key_of_argv(argv)
         if key_file is not None and key is None:
             log.warning("engine %s: key file %s is gone; ktd cannot reach it", f.alias, key_file)
+        admin_key = admin_key_of_argv(argv)
         engine.log.redact(key)
+        engine.log.redact(admin_key)
         engine.log.adopt_output(f.pid)
         engine.begin_adoption(
             Running(
@@ -182,10 +185,12 @@ class Persister:
                 pidfd=pidfd,
                 sleeps=SAVER in argv,
                 api_key=key,
+                admin_key=admin_key,
                 key_file=key_file,
             )
         )
         engine.plan = plan
+        engine.backed_up = rec is not None and (rec.backed_up or rec.state == S.ASLEEP)
         if rec is not None and rec.claims:
             self._restore_claims(engine, [(c.id, c.client) for c in rec.claims])
         if digest != engine.spec.launch_digest():

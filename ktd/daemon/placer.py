@@ -43,6 +43,16 @@ def holder_view(engine: Engine) -> eviction.HolderView:
     )
 
 
+def _where(
+    plan: Plan | eviction.RoomPlan, own: weights.Occupant | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The NUMA nodes and GPUs a fit is about: a wake's own (``own``), else the plan's."""
+    if own is not None:
+        return own.nodes, own.gpus
+    assert isinstance(plan, Plan), "a room plan is a wake's"
+    return tuple(plan.numa_nodes), tuple(plan.gpus)
+
+
 class Placer:
     def __init__(
         self,
@@ -117,28 +127,39 @@ class Placer:
         )
 
     async def fit(
-        self, spec: ModelSpec, plan: Plan, stop: tuple[str, ...] = ()
+        self,
+        spec: ModelSpec,
+        plan: Plan | eviction.RoomPlan,
+        stop: tuple[str, ...] = (),
+        *,
+        waker: Engine | None = None,
     ) -> tuple[fit.Estimate, fit.Fit]:
         """The memory estimate of ``spec`` on ``plan``, counting what its evictions free
-        (a victim that will sleep frees its GPU memory only) and what stopping the
-        sleepers ``stop`` frees (their host RAM)."""
+        (a victim that will sleep frees its GPU memory but its residue, and takes host
+        memory for the copy of its GPU weights unless it holds one already) and what
+        stopping the sleepers ``stop`` frees (their host memory and residue). For a
+        wake (``waker``: the engine, asleep, whose own nodes and GPUs ``plan`` frees)
+        only the GPU memory its residue does not cover is asked."""
         going = [self.engines[a] for a in (*plan.evict, *stop) if a in self.engines]
-        held = [v for v in going if v.plan is not None]
-
-        def where(v: Engine) -> tuple[ModelSpec, tuple[int, ...], tuple[int, ...]]:
-            assert v.plan is not None
-            return (v.spec, tuple(v.plan.numa_nodes), tuple(v.plan.gpus))
-
-        sleepers = [where(v) for v in held if self._will_sleep(v) and v.alias not in stop]
-        victims = [where(v) for v in held if not self._will_sleep(v) or v.alias in stop]
+        sleepers: list[weights.Occupant] = []
+        victims: list[weights.Occupant] = []
+        for v in going:
+            occupant = v.occupant()
+            if occupant is None:
+                continue
+            sleeps = self._will_sleep(v) and v.alias not in stop
+            (sleepers if sleeps else victims).append(occupant)
+        own = waker.occupant() if waker is not None else None
+        nodes, gpus = _where(plan, own)
         return await trio.to_thread.run_sync(
             weights.verdict,
             spec,
-            tuple(plan.numa_nodes),
-            tuple(plan.gpus),
+            nodes,
+            gpus,
             victims,
             tuple(plan.evict) + stop,
             sleepers,
+            own,
         )
 
     @staticmethod
@@ -146,34 +167,40 @@ class Placer:
         """Made room for by sleeping, not stopping (or already asleep)."""
         return engine.state == S.ASLEEP or engine.sleep_mode() == "on"
 
-    def sleepers(self, plan: Plan) -> list[Engine]:
-        """Asleep engines whose host memory is on ``plan``'s nodes, least recently used
-        first: stopped, in that order, when a load's host memory does not fit beside them."""
-        nodes = set(plan.numa_nodes)
+    def sleepers(self, nodes: tuple[int, ...], *, besides: Engine | None = None) -> list[Engine]:
+        """Asleep engines whose host memory is on ``nodes``, least recently used first:
+        stopped, in that order, when a load's (or a wake's) memory does not fit beside
+        them."""
         out = [
             e
             for e in self.engines.values()
             if e.state == S.ASLEEP
+            and e is not besides
             and e.plan is not None
-            and (not nodes or not e.plan.numa_nodes or nodes & set(e.plan.numa_nodes))
+            and (not nodes or not e.plan.numa_nodes or set(nodes) & set(e.plan.numa_nodes))
         ]
         return sorted(out, key=lambda e: e.idle_since if e.idle_since is not None else 0.0)
 
-    async def _fit_or_stop_sleepers(self, engine: Engine, plan: Plan) -> None:
-        """The memory check of a load, before anything is evicted. Short of host RAM
-        with sleepers on its nodes: stop the least recently used until it fits."""
-        _, verdict = await self.fit(engine.spec, plan)
+    async def _fit_or_stop_sleepers(
+        self, engine: Engine, plan: Plan | eviction.RoomPlan, *, waking: bool = False
+    ) -> None:
+        """The memory check of a load or a wake, before anything is evicted. Short of
+        memory with sleepers on its nodes: stop the least recently used until it fits
+        (a wake is never discovered short by a failed resume)."""
+        waker = engine if waking else None
+        _, verdict = await self.fit(engine.spec, plan, waker=waker)
         if verdict.ok:
             return
         stop: tuple[str, ...] = ()
-        for sleeper in self.sleepers(plan):
+        nodes, _ = _where(plan, engine.occupant() if waking else None)
+        for sleeper in self.sleepers(nodes, besides=engine):
             stop += (sleeper.alias,)
-            _, verdict = await self.fit(engine.spec, plan, stop)
+            _, verdict = await self.fit(engine.spec, plan, stop, waker=waker)
             if verdict.ok:
                 break
         if not verdict.ok:
             raise Refused(f"{verdict.reason}; no engine was stopped")
-        why = f"stopped to make room in host memory for {engine.alias}"
+        why = f"stopped to make room in memory for {engine.alias}"
         for alias in stop:
             victim = self.engines[alias]
             victim.log.note(why)
@@ -217,7 +244,8 @@ class Placer:
             engine.set_phase(Phase.of(Step.RESUMING))
 
         try:
-            if await self._place(engine, plan, take, fitted=True) is None:
+            fitted = engine.spec.fit == "ignore"
+            if await self._place(engine, plan, take, fitted=fitted) is None:
                 return "the wake was called off"
         except (Busy, Unplaceable, Refused) as exc:
             return str(exc)
@@ -242,11 +270,12 @@ class Placer:
                 async with self._lock:
                     while True:
                         plan = planner()
-                        if isinstance(plan, Plan) and plan.ok and not fitted:
+                        if plan.ok and not fitted:
                             # Once, before anything is evicted: after an eviction the
                             # victim's memory may take a while to show up as free.
                             fitted = True
-                            await self._fit_or_stop_sleepers(engine, plan)
+                            waking = isinstance(plan, eviction.RoomPlan)
+                            await self._fit_or_stop_sleepers(engine, plan, waking=waking)
                         views = {
                             a: holder_view(self.engines[a])
                             for a in plan.blocked_by

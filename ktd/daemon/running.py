@@ -37,6 +37,8 @@ class Running:
     # Its API key (every request of ktd's carries it) and the 0600 file SGLang read it
     # from, removed when the run ends (``ktd.daemon.enginekey``). Never in status.
     api_key: str | None = field(default=None, repr=False)
+    # The user's --admin-api-key: what SGLang's admin-level routes (a sleep's calls) want.
+    admin_key: str | None = field(default=None, repr=False)
     key_file: Path | None = None
 
     async def wait(self) -> None:

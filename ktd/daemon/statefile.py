@@ -54,6 +54,8 @@ class EngineRecord(msgspec.Struct, kw_only=True):
     # The step of that state (``Phase.step``): a sleeping engine that was fencing or
     # releasing has memory a restarted ktd cannot know (``ktd.core.lifecycle.adopt``).
     step: str | None = None
+    # It has slept in this run: it holds the host copy of its GPU weights (``fit``).
+    backed_up: bool = False
     started_at: float = 0.0
     digest: str = ""  # ModelSpec.launch_digest() of the spec it was started with
     claims: list[ClaimRecord] = []

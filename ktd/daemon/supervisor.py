@@ -28,7 +28,7 @@ from ktd.core.exits import Outcome, classify_exit
 from ktd.core.states import Phase, Step
 from ktd.daemon import enginekey, health, kill, memory, preflight, proctree, spawn, weights
 from ktd.daemon.engine import Busy, Engine, Running, Unplaceable
-from ktd.daemon.enginekey import KeyDir
+from ktd.daemon.enginekey import KeyDir, admin_key_of_argv
 from ktd.daemon.inotify import FileWatch
 from ktd.daemon.probe import KT_FORK, ProbeResult, missing_message
 from ktd.daemon.safedir import UnsafeDir
@@ -193,11 +193,21 @@ class Supervisor:
         self._show()
 
     async def _count_host_memory(self) -> None:
-        """What it holds asleep on its nodes (status, the dashboard's machine picture)."""
-        spec = self.e.spec
-        est = await trio.to_thread.run_sync(weights.estimate_spec, spec)
-        self.e.host_bytes = fit.asleep_host_bytes(est)
-        self.host.state_changed(self.e)
+        """What it holds asleep: host memory on its nodes (the estimate: status, the
+        dashboard's machine picture, the fits) and its residue on its GPUs (nvidia-smi,
+        where there is one: the CUDA context, buffers and graphs the saver kept)."""
+        e = self.e
+        e.backed_up = True
+        est = await trio.to_thread.run_sync(weights.estimate_spec, e.spec)
+        e.host_bytes = fit.host_held(est, backed_up=True)
+        run = e.run
+        if run is not None:
+            pids = [pid for pid, _ in await trio.to_thread.run_sync(kill.members, run)]
+            e.gpu_residue = await trio.to_thread.run_sync(weights.gpu_use, pids)
+            if e.gpu_residue:
+                kept = ", ".join(f"GPU {i}: {fit.gib(b)}" for i, b in sorted(e.gpu_residue.items()))
+                e.log.note(f"asleep, still held on its GPUs: {kept}")
+        self.host.state_changed(e)
 
     async def _then(self, kill_: L.Kill | None) -> None:
         if kill_ is not None:
@@ -215,7 +225,9 @@ class Supervisor:
         """The bound and key of SGLang's admin-level calls (memory, pause, flush):
         ``memory_timeout``, and no later than ``until`` (a drain's budget)."""
         left = max(until - trio.current_time(), 0.1)
-        return {"timeout": min(self.host.settings.memory_timeout, left), "key": self._key()}
+        run = self.e.run
+        key = (run.admin_key or run.api_key) if run is not None else None
+        return {"timeout": min(self.host.settings.memory_timeout, left), "key": key}
 
     # ------------------------------------------------------------ showing the machine
 
@@ -345,6 +357,7 @@ class Supervisor:
         e.run = None
         e.plan = None
         e.keep_alive = None  # a client's keep-alive lasts until the engine stops
+        e.backed_up, e.gpu_residue = False, None  # a new run has no host copy yet
 
     # ------------------------------------------------------------ one run
 
@@ -430,12 +443,15 @@ class Supervisor:
             e.plan.env if e.plan else None,
             engine_id=engine_id,
             digest=e.spec.launch_digest(),
+            sleeps=launch.sleeps,
         )
         key, key_file = keyed.user_key, None
         if keyed.config:
             key = keyed.user_key or enginekey.new_key()
             try:
-                key_file = await trio.to_thread.run_sync(self.host.key_dir.write, e.alias, key)
+                key_file = await trio.to_thread.run_sync(
+                    self.host.key_dir.write, e.alias, key, keyed.admin_key
+                )
             except (OSError, UnsafeDir) as exc:
                 e.plan = None
                 why = exc.strerror if isinstance(exc, OSError) else str(exc)
@@ -443,6 +459,7 @@ class Supervisor:
             argv = with_key_file(argv, str(key_file))
         try:
             run = await self._spawn(argv, env, port, engine_id, key=key, key_file=key_file)
+            run.admin_key = keyed.admin_key
         except BaseException as exc:
             KeyDir.remove(key_file)  # nothing runs that would read it
             if not isinstance(exc, OSError):
@@ -466,6 +483,7 @@ class Supervisor:
         e = self.e
         plan = e.plan
         e.log.redact(key)  # SGLang logs its server_args, the key among them, at once
+        e.log.redact(admin_key_of_argv(argv))
         cmd, env = spawn.pinned(
             argv,
             env,

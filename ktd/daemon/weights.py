@@ -11,14 +11,33 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ktd.core import fit
 from ktd.core.config import ModelSpec
-from ktd.core.topology import Topology
+from ktd.core.placement import tp_size_of
+from ktd.core.topology import (
+    NVIDIA_SMI_APPS,
+    NVIDIA_SMI_TIMEOUT,
+    NVIDIA_SMI_UUIDS,
+    Topology,
+    parse_gpu_use,
+)
+from ktd.core.userflags import user_flags
 from ktd.daemon.preflight import read_model_config
 
-__all__ = ["apparent_size", "estimate_spec", "non_expert_bytes"]
+__all__ = [
+    "Occupant",
+    "Split",
+    "apparent_size",
+    "estimate_spec",
+    "gpu_use",
+    "non_expert_bytes",
+    "weight_split",
+]
 
 _MAX_HEADER = 100 << 20
 
@@ -49,6 +68,18 @@ def _is_expert(name: str) -> bool:
     return ".experts." in name and "shared_expert" not in name
 
 
+#: Weights every tensor-parallel rank keeps whole (not sharded by SGLang's parallel
+#: linear layers): the MoE router and MLA's down projections (``ReplicatedLinear`` in
+#: SGLang's DeepSeek model), and every 1-D tensor (norms, biases).
+_REPLICATED = (".mlp.gate.weight", "q_a_proj", "kv_a_proj_with_mqa", "e_score_correction")
+
+
+def _is_replicated(name: str, shape: object) -> bool:
+    if any(part in name for part in _REPLICATED):
+        return True
+    return isinstance(shape, list) and len(shape) <= 1
+
+
 def _header(path: Path) -> dict[str, object] | None:
     try:
         with path.open("rb") as f:
@@ -64,14 +95,25 @@ def _header(path: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
-def non_expert_bytes(model_path: str) -> int | None:
-    """Bytes of the non-expert tensors of ``model_path``'s safetensors, or None if none."""
+@dataclass(frozen=True)
+class Split:
+    """A model's safetensors by where SGLang and kt-kernel put them: the non-expert
+    weights (``replicated`` of them kept whole by every tensor-parallel rank) and the
+    routed experts (at ``model_path``'s precision)."""
+
+    dense: int
+    replicated: int
+    experts: int
+
+
+def weight_split(model_path: str) -> Split | None:
+    """``model_path``'s tensors by kind, from the safetensors headers; None if none."""
     p = Path(model_path)
     try:
         shards = sorted(p.glob("*.safetensors")) if p.is_dir() else []
     except OSError:
         return None
-    total = 0
+    dense = replicated = experts = 0
     seen = False
     for shard in shards:
         header = _header(shard)
@@ -81,21 +123,45 @@ def non_expert_bytes(model_path: str) -> int | None:
             if name == "__metadata__" or not isinstance(meta, dict):
                 continue
             offsets = meta.get("data_offsets")
-            if isinstance(offsets, list) and len(offsets) == 2 and not _is_expert(name):
-                total += int(offsets[1]) - int(offsets[0])
-                seen = True
-    return total if seen else None
+            if not (isinstance(offsets, list) and len(offsets) == 2):
+                continue
+            size = int(offsets[1]) - int(offsets[0])
+            seen = True
+            if _is_expert(name):
+                experts += size
+            else:
+                dense += size
+                if _is_replicated(name, meta.get("shape")):
+                    replicated += size
+    return Split(dense, replicated, experts) if seen else None
+
+
+def non_expert_bytes(model_path: str) -> int | None:
+    """Bytes of the non-expert tensors of ``model_path``'s safetensors, or None if none."""
+    split = weight_split(model_path)
+    return None if split is None else split.dense
+
+
+def _gpu_experts(spec: ModelSpec) -> int:
+    """``--kt-num-gpu-experts`` from extra_args (per layer; 0 when unset)."""
+    values = user_flags(spec.extra_args).get("--kt-num-gpu-experts") or ()
+    return int(values[-1]) if values and values[-1].isdigit() else 0
 
 
 def estimate_spec(spec: ModelSpec) -> fit.Estimate:
     """The memory estimate of one model (blocking: run it in a thread)."""
     cfg, _ = read_model_config(spec.path)
     experts = apparent_size(spec.kt_weight_path) if spec.kt_weight_path else None
+    split = weight_split(spec.path)
     return fit.estimate(
         expert_bytes=experts,
-        dense_bytes=non_expert_bytes(spec.path),
+        dense_bytes=split.dense if split else None,
         model_config=cfg,
         ctx=spec.ctx,
+        replicated_bytes=split.replicated if split else 0,
+        tp=tp_size_of(spec.tp_size, user_flags(spec.extra_args)) or 1,
+        gpu_experts=_gpu_experts(spec),
+        routed_expert_bytes=split.experts if split else None,
     )
 
 
@@ -136,25 +202,42 @@ def free_memory() -> tuple[dict[int, int], dict[int, int] | None]:
     return nodes, gpus
 
 
+@dataclass(frozen=True)
+class Occupant:
+    """An engine a fit counts: its model, where it runs, whether it holds the host copy
+    of its GPU weights already, and what it keeps on its GPUs asleep (measured)."""
+
+    spec: ModelSpec
+    nodes: tuple[int, ...]
+    gpus: tuple[int, ...]
+    backed_up: bool = False
+    residue: Mapping[int, int] | None = None
+    asleep: bool = False
+
+    def holder(self) -> fit.Holder:
+        est = estimate_spec(self.spec)
+        return fit.Holder(est, self.nodes, self.gpus, self.backed_up, self.residue, self.asleep)
+
+
 def verdict(
     spec: ModelSpec,
     numa_nodes: tuple[int, ...],
     gpus: tuple[int, ...],
-    victims: list[tuple[ModelSpec, tuple[int, ...], tuple[int, ...]]],
+    victims: list[Occupant],
     evicting: tuple[str, ...],
-    sleepers: list[tuple[ModelSpec, tuple[int, ...], tuple[int, ...]]] | None = None,
+    sleepers: list[Occupant] | None = None,
+    waker: Occupant | None = None,
 ) -> tuple[fit.Estimate, fit.Fit]:
     """Estimate ``spec`` and check it against free memory plus what ``victims`` free
-    and ``sleepers`` (victims that go to sleep) free and take (blocking: files and
-    nvidia-smi; run it in a thread)."""
+    and ``sleepers`` (victims that go to sleep) free and take; for a wake (``waker``:
+    ``spec``'s own engine, asleep) only what its residue does not cover (blocking:
+    files and nvidia-smi; run it in a thread)."""
     est = estimate_spec(spec)
+    need = est if waker is None else fit.to_wake(waker.holder())
     node_free, gpu_free = free_memory()
-    freed = fit.freed_by(
-        [(estimate_spec(v), n, g) for v, n, g in victims],
-        [(estimate_spec(v), n, g) for v, n, g in sleepers or ()],
-    )
+    freed = fit.freed_by([v.holder() for v in victims], [v.holder() for v in sleepers or ()])
     result = fit.check(
-        est,
+        need,
         node_free=node_free,
         numa_nodes=numa_nodes,
         gpu_free=gpu_free,
@@ -163,3 +246,30 @@ def verdict(
         evicting=evicting,
     )
     return est, result
+
+
+def gpu_use(pids: Iterable[int]) -> dict[int, int] | None:
+    """Bytes the processes ``pids`` hold on each GPU, as nvidia-smi says; None when it
+    cannot say (no nvidia-smi, no GPUs, an answer of another shape). Blocking."""
+    cmd = nvidia_smi_cmd()
+    if cmd is None:
+        return None
+    answers = []
+    for query in (NVIDIA_SMI_UUIDS, NVIDIA_SMI_APPS):
+        try:
+            proc = subprocess.run(
+                [*cmd, *query],
+                capture_output=True,
+                text=True,
+                timeout=NVIDIA_SMI_TIMEOUT,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if proc.returncode != 0:
+            return None
+        answers.append(proc.stdout)
+    try:
+        return parse_gpu_use(answers[0], answers[1], pids)
+    except ValueError:
+        return None

@@ -60,6 +60,7 @@ and ``weights_intact``; the same go into ``KTD_SIM_RECORD`` at each change.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -76,6 +77,8 @@ from ktd.sim.state import ServerState
 from ktd.sim.validate import json_invalid
 
 __all__ = ["ALL_TAGS", "GENERATING", "HEALTH", "MemoryApi", "parse_tags"]
+
+_TRUE = {"1", "true"}  # SGLang's get_bool_env_var, where its graph runners capture
 
 # SGLang's GPU_MEMORY_ALL_TYPES, in its order (the order a resume removes them in).
 ALL_TAGS = ("kv_cache", "weights", "cuda_graph")
@@ -224,8 +227,12 @@ class MemoryApi:
         self.flavor = flags.flavor()
         self.saver = bool(server_args.get("enable_memory_saver"))
         self.cpu_backup = bool(server_args.get("enable_weights_cpu_backup"))
-        # The tags that own GPU memory to pause (no CUDA graphs, no graph memory).
-        graphs = () if server_args.get("disable_cuda_graph") else ("cuda_graph",)
+        # The tags that own GPU memory to pause: CUDA graphs only when they were
+        # captured under the saver (SGLANG_MEMORY_SAVER_CUDA_GRAPH; else released
+        # "cuda_graph" frees nothing), and never without graphs.
+        in_saver = os.environ.get("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "").lower() in _TRUE
+        no_graphs = server_args.get("disable_cuda_graph") or not in_saver
+        graphs = () if no_graphs else ("cuda_graph",)
         self.allocated = frozenset(("kv_cache", "weights", *graphs))
         # ``die(scheduler_output, exit_code)``: the scheduler raised (exit_code None:
         # its ``except`` SIGQUITs the server) or exited at once (exit_code 1).

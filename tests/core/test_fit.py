@@ -6,6 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import msgspec
+
 from ktd.core import fit
 from ktd.core.config import ModelSpec
 from ktd.daemon import weights
@@ -79,7 +81,7 @@ def test_evictions_count_as_freed(tmp_path: Path) -> None:
     alone = fit.check(est, node_free=free, numa_nodes=(2,), gpu_free=None, gpus=())
     assert not alone.ok
     victim = fit.Estimate(host_bytes=100 * GIB, gpu_weights_bytes=None, kv_bytes=None)
-    freed = fit.freed_by([(victim, (2,), ())])
+    freed = fit.freed_by([fit.Holder(victim, (2,), ())])
     after = fit.check(
         est, node_free=free, numa_nodes=(2,), gpu_free=None, gpus=(), freed=freed,
         evicting=("old",),
@@ -132,9 +134,64 @@ def test_estimate_without_weights_or_config(tmp_path: Path) -> None:
 
 def test_a_victim_that_sleeps_frees_its_gpu_and_takes_host_ram_for_its_weights_copy() -> None:
     est = fit.Estimate(host_bytes=100, gpu_weights_bytes=10, kv_bytes=30)
-    stopped = fit.freed_by([(est, (0, 1), (0,))])
+    stopped = fit.freed_by([fit.Holder(est, (0, 1), (0,))])
     assert stopped.host_by_node == {0: 50, 1: 50} and stopped.gpu_by_index == {0: 40}
-    asleep = fit.freed_by([], [(est, (0, 1), (0,))])
-    assert asleep.host_by_node == {0: -5, 1: -5} and asleep.gpu_by_index == {0: 40}
-    assert fit.asleep_host_bytes(est) == 110
-    assert fit.asleep_host_bytes(fit.Estimate(None, None, None)) is None
+    asleep = fit.freed_by([], [fit.Holder(est, (0, 1), (0,), residue={0: 5})])
+    assert asleep.host_by_node == {0: -5, 1: -5} and asleep.gpu_by_index == {0: 35}
+    assert fit.host_held(est, backed_up=True) == 110 and fit.host_held(est, backed_up=False) == 100
+    assert fit.host_held(fit.Estimate(None, None, None), backed_up=True) is None
+
+
+def test_an_engine_that_slept_once_holds_its_host_copy_awake_and_frees_it_stopped() -> None:
+    """Issue 40: torch_memory_saver (0.0.9, the kt fork's) keeps the pinned host copy
+    of the GPU weights after a resume. A victim that has slept frees it when stopped and
+    takes no more host memory when put to sleep again; an asleep engine keeps its
+    residue on the GPU (measured, else ``RESIDUE_GUESS``)."""
+    est = fit.Estimate(host_bytes=100 * GIB, gpu_weights_bytes=20 * GIB, kv_bytes=10 * GIB)
+    slept = fit.Holder(est, (0,), (0,), backed_up=True)
+    assert fit.freed_by([slept]).host_by_node == {0: 120 * GIB}
+    again = fit.freed_by([], [slept])
+    assert again.host_by_node == {} and again.gpu_by_index == {0: 30 * GIB - fit.RESIDUE_GUESS}
+
+
+def test_a_wake_asks_only_the_gpu_memory_its_residue_does_not_cover() -> None:
+    est = fit.Estimate(host_bytes=100 * GIB, gpu_weights_bytes=20 * GIB, kv_bytes=20 * GIB)
+    waker = fit.Holder(est, (0,), (0, 1), backed_up=True, residue={0: 2 * GIB, 1: 3 * GIB})
+    need = fit.to_wake(waker)
+    assert need.host_bytes is None and need.gpu_bytes == 35 * GIB
+    short = fit.check(
+        need, node_free={0: 0}, numa_nodes=(0,), gpu_free={0: 10 * GIB, 1: 10 * GIB}, gpus=(0, 1)
+    )
+    assert not short.ok and "GPU 0" in (short.reason or "")
+
+
+def test_gpu_weights_count_replicas_per_rank_and_the_gpu_experts() -> None:
+    """The estimate left out the experts kept on the GPU (``--kt-num-gpu-experts``) and the
+    weights every tensor-parallel rank keeps whole (issue 40)."""
+    assert fit.gpu_weights(100, replicated=10, tp=4) == 130
+    # 8 of 64 routed experts per layer on the GPU: an eighth of the routed experts' bytes
+    assert fit.gpu_weights(100, routed_expert_bytes=640, gpu_experts=8, routed_experts=64) == 180
+    assert fit.gpu_weights(100, routed_expert_bytes=640, gpu_experts=99, routed_experts=64) == 740
+
+
+def test_the_estimate_reads_replicated_tensors_and_gpu_experts_from_the_headers(
+    tmp_path: Path,
+) -> None:
+    model = tmp_path / "m"
+    safetensors(
+        model / "a.safetensors",
+        {
+            "model.layers.1.mlp.experts.7.down_proj.weight": 64 * GIB,
+            "model.layers.1.mlp.gate.weight": 1 * GIB,
+            "model.layers.1.self_attn.kv_a_proj_with_mqa.weight": 1 * GIB,
+            "lm_head.weight": 6 * GIB,
+            "model.norm.weight": 2 * GIB,
+        },
+    )
+    split = weights.weight_split(str(model))
+    assert split is not None and split.experts == 64 * GIB and split.dense == 10 * GIB
+    (model / "config.json").write_text(json.dumps({"n_routed_experts": 64, "hidden_size": 64}))
+    extra = ("--tp", "2", "--kt-num-gpu-experts", "8")
+    est = weights.estimate_spec(msgspec.structs.replace(spec(model, None), extra_args=extra))
+    # lm_head sharded; router, kv_a and the norm whole on both ranks; 8/64 of the experts
+    assert est.gpu_weights_bytes == 10 * GIB + 4 * GIB + 8 * GIB

@@ -12,7 +12,7 @@ import pytest
 from ktd.core.command import LaunchError, key_file_of, keyed_launch, keying, with_key_file
 from ktd.core.config import ModelSpec
 from ktd.core.sglang_options import Catalog, CatalogData
-from ktd.daemon.enginekey import KeyDir, key_of_argv, new_key, read_key
+from ktd.daemon.enginekey import KeyDir, admin_key_of_argv, key_of_argv, new_key, read_key
 from ktd.daemon.enginelog import EngineLog
 from ktd.sim import flags
 
@@ -55,6 +55,25 @@ def test_the_users_own_key_goes_in_the_key_file_off_the_command_line() -> None:
     command, keyed = keyed_launch(spec("--api-key", "mine", "--tp", "1"), 30000, (), catalog())
     assert "mine" not in command.argv and command.argv[-2:] == ["--tp", "1"]
     assert keyed.user_key == "mine"
+
+
+def test_the_users_admin_key_goes_in_the_key_file_and_ktd_carries_it(tmp_path: Path) -> None:
+    """Issue 40: with ``--admin-api-key`` SGLang's release, resume, pause, continue and
+    flush want that key alone (a sleep's calls answered 401). It leaves the command line
+    for the 0600 file, beside the API key, and ktd keeps it for those calls."""
+    got = keying(spec("--admin-api-key", "adm", "--tp", "1"), catalog())
+    assert got.config and got.admin_key == "adm" and got.user_key is None and got.note is None
+    assert got.extra_args == ("--tp", "1")
+    both = keying(spec("--api-key", "k", "--admin-api-key=adm"), catalog())
+    assert both.user_key == "k" and both.admin_key == "adm" and both.extra_args == ()
+    path = KeyDir(tmp_path / "keys").write("m", "k", admin_key="adm")
+    argv = with_key_file(["python", "-m", "sglang.launch_server"], str(path))
+    assert admin_key_of_argv(argv) == "adm" and key_of_argv(argv)[0] == "k"
+    # Where no file can carry it, it stays on the command line, and ktd still sends it.
+    stays = keying(spec("--admin-api-key", "adm"), catalog(drop=("--config",)))
+    assert stays.admin_key == "adm" and stays.extra_args is None
+    assert stays.note is not None and "--admin-api-key from extra_args" in stays.note
+    assert admin_key_of_argv(["x", "--admin-api-key", "adm"]) == "adm"
 
 
 @pytest.mark.parametrize(

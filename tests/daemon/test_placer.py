@@ -5,9 +5,12 @@ stopped (or put to sleep), a busy one yields and is waited for, a pinned one ref
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -19,6 +22,8 @@ from ktd.daemon.engine import Busy, Engine
 from ktd.daemon.placer import Placer
 from ktd.daemon.running import Running
 from tests.daemon.inprocess import Daemon, move
+from tests.daemon.test_preflight import GIB, safetensors, sparse
+from tests.fixtures.topology import build_xeon, smi_script
 
 ONE_NODE = Topology(
     (NumaNode(0, (0, 1, 2, 3), 100, 64 << 20),),
@@ -272,3 +277,77 @@ async def test_a_victim_woken_again_at_once_does_not_take_the_room_back(
             await trio.testing.wait_all_tasks_blocked()
             move(b, S.ASLEEP)
     assert done == {"a": None, "b": None}
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    """On the real clock: the memory fit runs in a thread (no virtual time here)."""
+    with trio.fail_after(60):
+        while not done():
+            await trio.sleep(0.01)
+
+
+def _model(root: Path, alias: str, gpu_gib: int) -> dict[str, Any]:
+    """A sleep-enabled model whose files say ``gpu_gib`` of GPU weights and 10 GiB of
+    experts (sparse files: only their sizes are read)."""
+    model = root / alias
+    safetensors(model / "model.safetensors", {"lm_head.weight": gpu_gib * GIB})
+    (model / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    sparse(root / f"{alias}-kt" / "experts.bin", 10 * GIB)
+    return {"path": str(model), "kt_weight_path": str(root / f"{alias}-kt"), "sleep": True}
+
+
+@pytest.fixture
+def gpu_78_of_80_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The machine's memory as the fit reads it: one GPU with 2 GiB free."""
+    monkeypatch.setenv("KTD_SYSFS_ROOT", str(build_xeon(tmp_path / "sysfs")))
+    smi = smi_script(tmp_path / "nvidia-smi", [(0, "G", 80 * 1024, 78 * 1024)])
+    monkeypatch.setenv("KTD_NVIDIA_SMI", str(smi))
+    return tmp_path
+
+
+async def test_a_wake_that_does_not_fit_stops_the_least_recently_used_sleeper_first(
+    placing: Callable[[], Placing], gpu_78_of_80_used: Path
+) -> None:
+    """Issue 40: a wake is fitted like a load, before anything is put to sleep: b needs
+    40 GiB less its residue; a's sleep frees 20 GiB less its residue, 2 GiB are free: short.
+    The least recently used sleeper, c, holds 20 GiB of residue (graphs captured outside
+    the saver): stopped first, then the wake goes on. Never found out by a failed resume."""
+    p = placing()
+    root = gpu_78_of_80_used
+    a = p.holder("a", **_model(root, "a", 20))
+    a.run = Running(pid=1, start=1, engine_id="t/a@1", port=8000, argv=[])
+    a.sleeps = True
+    b = _asleep(p, "b")
+    b.spec = msgspec.structs.replace(b.spec, **_model(root, "b", 40), fit="check")
+    c = _asleep(p, "c")
+    c.gpu_residue = {0: 20 * GIB}
+    c.idle_since = -100.0  # used longest ago
+    done: list[str | None] = []
+
+    async def wake() -> None:
+        done.append(await p.placer.make_room(b))
+
+    async with trio.open_nursery() as n:
+        _waking(b)
+        n.start_soon(wake)
+        await _until(lambda: c.down_reason is not None)  # the fit runs in a thread
+        assert c.want == c.want.DOWN and "make room in memory for b" in (c.down_reason or "")
+        assert a.want == a.want.UP  # nothing put to sleep before the fit was made
+        move(c, S.STOPPED)
+        await _until(lambda: a.want == a.want.ASLEEP)
+        move(a, S.ASLEEP)
+    assert done == [None]
+
+
+async def test_a_wake_that_cannot_fit_stays_asleep_and_says_why(
+    placing: Callable[[], Placing], gpu_78_of_80_used: Path
+) -> None:
+    p = placing()
+    root = gpu_78_of_80_used
+    a = p.holder("a", **_model(root, "a", 20))
+    b = _asleep(p, "b")
+    b.spec = msgspec.structs.replace(b.spec, **_model(root, "b", 40), fit="check")
+    _waking(b)
+    why = await p.placer.make_room(b)
+    assert why is not None and "does not fit" in why and "GPU 0" in why
+    assert a.want == a.want.UP and a.stats.evictions == 0  # untouched

@@ -44,7 +44,8 @@ def safetensors(path: Path, tensors: dict[str, int]) -> Path:
     offset = 0
     for name, size in tensors.items():
         span = [offset, offset + size]
-        header[name] = {"dtype": "BF16", "shape": [size // 2], "data_offsets": span}
+        shape = [size // 2] if name.endswith((".bias", "norm.weight")) else [2, size // 4]
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": span}
         offset += size
     raw = json.dumps(header).encode()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -251,3 +251,22 @@ def test_a_ktd_killed_during_the_release_adopts_the_engine_asleep_and_never_prob
         assert again.state == "ready" and again.pid != e.pid  # loaded afresh
         log = d.ktctl("logs", "r-kt", "-n", "200").stdout
         assert "cannot know" in log
+
+
+def test_a_users_admin_key_is_carried_to_the_sleep_calls_and_kept_off_the_command_line(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """Issue 40: with ``--admin-api-key`` SGLang's admin-level routes (release, resume,
+    the fence's pause, flush and continue) want that key alone: a sleep answered 401 and
+    the engine was stopped. ktd carries the user's admin key, from the 0600 key file."""
+    d = daemon_factory(
+        write_config([sleepy("adm-kt", kt={"extra_args": ["--admin-api-key", "ops-secret"]})])
+    )
+    with d.client(timeout=60) as c:
+        e = c.load("adm-kt")
+        assert "ops-secret" not in " ".join(e.argv)
+        asleep = c.sleep("adm-kt", timeout=30)
+        assert asleep.state == "asleep" and asleep.pid == e.pid
+        woke = c.wake("adm-kt", timeout=30)
+        assert woke.state == "ready" and woke.pid == e.pid
+        assert "ops-secret" not in "\n".join(c.logs("adm-kt", 500))

@@ -38,6 +38,7 @@ CASES: dict[str, tuple[str, str, list[str]]] = {
 }
 COMPARED = (
     "api_key",
+    "admin_api_key",
     "enable_metrics",
     "skip_server_warmup",
     "json_model_override_args",
@@ -64,8 +65,9 @@ def test_the_key_file_ktd_writes_and_the_sims_merge_match_the_real_argparse(
     key_file = KeyDir(tmp_path / "keys").write("tiny", key)
     assert key_file.stat().st_mode & 0o777 == 0o600
     ours = with_key_file(["--model", "/m", "--port", "30123"], str(key_file))
-    # A user's own --api-key goes in the file too (any text: ktd quotes it as JSON).
-    user_file = KeyDir(tmp_path / "keys").write("user", USER_KEY)
+    # A user's own --api-key goes in the file too (any text: ktd quotes it as JSON), and
+    # a user's --admin-api-key beside it (issue 40: a sleep's calls want it).
+    user_file = KeyDir(tmp_path / "keys").write("user", USER_KEY, admin_key=USER_KEY + "!")
     argvs = [ours, with_key_file(["--model", "/m"], str(user_file))]
     for name, text, extra in CASES.values():
         path = tmp_path / name
@@ -76,6 +78,7 @@ def test_the_key_file_ktd_writes_and_the_sims_merge_match_the_real_argparse(
     assert real[0]["args"]["api_key"] == key and real[0]["args"]["port"] == 30123
     assert key not in " ".join(ours)  # the key is in the file alone
     assert real[1]["ok"] and real[1]["args"]["api_key"] == USER_KEY, real[1]
+    assert real[1]["args"]["admin_api_key"] == USER_KEY + "!", real[1]
     which = "kt" if kt else "upstream"
     names = ["ktd's key file", "a user's key in the file", *CASES]
     for case, argv, got in zip(names, argvs, real, strict=True):

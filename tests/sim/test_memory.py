@@ -27,7 +27,12 @@ from tests.sim.simharness import SimProc, wait_until
 
 Factory = Callable[..., SimProc]
 SAVER = ["--enable-memory-saver", "--enable-weights-cpu-backup"]
-FAST = {"KTD_SIM_LOAD_TIME": "0.05", "KTD_SIM_RELEASE_TIME": "0", "KTD_SIM_RESUME_TIME": "0"}
+FAST = {
+    "KTD_SIM_LOAD_TIME": "0.05",
+    "KTD_SIM_RELEASE_TIME": "0",
+    "KTD_SIM_RESUME_TIME": "0",
+    "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1",  # what ktd sets for a model that sleeps
+}
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 RELEASE, RESUME = "/release_memory_occupation", "/resume_memory_occupation"
 ALL = ["kv_cache", "weights", "cuda_graph"]
@@ -297,3 +302,16 @@ def test_resume_fail_resume_hang_and_the_forks_second_release(sim_factory: Facto
     assert httpx.get(hung.url("/health")).status_code == 503
     assert info(hung)["generations_while_released"] == 0
     assert "KTD_SIM_RESUME_HANG" in hung.log()
+
+
+def test_cuda_graphs_are_freed_only_when_captured_under_the_saver(sim_factory: Factory) -> None:
+    """Issue 40: without ``SGLANG_MEMORY_SAVER_CUDA_GRAPH`` SGLang captures its CUDA graphs
+    outside the saver; released, ``cuda_graph`` frees nothing (the tag is still noted,
+    so a resume of it is no KeyError)."""
+    sim = start(sim_factory, SGLANG_MEMORY_SAVER_CUDA_GRAPH="0")
+    assert call(sim, RELEASE).text == "null"
+    state = info(sim)
+    assert (
+        state["released_tags"] == ["kv_cache", "weights"] and "cuda_graph" in state["offload_tags"]
+    )
+    assert call(sim, RESUME).text == "null" and info(sim)["memory_occupation"] == "occupied"
