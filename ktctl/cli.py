@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ktctl import render
+from ktctl import configcmd, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktd import __version__
 from ktd import protocol as p
@@ -350,6 +350,10 @@ def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_config(client: Client, args: argparse.Namespace) -> int:
+    return configcmd.run(client, args)
+
+
 HANDLERS: dict[str, Handler] = {
     "ping": cmd_ping,
     "status": cmd_status,
@@ -363,6 +367,7 @@ HANDLERS: dict[str, Handler] = {
     "reload": cmd_reload,
     "doctor": cmd_doctor,
     "usage": cmd_usage,
+    "config": cmd_config,
     "shutdown": cmd_shutdown,
 }
 
@@ -506,6 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--csv", action="store_true", help="CSV with a header line")
 
+    configcmd.add_parser(add, common)
+
     add("shutdown", "stop every engine and the daemon")
     return parser
 
@@ -558,6 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KtdError as exc:
         report_error(args, exc.code, exc.message, exc.detail)
         return exit_code(exc)
+    except configcmd.UsageError as exc:
+        report_error(args, exc.code, str(exc))
+        return EXIT_USAGE
     except KtctlError as exc:
         report_error(args, exc.code, str(exc))
         return exit_code(exc)

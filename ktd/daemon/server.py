@@ -19,7 +19,8 @@ import zmq
 from ktd import __version__
 from ktd import protocol as p
 from ktd.control.errors import ControlError
-from ktd.control.zmqtrio import Frames, TrioSocket
+from ktd.control.zmqtrio import Frames, Peer, TrioSocket
+from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.pool import Pool
 from ktd.frameid import peek_id, skim_id
 
@@ -41,15 +42,17 @@ class ControlServer:
         control: zmq.Socket[bytes],
         events: zmq.Socket[bytes],
         *,
-        reload: Callable[[], Awaitable[str]],
+        reload: Callable[[Who], Awaitable[str]],
         doctor: Callable[[], Awaitable[dict[str, Any]]],
         dry_run: Callable[[str], Awaitable[dict[str, Any]]],
         shutdown: Callable[[], None],
         gateway: Callable[[], p.GatewayInfo | None] = lambda: None,
         machine: Callable[[], Awaitable[p.MachineReply]] | None = None,
+        config: ConfigDesk | None = None,
     ) -> None:
         self.pool = pool
-        self.control = TrioSocket(control, self._on_message, on_drop=self._undelivered)
+        # peers: who sent each request (the config history records it)
+        self.control = TrioSocket(control, self._on_message, on_drop=self._undelivered, peers=True)
         # An XPUB: subscriptions come in as messages, read and dropped (zmq keeps them).
         self.events = TrioSocket(events, lambda frames: None, max_outbox=10_000)
         self._reload = reload
@@ -58,6 +61,7 @@ class ControlServer:
         self._shutdown = shutdown
         self._gateway = gateway
         self._machine = machine
+        self._config = config
         self._nursery: trio.Nursery | None = None
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -118,11 +122,11 @@ class ControlServer:
             self._reply(envelope, reply)
             return
         assert self._nursery is not None
-        self._nursery.start_soon(self._handle, envelope, req)
+        self._nursery.start_soon(self._handle, envelope, req, self.control.sender)
 
-    async def _handle(self, envelope: Frames, req: p.Request) -> None:
+    async def _handle(self, envelope: Frames, req: p.Request, peer: Peer | None) -> None:
         try:
-            reply = await self._dispatch(req)
+            reply = await self._dispatch(req, peer)
         except Exception as exc:  # the daemon never dies of a request
             reply = error_reply(req, exc)
         reply.id = req.id
@@ -178,8 +182,10 @@ class ControlServer:
                 return p.Ok(message="shutting down")
         return None
 
-    async def _dispatch(self, req: p.Request) -> p.Reply:
+    async def _dispatch(self, req: p.Request, peer: Peer | None = None) -> p.Reply:
         pool = self.pool
+        uid = peer.uid if peer is not None else None
+        desk = self._config
         match req:
             case p.Load(alias=alias, dry_run=True):
                 pool.engine(alias)
@@ -195,7 +201,21 @@ class ControlServer:
             case p.Wake(alias=alias, timeout=timeout):
                 return p.LoadReply(engine=await pool.wake(alias, timeout=timeout))
             case p.Reload():
-                return p.Ok(message=await self._reload())
+                return p.Ok(message=await self._reload(Who(uid=uid)))
+            case p.ConfigGet(seq=seq) if desk is not None:
+                return await desk.get(seq)
+            case p.ConfigPlan(config_text=cfg, models_text=models, base=base) if desk is not None:
+                return p.ConfigPlanReply(plan=await desk.plan(cfg, models, base))
+            case p.ConfigApply(config_text=cfg, models_text=models, base=base, author=author) if (
+                desk is not None
+            ):
+                return await desk.apply(cfg, models, base, Who(uid=uid, claimed=author))
+            case p.ConfigHistory() if desk is not None:
+                return await desk.history_now()
+            case p.ConfigRollback(seq=seq, base=base, author=author, dry_run=dry_run) if (
+                desk is not None
+            ):
+                return await desk.rollback(seq, base, Who(uid=uid, claimed=author), dry_run=dry_run)
             case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):
                 lease, engine = await pool.acquire(
                     model, client, autoload=autoload, timeout=timeout

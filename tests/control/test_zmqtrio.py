@@ -142,3 +142,12 @@ async def test_undeliverable_messages_are_reported_not_lost_silently(tmp_path: P
         n.cancel_scope.cancel()
     sock.close()
     assert dropped == [[b"no-such-peer", b"reply"]] and sock.dropped == 1
+
+
+def test_peer_credentials_are_read_from_libzmqs_peer_address() -> None:
+    from ktd.control.zmqtrio import Peer, peer_of
+
+    assert peer_of("localhost:1000:100:4242") == Peer(uid=1000, gid=100, pid=4242)
+    assert peer_of(":0:0:7") == Peer(0, 0, 7)
+    for odd in (None, "", "127.0.0.1", "a:b:c:d", "host:1:2"):
+        assert peer_of(odd) is None
