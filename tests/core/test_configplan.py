@@ -9,6 +9,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from ktd import protocol as p
 from ktd.core import states as S
@@ -246,3 +247,68 @@ def test_the_rule_refuses_exactly_what_disturbs_an_engine_in_motion(
     refused = {q.alias for q in refusals(plans, motion)}
     assert refused == {e.alias for e in plans if e.alias in motion and e.action in DISTURBING}
     assert all(q.level == "error" and q.code == "busy" for q in refusals(plans, motion))
+
+
+class ChangesWhileEnginesMove(RuleBasedStateMachine):
+    """Engines load, wait for a swap, make room, sleep and wake; changes are tried at
+    every step. A change is refused exactly when it would restart, stop or put to sleep
+    an engine that is loading, waking, going to sleep, or waited for or stopped by
+    another one's load (an oracle stated on the model, apart from ``in_motion``)."""
+
+    ALIASES = ("a", "b", "c")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engines = {a: Moving(a, S.STOPPED) for a in self.ALIASES}
+
+    def _set(
+        self, alias: str, state: str, step: str | None = None, engines: tuple[str, ...] = ()
+    ) -> None:
+        self.engines[alias] = Moving(alias, state, step, engines)
+
+    @rule(alias=st.sampled_from(ALIASES))
+    def load(self, alias: str) -> None:
+        self._set(alias, S.STARTING, "loading")
+
+    @rule(alias=st.sampled_from(ALIASES), holder=st.sampled_from(ALIASES))
+    def wait_for(self, alias: str, holder: str) -> None:
+        if holder != alias:
+            self._set(alias, S.STARTING, "waiting", (holder,))
+
+    @rule(alias=st.sampled_from(ALIASES), victim=st.sampled_from(ALIASES))
+    def make_room(self, alias: str, victim: str) -> None:
+        if victim != alias:
+            self._set(alias, S.WAKING, "making_room", (victim,))
+            self._set(victim, S.DRAINING, "draining")
+
+    @rule(
+        alias=st.sampled_from(ALIASES),
+        state=st.sampled_from(
+            [S.READY, S.SLEEPING, S.ASLEEP, S.WAKING, S.STOPPED, S.DRAINING, S.STOPPING]
+        ),
+    )
+    def move(self, alias: str, state: str) -> None:
+        self._set(alias, state)
+
+    @rule(actions=st.lists(st.sampled_from(_ACTIONS), min_size=3, max_size=3))
+    def change(self, actions: list[str]) -> None:
+        plans = [
+            p.EnginePlan(alias=a, action=act) for a, act in zip(self.ALIASES, actions, strict=True)
+        ]
+        refused = {q.alias for q in refusals(plans, in_motion(list(self.engines.values())))}
+        busy = {a for a, m in self.engines.items() if m.state in (S.STARTING, S.WAKING, S.SLEEPING)}
+        for m in self.engines.values():
+            if m.state in (S.STARTING, S.WAKING) and m.step in ("waiting", "making_room"):
+                busy |= set(m.engines)
+        assert refused == {e.alias for e in plans if e.alias in busy and e.action in DISTURBING}
+        # What is refused is said as busy, naming the engine; nothing else is touched.
+        assert all(
+            q.code == "busy" and q.alias in q.message
+            for q in refusals(plans, in_motion(list(self.engines.values())))
+        )
+
+
+ChangesWhileEnginesMove.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=30, deadline=None
+)
+test_changes_while_engines_move = ChangesWhileEnginesMove.TestCase
