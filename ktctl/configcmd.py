@@ -96,11 +96,7 @@ def _planned_change(
     if not plan.ok:
         if _json(args):
             _out(render.dumps({"plan": plan, "applied": False}))
-        raise KtdError(
-            p.ErrorCode.CONFIG_ERROR if not _busy(plan) else p.ErrorCode.BUSY,
-            _first_error(plan),
-            {"plan": render.builtins(plan)},
-        )
+        raise KtdError(_code(plan), _first_error(plan), {"plan": render.builtins(plan)})
     if not plan.changed and plan.base == plan.running:
         if _json(args):
             _out(render.dumps({"plan": plan, "applied": False}))
@@ -122,14 +118,19 @@ def _applied(reply: p.ConfigApplyReply) -> dict[str, Any]:
     return {"version": reply.version, "seq": reply.seq, "summary": reply.summary}
 
 
-def _busy(plan: p.ConfigPlanView) -> bool:
+def _code(plan: p.ConfigPlanView) -> str:
+    """The plan's refusal as an error code: ``config_error`` when the config is at fault,
+    else what is (``stale_config``, ``busy``)."""
     errors = [q for q in plan.problems if q.level == "error"]
-    return bool(errors) and all(q.code == p.ErrorCode.BUSY for q in errors)
+    if not errors or any(not q.code for q in errors):
+        return p.ErrorCode.CONFIG_ERROR
+    return errors[0].code
 
 
 def _first_error(plan: p.ConfigPlanView) -> str:
     errors = [q for q in plan.problems if q.level == "error"]
-    q = errors[0]
+    own = [q for q in errors if not q.code]
+    q = (own or errors)[0]
     where = f"{q.file}: {q.path}: " if q.path else ""
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{where}{q.message}{more}; nothing was changed"
@@ -361,11 +362,7 @@ def cmd_rollback(client: Client, args: argparse.Namespace) -> int:
     assert isinstance(plan, p.ConfigPlanView)
     _show(args, plan)
     if not plan.ok:
-        raise KtdError(
-            p.ErrorCode.BUSY if _busy(plan) else p.ErrorCode.CONFIG_ERROR,
-            _first_error(plan),
-            {"plan": render.builtins(plan)},
-        )
+        raise KtdError(_code(plan), _first_error(plan), {"plan": render.builtins(plan)})
     if not _confirmed(args, "roll back to this version?"):
         _out("not applied")
         return EXIT_FAILED

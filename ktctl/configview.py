@@ -111,4 +111,6 @@ def history_table(reply: p.ConfigHistoryReply, now: float | None = None) -> str:
         text += (
             f"\nthe files on disk ({reply.disk}) are not a version yet: `ktctl reload` records them"
         )
-    return text + f"\n(ktd keeps the last {reply.keep} versions)"
+    return (
+        text + f"\n(ktd keeps {reply.keep} versions: the files now and the {reply.keep - 1} before)"
+    )

@@ -175,9 +175,12 @@ def _sets(entry: ModelEntry, name: str) -> bool:
     return getattr(entry, name, None) is not None
 
 
-def field_path(config: Config, spec: ModelSpec, name: str) -> tuple[str, str, str]:
+def field_path(
+    config: Config, spec: ModelSpec, name: str, *, was: Config | None = None
+) -> tuple[str, str, str]:
     """(file, JSON path, label) of the value behind ``spec``'s field ``name``: the entry's
-    own when it sets it, else the config.json default under it. ``label`` is how a plan
+    own when it sets it (or set it in ``was``: a value taken out of the entry is the
+    entry's change), else the config.json default under it. ``label`` is how a plan
     names it (``kt.ctx``, ``ktransformers.ctx``)."""
     where = _entry_of(config, spec)
     models_file = spec.source.rpartition(": ")[0] or spec.source
@@ -186,7 +189,9 @@ def field_path(config: Config, spec: ModelSpec, name: str) -> tuple[str, str, st
         own = _SECTION_NAMES.get(name, name)
         return config.path, f"$.ktransformers.{own}", f"ktransformers.{own}"
     i, entry = where
-    if in_entry is not None and (in_section is None or _sets(entry, in_entry)):
+    before = _entry_of(was, spec) if was is not None else None
+    own_before = before is not None and in_entry is not None and _sets(before[1], in_entry)
+    if in_entry is not None and (in_section is None or _sets(entry, in_entry) or own_before):
         return models_file, f"$[{i}].{in_entry}", in_entry
     label = in_section or name
     return config.path, "$." + label, label
@@ -200,13 +205,16 @@ def _json(value: Any) -> Any:
     return value
 
 
-def spec_changes(old: ModelSpec, new: ModelSpec, config: Config) -> list[FieldChange]:
-    """The fields in which ``new`` differs from ``old``, named as ``config`` holds them."""
+def spec_changes(
+    old: ModelSpec, new: ModelSpec, config: Config, was: Config | None = None
+) -> list[FieldChange]:
+    """The fields in which ``new`` differs from ``old``, named as ``config`` holds them
+    (or ``was``, the config before, held them)."""
     out = []
     for name in _SHOWN:
         before, after = getattr(old, name), getattr(new, name)
         if before != after:
-            label = field_path(config, new, name)[2]
+            label = field_path(config, new, name, was=was)[2]
             out.append(FieldChange(field=label, old=_json(before), new=_json(after)))
     return out
 
@@ -274,7 +282,9 @@ def _engine_plans(
         state = str(view.state) if view is not None else ""
         spec = change.spec
         before = view.spec if view is not None else old.models.get(change.alias)
-        fields = spec_changes(before, spec, new) if before is not None and spec is not None else []
+        fields = (
+            spec_changes(before, spec, new, old) if before is not None and spec is not None else []
+        )
         kind = change.kind
         if kind == "same" or (kind == "update" and not fields):
             plan = EnginePlan(alias=change.alias, action="unchanged", state=state)
@@ -294,7 +304,7 @@ def _engine_plans(
             else:
                 action, note = (
                     "restart",
-                    "stopped and started again with the new launch (now: idle)",
+                    "stopped now (it is idle) and started with the new launch",
                 )
             plan = EnginePlan(
                 alias=change.alias, action=action, state=state, fields=fields, note=note
@@ -333,11 +343,11 @@ def _engine_plans(
                 out.engines[alias] = EnginePlan(
                     alias=alias, action="add", note=f"listed, not served: {spec.not_served_reason}"
                 )
-            elif was.served == spec.served and spec_changes(was, spec, new):
+            elif was.served == spec.served and spec_changes(was, spec, new, old):
                 out.engines[alias] = EnginePlan(
                     alias=alias,
                     action="update",
-                    fields=spec_changes(was, spec, new),
+                    fields=spec_changes(was, spec, new, old),
                     note="listed, not served",
                 )
     for alias, spec in old.models.items():

@@ -284,7 +284,11 @@ class ConfigDesk:
         """What applying these texts would do; nothing is changed (no lock: reads only)."""
         disk = await self._disk()
         new_texts = await self._merged(disk, config, models)
-        return await self._plan(disk, new_texts)
+        plan = await self._plan(disk, new_texts)
+        if base and base != plan.base:  # what applying it would answer, said now
+            plan.problems.insert(0, _stale_problem(base, plan.base))
+            plan.ok = False
+        return plan
 
     async def _plan(self, disk: ConfigTexts, new_texts: ConfigTexts) -> p.ConfigPlanView:
         base, version = texts_version(disk), texts_version(new_texts)
@@ -441,8 +445,7 @@ class ConfigDesk:
         if base and base != now:
             raise ControlError(
                 p.ErrorCode.STALE_CONFIG,
-                f"the config changed since version {base} was read (it is {now} now): "
-                "nothing was applied; read it again and make the change on what is there",
+                _stale_problem(base, now).message + ": nothing was applied",
                 {"base": base, "version": now},
             )
 
@@ -513,14 +516,23 @@ class ConfigDesk:
         and field of the first one, or ``busy`` when every error is a load or a swap the
         change would throw away."""
         errors = [q for q in plan.problems if q.level == "error"]
-        config = [q for q in errors if q.code != p.ErrorCode.BUSY]
+        config = [q for q in errors if not q.code]
         first = (config or errors)[0]
-        code = p.ErrorCode.CONFIG_ERROR if config else p.ErrorCode.BUSY
+        code = p.ErrorCode.CONFIG_ERROR if config else first.code
         where = f"{first.file}: {first.path}: " if first.path else ""
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         detail = _problem_detail(plan)
         detail.update(file=first.file, path=first.path)
         raise ControlError(code, f"{where}{first.message}{more}; nothing was changed", detail)
+
+
+def _stale_problem(base: str, now: str) -> p.ConfigProblem:
+    return p.ConfigProblem(
+        level="error",
+        code=p.ErrorCode.STALE_CONFIG,
+        message=f"the config changed since version {base} was read (it is {now} now); "
+        "read it again and make the change on what is there",
+    )
 
 
 def _why(exc: OSError) -> str:

@@ -312,3 +312,9 @@ ChangesWhileEnginesMove.TestCase.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None
 )
 test_changes_while_engines_move = ChangesWhileEnginesMove.TestCase
+
+
+def test_a_value_taken_out_of_an_entry_is_named_as_the_entrys() -> None:
+    old = config([entry("a", kt={"ctx": 8192})], section={"ctx": 100})
+    new = config([entry("a")], section={"ctx": 100})
+    assert actions(plan_of(old, new, a=S.READY))["a"] == ("restart", ["kt.ctx"])

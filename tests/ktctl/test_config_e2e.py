@@ -324,6 +324,8 @@ BAD_SETS = [
      "sglang-kt 0.7.2+sim"),
     ("ambiguous flag", ["kt.extra_args=--kt 1"], 1,
      "config_error: {models}: $[0].kt.extra_args: extra_args --kt: ambiguous option"),
+    ("value SGLang refuses", ["kt.extra_args=--dtype float7"], 1,
+     "config_error: {models}: $[0].kt.extra_args: extra_args --dtype: invalid choice 'float7'"),
 ]  # fmt: skip
 
 
@@ -364,6 +366,11 @@ def test_a_stale_base_is_refused(
     assert code == 1
     assert "stale_config: the config changed since version 0123456789ab was read" in err
     assert box.files() == before
+    # Even a text that would change nothing: the version read is not what is there.
+    code, _, err = ktctl(
+        capsys, box, "config", "apply", str(box.models), "--base", "0123456789ab", "--yes"
+    )
+    assert code == 1 and "stale_config: the config changed since version 0123456789ab" in err
 
 
 def test_a_change_that_would_throw_a_load_away_is_refused(

@@ -303,7 +303,7 @@ K.config = {};
     $c("cfg-history").replaceChildren(h("table", { class: "cfg-table cfg-history" },
       h("thead", {}, h("tr", {}, ["#", "version", "when", "how", "who", "what", ""].map((t) => h("th", {}, t)))),
       h("tbody", {}, rows)),
-    h("p", { class: "muted" }, `ktd keeps the last ${d.keep} versions.`));
+    h("p", { class: "muted" }, `ktd keeps ${d.keep} versions: the files now and the ${d.keep - 1} before them.`));
   }
 
   function value(v) {
