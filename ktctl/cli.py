@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ktctl import configcmd, render
+from ktctl import configargs, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktd import __version__
 from ktd import protocol as p
@@ -351,6 +351,8 @@ def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_config(client: Client, args: argparse.Namespace) -> int:
+    from ktctl import configcmd  # only when it runs: ktctl's start-up stays what it was
+
     return configcmd.run(client, args)
 
 
@@ -511,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--csv", action="store_true", help="CSV with a header line")
 
-    configcmd.add_parser(add, common)
+    configargs.add_parser(add, common)
 
     add("shutdown", "stop every engine and the daemon")
     return parser
@@ -565,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KtdError as exc:
         report_error(args, exc.code, exc.message, exc.detail)
         return exit_code(exc)
-    except configcmd.UsageError as exc:
+    except configargs.UsageError as exc:
         report_error(args, exc.code, str(exc))
         return EXIT_USAGE
     except KtctlError as exc:

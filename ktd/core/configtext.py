@@ -15,7 +15,6 @@ finds where each value lies. Imported by ktctl: the standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,8 @@ class EditError(ValueError):
 def version_of(config: bytes, models_name: str, models: bytes | None) -> str:
     """A version's id: the first 12 hex digits of the SHA-256 of both files (and where
     the models are). Equal files, equal id: a rollback to a version gets its id again."""
+    import hashlib  # here: ktctl imports this module and OpenSSL costs its start-up 3 ms
+
     h = hashlib.sha256()
     h.update(b"config\0" + config + b"\0models\0" + models_name.encode() + b"\0")
     h.update(models if models is not None else b"\xff(none)")

@@ -11,8 +11,6 @@ one of theirs. Imported by ktctl: the standard library only.
 from __future__ import annotations
 
 import json
-import shlex
-from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = ["FIELDS", "Field", "FieldValueError", "field", "parse_value"]
@@ -30,14 +28,28 @@ Kind = Literal[
 ]
 
 
-@dataclass(frozen=True)
 class Field:
-    name: str  # as in the file: "ttl", "kt.ctx"
-    kind: Kind
-    meaning: str
-    choices: tuple[str, ...] = ()
-    required: bool = False
-    optional: bool = False  # null is a value of its own ("no limit", "the default")
+    """One field (a plain class: ktctl builds its parser from these, and a dataclass
+    costs its start-up a millisecond)."""
+
+    __slots__ = ("choices", "kind", "meaning", "name", "optional", "required")
+
+    def __init__(
+        self,
+        name: str,  # as in the file: "ttl", "kt.ctx"
+        kind: Kind,
+        meaning: str,
+        *,
+        choices: tuple[str, ...] = (),
+        required: bool = False,
+        optional: bool = False,  # null is a value of its own ("no limit", "the default")
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.meaning = meaning
+        self.choices = choices
+        self.required = required
+        self.optional = optional
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -208,6 +220,8 @@ def parse_value(name: str, text: str) -> Any:
         if "," in text or text.strip().startswith("["):
             return _ints(name, text)
         return _number(name, text.strip(), whole=True)
+    import shlex
+
     if f.kind == "args":
         if text.strip().startswith("["):
             return _json(name, text, list)

@@ -464,3 +464,12 @@ def test_a_full_disk_leaves_the_files_and_the_running_config(tmp_path: Path) -> 
             daemon.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_unknown_model_is_exit_4_and_says_where_the_section_model_is(
+    box: Box, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = ktctl(capsys, box, "config", "set", "nope", "ttl=1", "--yes")
+    assert code == 4
+    assert "no entry with alias 'nope' in models.json (there are: alpha, beta, slow)" in err
+    assert "ktctl config edit --file config" in err
