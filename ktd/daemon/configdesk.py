@@ -173,7 +173,7 @@ class ConfigDesk:
         latest = self.history.latest()
         if latest is not None and latest.version == version:
             return latest.seq
-        record = self._record_of(texts, how, who, what or "changed by hand", latest)
+        record = await self._new_record(texts, how, who, what or "changed by hand", latest)
         try:
             await trio.to_thread.run_sync(self.history.add, record)
             await trio.to_thread.run_sync(self.history.trim)
@@ -182,7 +182,7 @@ class ConfigDesk:
             return None
         return record.info.seq
 
-    def _record_of(
+    async def _new_record(
         self,
         texts: ConfigTexts,
         how: str,
@@ -191,7 +191,14 @@ class ConfigDesk:
         latest: p.ConfigVersion | None,
         rollback_of: int | None = None,
     ) -> Record:
-        before = self.history.get(latest.seq) if latest is not None else None
+        """The version ``texts`` make: which files changed against the last one, and who
+        (the uid's name from NSS, which may be LDAP; both read off the loop)."""
+        user = await trio.to_thread.run_sync(who.user)
+        before = (
+            await trio.to_thread.run_sync(self.history.get, latest.seq)
+            if latest is not None
+            else None
+        )
         files = _changed_files(before.texts() if before is not None else None, texts)
         info = p.ConfigVersion(
             seq=self.history.next_seq(),
@@ -199,7 +206,7 @@ class ConfigDesk:
             time=time.time(),
             how=how,
             uid=who.uid,
-            user=who.user(),
+            user=user,
             claimed=who.claimed,
             what=what,
             files=files,
@@ -416,17 +423,17 @@ class ConfigDesk:
     ) -> p.ConfigApplyReply | p.ConfigPlanReply:
         if dry_run:
             disk = await self._disk()
-            record = self._rollback_target(seq, texts_version(disk))
+            record = await self._rollback_target(seq, texts_version(disk))
             return p.ConfigPlanReply(plan=await self._plan(disk, record.texts()))
         async with self._lock:
             disk = await self._disk()
             self._check_base(base, disk)
-            record = self._rollback_target(seq, texts_version(disk))
+            record = await self._rollback_target(seq, texts_version(disk))
             return await self._apply(
                 disk, record.texts(), who, how="rollback", rollback_of=record.info.seq
             )
 
-    def _rollback_target(self, seq: int | None, disk_version: str) -> Record:
+    async def _rollback_target(self, seq: int | None, disk_version: str) -> Record:
         """Version ``seq``, or the last one before the files on disk now."""
         if seq is None:
             older = [i for i in self.history.infos() if i.version != disk_version]
@@ -435,7 +442,7 @@ class ConfigDesk:
                     p.ErrorCode.BAD_REQUEST, "no older version in the config history to go back to"
                 )
             seq = older[0].seq
-        record = self.history.get(seq)
+        record = await trio.to_thread.run_sync(self.history.get, seq)
         if record is None:
             raise self._no_version(seq)
         return record
@@ -466,7 +473,7 @@ class ConfigDesk:
         new = parse_config(new_texts)  # validated by the plan
         latest = self.history.latest()
         what = plan.summary if how == "apply" else f"back to version {rollback_of}: {plan.summary}"
-        record = self._record_of(new_texts, how, who, what, latest, rollback_of)
+        record = await self._new_record(new_texts, how, who, what, latest, rollback_of)
         seq = record.info.seq
         try:
             await trio.to_thread.run_sync(self.history.add, record)
@@ -502,7 +509,7 @@ class ConfigDesk:
         log.info(
             "config %s by %s (uid %s, claimed %r): %s; %s",
             how,
-            who.user() or "?",
+            record.info.user or "?",
             who.uid,
             who.claimed,
             plan.summary,
