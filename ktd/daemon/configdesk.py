@@ -481,7 +481,7 @@ class ConfigDesk:
             raise _write_failed(
                 f"cannot record the version in the config history: {_why(exc)}"
             ) from None
-        changes = _file_changes(disk, new_texts)
+        changes = await trio.to_thread.run_sync(_file_changes, disk, new_texts)  # may read
         try:
             await trio.to_thread.run_sync(self._write, changes)
         except OSError as exc:
