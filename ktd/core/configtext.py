@@ -107,7 +107,13 @@ def _scan(text: str, i: int) -> _Node:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal as JSON values, types included (``1``, ``1.0`` and ``true`` differ)."""
+    """Equal as JSON values: ``600`` and ``600.0`` are one number (a page's JavaScript
+    sends the one it read either way; the file keeps its spelling), ``true`` is no ``1``."""
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers):
+        if isinstance(a, bool) or isinstance(b, bool):
+            return a is b
+        return bool(a == b)
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):

@@ -165,3 +165,13 @@ def test_any_edit_yields_exactly_the_edited_document(
                 "\n", "\n" + (indent if isinstance(indent, str) else " " * indent)
             )
             assert shifted in out
+
+
+def test_a_number_sent_back_as_the_same_number_keeps_its_spelling() -> None:
+    text = '[{"alias": "a", "ttl": 600.0, "pinned": false, "max_queue": 1}]\n'
+    index = ct.find_entry(text, "a")
+    # What a page's JavaScript sends back for an untouched form: 600, not 600.0.
+    same = {"alias": "a", "ttl": 600, "pinned": False, "max_queue": 1}
+    assert ct.replace_entry(text, index, same) == text
+    assert '"pinned": true' in ct.replace_entry(text, index, {**same, "pinned": True})
+    assert '"max_queue": true' in ct.replace_entry(text, index, {**same, "max_queue": True})
