@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ktctl import render
+from ktctl import configargs, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktd import __version__
 from ktd import protocol as p
@@ -381,6 +381,12 @@ def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_config(client: Client, args: argparse.Namespace) -> int:
+    from ktctl import configcmd  # only when it runs: ktctl's start-up stays what it was
+
+    return configcmd.run(client, args)
+
+
 HANDLERS: dict[str, Handler] = {
     "ping": cmd_ping,
     "status": cmd_status,
@@ -394,6 +400,7 @@ HANDLERS: dict[str, Handler] = {
     "reload": cmd_reload,
     "doctor": cmd_doctor,
     "usage": cmd_usage,
+    "config": cmd_config,
     "shutdown": cmd_shutdown,
     "schema": cmd_schema,
     "wait": cmd_wait,
@@ -540,6 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--csv", action="store_true", help="CSV with a header line")
 
+    configargs.add_parser(add, common)
+
     add("shutdown", "stop every engine and the daemon")
 
     sp = add(
@@ -613,6 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KtdError as exc:
         report_error(args, exc.code, exc.message, exc.detail)
         return exit_code(exc)
+    except configargs.UsageError as exc:
+        report_error(args, exc.code, str(exc))
+        return EXIT_USAGE
     except KtctlError as exc:
         report_error(args, exc.code, str(exc))
         return exit_code(exc)

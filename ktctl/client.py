@@ -143,6 +143,18 @@ def _denied(path: Path) -> DaemonUnreachable:
     )
 
 
+def _author(author: str | None) -> str:
+    """Who the change is by, as this client says it (the daemon reads the uid itself)."""
+    if author is not None:
+        return author[:128]
+    try:
+        import getpass
+
+        return getpass.getuser()[:128]
+    except (ImportError, KeyError, OSError):
+        return ""
+
+
 # ---------------------------------------------------------------- client
 
 
@@ -627,6 +639,65 @@ class Client(Closing):
         ``since`` (``YYYY-MM-DD``; "" all it keeps), of ``key`` (its name) or every key."""
         reply = self._call(p.Usage(since=since, key=key), self.timeout)
         return self._expect(reply, p.UsageReply).rows
+
+    # ------------------------------------------------------------ the config (issue 39)
+
+    def config_get(self, seq: int | None = None) -> p.ConfigReply:
+        """The config's files as they are on disk (or version ``seq`` of the history) and
+        their ``version``: the ``base`` to name when applying a change made from them."""
+        return self._expect(self._call(p.ConfigGet(seq=seq), self.timeout), p.ConfigReply)
+
+    def config_plan(
+        self, *, config_text: str | None = None, models_text: str | None = None, base: str = ""
+    ) -> p.ConfigPlanView:
+        """What applying these texts would do, per engine, and what is wrong with them
+        (``problems``; ``ok`` is False when one is an error). Nothing is changed. A text
+        left None is that file as it is. The daemon asks each new or changed model's
+        SGLang about its flags (a probe: up to 120 s the first time)."""
+        msg = p.ConfigPlan(config_text=config_text, models_text=models_text, base=base)
+        budget = max(self.timeout, DRY_RUN_BUDGET)
+        return self._expect(self._call(msg, budget), p.ConfigPlanReply).plan
+
+    def config_apply(
+        self,
+        *,
+        config_text: str | None = None,
+        models_text: str | None = None,
+        base: str = "",
+        author: str | None = None,
+    ) -> p.ConfigApplyReply:
+        """Write these texts and apply them as a reload does, if the files are still
+        version ``base`` (else ``KtdError`` ``stale_config``) and the plan has no error
+        (else ``config_error``, or ``busy`` for a load or a swap it would throw away).
+        ``author`` is recorded as claimed (default: this login's name)."""
+        msg = p.ConfigApply(
+            config_text=config_text,
+            models_text=models_text,
+            base=base,
+            author=_author(author),
+        )
+        budget = max(self.timeout, DRY_RUN_BUDGET)
+        return self._expect(self._call(msg, budget), p.ConfigApplyReply)
+
+    def config_history(self) -> p.ConfigHistoryReply:
+        """The versions of the config the daemon keeps, newest first."""
+        return self._expect(self._call(p.ConfigHistory(), self.timeout), p.ConfigHistoryReply)
+
+    def config_rollback(
+        self,
+        seq: int | None = None,
+        *,
+        base: str = "",
+        author: str | None = None,
+        dry_run: bool = False,
+    ) -> p.ConfigApplyReply | p.ConfigPlanView:
+        """Apply version ``seq`` of the history again (None: the one before the files
+        now), as any change is applied; ``dry_run``: its plan only."""
+        msg = p.ConfigRollback(seq=seq, base=base, author=_author(author), dry_run=dry_run)
+        reply = self._call(msg, max(self.timeout, DRY_RUN_BUDGET))
+        if dry_run:
+            return self._expect(reply, p.ConfigPlanReply).plan
+        return self._expect(reply, p.ConfigApplyReply)
 
     def doctor(self) -> dict[str, Any]:
         """The daemon's health report: ``{"checks": [{name, status, detail, advice}, ...]}``."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ktd import paths
+from ktd.core.modelfields import readme_lines
 
 STARTER_CONFIG: dict[str, Any] = {
     "ktransformers": {
@@ -65,18 +66,9 @@ config.json (JSON allows no comments, so they live here):
                   (other sites' pages and host names browsers may use; none by
                   default), metrics_public (/metrics without a key).
 
-models.json: one entry per model.
-  path            the Hugging Face model dir (SGLang --model)
-  alias           the name clients ask for (exact match; no ':')
-  kt.kt_weight_path  the converted kt-kernel expert weights (--kt-weight-path)
-  kt.extra_args   per-model flags; kt is used only with --kt-num-gpu-experts or
-                  --kt-gpu-experts-ratio
-  numa, gpus      placement ("auto"); ttl: idle seconds before eviction (0: never)
-  sleep           true: swaps and the ttl put it to sleep (SGLang's memory saver frees
-                  its GPU memory, the experts stay in RAM) and a request wakes it in
-                  seconds; sleep_ttl: seconds asleep before it is stopped (0: never)
-  fit             "check" refuses a load whose memory estimate does not fit the
-                  planned NUMA nodes and GPUs; "ignore" loads anyway
+models.json: one entry per model (the dashboard's editor and `ktctl config set`
+show these too).
+{fields}
 
 Next steps:
   1. Edit the paths in models.json (the starter ones are placeholders).
@@ -104,7 +96,7 @@ def write_starter(config: Path) -> list[Path]:
     with models.open("x") as f:
         f.write(json.dumps(STARTER_MODELS, indent=2) + "\n")
     with readme.open("x") as f:
-        f.write(README.format(config=config))
+        f.write(README.format(config=config, fields="\n".join(readme_lines())))
     return [config, models, readme]
 
 

@@ -223,6 +223,7 @@ class _Maker:
 _PATTERNED = {
     r"^\d{4}-\d{2}-\d{2}$": "2026-01-31",
     r"^(\d{4}-\d{2}-\d{2})?$": "2026-01-31",
+    r"^[0-9a-f]*$": "d11214ffe8a4",  # a config version id
 }
 
 

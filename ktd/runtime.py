@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ktd import paths
-from ktd.core.config import Config, ConfigError, load_config
+from ktd.core.config import Config, ConfigError, ConfigTexts, parse_config, read_config_texts
 
 
 def add_common_options(ap: argparse.ArgumentParser) -> None:
@@ -31,9 +31,17 @@ def setup_logging(level: str) -> None:
 
 def load_or_report(config_arg: str | None, prog: str) -> Config | None:
     """The config, or None after one clear line on stderr (the caller exits 2)."""
+    loaded = load_texts_or_report(config_arg, prog)
+    return loaded[0] if loaded is not None else None
+
+
+def load_texts_or_report(config_arg: str | None, prog: str) -> tuple[Config, ConfigTexts] | None:
+    """The config and the files' bytes it was read from (the daemon's first version of
+    the config), or None after one clear line on stderr (the caller exits 2)."""
     path = Path(config_arg) if config_arg else paths.default_config_path()
     try:
-        config = load_config(path)
+        texts = read_config_texts(path)
+        config = parse_config(texts)
     except ConfigError as exc:
         print(f"{prog}: config error: {exc}", file=sys.stderr)
         return None
@@ -44,4 +52,4 @@ def load_or_report(config_arg: str | None, prog: str) -> Config | None:
         except OSError as exc:
             print(f"{prog}: config error: {config.path}: $.daemon.cpus: {exc}", file=sys.stderr)
             return None
-    return config
+    return config, texts

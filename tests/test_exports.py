@@ -43,6 +43,11 @@ def test_protocol_request_and_reply_tags() -> None:
     assert _tags(p.AnyRequest) == {
         "acquire",
         "claim",
+        "config_apply",
+        "config_get",
+        "config_history",
+        "config_plan",
+        "config_rollback",
         "doctor",
         "engine_keys",
         "evict",
@@ -67,6 +72,10 @@ def test_protocol_request_and_reply_tags() -> None:
     assert _tags(p.AnyReply) == {
         "acquire",
         "claim",
+        "config",
+        "config_apply",
+        "config_history",
+        "config_plan",
         "doctor",
         "engine_keys",
         "error",
@@ -100,6 +109,8 @@ def test_protocol_error_codes_are_stable() -> None:
         "shutting_down",
         "internal",
         "no_sleep",
+        "stale_config",
+        "write_failed",
     }
 
 

@@ -33,8 +33,15 @@ from tests.test_protocol_schema import committed, protocol_1_0
 
 #: Tags 1.1 added: a new client sends these ops only to a daemon whose ``Pong`` says
 #: 1.1 or later (or whose features name them), and only those replies answer them.
-NEW_OPS_1_1 = {"schema"}
-NEW_REPLIES_1_1 = {"schema"}
+NEW_OPS_1_1 = {
+    "schema",
+    "config_get",
+    "config_plan",
+    "config_apply",
+    "config_history",
+    "config_rollback",
+}
+NEW_REPLIES_1_1 = {"schema", "config", "config_plan", "config_apply", "config_history"}
 
 
 def tags(union: Any) -> set[str]:

@@ -15,11 +15,42 @@ import contextlib
 import os
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 import trio
 import zmq
 
 Frames = list[bytes]
+
+
+class Peer(NamedTuple):
+    """Who sent a message on an ipc socket: libzmq reads ``SO_PEERCRED`` of the
+    connection and gives it as the message's ``Peer-Address`` (``...:uid:gid:pid``)."""
+
+    uid: int
+    gid: int
+    pid: int
+
+
+def peer_of(address: str | None) -> Peer | None:
+    """The credentials in a ``Peer-Address`` property, or None (not ipc, not Linux)."""
+    if not address:
+        return None
+    parts = address.rsplit(":", 3)
+    if len(parts) != 4:
+        return None
+    try:
+        return Peer(int(parts[1]), int(parts[2]), int(parts[3]))
+    except ValueError:
+        return None
+
+
+def _sender(frame: zmq.Frame) -> Peer | None:
+    try:
+        address = frame.get("Peer-Address")
+    except zmq.ZMQError:  # no such property on this transport
+        return None
+    return peer_of(address if isinstance(address, str) else None)
 
 
 class TrioSocket:
@@ -33,6 +64,7 @@ class TrioSocket:
         max_outbox: int = 100_000,
         on_drop: Callable[[Frames], None] | None = None,
         on_full: Callable[[Frames], None] | None = None,
+        peers: bool = False,
     ) -> None:
         """``on_message=None`` for send-only sockets (PUB), which must never be read.
 
@@ -44,6 +76,10 @@ class TrioSocket:
         one peer's queue is at its high-water mark (it does not read): that message
         goes to ``on_full`` instead and the next is sent, so one client never holds
         up the replies to the others.
+
+        ``peers``: each message's sender (``Peer``, from the kernel) is ``sender`` while
+        ``on_message`` runs (the control socket records who changed the config; a
+        microsecond or two per message: bench/RESULTS.md).
         """
         self.sock = sock
         self._on_message = on_message
@@ -55,6 +91,8 @@ class TrioSocket:
         self._rebind: tuple[str, int] | None = None
         self._on_full = on_full
         self.dropped = 0
+        self._peers = peers
+        self.sender: Peer | None = None
 
     def rebind(self, endpoint: str, *, umask: int) -> None:
         """Bind ``endpoint`` again (its ipc file was removed or replaced), creating it
@@ -103,13 +141,18 @@ class TrioSocket:
         if self._on_drop is not None:
             self._on_drop(frames)
 
-    def _drain_recv(self) -> list[Frames]:
-        got: list[Frames] = []
+    def _drain_recv(self) -> list[tuple[Frames, Peer | None]]:
+        got: list[tuple[Frames, Peer | None]] = []
         while True:
             try:
-                got.append(self.sock.recv_multipart(flags=zmq.NOBLOCK))
+                if self._peers:
+                    parts = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    frames, peer = [f.bytes for f in parts], _sender(parts[-1])
+                else:
+                    frames, peer = self.sock.recv_multipart(flags=zmq.NOBLOCK), None
             except zmq.Again:
                 return got
+            got.append((frames, peer))
             if len(got) >= 256:
                 # Yield to other tasks under a flood; EVENTS still says POLLIN.
                 return got
@@ -129,8 +172,12 @@ class TrioSocket:
                         os.umask(old)
                 # on_message must not block: handlers that take time spawn tasks.
                 if self._on_message is not None:
-                    for frames in self._drain_recv():
-                        self._on_message(frames)
+                    for frames, peer in self._drain_recv():
+                        self.sender = peer
+                        try:
+                            self._on_message(frames)
+                        finally:
+                            self.sender = None
                 sent_all = self._flush()
                 events = int(self.sock.getsockopt(zmq.EVENTS))
                 readable = self._on_message is not None and events & zmq.POLLIN

@@ -14,6 +14,7 @@ import shlex
 import stat
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -124,6 +125,9 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Bound on each of SGLang's memory calls (release, resume) and on the health check
     # after a resume; past it the engine is stopped and the next request reloads it.
     memory_timeout: float = 120.0
+    # Versions of the config kept in the state dir (``ktctl config history``): the files
+    # now and this many before them.
+    config_history: int = 20
 
 
 class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -274,6 +278,9 @@ class Config(msgspec.Struct, kw_only=True):
     path: str
     file: ConfigFile
     models: dict[str, ModelSpec]
+    # models.json's entries as written (what each sets itself, not the defaults under it):
+    # a plan names a changed value by the field that holds it (``ktd.core.configplan``)
+    entries: list[ModelEntry] = []
 
     @property
     def daemon(self) -> DaemonSection:
@@ -473,35 +480,73 @@ def _file_kind(mode: int) -> str:
     return "not a plain file"
 
 
-def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
-    """Read, validate and resolve a config; bad input raises ConfigError and nothing else.
-    Blocking (files): the daemon calls it from a thread, bounded (``ktd.daemon.main``)."""
+@dataclass(frozen=True)
+class ConfigTexts:
+    """The two files of a config as bytes, and where they are: what a version of the
+    config is (``ktctl config``, the history), read once and parsed from memory."""
+
+    config_name: str
+    config: bytes
+    models_name: str
+    models: bytes | None  # None: no models file
+    models_named: bool = False  # config.json names it (``models_file``): it must exist
+
+
+def models_file_of(cfg_path: Path, config: bytes) -> tuple[Path, bool]:
+    """Where a config's models file is, and whether config.json names it. Read leniently
+    (a config.json that does not validate still says where its models are; a text that
+    is no JSON object means the default ``models.json`` beside it)."""
+    try:
+        doc = msgspec.json.decode(config)
+    except msgspec.DecodeError:
+        doc = None
+    named = doc.get("models_file") if isinstance(doc, dict) else None
+    if isinstance(named, str) and named:
+        return cfg_path.parent / named, True
+    return cfg_path.parent / "models.json", False
+
+
+def read_config_texts(path: str | Path, *, missing_ok: bool = False) -> ConfigTexts:
+    """Both files' bytes (regular files, bounded); ConfigError when one cannot be read.
+    ``missing_ok``: a models file config.json names but that does not exist is read as
+    none (what is on disk, for ``ktctl config``); parsing refuses it. Blocking (files)."""
     cfg_path = Path(path)
     cfg_name = str(cfg_path)
     try:
         data = read_config_file(cfg_path)
     except OSError as exc:
         raise ConfigError(cfg_name, "", f"cannot read: {exc.strerror or exc}") from None
-    file: ConfigFile = _decode_json(cfg_name, data, ConfigFile)
-    _validate_sections(file, cfg_name)
-
-    entries: list[ModelEntry] = []
-    models_name = ""
-    models_file = file.models_file
-    explicit = models_file is not None
-    mpath = cfg_path.parent / (models_file or "models.json")
-    models_name = str(mpath)
-    if mpath.exists() or explicit:
+    mpath, named = models_file_of(cfg_path, data)
+    mdata = None
+    if mpath.exists() or (named and not missing_ok):
         try:
             mdata = read_config_file(mpath)
         except OSError as exc:
             raise ConfigError(
                 cfg_name, "$.models_file", f"cannot read {mpath}: {exc.strerror or exc}"
             ) from None
-        entries = _decode_json(models_name, mdata, list[ModelEntry])
+    return ConfigTexts(cfg_name, data, str(mpath), mdata, named)
 
+
+def parse_config(texts: ConfigTexts) -> Config:
+    """Validate and resolve a config from its files' bytes (pure); ConfigError names the
+    file and the field."""
+    cfg_name, models_name = texts.config_name, texts.models_name
+    file: ConfigFile = _decode_json(cfg_name, texts.config, ConfigFile)
+    _validate_sections(file, cfg_name)
+    entries: list[ModelEntry] = []
+    if texts.models is not None:
+        entries = _decode_json(models_name, texts.models, list[ModelEntry])
+    elif texts.models_named:
+        raise ConfigError(cfg_name, "$.models_file", f"{models_name} does not exist")
     models = resolve_models(file, entries, cfg_name, models_name)
-    return Config(path=cfg_name, file=file, models=models)
+    return Config(path=cfg_name, file=file, models=models, entries=entries)
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Read, validate and resolve a config; bad input raises ConfigError and nothing else.
+    Blocking (files): the daemon calls it from a thread, bounded (``ktd.daemon.main``)."""
+    return parse_config(read_config_texts(path))
 
 
 def _validate_sections(file: ConfigFile, name: str) -> None:
@@ -530,6 +575,8 @@ def _validate_sections(file: ConfigFile, name: str) -> None:
         _check_nonneg(getattr(d, field), name, f"$.daemon.{field}")
     if d.health_interval <= 0:
         raise ConfigError(name, "$.daemon.health_interval", "must be > 0")
+    if not 1 <= d.config_history <= 1000:
+        raise ConfigError(name, "$.daemon.config_history", "must be within 1..1000")
     f = file.frontend
     _check_nonneg(f.max_body_bytes, name, "$.frontend.max_body_bytes")
     _check_nonneg(f.load_timeout, name, "$.frontend.load_timeout")

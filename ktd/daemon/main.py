@@ -24,10 +24,12 @@ from ktd import paths
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.command import LaunchError
-from ktd.core.config import Config, ConfigError, load_config
+from ktd.core.config import Config, ConfigError, ConfigTexts
 from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
-from ktd.daemon import proctree, safedir, sdnotify, statefile, statelock, weights
+from ktd.daemon import configfiles, proctree, safedir, sdnotify, statefile, statelock, weights
+from ktd.daemon.configdesk import ConfigDesk, Who
+from ktd.daemon.confighistory import History
 from ktd.daemon.doctor import daemon_report, dry_run_plan
 from ktd.daemon.inotify import DIR_CHANGES, FileWatch
 from ktd.daemon.machine import MachineReader
@@ -35,24 +37,10 @@ from ktd.daemon.pool import Pool
 from ktd.daemon.server import ControlServer
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
-from ktd.protocol import HARD_MAX_FRAME, WELCOME, ErrorCode
-from ktd.runtime import add_common_options, load_or_report, setup_logging
+from ktd.protocol import HARD_MAX_FRAME, WELCOME
+from ktd.runtime import add_common_options, load_texts_or_report, setup_logging
 
 log = logging.getLogger("ktd")
-
-
-#: Seconds a reload waits for the config files (a hung network filesystem): then the
-#: reload is refused and the running config kept; the daemon never waits on the files.
-CONFIG_READ_TIMEOUT = 10.0
-
-
-async def read_config(path: str) -> Config:
-    """``load_config`` off the daemon's loop, bounded: a read that hangs (a FIFO opened
-    by nobody is refused at once; a hung NFS mount is not) costs a thread, never the
-    daemon's status, health checks and stops."""
-    with trio.move_on_after(CONFIG_READ_TIMEOUT):
-        return await trio.to_thread.run_sync(load_config, path, abandon_on_cancel=True)
-    raise ConfigError(path, "", f"not read within {CONFIG_READ_TIMEOUT:g}s (a hung filesystem?)")
 
 
 class Setup:
@@ -162,32 +150,31 @@ def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
 
 
 class Daemon:
-    def __init__(self, config: Config, setup: Setup) -> None:
+    def __init__(self, config: Config, setup: Setup, texts: ConfigTexts | None = None) -> None:
         self.config = config
+        self.texts = texts  # the files ``config`` was read from (None: read them at run)
         self.setup = setup
         self.stop_requested = trio.Event()
         self.force_stop = False
         self.server: ControlServer | None = None
         self.pool: Pool | None = None
         self.gateway: GatewaySync | None = None
+        self.desk: ConfigDesk | None = None
 
     def request_stop(self) -> None:
         if self.stop_requested.is_set():
             self.force_stop = True
         self.stop_requested.set()
 
-    async def reload(self) -> str:
+    async def reload(self, who: Who) -> str:
+        """``ktctl reload``, SIGHUP: the files as they are now (``ConfigDesk.reload``)."""
+        assert self.desk is not None
+        return await self.desk.reload(who)
+
+    def install(self, new: Config) -> str:
+        """Take the pool and the gateway to ``new`` (a reload, or an applied change): only
+        what changed restarts, when idle (``ktd.daemon.reloader``)."""
         assert self.pool is not None
-        try:
-            new = await read_config(self.config.path)
-            check_placements(new, self.pool.topology)
-        except ConfigError as exc:
-            log.error("reload refused: %s", exc)
-            raise ControlError(
-                ErrorCode.CONFIG_ERROR,
-                f"{exc} (the running config is kept)",
-                {"file": exc.file, "path": exc.path},
-            ) from None
         summary = self.pool.apply_config(new)
         if self.gateway is not None:
             self.gateway.apply_config(new.gateway, new.frontend)
@@ -238,6 +225,18 @@ class Daemon:
             )
             self.gateway = gateway
             pool.observers.append(gateway)
+            texts = self.texts or await configfiles.read_texts(self.config.path)
+            desk = ConfigDesk(
+                self.config,
+                texts,
+                pool,
+                install=self.install,
+                history=History(
+                    self.setup.state_dir / "config-history", self.config.daemon.config_history + 1
+                ),
+            )
+            self.desk = desk
+            await desk.record_start()
             server = ControlServer(
                 pool,
                 control,
@@ -248,6 +247,7 @@ class Daemon:
                 shutdown=self.request_stop,
                 gateway=gateway.info,
                 machine=MachineReader(pool).reply,
+                config=desk,
             )
             self.server = server
             # Signal handlers first: a SIGHUP before them would kill the daemon.
@@ -297,7 +297,7 @@ class Daemon:
             async for sig in sigs:
                 if sig == signal.SIGHUP:
                     try:
-                        await self.reload()
+                        await self.reload(Who(claimed="SIGHUP"))
                     except ControlError as exc:
                         log.error("SIGHUP reload failed: %s", exc.message)
                 else:
@@ -356,9 +356,10 @@ def main(argv: list[str]) -> int:
     add_common_options(ap)
     args = ap.parse_args(argv)
     setup_logging(args.log_level)
-    config = load_or_report(args.config, "ktd")
-    if config is None:
+    loaded = load_texts_or_report(args.config, "ktd")
+    if loaded is None:
         return 2
+    config, texts = loaded
     try:
         check_placements(config, weights.read_machine())  # the machine the pool places on
     except ConfigError as exc:
@@ -380,7 +381,7 @@ def main(argv: list[str]) -> int:
         print(f"ktd: cannot bind {setup.control}: {exc}", file=sys.stderr)
         return 1
     proctree.set_child_subreaper()
-    daemon = Daemon(config, setup)
+    daemon = Daemon(config, setup, texts)
     try:
         trio.run(daemon.run, control, events)
     finally:

@@ -20,7 +20,8 @@ import zmq
 from ktd import __version__, protocol_schema
 from ktd import protocol as p
 from ktd.control.errors import ControlError
-from ktd.control.zmqtrio import Frames, TrioSocket
+from ktd.control.zmqtrio import Frames, Peer, TrioSocket
+from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.pool import Pool
 from ktd.frameid import peek_id, skim_id
 
@@ -54,16 +55,22 @@ class ControlServer:
         control: zmq.Socket[bytes],
         events: zmq.Socket[bytes],
         *,
-        reload: Callable[[], Awaitable[str]],
+        reload: Callable[[Who], Awaitable[str]],
         doctor: Callable[[], Awaitable[dict[str, Any]]],
         dry_run: Callable[[str], Awaitable[dict[str, Any]]],
         shutdown: Callable[[], None],
         gateway: Callable[[], p.GatewayInfo | None] = lambda: None,
         machine: Callable[[], Awaitable[p.MachineReply]] | None = None,
+        config: ConfigDesk | None = None,
     ) -> None:
         self.pool = pool
+        # peers: who sent each request (the config history records it)
         self.control = TrioSocket(
-            control, self._on_message, on_drop=self._undelivered, on_full=self._unread
+            control,
+            self._on_message,
+            on_drop=self._undelivered,
+            on_full=self._unread,
+            peers=True,
         )
         self._unread_since_warning = 0
         self._warned_at = -math.inf
@@ -75,6 +82,7 @@ class ControlServer:
         self._shutdown = shutdown
         self._gateway = gateway
         self._machine = machine
+        self._config = config
         self._nursery: trio.Nursery | None = None
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -152,7 +160,7 @@ class ControlServer:
             self._reply(envelope, reply)
             return
         assert self._nursery is not None
-        self._nursery.start_soon(self._handle, envelope, req)
+        self._nursery.start_soon(self._handle, envelope, req, self.control.sender)
 
     def _malformed(self, envelope: Frames, payload: bytes, exc: Exception) -> None:
         """``bad_request`` for a frame that did not decode, with the request's id when it
@@ -168,9 +176,9 @@ class ControlServer:
             return
         self._bad_request(envelope, rid, f"malformed request: {exc}")
 
-    async def _handle(self, envelope: Frames, req: p.Request) -> None:
+    async def _handle(self, envelope: Frames, req: p.Request, peer: Peer | None) -> None:
         try:
-            reply = await self._dispatch(req)
+            reply = await self._dispatch(req, peer)
         except Exception as exc:  # the daemon never dies of a request
             reply = error_reply(req, exc)
         reply.id = req.id
@@ -233,8 +241,10 @@ class ControlServer:
                 return p.Ok(message="shutting down")
         return None
 
-    async def _dispatch(self, req: p.Request) -> p.Reply:
+    async def _dispatch(self, req: p.Request, peer: Peer | None = None) -> p.Reply:
         pool = self.pool
+        uid = peer.uid if peer is not None else None
+        desk = self._config
         match req:
             case p.Load(alias=alias, dry_run=True):
                 pool.engine(alias)
@@ -250,7 +260,21 @@ class ControlServer:
             case p.Wake(alias=alias, timeout=timeout):
                 return p.LoadReply(engine=await pool.wake(alias, timeout=timeout))
             case p.Reload():
-                return p.Ok(message=await self._reload())
+                return p.Ok(message=await self._reload(Who(uid=uid)))
+            case p.ConfigGet(seq=seq) if desk is not None:
+                return await desk.get(seq)
+            case p.ConfigPlan(config_text=cfg, models_text=models, base=base) if desk is not None:
+                return p.ConfigPlanReply(plan=await desk.plan(cfg, models, base))
+            case p.ConfigApply(config_text=cfg, models_text=models, base=base, author=author) if (
+                desk is not None
+            ):
+                return await desk.apply(cfg, models, base, Who(uid=uid, claimed=author))
+            case p.ConfigHistory() if desk is not None:
+                return await desk.history_now()
+            case p.ConfigRollback(seq=seq, base=base, author=author, dry_run=dry_run) if (
+                desk is not None
+            ):
+                return await desk.rollback(seq, base, Who(uid=uid, claimed=author), dry_run=dry_run)
             case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):
                 lease, engine = await pool.acquire(
                     model, client, autoload=autoload, timeout=timeout

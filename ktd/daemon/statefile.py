@@ -145,7 +145,7 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -172,7 +172,7 @@ def write_bytes(path: Path, data: bytes) -> None:
             pass
         raise
     # The rename itself is only durable once the directory is flushed.
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def write(path: Path, state: StateFile) -> None:

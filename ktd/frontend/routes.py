@@ -150,6 +150,9 @@ TABLE: tuple[Route, ...] = (
     _ui("/ui/api/plan", "plan", "GET"),
     _ui("/ui/api/usage", "usage", "GET"),
     _ui("/ui/api/action", "action", "POST"),
+    _ui("/ui/api/config", "config", "GET"),
+    _ui("/ui/api/config/plan", "config_plan", "POST"),
+    _ui("/ui/api/config/apply", "config_apply", "POST"),
     # The frontend's own answers, served by Quart (app.py; worker_info.py: what
     # sglang-router reads of a worker).
     _app("/health", "health"),

@@ -188,3 +188,12 @@ async def test_a_peer_that_does_not_read_loses_its_replies_and_holds_up_nobody(
             s.close(0)
     assert full and all(f[0] == b"mute" for f in full) and sock.dropped == len(full)
     assert len(full) > 4000  # what fits in the kernel's buffers and the peer's queues went
+
+
+def test_peer_credentials_are_read_from_libzmqs_peer_address() -> None:
+    from ktd.control.zmqtrio import Peer, peer_of
+
+    assert peer_of("localhost:1000:100:4242") == Peer(uid=1000, gid=100, pid=4242)
+    assert peer_of(":0:0:7") == Peer(0, 0, 7)
+    for odd in (None, "", "127.0.0.1", "a:b:c:d", "host:1:2"):
+        assert peer_of(odd) is None

@@ -6,6 +6,7 @@ their stable codes on the wire; the protocol's version, features and schema (iss
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from ktd import protocol as p
 from ktd import protocol_schema
 from ktd.control.aclient import AsyncClient
 from ktd.control.errors import ControlError
+from ktd.daemon.configdesk import Who
 from ktd.daemon.pool import Pool
 from ktd.daemon.server import ControlServer
 
@@ -64,13 +66,15 @@ async def _unused() -> Any:
 
 
 @asynccontextmanager
-async def serving(tmp_path: Path, pool: FakePool) -> AsyncIterator[AsyncClient]:
-    async with serving_at(tmp_path, pool) as (client, _endpoint):
+async def serving(tmp_path: Path, pool: FakePool, config: Any = None) -> AsyncIterator[AsyncClient]:
+    async with serving_at(tmp_path, pool, config) as (client, _endpoint):
         yield client
 
 
 @asynccontextmanager
-async def serving_at(tmp_path: Path, pool: FakePool) -> AsyncIterator[tuple[AsyncClient, str]]:
+async def serving_at(
+    tmp_path: Path, pool: FakePool, config: Any = None
+) -> AsyncIterator[tuple[AsyncClient, str]]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     control = ctx.socket(zmq.ROUTER)
     events = ctx.socket(zmq.XPUB)
@@ -87,6 +91,7 @@ async def serving_at(tmp_path: Path, pool: FakePool) -> AsyncIterator[tuple[Asyn
         doctor=_unused,
         dry_run=lambda alias: _unused(),
         shutdown=lambda: None,
+        config=config,
     )
     client = AsyncClient(endpoint, timeout=10)
     try:
@@ -235,3 +240,38 @@ async def test_a_frame_that_is_no_request_gets_a_bad_request(
         assert isinstance(await client.request(p.Ping()), p.Pong)  # still serving
     assert isinstance(reply, p.Error) and reply.code == "bad_request"
     assert reply.id == rid and says in reply.message and "unknown_op" not in reply.detail
+
+
+class FakeDesk:
+    """The config requests' one operation each, recording who the server said asked."""
+
+    def __init__(self) -> None:
+        self.who: list[Who] = []
+
+    async def apply(
+        self, config: str | None, models: str | None, base: str, who: Who
+    ) -> p.ConfigApplyReply:
+        self.who.append(who)
+        if base == "dead":
+            raise ControlError(p.ErrorCode.STALE_CONFIG, "the config changed since version dead")
+        plan = p.ConfigPlanView(base=base, version="new", summary="update: a (ttl)")
+        return p.ConfigApplyReply(plan=plan, version="new", seq=2)
+
+    async def history_now(self) -> p.ConfigHistoryReply:
+        return p.ConfigHistoryReply(keep=21, running="new", disk="new")
+
+
+async def test_config_requests_carry_the_uid_the_socket_shows(tmp_path: Path) -> None:
+    """The uid is the kernel's (SO_PEERCRED through libzmq's Peer-Address), not the
+    client's word; the author the client names is passed on as claimed."""
+    desk = FakeDesk()
+    async with serving(tmp_path, FakePool(), config=desk) as client:
+        msg = p.ConfigApply(models_text="[]", base="abc", author="mallory")
+        reply = await client.request(msg, timeout=math.inf)
+        assert isinstance(reply, p.ConfigApplyReply) and reply.seq == 2
+        with pytest.raises(ControlError) as info:
+            await client.request(p.ConfigApply(models_text="[]", base="dead"))
+        assert info.value.code == "stale_config"
+        history = await client.request(p.ConfigHistory())
+        assert isinstance(history, p.ConfigHistoryReply) and history.keep == 21
+    assert [(w.uid, w.claimed) for w in desk.who] == [(os.getuid(), "mallory"), (os.getuid(), "")]

@@ -19,13 +19,21 @@ Paths (the page computes them from its own address, so they are relative to it):
 ``ui/api/plan``        GET     ``?alias=``: dry-run and memory estimate key
 ``ui/api/action``      POST    ``{"action", "alias"}``: load/evict/     key, ui_control
                                sleep/wake/reload
+``ui/api/config``      GET     the editor: models.json (secrets         key, ui_control
+                               marked), fields, history
+``ui/api/config/plan`` POST    ``{"base", change}``: its plan            key, ui_control
+``ui/api/config/apply`` POST   ``{"base", change}``: applied            key, ui_control
 =====================  ======  =============================================
+
+A change is ``{"alias", "entry"}`` (the form), ``{"models_text"}`` (the raw view) or
+``{"rollback": N}`` (the history); ``base`` is the version the editor was given.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -46,7 +54,7 @@ from ktd.frontend.proxy import control_error
 from ktd.frontend.router import UI_HEADERS, send_shaped
 from ktd.frontend.routes import Match
 from ktd.frontend.transport import ClientDeaf
-from ktd.frontend.ui import wire
+from ktd.frontend.ui import configedit, wire
 from ktd.frontend.ui.access import CONTROL_HEADER, Access, cookie_value, set_cookie
 from ktd.frontend.ui.hub import SUBSCRIBE_WAIT, Hub, Item, LogLines, Viewer
 from ktd.frontend.ui.page import Page
@@ -60,6 +68,8 @@ TAIL_LINES = 500
 ACTION_WAIT = 5.0
 USAGE_DAYS = 30  # the dashboard's usage panel: the last month, today included
 ACTIONS = ("load", "evict", "sleep", "wake", "reload")
+#: The editor's plan asks each changed model's SGLang about its flags (a probe: 120 s at most).
+CONFIG_WAIT = 130.0
 # What the daemon answers a sleep or a wake it will not do: no sleep configured or
 # supported, or not running / not asleep. The message says why (409, not a 503).
 _REFUSED = frozenset({p.ErrorCode.NO_SLEEP, p.ErrorCode.NOT_LOADED})
@@ -150,6 +160,9 @@ class Dashboard:
             "plan": self.plan,
             "usage": self.usage,
             "action": self.action,
+            "config": self.config,
+            "config_plan": self.config_plan,
+            "config_apply": self.config_apply,
         }
 
     async def answer(self, found: Match, scope: Scope, receive: Receive, send: Send) -> None:
@@ -285,6 +298,81 @@ class Dashboard:
             message, status = _done(action, alias, reply), 200
         await req.json_reply({"ok": True, "message": message}, status=status)
 
+    # ------------------------------------------------------------ the config editor
+
+    def _may_edit(self, req: UiRequest) -> None:
+        if not self.access.may_act(req.who, req.header(CONTROL_HEADER)):
+            why = "off (frontend.ui_control)" if not self.access.control else "not allowed"
+            raise errors.make("forbidden", message=f"The dashboard's editor is {why}.")
+
+    async def _ask(self, msg: p.Request, timeout: float = CONFIG_WAIT) -> p.Reply:
+        try:
+            return await self.hub.broker.request(msg, timeout=timeout)
+        except ControlError as exc:
+            raise _config_error(exc) from None
+        except Unreachable as exc:
+            raise control_error("", exc) from None
+
+    async def config(self, req: UiRequest) -> None:
+        self._may_edit(req)
+        got = await self._ask(p.ConfigGet())
+        history = await self._ask(p.ConfigHistory())
+        assert isinstance(got, p.ConfigReply) and isinstance(history, p.ConfigHistoryReply)
+        await req.json_reply(configedit.editor_view(got, history))
+
+    async def _change(
+        self, req: UiRequest
+    ) -> tuple[dict[str, Any], p.ConfigReply, str, str | None]:
+        """The page's change against the files now: (body, files, base, new models text;
+        None for a rollback). A base that is no longer the files' version is stale."""
+        self._may_edit(req)
+        body = await req.json()
+        base = body.get("base")
+        if not isinstance(base, str) or not _VERSION.match(base):
+            raise errors.make("bad_request", message="base: the version the editor was given")
+        got = await self._ask(p.ConfigGet())
+        assert isinstance(got, p.ConfigReply)
+        if got.version != base:
+            raise _stale(base, got.version)
+        if "rollback" in body:
+            return body, got, base, None
+        try:
+            text = configedit.text_for(body, got.models_text)
+        except configedit.ChangeError as exc:
+            raise errors.make("bad_request", message=str(exc)) from None
+        return body, got, base, text
+
+    async def config_plan(self, req: UiRequest) -> None:
+        body, got, base, text = await self._change(req)
+        if text is None:
+            reply = await self._ask(p.ConfigRollback(seq=_seq(body), base=base, dry_run=True))
+        else:
+            reply = await self._ask(p.ConfigPlan(models_text=text, base=base))
+        assert isinstance(reply, p.ConfigPlanReply)
+        plan = configedit.shown_plan(reply.plan, got.models_text, text)
+        await req.json_reply({"plan": plan})
+
+    async def config_apply(self, req: UiRequest) -> None:
+        body, got, base, text = await self._change(req)
+        who = req.who
+        author = f"key {who.name} (dashboard)" if who is not None else "dashboard"
+        if text is None:
+            msg: p.Request = p.ConfigRollback(seq=_seq(body), base=base, author=author)
+        else:
+            msg = p.ConfigApply(models_text=text, base=base, author=author)
+        log.info("dashboard: config %s by %s", "rollback" if text is None else "apply", author)
+        reply = await self._ask(msg)
+        assert isinstance(reply, p.ConfigApplyReply)
+        await req.json_reply(
+            {
+                "ok": True,
+                "version": reply.version,
+                "seq": reply.seq,
+                "message": f"applied version {reply.version}: {reply.summary}",
+                "plan": configedit.shown_plan(reply.plan, got.models_text, text),
+            }
+        )
+
     # ------------------------------------------------------------ the live stream
 
     async def events(self, req: UiRequest) -> None:
@@ -380,6 +468,45 @@ class Dashboard:
         if fresh:
             data += _log_frame(alias, fresh)
         return data + b"".join(held)
+
+
+_VERSION = re.compile(r"^[0-9a-f]{1,64}$")
+
+
+def _seq(body: dict[str, Any]) -> int:
+    seq = body.get("rollback")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise errors.make("bad_request", message="rollback: a version number of the history")
+    return seq
+
+
+def _stale(base: str, now: str) -> ApiError:
+    return errors.make(
+        "conflict",
+        message=f"The configuration changed since this editor read it (version {base}; it is "
+        f"{now} now). Nothing was applied: reload the editor and make the change on what is "
+        "there.",
+        code=p.ErrorCode.STALE_CONFIG,
+    )
+
+
+def _config_error(exc: ControlError) -> ApiError:
+    """The daemon's refusal of a change, for the page: 409 with its code and message
+    (a stale base, a config error naming the file and field, busy, a write that failed)."""
+    if exc.code in _CONFIG_REFUSALS:
+        return errors.make("conflict", message=exc.message, code=exc.code)
+    return control_error("", exc)
+
+
+_CONFIG_REFUSALS = frozenset(
+    {
+        p.ErrorCode.STALE_CONFIG,
+        p.ErrorCode.CONFIG_ERROR,
+        p.ErrorCode.BUSY,
+        p.ErrorCode.WRITE_FAILED,
+        p.ErrorCode.BAD_REQUEST,
+    }
+)
 
 
 def _frame(viewer: Viewer, item: Item) -> bytes:

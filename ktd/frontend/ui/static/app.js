@@ -51,6 +51,7 @@ function showLogin(message) {
   $("login").hidden = false;
   $("logout").hidden = true;
   $("reload-config").hidden = true;
+  $("config-panel").hidden = true;
   $("login-error").textContent = message || "";
   setConn("down", "key needed");
   $("key").focus();
@@ -80,6 +81,7 @@ function start(session) {
   $("dash").hidden = false;
   $("logout").hidden = !session.auth;
   $("reload-config").hidden = !session.control;
+  $("config-panel").hidden = !session.control;
   connect();
   fetchUsage();
 }
@@ -180,6 +182,7 @@ function renderCards() {
     select,
     setOpen: (alias, open) => { if (open) UI.opened.add(alias); else UI.opened.delete(alias); },
     act,
+    edit: (alias) => K.config.edit(alias),
     evict: (alias) => {
       if (UI.confirming === alias) { UI.confirming = null; act("evict", alias); return; }
       UI.confirming = alias;

@@ -62,8 +62,11 @@ K.cards.render = function (card, ctx) {
       title: "\"sleep\": true, but its SGLang has no --enable-memory-saver: swaps stop and reload it" },
     "sleep: unsupported") : null,
     h("span", { class: "state " + c.state }, c.state)));
+  const edit = () => h("button", { type: "button", class: "edit", title: "this model's settings in the config editor",
+    onclick: (e) => { e.stopPropagation(); ctx.edit(c.alias); } }, "Edit");
   if (!c.served) {
     el.append(h("div", { class: "phase" }, `${c.backend}: ${c.reason || "not served by ktd"}`));
+    if (ctx.control) el.append(h("div", { class: "card-foot" }, h("div", { class: "grow" }), h("div", { class: "buttons" }, edit())));
     return el;
   }
   const idlePhase = c.state === "ready" ? "serving"
@@ -146,7 +149,8 @@ K.cards.render = function (card, ctx) {
       sleeps ? button("wake", "Wake", c.state === "asleep" || c.state === "sleeping",
         "ktctl wake: take its GPU memory back (seconds)") : null,
       h("button", { type: "button", class: "evict" + (confirming ? " danger" : ""), disabled: !canEvict || null,
-        onclick: (e) => { e.stopPropagation(); ctx.evict(c.alias); } }, confirming ? "Confirm evict" : "Evict")));
+        onclick: (e) => { e.stopPropagation(); ctx.evict(c.alias); } }, confirming ? "Confirm evict" : "Evict"),
+      edit()));
   }
   el.append(foot);
   return el;

@@ -70,8 +70,10 @@ K.fmtNum = function (v, unit) {
 K.fmtSeconds = (v) => (v === null || v === undefined ? "–" : v === 0 ? "0" : v < 1
   ? `${(v * 1000).toFixed(0)} ms` : `${v.toFixed(2)} s`);
 
-K.getJSON = async function (path) {
-  const r = await fetch(K.api(path), { credentials: "same-origin", cache: "no-store" });
+// ``control``: with the page's own header, which what only ui_control allows wants.
+K.getJSON = async function (path, control) {
+  const headers = control ? { "X-Ktd-UI": "1" } : {};
+  const r = await fetch(K.api(path), { credentials: "same-origin", cache: "no-store", headers });
   let body = null;
   try { body = await r.json(); } catch (e) { body = null; }
   return { status: r.status, ok: r.ok, body };

@@ -1,0 +1,393 @@
+"""``ktctl config``: change the configuration without hand-editing JSON (issue 39).
+
+Every change goes the same way: read the files and their version (``config_get``), make
+the new text (here: ``ktd.core.configtext`` edits the one value, in the file's own
+layout), ask the daemon for the plan and show it, ask before applying (``--yes``
+skips that), then apply it naming the version read as its base: a change someone
+else made meanwhile is refused (``stale_config``), never overwritten. The daemon
+checks and writes; this module only reads, asks and shows.
+
+``FILE`` (plan, apply) is either file, told by its JSON: a list is models.json, an
+object config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ktctl import configview, render
+from ktctl.client import Client, KtdError
+from ktctl.configargs import UsageError
+from ktd import protocol as p
+from ktd.core import configtext, modelfields
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def _out(text: str) -> None:
+    print(text, file=sys.stdout, flush=True)
+
+
+def _json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
+
+
+# ---------------------------------------------------------------- asking
+
+
+def _ask(question: str) -> bool | None:
+    """yes/no on the terminal (not stdin when it carries the file); None: no terminal."""
+    try:
+        tty = open("/dev/tty", "r+")  # noqa: SIM115
+    except OSError:
+        return None
+    with tty:
+        tty.write(f"{question} [y/N] ")
+        tty.flush()
+        answer = tty.readline().strip().lower()
+    return answer in ("y", "yes")
+
+
+def _confirmed(args: argparse.Namespace, question: str) -> bool:
+    if getattr(args, "yes", False):
+        return True
+    if _json(args):
+        raise UsageError("--json applies nothing without --yes (there is nobody to ask)")
+    answer = _ask(question)
+    if answer is None:
+        raise UsageError("not applied: no terminal to ask on; pass --yes to apply this plan")
+    return answer
+
+
+# ---------------------------------------------------------------- the one path of a change
+
+
+def _show(args: argparse.Namespace, plan: p.ConfigPlanView) -> None:
+    if not _json(args):
+        _out(configview.plan_text(plan))
+
+
+def _planned_change(
+    client: Client,
+    args: argparse.Namespace,
+    base: str,
+    *,
+    config_text: str | None = None,
+    models_text: str | None = None,
+) -> int:
+    """Plan, show, ask, apply against ``base``: every change of the config."""
+    plan = client.config_plan(config_text=config_text, models_text=models_text, base=base)
+    _show(args, plan)
+    if not plan.ok:
+        if _json(args):
+            _out(render.dumps({"plan": plan, "applied": False}))
+        raise KtdError(_code(plan), _first_error(plan), {"plan": render.builtins(plan)})
+    if not plan.changed and plan.base == plan.running:
+        if _json(args):
+            _out(render.dumps({"plan": plan, "applied": False}))
+        else:
+            _out("nothing to apply: that is the config ktd runs")
+        return EXIT_OK
+    if not _confirmed(args, "apply this plan?"):
+        _out("not applied")
+        return EXIT_FAILED
+    reply = client.config_apply(config_text=config_text, models_text=models_text, base=base)
+    if _json(args):
+        _out(render.dumps({"plan": reply.plan, "applied": True, **_applied(reply)}))
+    else:
+        _out(configview.applied_text(reply))
+    return EXIT_OK
+
+
+def _applied(reply: p.ConfigApplyReply) -> dict[str, Any]:
+    return {"version": reply.version, "seq": reply.seq, "summary": reply.summary}
+
+
+def _code(plan: p.ConfigPlanView) -> str:
+    """The plan's refusal as an error code: ``config_error`` when the config is at fault,
+    else what is (``stale_config``, ``busy``)."""
+    errors = [q for q in plan.problems if q.level == "error"]
+    if not errors or any(not q.code for q in errors):
+        return p.ErrorCode.CONFIG_ERROR
+    return errors[0].code
+
+
+def _first_error(plan: p.ConfigPlanView) -> str:
+    errors = [q for q in plan.problems if q.level == "error"]
+    own = [q for q in errors if not q.code]
+    q = (own or errors)[0]
+    where = f"{q.file}: {q.path}: " if q.path else ""
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}{q.message}{more}; nothing was changed"
+
+
+# ---------------------------------------------------------------- reading files
+
+
+def _read(path: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not UTF-8 text: {exc}") from None
+
+
+def _which(text: str, name: str, forced: str | None) -> str:
+    """``models`` or ``config``: by ``--file``, else by the JSON's shape."""
+    if forced:
+        return forced
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise UsageError(
+            f"{name} is not valid JSON; say which file it is with --file config|models "
+            "to have ktd point at the error"
+        ) from None
+    if isinstance(doc, list):
+        return "models"
+    if isinstance(doc, dict):
+        return "config"
+    raise UsageError(f"{name}: a config is a JSON object (config.json) or list (models.json)")
+
+
+def _texts(kind: str, text: str) -> dict[str, str]:
+    if len(text) > p.MAX_CONFIG_TEXT:
+        raise UsageError(
+            f"{len(text)} characters: more than the {p.MAX_CONFIG_TEXT} ktctl config sends; "
+            "edit a file that big by hand and run `ktctl reload`"
+        )
+    return {"config_text": text} if kind == "config" else {"models_text": text}
+
+
+def _models_of(got: p.ConfigReply) -> str:
+    if got.models_text is None:
+        raise UsageError(
+            f"there is no models file ({got.models_path}); `ktctl config add` starts one"
+        )
+    return got.models_text
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_get(client: Client, args: argparse.Namespace) -> int:
+    got = client.config_get(args.version)
+    if args.alias is not None:
+        text = _models_of(got)
+        try:
+            index = configtext.find_entry(text, args.alias)
+        except configtext.EditError as exc:
+            raise KtdError(p.ErrorCode.UNKNOWN_MODEL, str(exc)) from None
+        entry = configtext.entries(text)[index]
+        if _json(args):
+            _out(render.dumps({"version": got.version, "alias": args.alias, "index": index,
+                               "file": got.models_path, "entry": entry}))  # fmt: skip
+        else:
+            _out(json.dumps(entry, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    if _json(args):
+        _out(render.dumps(render.reply_doc(got)))
+        return EXIT_OK
+    which = args.file or ("models" if got.models_text is not None else "config")
+    text = got.config_text if which == "config" else _models_of(got)
+    path = got.config_path if which == "config" else got.models_path
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+    running = "" if got.version == got.running else f"; ktd runs {got.running} (not reloaded)"
+    print(f"# {path}: version {got.version}{running}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_plan(client: Client, args: argparse.Namespace) -> int:
+    text = _read(args.path)
+    kind = _which(text, args.path, args.file)
+    plan = client.config_plan(base=args.base or "", **_texts(kind, text))
+    if _json(args):
+        _out(render.dumps({"plan": plan}))
+    else:
+        _out(configview.plan_text(plan))
+    return EXIT_OK if plan.ok else EXIT_FAILED
+
+
+def cmd_apply(client: Client, args: argparse.Namespace) -> int:
+    text = _read(args.path)
+    kind = _which(text, args.path, args.file)
+    base = args.base if args.base is not None else client.config_get().version
+    return _planned_change(client, args, base, **_texts(kind, text))
+
+
+def _assignments(words: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for word in words:
+        name, sep, raw = word.partition("=")
+        if not sep:
+            raise UsageError(f"{word!r}: expected FIELD=VALUE (fields: ktctl config set --help)")
+        try:
+            values[name] = modelfields.parse_value(name, raw)
+        except modelfields.FieldValueError as exc:
+            raise UsageError(str(exc)) from None
+    return values
+
+
+def _edited(client: Client, edit: Callable[[str | None], str]) -> tuple[str, str]:
+    """(version read, the models text with ``edit`` made)."""
+    got = client.config_get()
+    try:
+        return got.version, edit(got.models_text)
+    except configtext.EditError as exc:
+        if "no entry" in str(exc):
+            hint = (
+                " (the model of config.json's ktransformers section is changed with "
+                "`ktctl config edit --file config`)"
+            )
+            raise KtdError(p.ErrorCode.UNKNOWN_MODEL, f"{got.models_path}: {exc}{hint}") from None
+        raise KtdError(p.ErrorCode.CONFIG_ERROR, f"{got.models_path}: {exc}") from None
+
+
+def cmd_set(client: Client, args: argparse.Namespace) -> int:
+    values = _assignments(args.assignments)
+    for name in args.unset:
+        try:
+            modelfields.field(name)
+        except modelfields.FieldValueError as exc:
+            raise UsageError(str(exc)) from None
+    if not values and not args.unset:
+        raise UsageError("nothing to set: give FIELD=VALUE or --unset FIELD")
+
+    def edit(text: str | None) -> str:
+        if text is None:
+            raise configtext.EditError(f"no entry with alias {args.alias!r}: no models file yet")
+        return configtext.set_fields(text, args.alias, values, args.unset)
+
+    base, text = _edited(client, edit)
+    return _planned_change(client, args, base, models_text=text)
+
+
+def cmd_add(client: Client, args: argparse.Namespace) -> int:
+    values = _assignments(args.assignments)
+    entry: dict[str, Any] = {"path": values.pop("path", None), "backend": "kt", "alias": args.alias}
+    if entry["path"] is None:
+        raise UsageError("a model needs its path: ktctl config add ALIAS path=/models/...")
+    entry["backend"] = values.pop("backend", "kt")
+    values.pop("alias", None)
+    for name, v in values.items():
+        holder = entry
+        parts = name.split(".")
+        for part in parts[:-1]:
+            holder = holder.setdefault(part, {})
+        holder[parts[-1]] = v
+
+    def edit(text: str | None) -> str:
+        if text is not None and any(e.get("alias") == args.alias for e in configtext.entries(text)):
+            raise configtext.EditError(f"an entry with alias {args.alias!r} is there already")
+        return configtext.add_entry(text, entry)
+
+    base, text = _edited(client, edit)
+    return _planned_change(client, args, base, models_text=text)
+
+
+def cmd_remove(client: Client, args: argparse.Namespace) -> int:
+    def edit(text: str | None) -> str:
+        if text is None:
+            raise configtext.EditError(f"no entry with alias {args.alias!r}: no models file")
+        return configtext.remove_entry(text, args.alias)
+
+    base, text = _edited(client, edit)
+    return _planned_change(client, args, base, models_text=text)
+
+
+def _editor() -> list[str]:
+    import shlex
+
+    raw = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    return shlex.split(raw)
+
+
+def cmd_edit(client: Client, args: argparse.Namespace) -> int:
+    """$EDITOR on a copy; on save, the plan; errors: edit again or give up."""
+    import subprocess
+    import tempfile
+
+    got = client.config_get()
+    kind = args.file or ("models" if got.models_text is not None else "config")
+    text = got.config_text if kind == "config" else _models_of(got)
+    name = os.path.basename(got.config_path if kind == "config" else got.models_path)
+    with tempfile.TemporaryDirectory(prefix="ktctl-edit-") as folder:
+        path = os.path.join(folder, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        while True:
+            try:
+                done = subprocess.run([*_editor(), path], check=False)
+            except OSError as exc:
+                raise UsageError(f"cannot run the editor {_editor()[0]!r}: {exc}") from None
+            if done.returncode != 0:
+                _out(f"the editor exited {done.returncode}: nothing applied")
+                return EXIT_FAILED
+            new = _read(path)
+            if new == text:
+                _out("no change")
+                return EXIT_OK
+            plan = client.config_plan(base=got.version, **_texts(kind, new))
+            _show(args, plan)
+            if plan.ok:
+                break
+            again = _ask("edit again?") if not args.yes else False
+            if not again:
+                raise KtdError(p.ErrorCode.CONFIG_ERROR, _first_error(plan), {})
+    return _planned_change(client, args, got.version, **_texts(kind, new))
+
+
+def cmd_history(client: Client, args: argparse.Namespace) -> int:
+    reply = client.config_history()
+    if _json(args):
+        _out(render.dumps(render.reply_doc(reply)))
+    else:
+        _out(configview.history_table(reply))
+    return EXIT_OK
+
+
+def cmd_rollback(client: Client, args: argparse.Namespace) -> int:
+    base = client.config_get().version
+    plan = client.config_rollback(args.seq, dry_run=True)
+    assert isinstance(plan, p.ConfigPlanView)
+    _show(args, plan)
+    if not plan.ok:
+        raise KtdError(_code(plan), _first_error(plan), {"plan": render.builtins(plan)})
+    if not _confirmed(args, "roll back to this version?"):
+        _out("not applied")
+        return EXIT_FAILED
+    reply = client.config_rollback(args.seq, base=base)
+    assert isinstance(reply, p.ConfigApplyReply)
+    if _json(args):
+        _out(render.dumps({"plan": reply.plan, "applied": True, **_applied(reply)}))
+    else:
+        _out(configview.applied_text(reply))
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+    "get": cmd_get,
+    "plan": cmd_plan,
+    "apply": cmd_apply,
+    "set": cmd_set,
+    "add": cmd_add,
+    "remove": cmd_remove,
+    "edit": cmd_edit,
+    "history": cmd_history,
+    "rollback": cmd_rollback,
+}
+
+
+def run(client: Client, args: argparse.Namespace) -> int:
+    return COMMANDS[args.config_command](client, args)

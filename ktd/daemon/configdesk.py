@@ -1,0 +1,585 @@
+"""Changes of the config through the daemon (issue 39): read, plan, apply, history, rollback.
+
+Every change (``ktctl config apply``/``set``/``add``/``remove``/``rollback``, the
+dashboard's editor) and every reload (``ktctl reload``, SIGHUP) goes through here, one
+at a time (one lock): so two writers never both win, and the version a change names as
+its base is compared with the files on disk under that lock. The plan is pure
+(``ktd.core.configplan``); this module gathers what it needs (the engines' views, each
+new or changed model's SGLang verdict on its flags through the probe, its paths, its
+placement and memory fit now) and carries an apply out:
+
+1. the files on disk are read; their version must be the base (else ``stale_config``);
+2. the new config is validated (``config_error``, naming file and field) and planned;
+   an error in the plan refuses it (``config_error``; ``busy`` for a load or a swap the
+   change would throw away: the rule in ``ktd.core.configplan``);
+3. the version is recorded in the history, then the files are written (temp, fsync,
+   rename, fsync of the directory); a failure of either (a full disk) takes back what
+   was done and refuses (``write_failed``): the files and the running config stay;
+4. the new config is installed as a reload installs one (``install``: the pool's diff,
+   ``ktd.daemon.reloader``), so only what changed restarts, and only when idle.
+
+A reload is the same minus the plan: the files are read, validated and installed, and
+a version that differs from the last one recorded (a hand edit) becomes a new version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+import trio
+
+from ktd import protocol as p
+from ktd.control.errors import ControlError
+from ktd.core import configplan, fit
+from ktd.core import states as S
+from ktd.core.command import LaunchError
+from ktd.core.config import (
+    Config,
+    ConfigError,
+    ConfigTexts,
+    ModelSpec,
+    models_file_of,
+    parse_config,
+)
+from ktd.core.configplan import Moving, SpecFacts
+from ktd.core.placecheck import check_placements
+from ktd.core.placement import Plan
+from ktd.core.reload import Existing
+from ktd.core.sglang_options import Catalog
+from ktd.core.topology import Topology
+from ktd.daemon import configfiles, preflight
+from ktd.daemon.configfiles import FileChange, read_models, read_texts
+from ktd.daemon.confighistory import History, Record, texts_version
+from ktd.daemon.engine import Engine
+from ktd.daemon.probe import ProbeResult, missing_message
+
+log = logging.getLogger("ktd")
+
+
+class PoolView(Protocol):
+    """What the desk asks of the pool (the pool's own operations for others)."""
+
+    engines: dict[str, Engine]
+
+    @property
+    def topology(self) -> Topology: ...
+
+    def plan(
+        self, spec: ModelSpec, *, exclude: Engine | None = None, catalog: Catalog | None = None
+    ) -> Plan: ...
+
+    async def fit(self, spec: ModelSpec, plan: Plan) -> tuple[fit.Estimate, fit.Fit]: ...
+
+    async def probe(self, spec: ModelSpec) -> ProbeResult: ...
+
+
+@dataclass(frozen=True)
+class Who:
+    """Who asked: the uid the control socket showed (None: ktd itself, a signal), and
+    who the client said it was (kept as claimed)."""
+
+    uid: int | None = None
+    claimed: str = ""
+
+    def user(self) -> str | None:
+        if self.uid is None:
+            return None
+        try:
+            return pwd.getpwuid(self.uid).pw_name
+        except KeyError:
+            return None
+
+
+Install = Callable[[Config], str]
+
+
+def _problem_detail(plan: p.ConfigPlanView) -> dict[str, Any]:
+    return {
+        "problems": msgspec.to_builtins(plan.problems),
+        "plan": msgspec.to_builtins(plan),
+    }
+
+
+class ConfigDesk:
+    def __init__(
+        self,
+        config: Config,
+        texts: ConfigTexts,
+        pool: PoolView,
+        *,
+        install: Install,
+        history: History,
+        write: configfiles.Writer = configfiles.write_files,
+    ) -> None:
+        self.config = config  # the config ktd runs
+        self.texts = texts  # its files as they were read
+        self.running = texts_version(texts)
+        self.pool = pool
+        self._install = install
+        self.history = history
+        self._write = write
+        self._lock = trio.Lock()
+
+    @property
+    def path(self) -> str:
+        return self.config.path
+
+    # ------------------------------------------------------------ start, reload
+
+    async def record_start(self) -> None:
+        """The files ktd started with become a version when they are not the last one
+        recorded (changed while ktd was down, or the first start)."""
+        await trio.to_thread.run_sync(self.history.load)
+        who = Who(uid=os.getuid(), claimed="ktd serve")
+        await self._record(self.texts, "start", who, "the files ktd started with")
+
+    async def reload(self, who: Who) -> str:
+        """``ktctl reload``/SIGHUP: the files as they are, validated and installed; a
+        hand edit becomes a version in the history."""
+        async with self._lock:
+            try:
+                texts = await read_texts(self.path)
+                new = parse_config(texts)
+                check_placements(new, self.pool.topology)
+            except ConfigError as exc:
+                log.error("reload refused: %s", exc)
+                raise ControlError(
+                    p.ErrorCode.CONFIG_ERROR,
+                    f"{exc} (the running config is kept)",
+                    {"file": exc.file, "path": exc.path},
+                ) from None
+            summary = self._install_config(new, texts)
+            await self._record(texts, "reload", who, summary)
+            return summary
+
+    def _install_config(self, new: Config, texts: ConfigTexts) -> str:
+        summary = self._install(new)
+        self.config, self.texts, self.running = new, texts, texts_version(texts)
+        self.history.keep = new.daemon.config_history + 1
+        return summary
+
+    async def _record(self, texts: ConfigTexts, how: str, who: Who, what: str) -> int | None:
+        """A version for ``texts`` unless it is already the last one; a failure to write
+        it is logged (the change it records stands: it was not made here)."""
+        version = texts_version(texts)
+        latest = self.history.latest()
+        if latest is not None and latest.version == version:
+            return latest.seq
+        record = await self._new_record(texts, how, who, what or "changed by hand", latest)
+        try:
+            await trio.to_thread.run_sync(self.history.add, record)
+            await trio.to_thread.run_sync(self.history.trim)
+        except OSError as exc:
+            log.error("config history: cannot record version %s: %s", version, exc)
+            return None
+        return record.info.seq
+
+    async def _new_record(
+        self,
+        texts: ConfigTexts,
+        how: str,
+        who: Who,
+        what: str,
+        latest: p.ConfigVersion | None,
+        rollback_of: int | None = None,
+    ) -> Record:
+        """The version ``texts`` make: which files changed against the last one, and who
+        (the uid's name from NSS, which may be LDAP; both read off the loop)."""
+        user = await trio.to_thread.run_sync(who.user)
+        before = (
+            await trio.to_thread.run_sync(self.history.get, latest.seq)
+            if latest is not None
+            else None
+        )
+        files = _changed_files(before.texts() if before is not None else None, texts)
+        info = p.ConfigVersion(
+            seq=self.history.next_seq(),
+            version=texts_version(texts),
+            time=time.time(),
+            how=how,
+            uid=who.uid,
+            user=user,
+            claimed=who.claimed,
+            what=what,
+            files=files,
+            rollback_of=rollback_of,
+        )
+        return Record.of(info, texts)
+
+    # ------------------------------------------------------------ reading
+
+    async def get(self, seq: int | None) -> p.ConfigReply:
+        found: int | None
+        if seq is not None:
+            record = await trio.to_thread.run_sync(self.history.get, seq)
+            if record is None:
+                raise self._no_version(seq)
+            texts, found = record.texts(), seq
+        else:
+            texts = await self._disk()
+            latest = self.history.latest()
+            found = latest.seq if latest and latest.version == texts_version(texts) else None
+        return p.ConfigReply(
+            version=texts_version(texts),
+            running=self.running,
+            config_path=texts.config_name,
+            config_text=texts.config.decode(errors="replace"),
+            models_path=texts.models_name,
+            models_text=texts.models.decode(errors="replace") if texts.models is not None else None,
+            seq=found,
+        )
+
+    def history_reply(self, disk: str) -> p.ConfigHistoryReply:
+        return p.ConfigHistoryReply(
+            versions=self.history.infos(),
+            keep=self.history.keep,
+            running=self.running,
+            disk=disk,
+        )
+
+    async def history_now(self) -> p.ConfigHistoryReply:
+        texts = await self._disk()
+        return self.history_reply(texts_version(texts))
+
+    def _no_version(self, seq: int) -> ControlError:
+        kept = [i.seq for i in self.history.infos()]
+        have = f"{min(kept)}-{max(kept)}" if kept else "none"
+        return ControlError(
+            p.ErrorCode.BAD_REQUEST,
+            f"no version {seq} in the config history (kept: {have})",
+            {"seq": seq, "kept": kept},
+        )
+
+    async def _disk(self) -> ConfigTexts:
+        try:
+            return await read_texts(self.path, missing_ok=True)
+        except ConfigError as exc:
+            raise ControlError(
+                p.ErrorCode.CONFIG_ERROR, str(exc), {"file": exc.file, "path": exc.path}
+            ) from None
+
+    async def _merged(
+        self, disk: ConfigTexts, config: str | None, models: str | None
+    ) -> ConfigTexts:
+        """The files a change would leave: its texts, the rest as they are on disk."""
+        cfg = config.encode() if config is not None else disk.config
+        mpath, named = models_file_of(Path(disk.config_name), cfg)
+        if models is not None:
+            mdata: bytes | None = models.encode()
+        elif str(mpath) == disk.models_name:
+            mdata = disk.models
+        else:  # the new config.json points at another models file: as it is on disk
+            try:
+                mdata = await read_models(str(mpath), disk.config_name)
+            except ConfigError as exc:
+                raise ControlError(
+                    p.ErrorCode.CONFIG_ERROR, str(exc), {"file": exc.file, "path": exc.path}
+                ) from None
+        return ConfigTexts(disk.config_name, cfg, str(mpath), mdata, named)
+
+    # ------------------------------------------------------------ planning
+
+    async def plan(self, config: str | None, models: str | None, base: str) -> p.ConfigPlanView:
+        """What applying these texts would do; nothing is changed (no lock: reads only)."""
+        disk = await self._disk()
+        new_texts = await self._merged(disk, config, models)
+        plan = await self._plan(disk, new_texts)
+        if base and base != plan.base:  # what applying it would answer, said now
+            plan.problems.insert(0, _stale_problem(base, plan.base))
+            plan.ok = False
+        return plan
+
+    async def _plan(self, disk: ConfigTexts, new_texts: ConfigTexts) -> p.ConfigPlanView:
+        base, version = texts_version(disk), texts_version(new_texts)
+        try:
+            new = parse_config(new_texts)
+            check_placements(new, self.pool.topology)
+        except ConfigError as exc:
+            return configplan.config_error_plan(
+                exc.file, exc.path, exc.message, base=base, version=version, running=self.running
+            )
+        engines = self.pool.engines
+        facts = await self._facts(configplan.judged(self.config, new))
+        views = {
+            alias: Existing(
+                spec=e.spec,
+                state=e.state,
+                in_flight=e.in_flight(),
+                retired=e.retired,
+                finished=e.finished,
+                restart_pending=e.pending_spec is not None,
+            )
+            for alias, e in engines.items()
+        }
+        return configplan.plan_change(
+            self.config,
+            new,
+            views,
+            facts,
+            motion=configplan.in_motion(self._moving()),
+            sleeps={a: e.sleep_mode() == "on" or e.state == S.ASLEEP for a, e in engines.items()},
+            base=base,
+            version=version,
+            running=self.running,
+            changed=_changed_files(disk, new_texts),
+        )
+
+    def _moving(self) -> list[Moving]:
+        out = []
+        for e in self.pool.engines.values():
+            phase = e.phase
+            out.append(
+                Moving(
+                    alias=e.alias,
+                    state=e.state,
+                    step=str(phase.step) if phase is not None else None,
+                    engines=phase.engines if phase is not None else (),
+                )
+            )
+        return out
+
+    async def _facts(self, specs: Sequence[ModelSpec]) -> dict[str, SpecFacts]:
+        out: dict[str, SpecFacts] = {}
+
+        async def one(spec: ModelSpec) -> None:
+            out[spec.alias] = await self._facts_of(spec)
+
+        async with trio.open_nursery() as nursery:
+            for spec in specs:
+                nursery.start_soon(one, spec)
+        return out
+
+    async def _facts_of(self, spec: ModelSpec) -> SpecFacts:
+        """Its SGLang's verdict on the flags (the real argparse's options, through the
+        probe), its paths, and where and whether it would fit now."""
+        missing: list[tuple[str, str]] = []
+        probe = await self.pool.probe(spec)
+        catalog = probe.catalog
+        refused = preflight.check_flags(spec, catalog)
+        unchecked = None
+        if not probe.ok_python:
+            missing.append(("python", f"cannot run the engine's Python: {probe.error}"))
+        elif catalog is None:
+            why = missing_message(probe, auto_build=spec.auto_build) or probe.options_error
+            unchecked = (
+                f"{spec.alias}: SGLang's options could not be read ({why}): flags not checked"
+            )
+        facts = await trio.to_thread.run_sync(preflight.gather, spec)
+        if not facts.model_path.exists:
+            missing.append(("path", f"model_path {spec.path} does not exist"))
+        elif not facts.model_path.readable:
+            missing.append(("path", f"model_path {spec.path} is not readable by ktd's user"))
+        elif facts.config_error:
+            missing.append(("path", facts.config_error))
+        if facts.kt_weight_path is not None and not facts.kt_weight_path.exists:
+            missing.append(
+                ("kt_weight_path", f"kt_weight_path {spec.kt_weight_path} does not exist")
+            )
+        engine = self.pool.engines.get(spec.alias)
+        try:
+            plan = self.pool.plan(spec, exclude=engine, catalog=catalog)
+        except LaunchError:
+            plan = None  # the flags: already in ``refused``
+        evicts: tuple[str, ...] = ()
+        waits: tuple[str, ...] = ()
+        fit_reason = None
+        if plan is not None and plan.ok:
+            evicts = tuple(plan.evict)
+            if spec.fit == "check" and not missing:
+                _, verdict = await self.pool.fit(spec, plan)
+                fit_reason = verdict.reason
+        elif plan is not None:
+            waits = tuple(plan.blocked_by)
+        return SpecFacts(
+            refused_flags=refused,
+            unchecked=unchecked,
+            missing=tuple(missing),
+            fit=fit_reason,
+            evicts=evicts,
+            waits_for=waits,
+        )
+
+    # ------------------------------------------------------------ applying
+
+    async def apply(
+        self, config: str | None, models: str | None, base: str, who: Who
+    ) -> p.ConfigApplyReply:
+        async with self._lock:
+            disk = await self._disk()
+            self._check_base(base, disk)
+            new_texts = await self._merged(disk, config, models)
+            return await self._apply(disk, new_texts, who, how="apply")
+
+    async def rollback(
+        self, seq: int | None, base: str, who: Who, *, dry_run: bool
+    ) -> p.ConfigApplyReply | p.ConfigPlanReply:
+        if dry_run:
+            disk = await self._disk()
+            record = await self._rollback_target(seq, texts_version(disk))
+            return p.ConfigPlanReply(plan=await self._plan(disk, record.texts()))
+        async with self._lock:
+            disk = await self._disk()
+            self._check_base(base, disk)
+            record = await self._rollback_target(seq, texts_version(disk))
+            return await self._apply(
+                disk, record.texts(), who, how="rollback", rollback_of=record.info.seq
+            )
+
+    async def _rollback_target(self, seq: int | None, disk_version: str) -> Record:
+        """Version ``seq``, or the last one before the files on disk now."""
+        if seq is None:
+            older = [i for i in self.history.infos() if i.version != disk_version]
+            if not older:
+                raise ControlError(
+                    p.ErrorCode.BAD_REQUEST, "no older version in the config history to go back to"
+                )
+            seq = older[0].seq
+        record = await trio.to_thread.run_sync(self.history.get, seq)
+        if record is None:
+            raise self._no_version(seq)
+        return record
+
+    def _check_base(self, base: str, disk: ConfigTexts) -> None:
+        now = texts_version(disk)
+        if base and base != now:
+            raise ControlError(
+                p.ErrorCode.STALE_CONFIG,
+                _stale_problem(base, now).message + ": nothing was applied",
+                {"base": base, "version": now},
+            )
+
+    async def _apply(
+        self,
+        disk: ConfigTexts,
+        new_texts: ConfigTexts,
+        who: Who,
+        *,
+        how: str,
+        rollback_of: int | None = None,
+    ) -> p.ConfigApplyReply:
+        plan = await self._plan(disk, new_texts)
+        if not plan.ok:
+            self._refuse(plan)
+        if not plan.changed and plan.base == self.running:
+            return p.ConfigApplyReply(plan=plan, version=plan.version, summary="no change")
+        new = parse_config(new_texts)  # validated by the plan
+        latest = self.history.latest()
+        what = plan.summary if how == "apply" else f"back to version {rollback_of}: {plan.summary}"
+        record = await self._new_record(new_texts, how, who, what, latest, rollback_of)
+        seq = record.info.seq
+        try:
+            await trio.to_thread.run_sync(self.history.add, record)
+        except OSError as exc:
+            raise _write_failed(
+                f"cannot record the version in the config history: {_why(exc)}"
+            ) from None
+        changes = await trio.to_thread.run_sync(_file_changes, disk, new_texts)  # may read
+        try:
+            await trio.to_thread.run_sync(self._write, changes)
+        except OSError as exc:
+            await trio.to_thread.run_sync(self.history.drop, seq)
+            where = getattr(exc, "filename", None) or ", ".join(c.path for c in changes)
+            raise _write_failed(f"cannot write {where}: {_why(exc)}") from None
+        # A load may have begun while the files were written: the rule once more, with
+        # nothing awaited between it and the install.
+        late = configplan.refusals(plan.engines, configplan.in_motion(self._moving()))
+        if late:
+            back = [FileChange(c.path, c.old, c.new) for c in changes if c.old is not None]
+            gone = [c.path for c in changes if c.old is None]
+            try:
+                await trio.to_thread.run_sync(self._write, back)
+                for path in gone:
+                    os.unlink(path)
+            except OSError as exc:
+                log.error("config: cannot put the files back after a late refusal: %s", exc)
+            await trio.to_thread.run_sync(self.history.drop, seq)
+            plan.problems += late
+            plan.ok = False
+            self._refuse(plan)
+        await trio.to_thread.run_sync(self.history.trim)
+        summary = self._install_config(new, new_texts)
+        log.info(
+            "config %s by %s (uid %s, claimed %r): %s; %s",
+            how,
+            record.info.user or "?",
+            who.uid,
+            who.claimed,
+            plan.summary,
+            summary,
+        )
+        return p.ConfigApplyReply(plan=plan, version=plan.version, seq=seq, summary=summary)
+
+    @staticmethod
+    def _refuse(plan: p.ConfigPlanView) -> None:
+        """An error of the plan as the change's answer: ``config_error`` naming the file
+        and field of the first one, or ``busy`` when every error is a load or a swap the
+        change would throw away."""
+        errors = [q for q in plan.problems if q.level == "error"]
+        config = [q for q in errors if not q.code]
+        first = (config or errors)[0]
+        code = p.ErrorCode.CONFIG_ERROR if config else first.code
+        where = f"{first.file}: {first.path}: " if first.path else ""
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        detail = _problem_detail(plan)
+        detail.update(file=first.file, path=first.path)
+        raise ControlError(code, f"{where}{first.message}{more}; nothing was changed", detail)
+
+
+def _stale_problem(base: str, now: str) -> p.ConfigProblem:
+    return p.ConfigProblem(
+        level="error",
+        code=p.ErrorCode.STALE_CONFIG,
+        message=f"the config changed since version {base} was read (it is {now} now); "
+        "read it again and make the change on what is there",
+    )
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _write_failed(message: str) -> ControlError:
+    return ControlError(
+        p.ErrorCode.WRITE_FAILED,
+        f"{message}; nothing was changed (the files and the running config are as they were)",
+    )
+
+
+def _changed_files(before: ConfigTexts | None, after: ConfigTexts) -> list[str]:
+    if before is None:
+        return [after.config_name] + ([after.models_name] if after.models is not None else [])
+    out = []
+    if before.config != after.config:
+        out.append(after.config_name)
+    moved = (before.models_name, before.models) != (after.models_name, after.models)
+    if moved and after.models is not None:
+        out.append(after.models_name)
+    return out
+
+
+def _file_changes(disk: ConfigTexts, new: ConfigTexts) -> list[FileChange]:
+    """What to write, models first: a config.json naming a new models file never points
+    at one not yet there."""
+    out = []
+    if new.models is not None:
+        old = disk.models if new.models_name == disk.models_name else _read_or_none(new.models_name)
+        if old != new.models:
+            out.append(FileChange(new.models_name, new.models, old))
+    if new.config != disk.config:
+        out.append(FileChange(new.config_name, new.config, disk.config))
+    return out
+
+
+def _read_or_none(path: str) -> bytes | None:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return None

@@ -1,0 +1,149 @@
+"""The versions of the config, kept in the state dir (``ktctl config history``, issue 39).
+
+One file per version, ``config-history/<seq>.json``: both files' texts as they were, who
+made it (the uid the control socket showed, and who the client said it was, kept as
+claimed), when, how (``start``, ``reload`` of a hand edit, ``apply``, ``rollback``) and
+what changed. Each is written whole or not at all (``statefile.write_bytes``); the
+newest ``keep`` stay. A file that does not decode is set aside
+(``<seq>.json.corrupt-<time>``), never read as a version. Blocking: the daemon calls it
+from a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import msgspec
+
+from ktd.core.config import ConfigTexts
+from ktd.core.configtext import version_of
+from ktd.daemon import statefile
+from ktd.protocol import ConfigVersion
+
+log = logging.getLogger("ktd")
+
+_NAME = re.compile(r"^(\d{1,16})\.json$")
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """One version: what it was and the texts."""
+
+    info: ConfigVersion
+    config_path: str
+    config_text: str
+    models_path: str
+    models_text: str | None = None
+    models_named: bool = False
+
+    def texts(self) -> ConfigTexts:
+        models = self.models_text.encode() if self.models_text is not None else None
+        return ConfigTexts(
+            self.config_path, self.config_text.encode(), self.models_path, models, self.models_named
+        )
+
+    @classmethod
+    def of(cls, info: ConfigVersion, texts: ConfigTexts) -> Record:
+        return cls(
+            info=info,
+            config_path=texts.config_name,
+            config_text=texts.config.decode(errors="replace"),
+            models_path=texts.models_name,
+            models_text=texts.models.decode(errors="replace") if texts.models is not None else None,
+            models_named=texts.models_named,
+        )
+
+
+def texts_version(texts: ConfigTexts) -> str:
+    return version_of(texts.config, texts.models_name, texts.models)
+
+
+class History:
+    """The versions on disk, their summaries in memory (newest last)."""
+
+    def __init__(self, directory: Path | None, keep: int) -> None:
+        self.directory = directory
+        self.keep = keep
+        self._infos: list[ConfigVersion] = []
+        self._loaded = False
+
+    def _path(self, seq: int) -> Path:
+        assert self.directory is not None
+        return self.directory / f"{seq:06d}.json"
+
+    def load(self) -> None:
+        """Read what is kept (once, at start). Corrupt files are set aside, and said."""
+        self._loaded = True
+        if self.directory is None or not self.directory.is_dir():
+            return
+        for stale in self.directory.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)  # a daemon killed mid-write (we hold the state lock)
+        found = []
+        for path in self.directory.iterdir():
+            if not _NAME.match(path.name):
+                continue
+            try:
+                record = msgspec.json.decode(path.read_bytes(), type=Record)
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                try:
+                    aside = statefile.set_aside(path)
+                    log.error("config history: %s does not decode (%s); set aside as %s",
+                              path, exc, aside.name)  # fmt: skip
+                except OSError as err:
+                    log.error("config history: %s does not decode (%s): %s", path, exc, err)
+                continue
+            found.append(record.info)
+        self._infos = sorted(found, key=lambda i: i.seq)
+
+    def infos(self) -> list[ConfigVersion]:
+        """Newest first."""
+        if not self._loaded:
+            self.load()
+        return list(reversed(self._infos))
+
+    def latest(self) -> ConfigVersion | None:
+        infos = self.infos()
+        return infos[0] if infos else None
+
+    def next_seq(self) -> int:
+        latest = self.latest()
+        return latest.seq + 1 if latest is not None else 1
+
+    def get(self, seq: int) -> Record | None:
+        if self.directory is None or all(i.seq != seq for i in self.infos()):
+            return None
+        try:
+            return msgspec.json.decode(self._path(seq).read_bytes(), type=Record)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.error("config history: cannot read version %d: %s", seq, exc)
+            return None
+
+    def add(self, record: Record) -> None:
+        """Write ``record`` (OSError: nothing was kept); ``trim`` once it stands."""
+        self.infos()
+        if self.directory is not None:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            statefile.write_bytes(self._path(record.info.seq), msgspec.json.encode(record))
+        self._infos.append(record.info)
+
+    def trim(self) -> None:
+        """Forget the oldest versions past ``keep``."""
+        while len(self._infos) > self.keep:
+            old = self._infos.pop(0)
+            if self.directory is None:
+                continue
+            try:
+                os.unlink(self._path(old.seq))
+            except OSError as exc:
+                log.warning("config history: cannot remove version %d: %s", old.seq, exc)
+
+    def drop(self, seq: int) -> None:
+        """Take back a version just added (its files could not be written)."""
+        self._infos = [i for i in self._infos if i.seq != seq]
+        if self.directory is not None:
+            try:
+                os.unlink(self._path(seq))
+            except OSError as exc:
+                log.error("config history: cannot remove version %d: %s", seq, exc)

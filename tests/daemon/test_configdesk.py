@@ -1,0 +1,237 @@
+"""The config desk in-process: a real pool (not running: the test plays the supervisor),
+real files, the real probe of the sim's SGLang; the writer injected where a test needs a
+slow or a full disk (issue 39)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from ktd import protocol as p
+from ktd.control.errors import ControlError
+from ktd.core import configtext
+from ktd.core import states as S
+from ktd.core.config import parse_config, read_config_texts
+from ktd.daemon import configfiles
+from ktd.daemon.configdesk import ConfigDesk, Who
+from ktd.daemon.configfiles import FileChange
+from ktd.daemon.confighistory import History
+from ktd.daemon.pool import Pool
+from tests.conftest import ConfigWriter, sim_model
+
+ALICE = Who(uid=1000, claimed="alice")
+
+
+@dataclass
+class Bench:
+    desk: ConfigDesk
+    pool: Pool
+    models: Path
+    config: Path
+    writes: list[list[FileChange]]
+
+    def models_text(self) -> str:
+        return self.models.read_text()
+
+
+def make(
+    tmp_path: Path,
+    write: Callable[[Sequence[FileChange]], None] | None = None,
+    **daemon: Any,
+) -> Bench:
+    cfg = ConfigWriter(tmp_path / "etc")([sim_model("a"), sim_model("b", ttl=600)], daemon=daemon)
+    texts = read_config_texts(cfg)
+    config = parse_config(texts)
+    pool = Pool(
+        config,
+        log_dir=tmp_path / "logs",
+        publish=lambda topic, event: None,
+        state_path=tmp_path / "state" / "engines.json",
+    )
+    writes: list[list[FileChange]] = []
+
+    def writer(changes: Sequence[FileChange]) -> None:
+        writes.append(list(changes))
+        (write or configfiles.write_files)(changes)
+
+    desk = ConfigDesk(
+        config,
+        texts,
+        pool,
+        install=pool.apply_config,
+        history=History(tmp_path / "state" / "config-history", config.daemon.config_history + 1),
+        write=writer,
+    )
+    return Bench(desk, pool, cfg.parent / "models.json", cfg, writes)
+
+
+async def test_an_apply_writes_records_and_installs(tmp_path: Path) -> None:
+    b = make(tmp_path)
+    await b.desk.record_start()
+    got = await b.desk.get(None)
+    text = configtext.set_fields(got.models_text or "", "a", {"ttl": 30})
+    reply = await b.desk.apply(None, text, got.version, ALICE)
+    assert b.models_text() == text
+    assert b.pool.engines["a"].spec.ttl == 30
+    assert (b.desk.running, reply.seq) == (reply.version, 2)
+    v = b.desk.history.infos()[0]
+    assert (v.how, v.uid, v.claimed, v.what) == ("apply", 1000, "alice", "update: a (ttl)")
+    assert v.files == [str(b.models)]
+
+
+async def test_two_writers_at_once_one_wins_the_other_is_stale(tmp_path: Path) -> None:
+    """The second apply, made from the same version, waits for the first (one lock) and
+    then finds the files changed: refused, not written over."""
+    slow, writing = trio.Event(), trio.Event()
+
+    def write(changes: Sequence[FileChange]) -> None:
+        trio.from_thread.run_sync(writing.set)
+        trio.from_thread.run(slow.wait)  # a slow disk: the first writer sits here
+        configfiles.write_files(changes)
+
+    b = make(tmp_path, write)
+    got = await b.desk.get(None)
+    first = configtext.set_fields(got.models_text or "", "a", {"ttl": 30})
+    second = configtext.set_fields(got.models_text or "", "b", {"ttl": 5})
+    outcome: dict[str, Any] = {}
+
+    async def apply(name: str, text: str) -> None:
+        try:
+            outcome[name] = await b.desk.apply(None, text, got.version, ALICE)
+        except ControlError as exc:
+            outcome[name] = exc
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(apply, "first", first)
+        await writing.wait()
+        nursery.start_soon(apply, "second", second)
+        with trio.fail_after(10):
+            while b.desk._lock.statistics().tasks_waiting == 0:
+                await trio.sleep(0.01)  # the second writer is at the lock
+        assert len(b.writes) == 1
+        slow.set()
+    assert isinstance(outcome["first"], p.ConfigApplyReply)
+    assert isinstance(outcome["second"], ControlError)
+    assert outcome["second"].code == "stale_config"
+    assert b.models_text() == first and len(b.writes) == 1
+
+
+async def test_a_full_disk_leaves_files_running_config_and_history(tmp_path: Path) -> None:
+    def full(changes: Sequence[FileChange]) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", changes[0].path)
+
+    b = make(tmp_path, full)
+    await b.desk.record_start()
+    before, running = b.models_text(), b.desk.running
+    got = await b.desk.get(None)
+    text = configtext.set_fields(got.models_text or "", "a", {"ttl": 30})
+    with pytest.raises(ControlError) as info:
+        await b.desk.apply(None, text, got.version, ALICE)
+    assert info.value.code == "write_failed"
+    assert f"cannot write {b.models}: No space left on device" in info.value.message
+    assert "nothing was changed" in info.value.message
+    assert (b.models_text(), b.desk.running, b.pool.engines["a"].spec.ttl) == (before, running, 0)
+    assert [v.seq for v in b.desk.history.infos()] == [1]
+    assert sorted(os.listdir(tmp_path / "state" / "config-history")) == ["000001.json"]
+
+
+async def test_a_load_begun_while_the_files_were_written_puts_them_back(tmp_path: Path) -> None:
+    benches: list[Bench] = []
+
+    def write(changes: Sequence[FileChange]) -> None:
+        configfiles.write_files(changes)
+        b = benches[0]
+        if len(b.writes) == 1:  # the load begins now, between the plan and the install
+            b.pool.engines["a"].state = S.STARTING
+
+    b = make(tmp_path, write)
+    benches.append(b)
+    got = await b.desk.get(None)
+    before = b.models_text()
+    text = configtext.set_fields(got.models_text or "", "a", {"kt.ctx": 4096})
+    b.pool.engines["a"].state = S.READY
+    with pytest.raises(ControlError) as info:
+        await b.desk.apply(None, text, got.version, ALICE)
+    assert info.value.code == "busy"
+    assert "a is loading" in info.value.message
+    assert b.models_text() == before and b.pool.engines["a"].spec.ctx == 0
+
+
+async def test_a_hand_edit_seen_at_reload_becomes_a_version(tmp_path: Path) -> None:
+    b = make(tmp_path)
+    await b.desk.record_start()
+    doc = json.loads(b.models_text())
+    doc[0]["ttl"] = 99
+    b.models.write_text(json.dumps(doc, indent=2))
+    summary = await b.desk.reload(Who(uid=0))
+    assert "updated in place: a" in summary
+    latest = b.desk.history.infos()[0]
+    assert (latest.seq, latest.how, latest.uid) == (2, "reload", 0)
+    assert await b.desk.reload(Who(uid=0)) == "no changes"
+    assert len(b.desk.history.infos()) == 2  # the same files: no new version
+
+
+async def test_rollback_goes_back_through_the_same_path(tmp_path: Path) -> None:
+    b = make(tmp_path)
+    await b.desk.record_start()
+    start = b.models_text()
+    got = await b.desk.get(None)
+    text = configtext.set_fields(got.models_text or "", "a", {"ttl": 30})
+    applied = await b.desk.apply(None, text, got.version, ALICE)
+    plan = await b.desk.rollback(None, "", ALICE, dry_run=True)
+    assert isinstance(plan, p.ConfigPlanReply)
+    assert [(e.alias, e.action) for e in plan.plan.engines if e.action != "unchanged"] == [
+        ("a", "update")
+    ]
+    assert b.models_text() == text  # a dry run changed nothing
+    back = await b.desk.rollback(None, applied.version, ALICE, dry_run=False)
+    assert isinstance(back, p.ConfigApplyReply)
+    assert b.models_text() == start and b.pool.engines["a"].spec.ttl == 0
+    v = b.desk.history.infos()[0]
+    assert (v.how, v.rollback_of, v.version) == ("rollback", 1, b.desk.history.infos()[2].version)
+    with pytest.raises(ControlError, match=r"no version 9 in the config history \(kept: 1-3\)"):
+        await b.desk.rollback(9, "", ALICE, dry_run=True)
+
+
+async def test_the_history_keeps_the_newest(tmp_path: Path) -> None:
+    b = make(tmp_path, config_history=2)  # the files now and 2 before them
+    await b.desk.record_start()
+    for ttl in (1, 2, 3, 4):
+        got = await b.desk.get(None)
+        text = configtext.set_fields(got.models_text or "", "a", {"ttl": ttl})
+        await b.desk.apply(None, text, got.version, ALICE)
+    assert [v.seq for v in b.desk.history.infos()] == [5, 4, 3]
+    assert sorted(os.listdir(tmp_path / "state" / "config-history")) == [
+        "000003.json",
+        "000004.json",
+        "000005.json",
+    ]
+
+
+async def test_a_broken_file_on_disk_can_be_fixed_by_an_apply(tmp_path: Path) -> None:
+    b = make(tmp_path)
+    good = b.models_text()
+    b.models.write_text("[{broken")
+    got = await b.desk.get(None)
+    assert got.models_text == "[{broken"
+    plan = await b.desk.plan(None, "[{broken", "")
+    assert not plan.ok and plan.problems[0].file == str(b.models)
+    await b.desk.apply(None, good, got.version, ALICE)
+    assert b.models_text() == good
+
+
+def test_history_sets_a_corrupt_version_aside(tmp_path: Path) -> None:
+    folder = tmp_path / "h"
+    folder.mkdir()
+    (folder / "000001.json").write_text("{not json")
+    history = History(folder, 5)
+    assert history.infos() == []
+    assert [n.startswith("000001.json.corrupt-") for n in os.listdir(folder)] == [True]
