@@ -225,6 +225,10 @@ class Keying:
     note: str | None = None
     extra_args: tuple[str, ...] | None = None  # extra_args without the user's keys
     admin_key: str | None = None  # the user's --admin-api-key (in the file when ``config``)
+    # ktd gives the engine an admin key of its own, in the file: SGLang's admin-level
+    # routes (release, resume, the fence's pause, flush and continue) then want it, and
+    # the API key that frontends and lease holders get cannot call them.
+    own_admin: bool = False
 
 
 def keyed_launch(
@@ -277,7 +281,8 @@ def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
         admin_tokens = set()
     keyed = _keyed(spec, catalog, in_file, user_key, key_tokens | admin_tokens, workers)
     if admin_key is None:
-        return keyed
+        own = keyed.config and catalog.exact(ADMIN_KEY_FLAG) is not None
+        return dataclasses.replace(keyed, own_admin=own)
     if not (admin_in_file and keyed.config):
         note = (
             f"{ADMIN_KEY_FLAG} from extra_args is on the engine's command line, readable by "

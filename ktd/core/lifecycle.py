@@ -275,6 +275,7 @@ class Lifecycle:
     going: State | None = None
     drain_until: float = math.inf
     off_traffic: bool = False  # Deregister has been carried out
+    unconfirmed: bool = False  # a router did not confirm the deregistration
     load_read: float | None = None  # when /v1/loads (or a check) was last read
     engine_load: EngineLoad | None = None  # what it counted then (None: unknown)
     # What the attempt's end makes of the want (the driver applies it and clears it): a
@@ -383,7 +384,7 @@ class Lifecycle:
         budget = self.settings.drain_timeout if look.drain is None else look.drain
         self.going = to
         self.drain_until = look.now + budget
-        self.off_traffic = False
+        self.off_traffic = self.unconfirmed = False
         self._reset_reads()
         self.fence = self.flush = self.flush_at = None
         if to == S.SLEEPING:
@@ -404,6 +405,10 @@ class Lifecycle:
             return Deregister()
         if look.force:
             return self._stop(look)
+        if sleep and self.unconfirmed:
+            why = "a router did not confirm the deregistration; stopped instead of sleeping"
+            self.settle_want = Want.DOWN
+            return self._kill(self.settings.stop_grace, _End.STOPPED, why, stopping=True)
         step = self._drain_step(look, sleep)
         if step is None:
             if not sleep:
@@ -595,8 +600,12 @@ class Lifecycle:
             self.settle_want = Want.DOWN
             self._move(S.FAILED, reason=failure.reason or failure.kind, error_code="load_failed")
 
-    def deregistered(self) -> None:
+    def deregistered(self, confirmed: bool = True) -> None:
+        """Traffic is off; ``confirmed``: every router has said it no longer lists the
+        engine (a sleep needs that: a router that still lists it sends it requests and
+        health checks)."""
         self.off_traffic = True
+        self.unconfirmed = not confirmed
 
     def load(self, now: float, reading: EngineLoad | None) -> None:
         """What ``/v1/loads`` counted (None: no answer, or not SGLang's shape). For a

@@ -92,7 +92,7 @@ class EngineHost(Protocol):
 
     def engine_changed(self, engine: Engine) -> None: ...  # anything: admission looks again
 
-    async def before_drain(self, engine: Engine) -> None: ...
+    async def before_drain(self, engine: Engine) -> bool: ...  # True: routers confirmed
 
     async def make_room(self, engine: Engine) -> str | None: ...  # a wake's swap; None = done
 

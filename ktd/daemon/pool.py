@@ -65,7 +65,7 @@ class PoolObserver(Protocol):
 
     def engine_changed(self, engine: Engine) -> None: ...
 
-    async def before_drain(self, engine: Engine) -> None: ...
+    async def before_drain(self, engine: Engine) -> bool: ...  # True: every router confirmed
 
     @property
     def routes_engines(self) -> bool: ...
@@ -229,12 +229,15 @@ class Pool:
         self._sweeper.wake()
         self._placer.poke()
 
-    async def before_drain(self, engine: Engine) -> None:
-        # The frontends stop routing to it now; the drain waits for their claims.
+    async def before_drain(self, engine: Engine) -> bool:
+        """Traffic off: the frontends stop routing to it now (the drain waits for their
+        claims), the routers are told. True when every router confirmed."""
         why = engine.down_reason or ("going to sleep" if engine.want == Want.ASLEEP else "stopping")
         self._claims.recall(engine, reason=why)
+        confirmed = True
         for observer in self.observers:
-            await observer.before_drain(engine)
+            confirmed = await observer.before_drain(engine) and confirmed
+        return confirmed
 
     async def make_room(self, engine: Engine) -> str | None:
         return await self._placer.make_room(engine)

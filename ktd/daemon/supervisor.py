@@ -154,8 +154,7 @@ class Supervisor:
                 failure = await self._launch()
                 m.launched(failure, self._deadline(e.run) if e.run else math.inf)
             case L.Deregister():
-                await self.host.before_drain(e)
-                m.deregistered()
+                m.deregistered(await self.host.before_drain(e))
             case L.CheckLoad():
                 reading = await memory.read_load(self.host.http, self._url(), key=self._key())
                 m.load(trio.current_time(), reading)
@@ -446,11 +445,12 @@ class Supervisor:
             sleeps=launch.sleeps,
         )
         key, key_file = keyed.user_key, None
+        admin = keyed.admin_key or (enginekey.new_key() if keyed.own_admin else None)
         if keyed.config:
             key = keyed.user_key or enginekey.new_key()
             try:
                 key_file = await trio.to_thread.run_sync(
-                    self.host.key_dir.write, e.alias, key, keyed.admin_key
+                    self.host.key_dir.write, e.alias, key, admin
                 )
             except (OSError, UnsafeDir) as exc:
                 e.plan = None
@@ -459,7 +459,7 @@ class Supervisor:
             argv = with_key_file(argv, str(key_file))
         try:
             run = await self._spawn(argv, env, port, engine_id, key=key, key_file=key_file)
-            run.admin_key = keyed.admin_key
+            run.admin_key = admin
         except BaseException as exc:
             KeyDir.remove(key_file)  # nothing runs that would read it
             if not isinstance(exc, OSError):

@@ -222,18 +222,21 @@ class GatewaySync:
         ``/v1/loads`` to count none (``ktd.core.lifecycle``'s drain)."""
         return self.enabled and self.config.mode == "engines"
 
-    async def before_drain(self, engine: EngineLike) -> None:
-        """Deregister ``engine`` everywhere.
+    async def before_drain(self, engine: EngineLike) -> bool:
+        """Deregister ``engine`` everywhere; True once every router has confirmed it.
 
         Runs in the engine's owner task before it drains: once every reachable
         router has confirmed (a ``GET /workers`` after the removal) that the URL
         is gone, no new request can arrive. Requests already in flight (they hold
         no ktd lease, they came straight from the router) are the drain's: the
         engine's lifecycle waits for its ``/v1/loads`` to count none, within the
-        same drain budget (``engine_drain``). A router that is down is not waited for.
+        same drain budget (``engine_drain``). A router that is down is not waited for,
+        but it has not confirmed either: a sleep is then no sleep (it comes back up
+        listing the engine and sends it requests and health checks), the engine is
+        stopped instead (``ktd.core.lifecycle``).
         """
         if not self.enabled or self.config.mode != "engines":
-            return
+            return True
         self.leaving.add(engine.alias)
         marks = {url: r.generation for url, r in self.routers.items()}
         self.poke()
@@ -253,6 +256,9 @@ class GatewaySync:
                 engine.alias,
                 self.config.deregister_timeout,
             )
+        return url is None or (
+            self._gone_everywhere(url, marks) and all(r.up is not False for r in self._live())
+        )
 
     def _gone_everywhere(self, url: str, marks: dict[str, int]) -> bool:
         """Every reachable router re-read since ``marks`` and does not list ``url``.

@@ -50,6 +50,7 @@ class World:
     snapshot_at: float = 0.0  # when the snapshot /v1/loads answers with was taken
     loads_answer: bool = True  # /v1/loads answers
     has_door: bool = True  # this SGLang has /pause_generation and /flush_cache
+    routers_confirm: bool = True  # every router confirms a deregistration
     door_closed: bool = False  # new generations wait in the tokenizer
     at_door: int = 0  # generations waiting behind the closed door
     # Aborted by the door's closing, still in the scheduler until its forward pass ends
@@ -143,7 +144,7 @@ def drive(m: L.Lifecycle, w: World, *, steps: int = 60, until: float | None = No
                 else:
                     m.launched(Outcome("failed", "preflight refused"))
             case L.Deregister():
-                m.deregistered()
+                m.deregistered(w.routers_confirm)
             case L.CheckLoad():
                 m.load(w.now, w.reading())
                 w.now += 0.05
@@ -307,6 +308,19 @@ def test_requests_at_the_closed_door_wait_for_the_resume_and_then_run() -> None:
     acts = _actions(w)
     assert m.state == S.READY and acts.index("Resume") < acts.index("Continue")
     assert w.engine_busy == 1 and not w.door_closed
+
+
+def test_a_sleep_whose_deregistration_a_router_did_not_confirm_is_a_stop() -> None:
+    """Issue 40: a router that did not confirm (down, or too slow) still lists the engine:
+    it would send requests and health checks to released memory. No release."""
+    m, w = machine()
+    up(m, w)
+    w.want = L.Want.ASLEEP
+    assert isinstance(m.step(w.look(m)), L.Deregister)
+    m.deregistered(confirmed=False)
+    drive(m, w)
+    assert m.state == S.STOPPED and "did not confirm" in (m.reason or "")
+    assert "ReleaseMemory" not in _actions(w)
 
 
 def test_a_door_that_will_not_close_stops_the_engine_instead() -> None:
@@ -556,6 +570,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         if self.w.alive and self.m.state in (S.READY, S.SLEEPING) and not self.w.released:
             shows_in = 40.0 if long_prefill and self.w.has_door else L.REPUBLISH * 0.75
             self.w.traffic(self.w.engine_busy, busy, shows_in=shows_in)
+        self._drive()
+
+    @rule(confirm=st.booleans())
+    def routers(self, confirm: bool) -> None:
+        """A router of the gateway is up and answers, or not (its confirmation missing)."""
+        self.w.routers_confirm = confirm
         self._drive()
 
     @precondition(lambda self: not self.w.alive)

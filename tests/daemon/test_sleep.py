@@ -270,3 +270,30 @@ def test_a_users_admin_key_is_carried_to_the_sleep_calls_and_kept_off_the_comman
         woke = c.wake("adm-kt", timeout=30)
         assert woke.state == "ready" and woke.pid == e.pid
         assert "ops-secret" not in "\n".join(c.logs("adm-kt", 500))
+
+
+def test_a_lease_holders_key_cannot_release_resume_or_open_the_door(
+    write_config: ConfigWriter, daemon_factory: Any
+) -> None:
+    """Issue 40: lease clients keep the engine's URL and key after their lease ends. ktd
+    withholds what they could misuse: the engine runs with an admin key of ktd's own (in
+    its 0600 key file), which SGLang's release, resume, pause, flush and continue want;
+    the key a lease carries is for generations, which wait at the closed door while the
+    engine sleeps."""
+    d = daemon_factory(write_config([sleepy("w-kt")]))
+    with d.client(timeout=60) as c:
+        lease = c.acquire("w-kt", "a-tool")
+        base, key = lease.url, lease.api_key
+        c.release(lease.lease)
+        assert key
+        auth = {"Authorization": f"Bearer {key}"}
+        for path in ("/release_memory_occupation", "/pause_generation", "/continue_generation"):
+            r = httpx.post(base + path, json={"tags": None}, headers=auth, timeout=10)
+            assert r.status_code == 401, (path, r.status_code)
+        assert httpx.get(base + "/v1/models", headers=auth, timeout=10).status_code == 200
+        asleep = c.sleep("w-kt", timeout=30)  # ktd's own calls carry its admin key
+        assert asleep.state == "asleep"
+        later = httpx.post(base + "/resume_memory_occupation", json={"tags": None}, headers=auth)
+        assert (
+            later.status_code == 401 and server_info(asleep.port)["memory_occupation"] == "released"
+        )

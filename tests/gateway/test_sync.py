@@ -175,7 +175,7 @@ async def test_before_drain_returns_once_the_router_no_longer_lists_it(
     await nursery.start(gw.run)
     await until(lambda: fake_router.urls())
     e.force = True  # no /v1/loads wait (test_before_drain_waits_until_... has one)
-    await gw.before_drain(e)  # type: ignore[arg-type]
+    assert await gw.before_drain(e) is True  # type: ignore[arg-type]
     assert fake_router.urls() == []
     assert gw.routers[ROUTER].removed == 1
     # Stopped and started again: registered afresh.
@@ -196,7 +196,9 @@ async def test_a_router_that_is_down_never_holds_a_drain(
     fake_router.up = False
     await until(lambda: gw.routers[ROUTER].up is False)
     t0 = trio.current_time()
-    await gw.before_drain(e)  # type: ignore[arg-type]
+    # Not waited for, and not confirmed: a sleep is then a stop (issue 40: it comes back
+    # listing the engine, and would send its requests and health checks to it).
+    assert await gw.before_drain(e) is False  # type: ignore[arg-type]
     assert trio.current_time() - t0 < 1.0  # not the 60 s deregister_timeout
     st = gw.info()
     assert st is not None and st.routers[0].up is False and st.routers[0].error
