@@ -545,6 +545,46 @@ def _kt_flags_check(probe: Mapping[str, Any], py: str) -> Check | None:
 # ---------------------------------------------------------------- report
 
 
+#: The first kt-kernel whose TaskQueue worker waits on a condition variable when idle
+#: (ktransformers #1899); before it, one thread per engine spins at 100% (#1858, #1898).
+KT_IDLE_FIX = (0, 5, 3)
+
+
+def kt_spins_idle(version: str | None) -> bool:
+    """kt-kernel ``version`` (``0.5.2.post1``...) keeps a core busy while idle."""
+    if not version:
+        return False
+    nums: list[int] = []
+    for part in version.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        nums.append(int(digits))
+    return len(nums) >= 2 and tuple(nums) < KT_IDLE_FIX
+
+
+def kt_spin_note(version: str | None) -> str | None:
+    """What a model that sleeps is told about an old kt-kernel (status, dry-run, doctor)."""
+    if not kt_spins_idle(version):
+        return None
+    return (
+        f"kt-kernel {version} keeps one thread spinning while idle (fixed in 0.5.3): an "
+        "asleep engine takes a core from the awake engine on its NUMA node"
+    )
+
+
+def sleep_checks(specs: Iterable[ModelSpec], probe: Mapping[str, Any]) -> list[Check]:
+    """A model that sleeps next to an old kt-kernel: its idle spin costs the node a core."""
+    note = kt_spin_note(probe.get("kt_kernel"))
+    if note is None:
+        return []
+    return [
+        Check(f"{s.alias}.sleep", "warn", note, "upgrade kt-kernel to 0.5.3 or later")
+        for s in specs
+        if s.served and s.sleep
+    ]
+
+
 def collect(
     topo: Topology,
     specs: Iterable[ModelSpec] = (),
@@ -558,8 +598,10 @@ def collect(
     """Every check in display order; the caller supplies the probe and the I/O callables."""
     up = set(running)
     checks = [*cpu_checks(topo), *numa_checks(topo), *gpu_checks(topo)]
+    specs = list(specs)
     if probe is not None:
         checks.extend(python_checks(probe))
+        checks.extend(sleep_checks(specs, probe))
     for spec in specs:
         if not spec.served:
             continue

@@ -51,7 +51,9 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
     if keyed.config:  # the engine's key file, written at launch (issue 32)
         argv = with_key_file(argv, str(pool.key_dir.file_for(alias)))
     out: dict[str, Any] = plan.to_dict()
-    out["notes"] = [*out["notes"], *launch.notes, *([keyed.note] if keyed.note else [])]
+    spin = doctor.kt_spin_note(probe.kt_kernel) if probe and spec.sleep else None
+    extra = [n for n in (keyed.note, spin) if n]
+    out["notes"] = [*out["notes"], *launch.notes, *extra]
     if catalog is None:
         out["notes"].append(
             "SGLang's options could not be read"

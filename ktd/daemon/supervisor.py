@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from ktd.core import fit, loglines
+from ktd.core import doctor, fit, loglines
 from ktd.core import lifecycle as L
 from ktd.core import states as S
 from ktd.core.command import LaunchError, build_env, keyed_launch, with_key_file
@@ -48,6 +48,7 @@ class Supervisor:
         self._watchers: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._shown: tuple[Any, ...] = (self.m.state, self.m.phase, None, None)
+        self._kt_note: str | None = None  # an old kt-kernel's idle spin (a model that sleeps)
         engine.on_change(self.poke)
 
     def poke(self) -> None:
@@ -369,6 +370,7 @@ class Supervisor:
         if isinstance(probe, Outcome):
             return probe
         e.catalog = probe.catalog
+        self._kt_note = doctor.kt_spin_note(probe.kt_kernel) if e.spec.sleep else None
         if not e.want_up:
             return Outcome("stopped", "stopped before launch")
         refused = await self._placed(probe)
@@ -434,7 +436,8 @@ class Supervisor:
             e.plan = None
             return Outcome("failed", str(exc))
         argv = launch.argv
-        e.launch_notes = launch.notes + ((keyed.note,) if keyed.note else ())
+        notes = (keyed.note, self._kt_note)
+        e.launch_notes = launch.notes + tuple(n for n in notes if n)
         engine_id = f"{self.host.instance}/{e.alias}@{time.time_ns()}"
         env = build_env(
             e.spec,

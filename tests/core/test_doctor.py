@@ -429,3 +429,18 @@ def test_collect_end_to_end(xeon: Topology) -> None:
     assert rep["exit_code"] == 0 and not doctor_failed(rep)
     json.dumps(rep)
     assert "nokt.kt_weight_path" in doctor_text(rep)
+
+
+def test_an_old_kt_kernel_that_spins_idle_is_said_for_models_that_sleep() -> None:
+    """Issue 40: kt-kernel before 0.5.3 keeps one thread spinning while idle (ktransformers
+    #1858, #1898; fixed by #1899): an asleep engine costs the awake one a core."""
+    from ktd.core import doctor as d
+    from tests.fixtures.specs import kt_spec
+
+    assert d.kt_spins_idle("0.5.2.post1") and d.kt_spins_idle("0.4.0")
+    assert not d.kt_spins_idle("0.5.3") and not d.kt_spins_idle("0.7.2")
+    assert not d.kt_spins_idle(None) and not d.kt_spins_idle("unknown")
+    specs = [kt_spec(alias="s", sleep=True), kt_spec(alias="p")]
+    [check] = d.sleep_checks(specs, {"kt_kernel": "0.5.2.post1"})
+    assert check.name == "s.sleep" and check.status == "warn" and "0.5.3" in check.advice
+    assert d.sleep_checks(specs, {"kt_kernel": "0.7.2"}) == []
