@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import msgspec
 
 from ktctl import configargs, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
@@ -251,7 +254,43 @@ def _unsettled(alias: str, engine: p.EngineInfo, code: str, wanted: str) -> KtdE
 
 
 def cmd_sleep(client: Client, args: argparse.Namespace) -> int:
+    if args.verify:
+        return _verify_sleep(client, args)
     return _memory_command(client.sleep, args, S.SLEEPING, S.ASLEEP, render.sleep_line)
+
+
+def _verify_sleep(client: Client, args: argparse.Namespace) -> int:
+    """``ktctl sleep --verify ALIAS``: the model loaded (or woken) first, then put to
+    sleep and woken once, its memory measured awake, asleep and awake again (GPU per
+    process, host per NUMA node, SGLang's own figures): the check a GPU box runs."""
+    alias: str = args.alias
+    [engine] = client.status(alias)
+    if engine.state == S.ASLEEP:
+        client.wake(alias, timeout=args.timeout)
+    elif engine.state != S.READY:
+        client.load(alias)
+    snaps = [client.engine_memory(alias)]
+    started = time.monotonic()
+    client.sleep(alias, timeout=args.timeout)
+    slept = time.monotonic() - started
+    snaps.append(client.engine_memory(alias))
+    started = time.monotonic()
+    client.wake(alias, timeout=args.timeout)
+    woke = time.monotonic() - started
+    snaps.append(client.engine_memory(alias))
+    if _json(args):
+        doc = {
+            "alias": alias,
+            "sleep_seconds": slept,
+            "wake_seconds": woke,
+            "awake": msgspec.to_builtins(snaps[0]),
+            "asleep": msgspec.to_builtins(snaps[1]),
+            "awake_again": msgspec.to_builtins(snaps[2]),
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print("\n".join(render.verify_lines(snaps, slept, woke)))
+    return 0 if snaps[2].pid == snaps[0].pid else 1
 
 
 def cmd_wake(client: Client, args: argparse.Namespace) -> int:
@@ -506,6 +545,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("alias", metavar="ALIAS")
     sp.add_argument("--timeout", type=_seconds, metavar="S", help="bound the drain to S seconds")
+    sp.add_argument(
+        "--verify",
+        action="store_true",
+        help="sleep and wake it once, printing where its memory was at each step "
+        "(GPU per process, host per NUMA node, SGLang's own figures)",
+    )
 
     sp = add("wake", "wake an asleep engine and wait until it is ready")
     sp.add_argument("alias", metavar="ALIAS")

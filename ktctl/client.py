@@ -634,6 +634,13 @@ class Client(Closing):
         budget = max(self.timeout, MACHINE_BUDGET)
         return self._expect(self._call(p.Machine(), budget), p.MachineReply)
 
+    def engine_memory(self, alias: str) -> p.EngineMemoryReply:
+        """Where ``alias``'s memory is now: its processes on each GPU (nvidia-smi) and
+        NUMA node, and SGLang's own figures (``ktctl sleep --verify``)."""
+        return self._expect(
+            self._call(p.EngineMemory(alias=alias), self.timeout), p.EngineMemoryReply
+        )
+
     def usage(self, since: str = "", key: str | None = None) -> list[p.UsageCount]:
         """The usage ledger's rows (day, key, model, requests, tokens, errors) from
         ``since`` (``YYYY-MM-DD``; "" all it keeps), of ``key`` (its name) or every key."""

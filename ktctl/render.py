@@ -464,6 +464,60 @@ def gib(n: Any) -> str:
     return f"{n / (1 << 30):.1f} GiB" if isinstance(n, (int, float)) else "unknown"
 
 
+def verify_lines(snaps: Sequence[p.EngineMemoryReply], sleep_s: float, wake_s: float) -> list[str]:
+    """``ktctl sleep --verify``: where the engine's memory was awake, asleep and awake
+    again, and what the sleep freed and kept."""
+    before, asleep, after = snaps
+    out = [
+        f"{before.alias}: slept in {sleep_s:.2f}s, woke in {wake_s:.2f}s "
+        f"(pid {before.pid}, {before.processes} process(es))"
+    ]
+    if after.pid != before.pid:
+        out.append(f"  WARNING: pid {before.pid} became {after.pid}: the wake loaded it afresh")
+    out.append(f"  {'':24}{'awake':>12}{'asleep':>12}{'awake again':>14}")
+
+    def row(name: str, values: Sequence[float | int | None]) -> None:
+        cells = "".join(f"{size(v):>12}" for v in values[:2])
+        out.append(f"  {name:24}{cells}{size(values[2]):>14}")
+
+    if before.gpu is None:
+        out.append(f"  GPU: not measured: {before.gpu_note or 'nvidia-smi did not say'}")
+    else:
+        gpus = sorted({u.gpu for s in snaps for u in s.gpu or []})
+        for g in gpus:
+            row(f"GPU {g} (nvidia-smi)", [_on(s.gpu, g) for s in snaps])
+    nodes = sorted({u.node for s in snaps for u in s.host})
+    for n in nodes:
+        row(
+            f"host, NUMA node {n}",
+            [next((u.bytes for u in s.host if u.node == n), 0) for s in snaps],
+        )
+    figures = (("weights", "weight_gb"), ("KV cache", "kv_cache_gb"), ("CUDA graphs", "graph_gb"))
+    for label, field in figures:
+        values = [None if s.sglang is None else getattr(s.sglang, field) * (1 << 30) for s in snaps]
+        row(f"SGLang: {label}", values)
+    if before.gpu is not None and asleep.gpu is not None:
+        had = sum(u.bytes for u in before.gpu)
+        kept = sum(u.bytes for u in asleep.gpu)
+        out.append(f"  the sleep freed {size(had - kept)} on the GPUs and kept {size(kept)}")
+    held = asleep.host_held
+    out.append(f"  host memory it holds asleep (ktd's estimate, the fits use it): {size(held)}")
+    return out
+
+
+def size(n: float | int | None) -> str:
+    """Bytes as people read them: GiB, or MiB below one (a sim, the tiny test model)."""
+    if n is None:
+        return "-"
+    if abs(n) >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def _on(use: Sequence[p.GpuUse] | None, gpu: int) -> int:
+    return sum(u.bytes for u in use or [] if u.gpu == gpu)
+
+
 def estimate_lines(plan: Mapping[str, Any]) -> list[str]:
     """The memory estimate and the fit verdict of a dry-run plan (``load --estimate``)."""
     est = plan.get("estimate")

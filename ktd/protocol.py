@@ -371,6 +371,14 @@ class EngineKeys(Request, tag="engine_keys"):
     directory only ktd's user (and ``daemon.group``) may enter; never in status."""
 
 
+class EngineMemory(Request, tag="engine_memory"):
+    """Where a running engine's memory is now (``ktctl sleep --verify``): what its
+    processes hold on each GPU (nvidia-smi) and on each NUMA node (``numa_maps``), and
+    SGLang's own figures (``/v1/loads``' memory section)."""
+
+    alias: ModelName
+
+
 class Schema(Request, tag="schema"):
     """This daemon's protocol as a JSON Schema document (``docs/protocol/``): a client
     introspects the daemon it talks to (protocol 1.1; a 1.0 daemon answers
@@ -454,6 +462,7 @@ AnyRequest = (
     | EngineKeys
     | KeepAlive
     | Usage
+    | EngineMemory
     | Schema
     | ConfigGet
     | ConfigPlan
@@ -718,6 +727,39 @@ class MachineReply(Reply, tag="machine"):
     load_history: dict[str, list[float]] = {}  # alias -> recent load durations (s), oldest first
 
 
+class GpuUse(msgspec.Struct, kw_only=True):
+    gpu: int
+    bytes: int
+
+
+class NodeUse(msgspec.Struct, kw_only=True):
+    node: int
+    bytes: int
+
+
+class SglangMemory(msgspec.Struct, kw_only=True):
+    """SGLang's own account (``/v1/loads?include=memory``, summed over its DP ranks)."""
+
+    weight_gb: float = 0.0
+    kv_cache_gb: float = 0.0
+    graph_gb: float = 0.0
+    token_capacity: int = 0
+
+
+class EngineMemoryReply(Reply, tag="engine_memory"):
+    alias: str = ""
+    state: str = ""
+    pid: int | None = None
+    taken: float = 0.0  # wall clock
+    processes: int = 0  # of the engine, measured
+    gpu: list[GpuUse] | None = None  # None: not measured (``gpu_note`` says why)
+    gpu_note: str | None = None
+    host: list[NodeUse] = []  # resident, by NUMA node (shared pages count once a process)
+    sglang: SglangMemory | None = None  # None: /v1/loads did not say
+    residue: list[GpuUse] = []  # what it kept on its GPUs at its last release
+    host_held: int | None = None  # ktd's estimate of the host memory it holds
+
+
 class EngineKeysReply(Reply, tag="engine_keys"):
     keys: dict[str, str] = {}  # engine URL -> its API key (engines without one left out)
 
@@ -871,6 +913,7 @@ AnyReply = (
     | MachineReply
     | EngineKeysReply
     | UsageReply
+    | EngineMemoryReply
     | SchemaReply
     | ConfigReply
     | ConfigPlanReply

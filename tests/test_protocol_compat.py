@@ -35,13 +35,21 @@ from tests.test_protocol_schema import committed, protocol_1_0
 #: 1.1 or later (or whose features name them), and only those replies answer them.
 NEW_OPS_1_1 = {
     "schema",
+    "engine_memory",
     "config_get",
     "config_plan",
     "config_apply",
     "config_history",
     "config_rollback",
 }
-NEW_REPLIES_1_1 = {"schema", "config", "config_plan", "config_apply", "config_history"}
+NEW_REPLIES_1_1 = {
+    "schema",
+    "engine_memory",
+    "config",
+    "config_plan",
+    "config_apply",
+    "config_history",
+}
 
 
 def tags(union: Any) -> set[str]:

@@ -220,6 +220,25 @@ def _mib(value: str) -> int:
         raise ValueError(f"bad memory value {value!r}") from None
 
 
+def parse_numa_maps(text: str) -> dict[int, int]:
+    """Bytes resident on each NUMA node, from ``/proc/PID/numa_maps`` (``N0=5`` pages of
+    ``kernelpagesize_kB=4`` on each line). Lines of another shape are skipped."""
+    use: dict[int, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        page = 4096
+        pages: list[tuple[int, int]] = []
+        for f in fields[2:]:
+            key, _, value = f.partition("=")
+            if key == "kernelpagesize_kB" and value.isdigit():
+                page = int(value) * 1024
+            elif key[:1] == "N" and key[1:].isdigit() and value.isdigit():
+                pages.append((int(key[1:]), int(value)))
+        for node, n in pages:
+            use[node] = use.get(node, 0) + n * page
+    return use
+
+
 def parse_gpu_use(uuids_csv: str, apps_csv: str, pids: Iterable[int]) -> dict[int, int]:
     """Bytes the processes ``pids`` hold on each GPU index, from nvidia-smi's
     ``NVIDIA_SMI_UUIDS`` and ``NVIDIA_SMI_APPS`` answers. Raises ValueError for a line

@@ -32,7 +32,7 @@ from ktd.core import loglines
 from ktd.core.loads import EngineLoad, parse
 from ktd.daemon.enginekey import auth_headers
 
-__all__ = ["Outcome", "cont", "flush", "pause", "read_load", "release", "resume"]
+__all__ = ["Outcome", "cont", "flush", "pause", "read_load", "read_memory", "release", "resume"]
 
 #: Every tag SGLang's memory saver knows; ktd releases and resumes them all.
 TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -63,6 +63,28 @@ async def read_load(
             return None
         return parse(r.json())
     except (httpx.HTTPError, OSError, ValueError):
+        return None
+
+
+async def read_memory(
+    http: httpx.AsyncClient, base: str, *, key: str | None = None
+) -> dict[str, float] | None:
+    """SGLang's own memory figures (``/v1/loads?include=memory``: ``weight_gb``,
+    ``kv_cache_gb``, ``graph_gb``, ``token_capacity``, summed over its DP ranks); None
+    when it does not say (it generates nothing: safe on a released engine)."""
+    try:
+        r = await http.get(
+            base + "/v1/loads?include=memory", timeout=5.0, headers=auth_headers(key)
+        )
+        if r.status_code != 200:
+            return None
+        total: dict[str, float] = {}
+        for entry in r.json()["loads"]:
+            for name, value in (entry.get("memory") or {}).items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    total[name] = total.get(name, 0.0) + float(value)
+        return total or None
+    except (httpx.HTTPError, OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import msgspec
 import trio
 
 from ktd import protocol as p
@@ -34,7 +35,7 @@ from ktd.core.placement import Plan
 from ktd.core.sglang_options import Catalog
 from ktd.core.states import Step
 from ktd.core.topology import Topology
-from ktd.daemon import memory, statefile
+from ktd.daemon import kill, meminfo, memory, statefile
 from ktd.daemon.claimtable import ClaimTable, claim_side
 from ktd.daemon.engine import Engine, PlacementLike
 from ktd.daemon.enginekey import KeyDir
@@ -75,6 +76,10 @@ class PoolObserver(Protocol):
 
 # Environment ktd must not hand to engines.
 _PRIVATE_ENV = ("KTD_SOCKET", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS")
+
+
+def _sglang_memory(figures: dict[str, float]) -> p.SglangMemory:
+    return msgspec.convert(figures, p.SglangMemory, strict=False)
 
 
 class Pool:
@@ -523,6 +528,34 @@ class Pool:
                 "(install sglang-kt or SGLang >= 0.4.9); its swaps stop and reload",
                 {"sleep": mode},
             )
+
+    async def engine_memory(self, alias: str) -> p.EngineMemoryReply:
+        """Where ``alias``'s memory is now: its processes on each GPU and NUMA node, and
+        SGLang's own figures (``ktctl sleep --verify``)."""
+        engine = self.engine(alias)
+        run = engine.run
+        if run is None:
+            raise ControlError(
+                ErrorCode.NOT_LOADED, f"{alias} is {engine.state}: no process to measure"
+            )
+        pids = [pid for pid, _ in await trio.to_thread.run_sync(kill.members, run)]
+        gpu = await trio.to_thread.run_sync(meminfo.gpu_use, pids)
+        host = await trio.to_thread.run_sync(meminfo.host_use, pids)
+        figures = await memory.read_memory(self.http, engine.url_for(run), key=run.api_key)
+        residue = engine.gpu_residue or {}
+        return p.EngineMemoryReply(
+            alias=alias,
+            state=engine.state,
+            pid=run.pid,
+            taken=time.time(),
+            processes=len(pids),
+            gpu=None if gpu is None else [p.GpuUse(gpu=i, bytes=b) for i, b in sorted(gpu.items())],
+            gpu_note=None if gpu is not None else "nvidia-smi did not say (no NVIDIA GPU here?)",
+            host=[p.NodeUse(node=n, bytes=b) for n, b in sorted(host.items())],
+            sglang=None if figures is None else _sglang_memory(figures),
+            residue=[p.GpuUse(gpu=i, bytes=b) for i, b in sorted(residue.items())],
+            host_held=engine.host_bytes,
+        )
 
     async def sleep(self, alias: str, *, timeout: float | None = None) -> EngineInfo:
         """Drain ``alias`` to zero, take it off the gateway, release its GPU memory.

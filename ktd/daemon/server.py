@@ -259,6 +259,8 @@ class ControlServer:
                 return p.LoadReply(engine=await pool.sleep(alias, timeout=timeout))
             case p.Wake(alias=alias, timeout=timeout):
                 return p.LoadReply(engine=await pool.wake(alias, timeout=timeout))
+            case p.EngineMemory(alias=alias):
+                return await pool.engine_memory(alias)
             case p.Reload():
                 return p.Ok(message=await self._reload(Who(uid=uid)))
             case p.ConfigGet(seq=seq) if desk is not None:

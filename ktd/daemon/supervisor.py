@@ -26,7 +26,17 @@ from ktd.core import states as S
 from ktd.core.command import LaunchError, build_env, keyed_launch, with_key_file
 from ktd.core.exits import Outcome, classify_exit
 from ktd.core.states import Phase, Step
-from ktd.daemon import enginekey, health, kill, memory, preflight, proctree, spawn, weights
+from ktd.daemon import (
+    enginekey,
+    health,
+    kill,
+    meminfo,
+    memory,
+    preflight,
+    proctree,
+    spawn,
+    weights,
+)
 from ktd.daemon.engine import Busy, Engine, Running, Unplaceable
 from ktd.daemon.enginekey import KeyDir, admin_key_of_argv
 from ktd.daemon.inotify import FileWatch
@@ -203,7 +213,7 @@ class Supervisor:
         run = e.run
         if run is not None:
             pids = [pid for pid, _ in await trio.to_thread.run_sync(kill.members, run)]
-            e.gpu_residue = await trio.to_thread.run_sync(weights.gpu_use, pids)
+            e.gpu_residue = await trio.to_thread.run_sync(meminfo.gpu_use, pids)
             if e.gpu_residue:
                 kept = ", ".join(f"GPU {i}: {fit.gib(b)}" for i, b in sorted(e.gpu_residue.items()))
                 e.log.note(f"asleep, still held on its GPUs: {kept}")

@@ -11,21 +11,14 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ktd.core import fit
 from ktd.core.config import ModelSpec
 from ktd.core.placement import tp_size_of
-from ktd.core.topology import (
-    NVIDIA_SMI_APPS,
-    NVIDIA_SMI_TIMEOUT,
-    NVIDIA_SMI_UUIDS,
-    Topology,
-    parse_gpu_use,
-)
+from ktd.core.topology import Topology
 from ktd.core.userflags import user_flags
 from ktd.daemon.preflight import read_model_config
 
@@ -34,7 +27,6 @@ __all__ = [
     "Split",
     "apparent_size",
     "estimate_spec",
-    "gpu_use",
     "non_expert_bytes",
     "weight_split",
 ]
@@ -246,30 +238,3 @@ def verdict(
         evicting=evicting,
     )
     return est, result
-
-
-def gpu_use(pids: Iterable[int]) -> dict[int, int] | None:
-    """Bytes the processes ``pids`` hold on each GPU, as nvidia-smi says; None when it
-    cannot say (no nvidia-smi, no GPUs, an answer of another shape). Blocking."""
-    cmd = nvidia_smi_cmd()
-    if cmd is None:
-        return None
-    answers = []
-    for query in (NVIDIA_SMI_UUIDS, NVIDIA_SMI_APPS):
-        try:
-            proc = subprocess.run(
-                [*cmd, *query],
-                capture_output=True,
-                text=True,
-                timeout=NVIDIA_SMI_TIMEOUT,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        if proc.returncode != 0:
-            return None
-        answers.append(proc.stdout)
-    try:
-        return parse_gpu_use(answers[0], answers[1], pids)
-    except ValueError:
-        return None

@@ -195,3 +195,18 @@ def test_the_estimate_reads_replicated_tensors_and_gpu_experts_from_the_headers(
     est = weights.estimate_spec(msgspec.structs.replace(spec(model, None), extra_args=extra))
     # lm_head sharded; router, kv_a and the norm whole on both ranks; 8/64 of the experts
     assert est.gpu_weights_bytes == 10 * GIB + 4 * GIB + 8 * GIB
+
+
+def test_numa_maps_and_nvidia_smis_per_process_answers_read() -> None:
+    from ktd.core.topology import parse_gpu_use, parse_numa_maps
+
+    maps = (
+        "7f0000000000 default anon=3 dirty=3 N0=2 N1=1 kernelpagesize_kB=4\n"
+        "7f1000000000 bind:0 file=/x huge N0=1 kernelpagesize_kB=2048\n"
+        "not a line of numa_maps\n"
+    )
+    assert parse_numa_maps(maps) == {0: 2 * 4096 + 2048 * 1024, 1: 4096}
+    uuids = "0, GPU-aaa\n1, GPU-bbb\n"
+    apps = "GPU-aaa, 10, 1024 MiB\nGPU-bbb, 11, 512 MiB\nGPU-aaa, 99, 7 MiB\n"
+    assert parse_gpu_use(uuids, apps, [10, 11]) == {0: GIB, 1: GIB // 2}
+    assert parse_gpu_use(uuids, "", [10]) == {}

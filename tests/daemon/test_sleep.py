@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import ConfigWriter, engine_auth, sim_model, wait_for
+from tests.fixtures.topology import smi_engines_script
 
 
 def state(c: Any, alias: str) -> str:
@@ -297,3 +299,26 @@ def test_a_lease_holders_key_cannot_release_resume_or_open_the_door(
         assert (
             later.status_code == 401 and server_info(asleep.port)["memory_occupation"] == "released"
         )
+
+
+def test_sleep_verify_measures_each_step_and_the_residue_is_recorded(
+    write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``ktctl sleep --verify``: the GPU box's one command (issue 40). Here a fake
+    nvidia-smi says each engine process holds 1 GiB on GPU 0 (a real one answers per
+    process too): after the release ktd records the residue, in the engine's log and in
+    every later fit, and the verify prints where the memory was at each step."""
+    smi = smi_engines_script(tmp_path / "nvidia-smi", [(0, "G", 81920, 4096)], 1024)
+    d = daemon_factory(write_config([sleepy("v-kt")]), env={**ktd_env, "KTD_NVIDIA_SMI": str(smi)})
+    r = d.ktctl("sleep", "--verify", "v-kt")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "v-kt: slept in" in out and "woke in" in out
+    assert "GPU 0 (nvidia-smi)" in out and "host, NUMA node 0" in out
+    assert "the sleep freed" in out and "SGLang: weights" in out
+    log = d.ktctl("logs", "v-kt", "-n", "200").stdout
+    assert "asleep, still held on its GPUs: GPU 0:" in log
+    doc = json.loads(d.ktctl("sleep", "--verify", "--json", "v-kt").stdout)
+    assert doc["asleep"]["state"] == "asleep" and doc["awake_again"]["state"] == "ready"
+    assert doc["asleep"]["residue"] and doc["asleep"]["residue"][0]["gpu"] == 0
+    assert doc["awake"]["pid"] == doc["awake_again"]["pid"]

@@ -7,7 +7,10 @@ sleeps, wakes, evicts, acquires, crashes (of an awake or an asleep engine) and
 * no sim ever received a generation (a request or a ``/health`` probe) while its
   memory was released;
 * an engine status shows asleep is alive and released; one shown stopped or failed
-  has no process; every marked engine process is one status shows.
+  has no process; every marked engine process is one status shows;
+* nothing stays on its way (sleeping, waking, draining, stopping) once the steps are
+  done: every wanted engine ends ready, asleep, stopped or failed within its bounds
+  (issue 40: two wakes, each waiting for the other, stayed ``waking`` for good).
 
 The decisions are the lifecycle machine's (``tests/core/test_lifecycle.py`` runs it by
 the thousand steps); this drives what only processes show.
@@ -15,6 +18,7 @@ the thousand steps); this drives what only processes show.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -42,7 +46,9 @@ DAEMON = {**FAST_DAEMON, "drain_timeout": 2, "memory_timeout": 5}
 
 
 def models() -> list[dict[str, Any]]:
-    env = {"KTD_SIM_RELEASE_TIME": 0.05, "KTD_SIM_RESUME_TIME": 0.05}
+    # Slow and unequal memory calls: a wake's room is made while the other side's release
+    # or resume is still under way.
+    env = {"KTD_SIM_RELEASE_TIME": 0.4, "KTD_SIM_RESUME_TIME": 0.15}
     return [sim_model(a, numa=[0], sleep=True, env=env, health_timeout=15) for a in ALIASES]
 
 
@@ -78,6 +84,31 @@ class SleepMachine(RuleBasedStateMachine):
     @rule(alias=st.sampled_from(ALIASES))
     def wake(self, alias: str) -> None:
         self.call(self.c.wake, alias, timeout=30)
+
+    @rule(first=st.sampled_from(ALIASES))
+    def requests_for_both_at_once(self, first: str) -> None:
+        """A request for each model at the same moment (issue 40's traffic at its
+        smallest): both are answered, granted or with a typed error, within the bound."""
+        answers: dict[str, object] = {}
+
+        def use(alias: str) -> None:
+            with self.d.client(timeout=30) as c:
+                try:
+                    got = c.acquire(alias, f"both-{alias}", timeout=30)
+                    answers[alias] = "granted"
+                    c.release(got.lease)
+                except KtdError as exc:
+                    answers[alias] = exc.code
+
+        order = (first, *[a for a in ALIASES if a != first])
+        threads = [threading.Thread(target=use, args=(a,)) for a in order]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert set(answers) == set(ALIASES), f"unanswered: {answers}"
+        bad = {a: v for a, v in answers.items() if v != "granted" and v not in EXPECTED}
+        assert not bad and "timeout" not in answers.values(), answers
 
     @rule(alias=st.sampled_from(ALIASES), force=st.booleans())
     def evict(self, alias: str, force: bool) -> None:
@@ -129,6 +160,8 @@ class SleepMachine(RuleBasedStateMachine):
             raise AssertionError(f"two awake engines on one NUMA node: {status}")
         pids = set()
         for alias, e in status.items():
+            if e.state in ("sleeping", "waking", "draining", "stopping"):
+                problems.append(f"{alias} is still {e.state} ({e.phase})")
             if e.port:
                 self.ports[alias] = e.port
             if e.state in ("stopped", "failed") and e.pid is not None:
