@@ -133,10 +133,10 @@ def test_a_release_with_a_request_in_the_running_batch_takes_the_server_down(
                 load = http.get(base + "/v1/loads?include=core", headers=auth).json()["loads"][0]
                 caught = bool(load["num_running_reqs"])
             if caught:
-                http.post(base + "/pause_generation", json={"mode": "in_place"}, headers=auth)
+                http.post(base + "/pause_generation", json={"mode": "in_place"}, headers=admin)
                 try:
                     http.post(
-                        base + "/release_memory_occupation", json={"tags": None}, headers=auth
+                        base + "/release_memory_occupation", json={"tags": None}, headers=admin
                     )
                 except httpx.HTTPError:
                     died = True  # no answer: the scheduler's assertion took it down
