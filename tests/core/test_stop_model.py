@@ -171,6 +171,7 @@ class StopModel(RuleBasedStateMachine):
     ) -> None:
         self.procs.clear()
         self.pending = self.done = self.done_at = self.server_gone_at = None
+        self.alive_at_done: list[Proc] = []
         self.alive_at_server_exit = set()
         self.full = True
         self.stops += 1
@@ -222,6 +223,9 @@ class StopModel(RuleBasedStateMachine):
         self.pending = None
         if isinstance(action, Done):
             self.done, self.done_at = action, self.now
+            # What the verdict is about: the world when it was given (processes may
+            # still die or fork after a stop has ended, as in the real world).
+            self.alive_at_done = [p for p in self.procs.values() if p.alive]
         elif isinstance(action, Send):
             if action.to is Target.SERVER:
                 assert seen.server, "SIGTERM to a server it saw gone"
@@ -302,7 +306,7 @@ class StopModel(RuleBasedStateMachine):
     @invariant()
     def done_means_nothing_is_left(self) -> None:
         if self.done is not None:
-            alive = [p for p in self.procs.values() if p.alive]
+            alive = self.alive_at_done
             assert self.done.left == bool(alive), "done with processes left, or not honest"
             # Only a process SIGKILL has not yet taken may outlive the stop.
             assert all(KILL in (s for _, s in p.signals) and p.exit_at for p in alive)
