@@ -21,7 +21,7 @@ from pathlib import Path
 import trio
 
 from ktd.core.config import ConfigError, ConfigTexts, read_config_file, read_config_texts
-from ktd.daemon.statefile import fsync_dir, write_all
+from ktd.daemon.statefile import write_bytes
 
 #: Seconds a read of the config files may take (a hung network filesystem): then the
 #: request is refused and the running config kept; the daemon never waits on the files.
@@ -80,28 +80,8 @@ def write_file(path: str, data: bytes, like: str | None = None) -> None:
     except FileNotFoundError:
         st = os.stat(like) if like is not None else None
     mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
-    tmp = target.with_name(f".{target.name}.ktd-{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        try:
-            write_all(fd, data)
-            os.fchmod(fd, mode)
-            if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-                try:
-                    os.fchown(fd, st.st_uid, st.st_gid)
-                except PermissionError:
-                    pass  # not root: the file becomes ours, as an editor's save would
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(target.parent)
+    owner = (st.st_uid, st.st_gid) if st is not None else None
+    write_bytes(target, data, mode=mode, owner=owner)
 
 
 def _restore(change: FileChange) -> None:

@@ -153,14 +153,25 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_bytes(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably, or raise leaving it untouched."""
+def write_bytes(
+    path: Path, data: bytes, *, mode: int = 0o600, owner: tuple[int, int] | None = None
+) -> None:
+    """Replace ``path`` with ``data`` atomically and durably, or raise leaving it untouched.
+    ``mode`` and ``owner`` (uid, gid) are the new file's (a user's config file keeps its
+    own; not root, the owner stays ours, as an editor's save would leave it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         try:
             write_all(fd, data)
+            if mode != 0o600:
+                os.fchmod(fd, mode)
+            if owner is not None and owner != (os.geteuid(), os.getegid()):
+                try:
+                    os.fchown(fd, *owner)
+                except PermissionError:
+                    pass
             os.fsync(fd)
         finally:
             os.close(fd)

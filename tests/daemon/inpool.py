@@ -34,23 +34,13 @@ import trio.testing
 from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK
 from ktd.core.config import Config, ConfigFile, DaemonSection, ModelSpec
-from ktd.core.topology import Gpu, NumaNode, Topology
 from ktd.daemon import proctree
 from ktd.daemon.engine import Engine
 from ktd.daemon.persist import FixedPlacement
 from ktd.daemon.pool import Pool
 from ktd.daemon.running import Running
 from tests.fixtures.specs import kt_spec
-
-#: One NUMA node and one GPU: only one engine may be awake on it at a time.
-ONE_NODE = Topology(
-    (NumaNode(0, (0, 1, 2, 3), 100, 64 << 20),),
-    "cpu",
-    frozenset({"avx2"}),
-    {c: (0, c // 2) for c in range(4)},
-    (Gpu(0, "G", 1000, 0),),
-    None,
-)
+from tests.fixtures.topology import ONE_NODE
 
 SAVER = ("--enable-memory-saver", "--enable-weights-cpu-backup")
 

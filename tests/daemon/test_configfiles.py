@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ktd.daemon import configfiles
+from ktd.daemon import statefile
 from ktd.daemon.configfiles import FileChange, write_file, write_files
 
 
@@ -51,7 +51,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp(
     def full(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(configfiles, "write_all", full)
+    monkeypatch.setattr(statefile, "write_all", full)
     with pytest.raises(OSError, match="No space left"):
         write_file(str(path), b"[1]\n")
     assert path.read_text() == "[]\n"

@@ -17,22 +17,12 @@ import trio.testing
 
 from ktd.core import states as S
 from ktd.core.states import Phase, Step
-from ktd.core.topology import Gpu, NumaNode, Topology
 from ktd.daemon.engine import Busy, Engine
 from ktd.daemon.placer import Placer
 from ktd.daemon.running import Running
 from tests.daemon.inprocess import Daemon, move
 from tests.daemon.test_preflight import GIB, safetensors, sparse
-from tests.fixtures.topology import build_xeon, smi_script
-
-ONE_NODE = Topology(
-    (NumaNode(0, (0, 1, 2, 3), 100, 64 << 20),),
-    "cpu",
-    frozenset({"avx2"}),
-    {c: (0, c // 2) for c in range(4)},
-    (Gpu(0, "G", 1000, 0),),
-    None,
-)
+from tests.fixtures.topology import ONE_NODE, build_xeon, smi_script
 
 
 class Placing:

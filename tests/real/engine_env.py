@@ -13,6 +13,7 @@ that makes them all. Nothing here installs anything unless asked: ``venv_python(
 missing; pass ``install=True`` (or set KTD_REAL_INSTALL=1) to run install.py on demand.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -116,3 +117,30 @@ def engine_env(base=None) -> dict:
 def model_dir(install=None) -> str:
     """The tiny Qwen2 model (tests/real/make_model.py), made by install.py beside the venv."""
     return _ensure(False, install).model_dir()
+
+
+def ktd_config(
+    root: "os.PathLike[str] | str",
+    python: str,
+    models: list[dict[str, object]],
+    daemon: dict[str, object],
+    frontend: dict[str, object] | None = None,
+) -> tuple[str, dict[str, str]]:
+    """A ktd config under ``root`` (``etc/config.json`` + ``models.json``) for engines of
+    the real venv's ``python``, and the environment ktd runs in (its runtime and state
+    directories under ``root``, this repo importable): for a real-tier module's daemon."""
+    etc = os.path.join(str(root), "etc")
+    os.makedirs(etc, exist_ok=True)
+    cfg = {"ktransformers": {"python": python}, "models_file": "models.json", "daemon": daemon}
+    if frontend is not None:
+        cfg["frontend"] = frontend
+    with open(os.path.join(etc, "models.json"), "w") as f:
+        json.dump(models, f)
+    with open(os.path.join(etc, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    env = dict(os.environ)
+    env["KTD_RUNTIME_DIR"] = os.path.join(str(root), "run")
+    env["KTD_STATE_DIR"] = os.path.join(str(root), "state")
+    repo = os.path.dirname(os.path.dirname(_HERE))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+    return os.path.join(etc, "config.json"), env

@@ -27,7 +27,7 @@ import openai
 import pytest
 
 from ktd.daemon import proctree
-from ktd.daemon.enginekey import key_of_argv
+from ktd.daemon.enginekey import admin_key_of_argv, key_of_argv
 from tests.conftest import DaemonProc, marked_processes, wait_for
 from tests.real import engine_env
 from tests.real import sidebyside as sbs
@@ -68,6 +68,11 @@ class Stack:
     def engine_auth(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.engine_key()}"}
 
+    def admin_auth(self) -> dict[str, str]:
+        """What SGLang's admin-level routes want: the admin key ktd gives every engine
+        (issue 40), in the same 0600 file; the API key cannot call them."""
+        return {"authorization": f"Bearer {admin_key_of_argv(self.status()['argv'])}"}
+
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.frontend_url}/v1", api_key="none", timeout=300)
 
@@ -87,8 +92,6 @@ def stack(venv_python: Any, request: pytest.FixtureRequest) -> Iterator[Stack]:
 
     failed_before = request.session.testsfailed
     root = Path(tempfile.mkdtemp(prefix="ktd-real-", dir="/tmp"))
-    etc = root / "etc"
-    etc.mkdir()
     models = [
         {
             "path": engine_env.model_dir(),
@@ -100,20 +103,12 @@ def stack(venv_python: Any, request: pytest.FixtureRequest) -> Iterator[Stack]:
             },
         }
     ]
-    cfg = {
-        "ktransformers": {"python": venv_python()},
-        "models_file": "models.json",
-        "daemon": {"stop_grace": 60, "drain_timeout": 30, "health_interval": 2},
-        "frontend": {"load_timeout": 600, "read_timeout": 300},
-    }
-    (etc / "models.json").write_text(json.dumps(models))
-    (etc / "config.json").write_text(json.dumps(cfg))
-    env = dict(os.environ)
-    env["KTD_RUNTIME_DIR"] = str(root / "run")
-    env["KTD_STATE_DIR"] = str(root / "state")
-    repo = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
-    daemon = DaemonProc(config=etc / "config.json", env=env, log_path=root / "ktd.log").start()
+    daemon_settings = {"stop_grace": 60, "drain_timeout": 30, "health_interval": 2}
+    frontend_settings = {"load_timeout": 600, "read_timeout": 300}
+    config, env = engine_env.ktd_config(
+        root, venv_python(), models, daemon_settings, frontend_settings
+    )
+    daemon = DaemonProc(config=Path(config), env=env, log_path=root / "ktd.log").start()
     port = free_port()
     fe_log = open(root / "frontend.log", "ab")  # noqa: SIM115
     frontend = subprocess.Popen(
@@ -123,7 +118,7 @@ def stack(venv_python: Any, request: pytest.FixtureRequest) -> Iterator[Stack]:
             "ktd",
             "frontend",
             "--config",
-            str(etc / "config.json"),
+            config,
             "--bind",
             f"127.0.0.1:{port}",
         ],
@@ -340,7 +335,7 @@ def test_the_memory_api_answers_as_the_sim_says_and_serves_after_a_resume(stack:
     the saver cannot start, so nothing is freed) and on the sim playing it: the same
     status and body; after the resume the real server still generates."""
     engine = stack.status()["url"]
-    auth = stack.engine_auth()
+    admin = stack.admin_auth()  # the memory API is admin-level
     body = {"tags": ["weights", "kv_cache", "cuda_graph"]}
     got: dict[str, list[tuple[int, str, float]]] = {}
     with sbs.sim_like(engine_env.model_dir(), stack.root / "sim-memory.log") as sim:
@@ -348,11 +343,11 @@ def test_the_memory_api_answers_as_the_sim_says_and_serves_after_a_resume(stack:
             got[name] = []
             for path in ("/release_memory_occupation", "/resume_memory_occupation"):
                 t0 = time.monotonic()
-                r = httpx.post(base + path, json=body, timeout=120, headers=auth)
+                r = httpx.post(base + path, json=body, timeout=120, headers=admin)
                 got[name].append((r.status_code, r.text, time.monotonic() - t0))
             # No body: FastAPI's validation error, nothing released (a resume now would
             # kill the server: the scheduler removes tags that are not in its offload set).
-            missing = httpx.post(base + "/release_memory_occupation", timeout=30, headers=auth)
+            missing = httpx.post(base + "/release_memory_occupation", timeout=30, headers=admin)
             got[name].append((missing.status_code, "", 0.0))
     print(f"\nmemory API: real {got['real']}\n            sim  {got['sim']}")
     assert [(c, t) for c, t, _ in got["real"]] == [(c, t) for c, t, _ in got["sim"]]
@@ -391,12 +386,12 @@ def test_the_door_holds_generations_and_health_and_the_scheduler_proves_idle(
     ``timestamp`` and ``num_used_tokens``. The abort pause leaves the scheduler idle,
     the retract pause makes its loop spin (measured: CPU seconds over the same window)."""
     status = stack.status()
-    engine, auth = status["url"], stack.engine_auth()
+    engine, auth, admin = status["url"], stack.engine_auth(), stack.admin_auth()
     answers: dict[str, list[tuple[int, str]]] = {}
     with sbs.sim_like(engine_env.model_dir(), stack.root / "sim-door.log") as sim:
         for name, base in (("real", engine), ("sim", sim)):
             got = answers[name] = []
-            r = httpx.post(base + "/pause_generation", json={"mode": "abort"}, headers=auth)
+            r = httpx.post(base + "/pause_generation", json={"mode": "abort"}, headers=admin)
             got.append((r.status_code, r.text))
             held: list[httpx.Response] = []
 
@@ -413,16 +408,16 @@ def test_the_door_holds_generations_and_health_and_the_scheduler_proves_idle(
             assert load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0, load
             assert isinstance(load["timestamp"], float) and "num_used_tokens" in load
             assert not held, "a generation went through the closed door"
-            flush = httpx.post(base + "/flush_cache", headers=auth, timeout=30)
+            flush = httpx.post(base + "/flush_cache", headers=admin, timeout=30)
             got.append((flush.status_code, flush.text))
-            r = httpx.post(base + "/continue_generation", json={}, headers=auth)
+            r = httpx.post(base + "/continue_generation", json={}, headers=admin)
             got.append((r.status_code, r.text))
             t.join(120)
             assert held and held[0].status_code == 200, held
         print(f"\nthe door: real {answers['real']}\n          sim  {answers['sim']}")
         assert answers["real"] == answers["sim"]
     # /health at a closed door: held, then SGLang's health check gives up (503).
-    httpx.post(engine + "/pause_generation", json={"mode": "abort"}, headers=auth)
+    httpx.post(engine + "/pause_generation", json={"mode": "abort"}, headers=admin)
     t0 = time.monotonic()
     health = httpx.get(engine + "/health", timeout=120)
     waited = time.monotonic() - t0
@@ -433,11 +428,11 @@ def test_the_door_holds_generations_and_health_and_the_scheduler_proves_idle(
     sched = _scheduler_pid(status["pid"])
     cpu: dict[str, float] = {}
     for mode in ("abort", "retract"):
-        httpx.post(engine + "/pause_generation", json={"mode": mode}, headers=auth)
+        httpx.post(engine + "/pause_generation", json={"mode": mode}, headers=admin)
         c0 = _cpu_seconds(sched)
         time.sleep(3.0)
         cpu[mode] = _cpu_seconds(sched) - c0
-        httpx.post(engine + "/continue_generation", json={}, headers=auth)
+        httpx.post(engine + "/continue_generation", json={}, headers=admin)
     MEASURED.update({f"scheduler_cpu_3s_{k}": v for k, v in cpu.items()})
     print(f"scheduler CPU seconds over 3 s paused: {cpu}")
     assert cpu["retract"] > 3 * cpu["abort"] + 0.3, cpu

@@ -13,7 +13,6 @@ on this CPU server and its output is printed (``-s``).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -37,8 +36,6 @@ MEASURED: dict[str, Any] = {}
 def daemon(venv_python: Any, request: pytest.FixtureRequest) -> Iterator[DaemonProc]:
     failed_before = request.session.testsfailed
     root = Path(tempfile.mkdtemp(prefix="ktd-real-sleep-", dir="/tmp"))
-    etc = root / "etc"
-    etc.mkdir()
     model = {
         "path": engine_env.model_dir(),
         "backend": "kt",
@@ -46,19 +43,9 @@ def daemon(venv_python: Any, request: pytest.FixtureRequest) -> Iterator[DaemonP
         "sleep": True,
         "kt": {"extra_args": engine_env.ENGINE_FLAGS, "extra_env": engine_env.engine_env(base={})},
     }
-    cfg = {
-        "ktransformers": {"python": venv_python()},
-        "models_file": "models.json",
-        "daemon": {"stop_grace": 60, "drain_timeout": 60, "health_interval": 2},
-    }
-    (etc / "models.json").write_text(json.dumps([model]))
-    (etc / "config.json").write_text(json.dumps(cfg))
-    env = dict(os.environ)
-    env["KTD_RUNTIME_DIR"] = str(root / "run")
-    env["KTD_STATE_DIR"] = str(root / "state")
-    repo = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
-    d = DaemonProc(config=etc / "config.json", env=env, log_path=root / "ktd.log").start()
+    daemon_settings = {"stop_grace": 60, "drain_timeout": 60, "health_interval": 2}
+    config, env = engine_env.ktd_config(root, venv_python(), [model], daemon_settings)
+    d = DaemonProc(config=Path(config), env=env, log_path=root / "ktd.log").start()
     try:
         yield d
     finally:
