@@ -3,6 +3,12 @@
 Every process a test starts inherits ``KTD_TEST_RUN`` (set below), so the
 autouse leak check can find any survivor by its environment, whatever session
 or parent it escaped to. A test that leaves one fails, and the survivor is killed.
+Processes a module shares (``tests/stack.py``) carry ``RUN_ID/shared`` instead: the
+per-test check leaves them alone, and the module's own check fails the module if one
+outlives it.
+
+``tests/README.md`` says how to run the suite, what each part costs, and the patterns
+new tests follow (one daemon per module, waits on events, short timeouts in config).
 """
 
 from __future__ import annotations
@@ -31,14 +37,20 @@ MARK = "KTD_TEST_RUN"
 # One id per pytest process: with ``-n 2`` each xdist worker checks (and kills) only
 # what it started itself, never its sibling's engines.
 RUN_ID = f"{uuid.uuid4().hex}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+#: The marker of processes a whole module shares (``tests/stack.py``).
+SHARED = f"{RUN_ID}/shared"
 os.environ[MARK] = RUN_ID
+#: ``stack_factory``: one daemon (and frontend) shared by a module's tests.
+pytest_plugins = ("tests.stack",)
 # Nothing in the tests may talk to a daemon of the machine's own.
 for _var in ("KTD_SOCKET", "KTD_CONFIG", "KTD_RUNTIME_DIR", "KTD_STATE_DIR", "NOTIFY_SOCKET"):
     os.environ.pop(_var, None)
 
 
-def marked_processes() -> list[tuple[int, list[str]]]:
-    """Live processes of this test run, except pytest itself and its ancestors."""
+def marked_processes(*, shared: bool = False) -> list[tuple[int, list[str]]]:
+    """Live processes of this test run, except pytest itself and its ancestors: those of
+    the tests (``RUN_ID``), and with ``shared`` those of the modules' shared stacks too."""
+    values = {RUN_ID, SHARED} if shared else {RUN_ID}
     me = os.getpid()
     ancestors = {me}
     info = proctree.read_stat(me)
@@ -49,7 +61,7 @@ def marked_processes() -> list[tuple[int, list[str]]]:
     for pid, info in proctree.all_procs().items():
         if pid in ancestors or info.state in ("Z", "X"):
             continue
-        if proctree.environ_has(pid, MARK, RUN_ID):
+        if proctree.environ_get(pid, MARK) in values:
             out.append((pid, proctree.cmdline(pid)))
     return out
 
@@ -60,29 +72,30 @@ def engine_auth(port: int | None) -> dict[str, str]:
     names (``--config``; the tests run as ktd's own user)."""
     from ktd.daemon.enginekey import auth_headers, key_of_argv
 
-    for _pid, cmd in marked_processes():
+    for _pid, cmd in marked_processes(shared=True):
         if "--port" in cmd[:-1] and cmd[cmd.index("--port") + 1] == str(port):
             return auth_headers(key_of_argv(cmd)[0])
     return {}
 
 
-def kill_marked() -> None:
-    for pid, _ in marked_processes():
+def kill_marked(*, shared: bool = False) -> None:
+    for pid, _ in marked_processes(shared=shared):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
 
-def fail_on_leaks(what: str, grace: float) -> None:
-    """Fail ``what`` (and kill the survivors) if a process of this run outlives ``grace``."""
+def fail_on_leaks(what: str, grace: float, *, shared: bool = False) -> None:
+    """Fail ``what`` (and kill the survivors) if a process of this run outlives ``grace``
+    (with ``shared``: the modules' shared processes count too)."""
     deadline = time.monotonic() + grace
-    left = marked_processes()
+    left = marked_processes(shared=shared)
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = marked_processes()
+        left = marked_processes(shared=shared)
     if left:
-        kill_marked()
+        kill_marked(shared=shared)
         lines = "\n".join(f"  pid {pid}: {' '.join(cmd)[:200]}" for pid, cmd in left)
         pytest.fail(f"{what} leaked {len(left)} process(es):\n{lines}", pytrace=False)
 
@@ -94,8 +107,15 @@ def no_leaked_processes() -> Iterator[None]:
     fail_on_leaks("test", 5.0)
 
 
+#: How often a wait on events looks again anyway, for what no event announces.
+RECHECK = 0.2
+
+
 def wait_for(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``pred`` until it returns something truthy; that value is returned."""
+    """Poll ``pred`` until it returns something truthy; that value is returned.
+
+    For a daemon's engine, ``DaemonProc.wait_engine`` waits on its events instead.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = pred()
@@ -276,6 +296,44 @@ class DaemonProc:
     def engines(self) -> dict[str, dict[str, Any]]:
         """``status_doc()``'s engines by alias."""
         return {e["alias"]: e for e in self.status_doc()["engines"]}
+
+    def wait_engine(
+        self,
+        alias: str,
+        pred: Any,
+        *,
+        timeout: float = 15.0,
+        what: str | None = None,
+    ) -> dict[str, Any]:
+        """Wait until ``pred(engine)`` holds for ``alias``'s entry of ``engines()``; it is
+        returned. Checked at once, then again on each of the engine's events (its state,
+        its phase, its count in flight: ``engine.<alias>``, ``lease.<alias>``), and every
+        ``RECHECK`` seconds for what no event announces (``claims``, ``expires_at``).
+
+        The subscription is made before the first check, so a change between the check
+        and the wait is not missed; the bound is ``timeout`` as with ``wait_for``.
+        """
+        deadline = time.monotonic() + timeout
+        with self.client() as c:
+            sub = c.subscribe([f"engine.{alias}", f"lease.{alias}"], exact=True)
+            while True:
+                e = self.engines().get(alias)
+                if e is not None and pred(e):
+                    return e
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"timed out after {timeout:g}s waiting for {what or 'a condition'}"
+                        f" on {alias}: {e}"
+                    )
+                if sub.get(min(left, RECHECK)) is not None:
+                    sub.drain()  # a burst of events is one more look
+
+    def wait_state(self, alias: str, *states: str, timeout: float = 15.0) -> dict[str, Any]:
+        """``wait_engine`` for ``alias`` to be in one of ``states``."""
+        return self.wait_engine(
+            alias, lambda e: e["state"] in states, timeout=timeout, what=f"state in {states}"
+        )
 
     def ktctl(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
