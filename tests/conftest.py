@@ -100,6 +100,42 @@ def fail_on_leaks(what: str, grace: float, *, shared: bool = False) -> None:
         pytest.fail(f"{what} leaked {len(left)} process(es):\n{lines}", pytrace=False)
 
 
+# ---------------------------------------------------------------- the e2e marker
+
+#: Fixtures that start real processes (daemons, frontends, sims, the router, a browser):
+#: a test that uses one (directly or through another fixture) is marked ``e2e``.
+E2E_FIXTURES = frozenset(
+    {
+        "ktd_env",
+        "daemon_factory",
+        "frontend_factory",
+        "sim_factory",
+        "stack_factory",
+        "hosts",
+        "router",
+        "box_factory",
+        "browser",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``e2e`` what starts real processes, so ``-m "not e2e"`` is the fast loop: by
+    its fixtures, by its module's name (``*_e2e.py``), or everything under
+    ``tests/reliability`` (processes, faults and state machines over a live daemon).
+    A test that starts processes by itself says so with ``pytest.mark.e2e``."""
+    for item in items:
+        if item.get_closest_marker("e2e") is not None:
+            continue
+        path = Path(str(item.fspath))
+        if (
+            E2E_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or path.stem.endswith("_e2e")
+            or "reliability" in path.parts
+        ):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_processes() -> Iterator[None]:
     """Fails the test if any process it started (engines above all) is still alive after it."""
