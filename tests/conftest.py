@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+import tests.hypo  # noqa: F401  (the hypothesis profiles: registered before collection)
 from ktd.daemon import proctree
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from ktd.core.command import ENGINE_MARK
 from ktd.daemon import proctree
 from tests.conftest import marked_processes
+from tests.hypo import budget
 
 T = TypeVar("T")
 
@@ -97,13 +98,13 @@ def status_view(client: Any) -> dict[str, tuple[Any, ...]]:
 def run_against_daemon(machine: type[Any], d: Any, examples: int, steps: int) -> None:
     """A process-level hypothesis machine over the live daemon ``d``: then ``d`` must
     still run, its log hold no traceback, and no engine process be left."""
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck
     from hypothesis.stateful import run_state_machine_as_test
 
     run_state_machine_as_test(
         machine,
-        settings=settings(
-            max_examples=examples,
+        settings=budget(
+            examples,
             stateful_step_count=steps,
             deadline=None,
             database=None,

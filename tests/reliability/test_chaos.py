@@ -37,12 +37,13 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from ktd.daemon import proctree, statefile
 from tests.conftest import ConfigWriter, sim_model
+from tests.hypo import budget
 
 from . import test_stateful as base
 from ._util import alive, engine_procs, session_of, wait_for
@@ -346,8 +347,8 @@ def run_chaos(
     try:
         run_state_machine_as_test(
             ChaosMachine,
-            settings=settings(
-                max_examples=examples,
+            settings=budget(
+                examples,
                 stateful_step_count=steps,
                 deadline=None,
                 database=None,
