@@ -48,6 +48,7 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
         stream_grace: float = 0.3,
         heartbeat_interval: float = 0.5,
         ui_sample_interval: float = 10.0,
+        ping_timeout: float = 2.0,
         **section: Any,
     ) -> Frontend:
         options = FrontendOptions(
@@ -57,6 +58,7 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
             loading_interval=0.5,
             stream_grace=stream_grace,
             ui_sample_interval=ui_sample_interval,
+            ping_timeout=ping_timeout,
         )
         app = create_app(options)
         # The server as `ktd frontend` configures it (backlog, keep-alive, error log).
