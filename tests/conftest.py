@@ -384,6 +384,21 @@ class DaemonProc:
                 if sub.get(min(left, RECHECK)) is not None:
                     sub.drain()  # a burst of events is one more look
 
+    def wait_recorded(self, alias: str, pid: int | None = None, timeout: float = 10.0) -> None:
+        """Wait until the daemon's state file (``engines.json``) records ``alias``'s engine
+        (with ``pid``, if given): what a test must see before it kills the daemon and
+        expects the next one to adopt the engine. (The record is written a moment after the
+        state changes; a fixed sleep before ``kill -9`` was a guess at that moment.)"""
+        from ktd.daemon import statefile
+
+        path = Path(self.env["KTD_STATE_DIR"]) / "engines.json"
+
+        def recorded() -> bool:
+            engines = statefile.read(path).engines
+            return any(r.alias == alias and pid in (None, r.pid) for r in engines)
+
+        wait_for(recorded, timeout=timeout, what=f"{alias} (pid {pid}) in {path}")
+
     def wait_state(self, alias: str, *states: str, timeout: float = 15.0) -> dict[str, Any]:
         """``wait_engine`` for ``alias`` to be in one of ``states``."""
         return self.wait_engine(

@@ -450,7 +450,7 @@ def test_daemon_killed_during_a_load_adopts_the_loading_engine(
         loading = wait_for(
             lambda: c.status("slow-kt")[0].pid and c.status("slow-kt")[0], what="spawn"
         )
-        time.sleep(0.3)  # let the state file record it
+        d1.wait_recorded("slow-kt", loading.pid)  # what the next ktd adopts from
     d1.stop(signal.SIGKILL)
     d2 = daemon_factory(cfg)
     with d2.client(timeout=60) as c:
