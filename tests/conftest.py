@@ -262,6 +262,19 @@ def sim_model(alias: str, *, record: Path | None = None, **knobs: Any) -> dict[s
     return entry
 
 
+#: The daemon's timeouts for a test that waits on them: a hang seen in ~1 s, a stop's
+#: grace and a drain of 2 s, a crash restarted after 0.1 s, leases that expire after
+#: 1.5 s. (``ConfigWriter``'s defaults are the milder ones every test gets.)
+FAST_DAEMON: dict[str, Any] = {
+    "stop_grace": 2,
+    "drain_timeout": 2,
+    "health_interval": 0.2,
+    "hang_timeout": 1,
+    "restart_backoff": 0.1,
+    "lease_ttl": 1.5,
+}
+
+
 @dataclass
 class ConfigWriter:
     root: Path

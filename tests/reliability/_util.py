@@ -14,20 +14,10 @@ from typing import Any, TypeVar
 
 from ktd.core.command import ENGINE_MARK
 from ktd.daemon import proctree
-from tests.conftest import marked_processes
+from tests.conftest import FAST_DAEMON, marked_processes  # noqa: F401  (re-exported)
 from tests.hypo import budget
 
 T = TypeVar("T")
-
-# Small, fast timings: the whole directory must run in minutes on a 2-core box.
-FAST_DAEMON: dict[str, Any] = {
-    "stop_grace": 2,
-    "drain_timeout": 2,
-    "health_interval": 0.2,
-    "hang_timeout": 1,
-    "restart_backoff": 0.1,
-    "lease_ttl": 1.5,
-}
 
 
 def wait_for(pred: Callable[[], T], timeout: float = 15.0, what: str = "condition") -> T:
