@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
+import socket as socketlib
 import subprocess
 import sys
 import tempfile
@@ -315,16 +317,27 @@ class DaemonProc:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     extra_args: list[str] = field(default_factory=list)
+    # systemd's notify socket the daemon says READY=1 on once it serves (abstract: no file).
+    _ready: socketlib.socket | None = field(default=None, repr=False)
 
     @property
     def socket(self) -> Path:
         return Path(self.env["KTD_RUNTIME_DIR"]) / "control.sock"
 
     def start(self, *, wait: bool = True) -> DaemonProc:
+        env = self.env
+        self._close_ready()
+        if "NOTIFY_SOCKET" not in env:  # a test of the notify protocol brings its own
+            name = f"ktd-test-{uuid.uuid4().hex}"
+            self._ready = socketlib.socket(
+                socketlib.AF_UNIX, socketlib.SOCK_DGRAM | socketlib.SOCK_CLOEXEC
+            )
+            self._ready.bind("\0" + name)
+            env = {**env, "NOTIFY_SOCKET": "@" + name}
         log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ktd", "serve", "--config", str(self.config), *self.extra_args],
-            env=self.env,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -334,10 +347,25 @@ class DaemonProc:
             self.wait_ready()
         return self
 
+    def _close_ready(self) -> None:
+        if self._ready is not None:
+            self._ready.close()
+            self._ready = None
+
     def wait_ready(self, timeout: float = 15.0) -> None:
+        """Until the daemon answers a ping: first its READY=1 on the notify socket (the
+        event that says it serves), then the ping that proves it."""
         from ktctl import Client, DaemonUnreachable
 
         deadline = time.monotonic() + timeout
+        while self._ready is not None and (left := deadline - time.monotonic()) > 0:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                self._close_ready()
+                raise AssertionError(f"ktd exited {self.proc.returncode}:\n{self.output()}")
+            readable = select.select([self._ready], [], [], min(left, 0.1))[0]
+            if readable and b"READY=1" in self._ready.recv(4096).split(b"\n"):
+                self._close_ready()
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
@@ -444,6 +472,7 @@ class DaemonProc:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         assert self.proc is not None
+        self._close_ready()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
