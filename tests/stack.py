@@ -130,8 +130,9 @@ StackFactory = Callable[..., Stack]
 
 @pytest.fixture(scope="module")
 def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackFactory]:
-    """``stack_factory(models, daemon=..., frontend=..., with_frontend=True)`` → a started
-    ``Stack`` for the module; stopped after the module's last test, then the module's
+    """``stack_factory(models, daemon=..., frontend=..., with_frontend=True, env=...)`` → a
+    started ``Stack`` for the module (``env``: more variables for its processes, e.g. a
+    fixture machine's ``KTD_SYSFS_ROOT``); stopped after the module's last test, then the module's
     leak check (its daemon, frontend and every engine they started must be gone)."""
     from tests.frontend.conftest import FrontendProc, wait_http
     from tests.frontend.frontend_helpers import free_port
@@ -145,7 +146,9 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackFac
         daemon: dict[str, Any] | None = None,
         frontend: dict[str, Any] | None = None,
         with_frontend: bool = True,
+        env: dict[str, str] | None = None,
     ) -> Stack:
+        env_more = env
         root = tmp_path_factory.mktemp("stack")
         run = Path(tempfile.mkdtemp(prefix="ktd-", dir="/tmp"))  # short: an ipc path
         dirs.append(run)
@@ -154,6 +157,7 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackFac
         env["KTD_RUNTIME_DIR"] = str(run / "run")
         env["KTD_STATE_DIR"] = str(root / "state")
         env["PYTHONPATH"] = str(REPO)
+        env.update(env_more or {})
         writer = ConfigWriter(root / "etc")
         sections = {"daemon": daemon, "frontend": frontend}
         cfg = writer(models, **sections)
