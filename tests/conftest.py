@@ -19,6 +19,7 @@ import select
 import shutil
 import signal
 import socket as socketlib
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -163,6 +164,11 @@ def no_leaked_processes() -> Iterator[None]:
     yield
     fail_on_leaks("test", 5.0)
 
+
+#: The TLS context of the harness's HTTP clients (``httpx.get(url, verify=TLS)``): httpx
+#: builds one per client otherwise, loading the CA bundle (23 ms of CPU each), and the
+#: harness polls with many short-lived clients. They all speak plain HTTP on loopback.
+TLS = ssl.create_default_context()
 
 #: How often a wait on events looks again anyway, for what no event announces.
 RECHECK = 0.2

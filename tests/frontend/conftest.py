@@ -20,6 +20,7 @@ from ktd.core.config import FrontendSection
 from ktd.frontend.app import create_app
 from ktd.frontend.main import hypercorn_config
 from ktd.frontend.state import FrontendOptions
+from tests.conftest import TLS
 from tests.frontend.frontend_fakes import FakeDaemon, FakeEngine
 from tests.frontend.frontend_helpers import Frontend, StartFrontend, free_port
 
@@ -123,7 +124,7 @@ def wait_http(
 ) -> None:
     deadline = time.monotonic() + 20
     transport = httpx.HTTPTransport(uds=uds) if uds else None
-    with httpx.Client(transport=transport, timeout=1) as client:
+    with httpx.Client(transport=transport, timeout=1, verify=TLS) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise AssertionError(f"exited {proc.returncode}:\n{output()}")

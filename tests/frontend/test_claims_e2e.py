@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import sim_model, wait_for
+from tests.conftest import TLS, sim_model, wait_for
 
 CHAT: Any = [{"role": "user", "content": "hi"}]
 
@@ -69,7 +69,7 @@ class Stream:
 
 def chat(url: str, model: str = "m") -> int:
     body = {"model": model, "messages": CHAT, "max_tokens": 1}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).status_code
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120, verify=TLS).status_code
 
 
 @pytest.fixture
