@@ -88,18 +88,22 @@ class TrioSocket:
         self._max_outbox = max_outbox
         self._wait_scope: trio.CancelScope | None = None
         self._closed = False
-        self._rebind: tuple[str, int] | None = None
+        self._rebind: tuple[str, int, trio.Event] | None = None
         self._on_full = on_full
         self.dropped = 0
         self._peers = peers
         self.sender: Peer | None = None
 
-    def rebind(self, endpoint: str, *, umask: int) -> None:
+    def rebind(self, endpoint: str, *, umask: int) -> trio.Event:
         """Bind ``endpoint`` again (its ipc file was removed or replaced), creating it
-        under ``umask``: done by the pump, the only code that calls into the socket."""
-        self._rebind = (endpoint, umask)
+        under ``umask``: done by the pump, the only code that calls into the socket. The
+        event is set once the pump has bound it (the caller may then look at the file it
+        made, and not at one someone put there a moment later)."""
+        done = trio.Event()
+        self._rebind = (endpoint, umask, done)
         if self._wait_scope is not None:
             self._wait_scope.cancel()
+        return done
 
     def send(self, frames: Frames) -> None:
         """Queue a multipart message; never blocks. Past ``max_outbox`` the oldest is dropped.
@@ -162,7 +166,7 @@ class TrioSocket:
         try:
             while True:
                 if self._rebind is not None:
-                    (endpoint, umask), self._rebind = self._rebind, None
+                    (endpoint, umask, done), self._rebind = self._rebind, None
                     with contextlib.suppress(zmq.ZMQError):
                         self.sock.unbind(endpoint)
                     old = os.umask(umask)
@@ -170,6 +174,7 @@ class TrioSocket:
                         self.sock.bind(endpoint)
                     finally:
                         os.umask(old)
+                        done.set()
                 # on_message must not block: handlers that take time spawn tasks.
                 if self._on_message is not None:
                     for frames, peer in self._drain_recv():

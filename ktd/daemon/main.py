@@ -255,8 +255,10 @@ class Daemon:
             await nursery.start(server.run)
             await nursery.start(pool.run)
             await nursery.start(gateway.run)
+            # Watching its socket files before it says it is ready: one replaced before
+            # the watch took them for ours would never be bound again.
+            await nursery.start(self._keep_sockets, server)
             nursery.start_soon(self._watchdog)
-            nursery.start_soon(self._keep_sockets, server)
             sdnotify.notify("READY=1\nSTATUS=serving")
             log.info("ktd ready: control %s, %d kt model(s)", self.setup.control, len(pool.engines))
             await self.stop_requested.wait()
@@ -304,7 +306,12 @@ class Daemon:
                     log.info("received %s", signal_name(sig))
                     self.request_stop()
 
-    async def _keep_sockets(self, server: ControlServer) -> None:
+    async def _keep_sockets(
+        self,
+        server: ControlServer,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Bind the control and event sockets again when their files are removed or
         replaced (``systemd-tmpfiles``, a mistaken ``rm``): a running ktd must never become
         unreachable. Woken by inotify on the runtime directory; a slow look as well."""
@@ -313,6 +320,7 @@ class Daemon:
         # Their files as this daemon bound them (before the watch: nothing is missed).
         kept = {path: _inode(path) for path in (setup.control, setup.events)}
         watch = FileWatch.open(setup.control.parent, DIR_CHANGES)
+        task_status.started()
         try:
             while True:
                 for path, sock in ((setup.control, server.control), (setup.events, server.events)):
@@ -321,8 +329,9 @@ class Daemon:
                         continue
                     what = "removed" if now is None else "replaced"
                     log.warning("%s was %s: binding it again", path, what)
-                    sock.rebind(paths.endpoint(path), umask=umask)
-                    await trio.sleep(0.05)  # the pump binds it
+                    # The file the pump's bind made, looked at as soon as it is made: a
+                    # fixed wait here took for ours a file someone replaced it with meanwhile.
+                    await sock.rebind(paths.endpoint(path), umask=umask).wait()
                     kept[path] = _inode(path)
                 with trio.move_on_after(30.0 if watch is not None else 2.0):
                     if watch is not None:

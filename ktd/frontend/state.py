@@ -29,6 +29,9 @@ class FrontendOptions:
     client_id: str | None = None
     body_timeout: float = 60.0
     ui_sample_interval: float = 10.0  # the dashboard's traffic history: one point per this
+    # How long the daemon may take to answer the frontend's report or ping before it is
+    # counted as not answering (two in a row: down; a request needing it gets 503).
+    ping_timeout: float = 2.0
 
     @property
     def body_bounds(self) -> tuple[int, float]:
@@ -47,6 +50,7 @@ class State:
             options.control_endpoint,
             client_id=options.client_id,
             heartbeat_interval=options.heartbeat_interval,
+            ping_timeout=options.ping_timeout,
             on_unreachable=self.metrics.daemon_errors.inc,
         )
         # The engines' own keys (issue 32): from each claim, else asked of the daemon.

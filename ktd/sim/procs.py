@@ -28,6 +28,8 @@ from pathlib import Path
 
 import trio
 
+from ktd.sim.scheduler import SIGTERM_LINE
+
 
 def _package_root() -> str:
     """The directory that holds the ``ktd`` package, for the child's PYTHONPATH."""
@@ -75,7 +77,8 @@ class Scheduler:
     async def wait_ready(self) -> dict[str, object] | None:
         """The child's ``ready`` message, or None when it died first."""
         stream = self._stream()
-        while b"\n" not in self._buf:
+        while b"\n" not in self._buf or self._buf.startswith(SIGTERM_LINE):
+            # A SIGTERM before the ready line: the child says so and dies; EOF follows.
             data = await stream.receive_some(4096)
             if not data:
                 return None
@@ -90,8 +93,8 @@ class Scheduler:
     async def wait_exit(self) -> int:
         """Returns the child's exit status (``-N`` = killed by signal N) once it is gone."""
         stream = self._stream()
-        while await stream.receive_some(4096):
-            pass
+        while data := await stream.receive_some(4096):
+            self._buf += data
         # EOF comes while the child exits; its status follows within microseconds.
         while True:
             code = self.popen.poll()
@@ -100,18 +103,33 @@ class Scheduler:
             await trio.sleep(0.005)
 
     def got_sigterm(self) -> bool:
-        """Did a SIGTERM reach the child (it died of one, or has one pending)? A group
-        SIGTERM queues one in every member before ``kill()`` returns, so this is certain
-        at once, however late the child's death is noticed."""
+        """Did a SIGTERM reach the child (it died of one, said so on the pipe, or has one
+        pending)? A group SIGTERM queues one in every member before ``kill()`` returns, and
+        the child writes its line on taking it, so this is certain at once, however late
+        the child's death is noticed."""
         code = self.popen.poll()
         if code is not None:
             return code == -signal.SIGTERM
+        if SIGTERM_LINE in self._buf + self._peek():
+            return True
         try:
             with open(f"/proc/{self.pid}/status") as f:
                 masks = [ln.split()[1] for ln in f if ln.startswith(("SigPnd:", "ShdPnd:"))]
         except OSError:
             return False
         return any(int(m, 16) & (1 << (signal.SIGTERM - 1)) for m in masks)
+
+    def _peek(self) -> bytes:
+        """What the pipe holds now, without waiting (kept for ``wait_exit``, which reads
+        the rest). The pipe is non-blocking once ``wait_ready`` has opened its stream."""
+        if self._pipe is None:
+            return b""
+        try:
+            data = os.read(self._pipe.fileno(), 4096)
+        except OSError:  # BlockingIOError: nothing there
+            return b""
+        self._buf += data
+        return data
 
     def returncode(self) -> int | None:
         try:

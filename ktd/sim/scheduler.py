@@ -28,6 +28,7 @@ import signal
 import sys
 import time
 import traceback
+from types import FrameType
 
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import line_buffered, log
@@ -53,6 +54,36 @@ def set_pdeathsig() -> bool:
 def set_name(name: str) -> None:
     """``/proc/<pid>/comm``: lets ``ps``/``top`` tell the sim's processes apart."""
     _prctl(PR_SET_NAME, name.encode()[:15])
+
+
+#: The line the child writes on its pipe when a SIGTERM reaches it (then it dies of it).
+SIGTERM_LINE = b'{"signal": "SIGTERM"}\n'
+
+
+def _report_sigterm(ready_fd: int) -> None:
+    """Say so on the pipe when a SIGTERM comes, then die of it as before (-15).
+
+    Why: a SIGTERM to the whole group is a crash to SGLang (the server sees its scheduler
+    die), and the server decides so at once, from the signal pending in this process or
+    its exit status. Between the two there was a window (the signal taken, the process
+    not yet gone: its teardown, or a handler of the interpreter's, such as coverage's
+    saving its data) in which the server took it for its own SIGTERM alone. A line
+    written first thing in the handler closes it. A handler installed before this one
+    (coverage's) still runs, and re-raises the signal itself.
+    """
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        try:
+            os.write(ready_fd, SIGTERM_LINE)
+        except OSError:
+            pass
+        if callable(previous):
+            previous(signum, frame)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _idle_forever() -> None:
@@ -124,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     knobs, _ = Knobs.from_env()
     if knobs.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        _report_sigterm(args.ready_fd)
     if not pdeathsig:
         log("sim: could not set PR_SET_PDEATHSIG; this child may outlive its parent", TP)
 

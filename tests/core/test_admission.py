@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -18,6 +17,7 @@ from hypothesis.stateful import (
 from ktd.core import admission as adm
 from ktd.core import states as S
 from ktd.core.admission import EngineView, Gate, QueueLimits, WaitEnd, Waiter
+from tests.hypo import budget
 
 # ---------------------------------------------------------------- limits
 
@@ -366,7 +366,7 @@ class GateMachine(RuleBasedStateMachine):
 
 
 TestGate = GateMachine.TestCase
-TestGate.settings = settings(max_examples=400, stateful_step_count=50, deadline=None)
+TestGate.settings = budget(400, stateful_step_count=50, deadline=None)
 
 
 # ---------------------------------------------------------------- the desk
@@ -781,4 +781,4 @@ class DeskMachine(RuleBasedStateMachine):
 
 
 TestDesk = DeskMachine.TestCase
-TestDesk.settings = settings(max_examples=400, stateful_step_count=50, deadline=None)
+TestDesk.settings = budget(400, stateful_step_count=50, deadline=None)

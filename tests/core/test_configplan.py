@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
@@ -24,6 +24,7 @@ from ktd.core.configplan import (
     refusals,
 )
 from ktd.core.reload import Existing
+from tests.hypo import budget
 
 
 def config(
@@ -231,7 +232,7 @@ def test_a_change_that_would_throw_a_load_away_is_refused_and_the_rest_goes() ->
 _ACTIONS = ["unchanged", "update", "restart", "stop", "sleep", "add", "remove", "start"]
 
 
-@settings(max_examples=300, deadline=None)
+@budget(300, deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(_ACTIONS), st.booleans()),
@@ -308,9 +309,7 @@ class ChangesWhileEnginesMove(RuleBasedStateMachine):
         )
 
 
-ChangesWhileEnginesMove.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None
-)
+ChangesWhileEnginesMove.TestCase.settings = budget(60, stateful_step_count=30, deadline=None)
 test_changes_while_engines_move = ChangesWhileEnginesMove.TestCase
 
 

@@ -7,10 +7,11 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ktd.core import configtext as ct
+from tests.hypo import budget
 
 # The README's style: several members per line, two entries, no trailing comma games.
 README = """[
@@ -129,7 +130,7 @@ _entry = st.dictionaries(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@budget(150, deadline=None)
 @given(
     st.lists(_entry, min_size=1, max_size=4),
     st.sampled_from([None, 2, 4, "\t"]),

@@ -3,12 +3,13 @@ and an idle TTL that never evicts an engine someone holds."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ktd.core import states as S
 from ktd.core.expiry import EvictIdle, Expiry, IdleView, RecallIdle, SleepIdle, ttl_due
+from tests.hypo import budget
 
 
 def view(**kw: object) -> IdleView:
@@ -201,4 +202,4 @@ class ClientsMachine(RuleBasedStateMachine):
 
 
 TestClients = ClientsMachine.TestCase
-TestClients.settings = settings(max_examples=500, stateful_step_count=50, deadline=None)
+TestClients.settings = budget(500, stateful_step_count=50, deadline=None)

@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -20,6 +19,7 @@ from ktd.core import lifecycle as L
 from ktd.core import states as S
 from ktd.core.exits import Outcome
 from ktd.core.loads import EngineLoad
+from tests.hypo import budget
 
 SETTINGS = L.Settings(
     stop_grace=5.0,
@@ -641,9 +641,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert m.state in (S.STOPPED, S.FAILED), (m.state, w.log[-10:])
 
 
-LifecycleMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None
-)
+LifecycleMachine.TestCase.settings = budget(max_examples=150, stateful_step_count=40, deadline=None)
 test_lifecycle_machine = LifecycleMachine.TestCase
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ktd.core.placement import Flag, Holding, Plan, plan, user_flags
@@ -21,6 +21,7 @@ from tests.fixtures.topology import (
     smi_csv,
     xeon_machine,
 )
+from tests.hypo import budget
 
 
 @pytest.fixture
@@ -562,7 +563,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Topology, list[Holding], dict[str, objec
     return topo, holdings, kwargs
 
 
-@settings(max_examples=400, deadline=None)
+@budget(400, deadline=None)
 @given(scenarios())
 def test_plans_never_overlap_holdings(
     scenario: tuple[Topology, list[Holding], dict[str, object]],
@@ -628,7 +629,7 @@ def test_plans_never_overlap_holdings(
         assert "CUDA_VISIBLE_DEVICES" not in p.env
 
 
-@settings(max_examples=200, deadline=None)
+@budget(200, deadline=None)
 @given(scenarios())
 def test_sequential_auto_plans_stay_disjoint(
     scenario: tuple[Topology, list[Holding], dict[str, object]],

@@ -30,7 +30,6 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -40,6 +39,7 @@ from hypothesis.stateful import (
 )
 
 from ktd.core.stop import Done, ObserveAt, Observed, Scan, Send, StopMachine, StopPhase, Target
+from tests.hypo import budget
 
 TERM, KILL = signal.SIGTERM, signal.SIGKILL
 PDEATH_DELAY = 2.0  # SGLang's children: gone within ~2 s of the server
@@ -341,7 +341,7 @@ class StopModel(RuleBasedStateMachine):
         self.done_means_nothing_is_left()
 
 
-StopModel.TestCase.settings = settings(
+StopModel.TestCase.settings = budget(
     max_examples=300, stateful_step_count=50, deadline=None, report_multiple_bugs=False
 )
 test_stop_machine = StopModel.TestCase

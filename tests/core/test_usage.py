@@ -7,10 +7,10 @@ from __future__ import annotations
 import copy
 
 import hypothesis.strategies as st
-from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ktd.core.usage import Book, Count, Ledger, Row, day_number, day_of, days_before
+from tests.hypo import budget
 
 DAY = "2026-12-04"
 
@@ -191,5 +191,5 @@ class Channel(RuleBasedStateMachine):
                 assert sum(book.unreported(DAY).values()) == owed(book, 0)[1]
 
 
-Channel.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+Channel.TestCase.settings = budget(150, stateful_step_count=40, deadline=None)
 TestChannel = Channel.TestCase

@@ -87,7 +87,7 @@ def test_evict_of_an_adopted_engine_with_a_helper_does_not_wait_for_the_grace(
     with d1.client(timeout=60) as c:
         first = c.load("ad-kt")
     helper = orphan_of(rec)
-    time.sleep(0.3)  # let the state file record it
+    d1.wait_recorded("ad-kt", first.pid)  # what the next ktd adopts from
     d1.stop(signal.SIGKILL)
     d2 = daemon_factory(cfg)
     with d2.client(timeout=120) as c:

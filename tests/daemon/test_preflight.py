@@ -3,7 +3,8 @@
 The costly case first: a ready engine holds the only GPU; loading another model
 would evict it. When that model cannot start (missing path, missing kt_kernel,
 does not fit), the load is refused before anything is stopped and the ready
-engine still serves.
+engine still serves. The tests share one daemon (``tests/stack.py``) on a fixture Xeon
+with one fake GPU; each tries a model of its own, made once for the module.
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.conftest import REPO, SHIM, ConfigWriter, engine_auth, sim_model
+from tests.conftest import REPO, SHIM, engine_auth, sim_model
 from tests.fixtures.topology import build_xeon, smi_script
+from tests.stack import Stack, StackFactory
 
 GIB = 1 << 30
 ONE_GPU = [(0, "NVIDIA H100 80GB HBM3", 81559, 559)]  # 80 GiB free
 
 
-def fake_machine(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+def fake_machine(tmp_path: Path) -> dict[str, str]:
     """The daemon reads a fixture Xeon (2 nodes, 440 GiB free) and one fake H100."""
     root = build_xeon(tmp_path / "machine")
     smi = smi_script(tmp_path / "nvidia-smi", ONE_GPU)
-    return {**env, "KTD_SYSFS_ROOT": str(root), "KTD_NVIDIA_SMI": str(smi)}
+    return {"KTD_SYSFS_ROOT": str(root), "KTD_NVIDIA_SMI": str(smi)}
 
 
 def sparse(path: Path, size: int) -> Path:
@@ -74,15 +77,70 @@ def serves(d: Any, alias: str) -> bool:
     return r.status_code == 200
 
 
-def setup(
-    tmp_path: Path,
-    write_config: ConfigWriter,
-    daemon_factory: Any,
-    ktd_env: dict[str, str],
-    bad: dict[str, Any],
-) -> tuple[Any, int]:
-    cfg = write_config([gpu_model("good-kt"), bad, gpu_model("other-kt")])
-    d = daemon_factory(cfg, env=fake_machine(tmp_path, ktd_env))
+def bad_models(root: Path) -> list[dict[str, Any]]:
+    """The model each test tries, made once: what cannot start, and what can."""
+    typo = gpu_model("typo-kt")
+    typo["path"] = str(root / "no-such-model")
+    empty = root / "empty-model"
+    empty.mkdir()
+    nocfg = gpu_model("nocfg-kt", kt={"kt_weight_path": str(root / "gone-kt")})
+    nocfg["path"] = str(empty)
+    only_sglang = root / "shim-no-kt"
+    only_sglang.mkdir()
+    (only_sglang / "sglang").symlink_to(SHIM / "sglang")
+    nokt = gpu_model("nokt-kt", env={"PYTHONPATH": os.pathsep.join((str(only_sglang), str(REPO)))})
+    huge = root / "huge-kt"
+    sparse(huge / "experts-0.bin", 300 * GIB)
+    sparse(huge / "experts-1.bin", 200 * GIB)  # 500 GiB > 440 GiB free on the Xeon
+    dense = root / "big-dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    safetensors(
+        dense / "model-00001.safetensors",
+        {
+            "model.embed_tokens.weight": 70 * GIB,
+            "model.layers.0.self_attn.q_proj.weight": 20 * GIB,
+            # Routed experts live in host RAM under kt: not counted on the GPU.
+            "model.layers.1.mlp.experts.0.up_proj.weight": 500 * GIB,
+        },
+    )
+    dense_kt = gpu_model("dense-kt")
+    dense_kt["path"] = str(dense)
+    big = root / "big-kt"
+    sparse(big / "experts.bin", 400 * GIB)  # fits in 440 GiB
+    ignored = root / "ignored-kt"
+    sparse(ignored / "experts.bin", 600 * GIB)
+    ignore = gpu_model("ignore-kt", kt={"kt_weight_path": str(ignored)})
+    ignore["fit"] = "ignore"
+    flag = gpu_model("flag-kt", kt={"extra_args": ["--no-such-flag", "1"]})
+    flag["path"] = str(root / "missing-too")
+    return [
+        typo,
+        nocfg,
+        nokt,
+        gpu_model("huge-kt", kt={"kt_weight_path": str(huge)}),
+        dense_kt,
+        gpu_model("big-kt", kt={"kt_weight_path": str(big)}),
+        ignore,
+        flag,
+    ]
+
+
+@pytest.fixture(scope="module")
+def shared(stack_factory: StackFactory, tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    root = tmp_path_factory.mktemp("preflight")
+    models = [gpu_model("good-kt"), *bad_models(root), gpu_model("other-kt")]
+    return stack_factory(models, with_frontend=False, env=fake_machine(root))
+
+
+@pytest.fixture
+def stack(shared: Stack) -> Stack:
+    return shared.reset()
+
+
+def setup(stack: Stack) -> tuple[Any, int]:
+    """The module's daemon with ``good-kt`` ready on the only GPU."""
+    d = stack.daemon
     r = d.ktctl("load", "good-kt")
     assert r.returncode == 0, r.stderr + d.output()
     [good] = d.client().status("good-kt")
@@ -103,12 +161,8 @@ def assert_refused_and_untouched(d: Any, alias: str, pid: int, *words: str) -> s
     return r.stderr
 
 
-def test_missing_model_path_refused_and_ready_engine_still_serves(
-    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
-) -> None:
-    bad = gpu_model("typo-kt")
-    bad["path"] = str(tmp_path / "no-such-model")
-    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+def test_missing_model_path_refused_and_ready_engine_still_serves(stack: Stack) -> None:
+    d, pid = setup(stack)
     err = assert_refused_and_untouched(d, "typo-kt", pid, "does not exist", "no-such-model")
     assert "no engine was stopped" in err
     # The refusal came before placement: nothing was ever spawned for it.
@@ -116,36 +170,18 @@ def test_missing_model_path_refused_and_ready_engine_still_serves(
     assert bad_info.pid is None
 
 
-def test_missing_config_json_and_weights_refused(
-    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
-) -> None:
-    model = tmp_path / "empty-model"
-    model.mkdir()
-    bad = gpu_model("nocfg-kt", kt={"kt_weight_path": str(tmp_path / "gone-kt")})
-    bad["path"] = str(model)
-    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+def test_missing_config_json_and_weights_refused(stack: Stack) -> None:
+    d, pid = setup(stack)
     assert_refused_and_untouched(d, "nocfg-kt", pid, "no config.json", "gone-kt")
 
 
-def test_missing_kt_kernel_refused_and_ready_engine_still_serves(
-    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
-) -> None:
-    only_sglang = tmp_path / "shim-no-kt"
-    only_sglang.mkdir()
-    (only_sglang / "sglang").symlink_to(SHIM / "sglang")
-    bad = gpu_model("nokt-kt", env={"PYTHONPATH": os.pathsep.join((str(only_sglang), str(REPO)))})
-    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+def test_missing_kt_kernel_refused_and_ready_engine_still_serves(stack: Stack) -> None:
+    d, pid = setup(stack)
     assert_refused_and_untouched(d, "nokt-kt", pid, "kt_kernel is not importable")
 
 
-def test_does_not_fit_refused_with_numbers_and_ready_engine_still_serves(
-    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
-) -> None:
-    weights = tmp_path / "huge-kt"
-    sparse(weights / "experts-0.bin", 300 * GIB)
-    sparse(weights / "experts-1.bin", 200 * GIB)  # 500 GiB > 440 GiB free on the Xeon
-    bad = gpu_model("huge-kt", kt={"kt_weight_path": str(weights)})
-    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+def test_does_not_fit_refused_with_numbers_and_ready_engine_still_serves(stack: Stack) -> None:
+    d, pid = setup(stack)
     err = assert_refused_and_untouched(
         d, "huge-kt", pid, "does not fit", "500.0 GiB", "440.0 GiB", "after evicting good-kt"
     )
@@ -160,35 +196,14 @@ def test_does_not_fit_refused_with_numbers_and_ready_engine_still_serves(
     assert plan["evict"] == ["good-kt"] and plan["fit"]["ok"] is False
 
 
-def test_gpu_does_not_fit_counts_non_expert_weights(
-    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
-) -> None:
-    model = tmp_path / "big-dense"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
-    safetensors(
-        model / "model-00001.safetensors",
-        {
-            "model.embed_tokens.weight": 70 * GIB,
-            "model.layers.0.self_attn.q_proj.weight": 20 * GIB,
-            # Routed experts live in host RAM under kt: not counted on the GPU.
-            "model.layers.1.mlp.experts.0.up_proj.weight": 500 * GIB,
-        },
-    )
-    bad = gpu_model("dense-kt")
-    bad["path"] = str(model)
-    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+def test_gpu_does_not_fit_counts_non_expert_weights(stack: Stack) -> None:
+    d, pid = setup(stack)
     assert_refused_and_untouched(d, "dense-kt", pid, "GPU 0 needs 90.0 GiB")
 
 
-def test_fitting_load_evicts_and_names_the_victim(
-    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
-) -> None:
+def test_fitting_load_evicts_and_names_the_victim(stack: Stack) -> None:
     """The other side: a model that can start does evict, and says whom."""
-    weights = tmp_path / "big-kt"
-    sparse(weights / "experts.bin", 400 * GIB)  # fits in 440 GiB
-    ok = gpu_model("big-kt", kt={"kt_weight_path": str(weights)})
-    d, _ = setup(tmp_path, write_config, daemon_factory, ktd_env, ok)
+    d, _ = setup(stack)
     with d.client() as c, c.subscribe(["engine."]) as sub:
         r = d.ktctl("load", "big-kt")
         assert r.returncode == 0, r.stderr + d.output()
@@ -211,24 +226,13 @@ def test_fitting_load_evicts_and_names_the_victim(
     assert json.loads(r.stdout)["engine"]["made_room"] == ["big-kt"]
 
 
-def test_fit_ignore_loads_anyway(
-    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
-) -> None:
-    weights = tmp_path / "huge-kt"
-    sparse(weights / "experts.bin", 600 * GIB)
-    entry = gpu_model("huge-kt", kt={"kt_weight_path": str(weights)})
-    entry["fit"] = "ignore"
-    cfg = write_config([entry])
-    d = daemon_factory(cfg, env=fake_machine(tmp_path, ktd_env))
-    r = d.ktctl("load", "huge-kt")
+def test_fit_ignore_loads_anyway(stack: Stack) -> None:
+    d = stack.daemon  # 600 GiB of weights on a Xeon with 440 GiB free, "fit": "ignore"
+    r = d.ktctl("load", "ignore-kt")
     assert r.returncode == 0, r.stderr + d.output()
 
 
-def test_flag_sglang_rejects_refused_with_path_problems_in_one_message(
-    tmp_path: Path, write_config: ConfigWriter, daemon_factory: Any, ktd_env: dict[str, str]
-) -> None:
-    bad = gpu_model("flag-kt", kt={"extra_args": ["--no-such-flag", "1"]})
-    bad["path"] = str(tmp_path / "missing-too")
-    d, pid = setup(tmp_path, write_config, daemon_factory, ktd_env, bad)
+def test_flag_sglang_rejects_refused_with_path_problems_in_one_message(stack: Stack) -> None:
+    d, pid = setup(stack)
     err = assert_refused_and_untouched(d, "flag-kt", pid, "--no-such-flag", "missing-too")
     assert err.count("preflight:") == 1

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from ktd.core import states as S
 from tests.daemon.inpool import FakeSGLang, world
+from tests.hypo import budget
 
 ALIASES = ("a", "b")
 BOUND = 900.0  # virtual seconds a request may wait: far above any schedule's need
@@ -69,7 +70,7 @@ def _served(
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@budget(40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=requests, releases=durations, resumes=durations)
 def test_wakes_from_both_sides_are_all_served(
     schedule: list[tuple[str, float, float]], releases: list[float], resumes: list[float]

@@ -20,6 +20,7 @@ from ktd.core.config import FrontendSection
 from ktd.frontend.app import create_app
 from ktd.frontend.main import hypercorn_config
 from ktd.frontend.state import FrontendOptions
+from tests.conftest import TLS
 from tests.frontend.frontend_fakes import FakeDaemon, FakeEngine
 from tests.frontend.frontend_helpers import Frontend, StartFrontend, free_port
 
@@ -48,6 +49,7 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
         stream_grace: float = 0.3,
         heartbeat_interval: float = 0.5,
         ui_sample_interval: float = 10.0,
+        ping_timeout: float = 2.0,
         **section: Any,
     ) -> Frontend:
         options = FrontendOptions(
@@ -57,6 +59,7 @@ async def start_frontend(runtime_dir: Path, nursery: trio.Nursery) -> AsyncItera
             loading_interval=0.5,
             stream_grace=stream_grace,
             ui_sample_interval=ui_sample_interval,
+            ping_timeout=ping_timeout,
         )
         app = create_app(options)
         # The server as `ktd frontend` configures it (backlog, keep-alive, error log).
@@ -121,7 +124,7 @@ def wait_http(
 ) -> None:
     deadline = time.monotonic() + 20
     transport = httpx.HTTPTransport(uds=uds) if uds else None
-    with httpx.Client(transport=transport, timeout=1) as client:
+    with httpx.Client(transport=transport, timeout=1, verify=TLS) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise AssertionError(f"exited {proc.returncode}:\n{output()}")

@@ -57,9 +57,10 @@ async def wait_for(pred: Callable[[], bool], timeout: float = 5.0, what: str = "
 
 def sim_entry(alias: str, **env: Any) -> dict[str, Any]:
     """A models.json entry whose engine is the sim, through the sglang shim."""
-    full = {"PYTHONPATH": os.pathsep.join((str(SHIM), str(REPO))), "KTD_SIM_LOAD_TIME": "0.1"}
+    from tests.conftest import SIM_TIMES, sim_paths
+
+    full = {"PYTHONPATH": os.pathsep.join((str(SHIM), str(REPO))), **SIM_TIMES}
     full.update({k: str(v) for k, v in env.items()})
-    from tests.conftest import sim_paths
 
     model_path, weights = sim_paths(alias)
     return {

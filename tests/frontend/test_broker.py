@@ -141,7 +141,7 @@ async def test_held_engines_are_served_while_the_daemon_is_away(
 ) -> None:
     fake_daemon.add("m", url=fake_engine.url, state="ready")
     fake_daemon.add("n", url=fake_engine.url)
-    fe = await start_frontend(heartbeat_interval=0.2)
+    fe = await start_frontend(heartbeat_interval=0.2, ping_timeout=0.5)
     async with fe.client() as c:
         assert (await c.post(CHAT, content=body())).status_code == 200
         fake_daemon.mute = True  # ktd stops answering (a restart, an upgrade)

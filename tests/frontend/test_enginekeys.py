@@ -135,3 +135,36 @@ async def test_concurrent_unknown_urls_share_one_question(nursery: trio.Nursery)
         for _ in range(8):
             n.start_soon(one)
     assert results == [200] * 8 and asked == 1
+
+
+async def test_a_claim_without_a_key_is_believed_until_the_engine_answers_401(
+    nursery: trio.Nursery,
+) -> None:
+    """An engine whose SGLang takes no key: its claim says so, and requests on it never
+    wait for the daemon (down, each one waited out the question's timeout). A 401 from
+    such a URL (a new run there, with a key) asks the daemon as any 401 does."""
+    engine, server = await start(nursery, "k2")
+    daemon: dict[str, str] = {}
+    asked = 0
+
+    async def ask() -> dict[str, str]:
+        nonlocal asked
+        asked += 1
+        if not daemon:
+            raise Unreachable("no daemon")
+        return dict(daemon)
+
+    keys = KeyCache(ask, min_interval=0)
+    keys.learn(server.url, None)  # the claim: no key
+    pool = UpstreamPool(read_timeout=5, keys=keys)
+    assert keys.header(server.url) is None
+    with trio.fail_after(1):
+        await keys.header_for(server.url)  # known: no question
+    assert asked == 0
+    # The engine there does take a key after all (a new run): its 401 asks the daemon.
+    daemon[server.url] = "k2"
+    assert await get(pool, server.url) == 200
+    assert engine.seen == [None, b"Bearer k2"] and asked == 1
+    keys.learn(server.url, None)
+    keys.learn(server.url, "k3")  # a later claim's key wins over the earlier "none"
+    assert keys.header(server.url) == b"Bearer k3"

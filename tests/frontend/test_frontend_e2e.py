@@ -1,7 +1,10 @@
 """The real thing: ``ktd serve`` + ``ktd frontend`` processes + sim engines.
 
 OpenAI's own client talks to the frontend; the sim's ``/sim/stats`` and
-``ktctl status --json`` tell what really happened behind it.
+``ktctl status --json`` tell what really happened behind it. The tests share one
+daemon and frontend (``tests/stack.py``), each on a model of its own, all of them
+stopped before each test; the two that need a frontend config of their own or kill
+the daemon start their own.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import pytest
 import trio
 
 from ktd.daemon import proctree
-from tests.conftest import MARK, RUN_ID
+from tests.conftest import MARK, SHARED
 from tests.frontend.frontend_helpers import sim_entry
+from tests.stack import Stack, StackFactory
 
 CHAT: Any = [{"role": "user", "content": "hello"}]
 
@@ -47,8 +51,28 @@ def sim_stats(url: str) -> dict[str, int]:
     return httpx.get(url + "/sim/stats", timeout=5).json()  # type: ignore[no-any-return]
 
 
+MODELS = [
+    sim_entry("m1"),
+    sim_entry("slow", KTD_SIM_LOAD_TIME=1.5),
+    sim_entry("deepseek-v4-kt"),
+    sim_entry("paced", KTD_SIM_TOKEN_RATE=20),
+    sim_entry("crashy", KTD_SIM_CRASH_MID_STREAM=3, KTD_SIM_TOKEN_RATE=50),
+    sim_entry("eta", KTD_SIM_LOAD_TIME=0.5),
+]
+
+
+@pytest.fixture(scope="module")
+def shared(stack_factory: StackFactory) -> Stack:
+    return stack_factory(MODELS)
+
+
 @pytest.fixture
-def stack(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any:
+def stack(shared: Stack) -> Stack:
+    return shared.reset()
+
+
+@pytest.fixture
+def own_stack(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any:
     def make(models: list[dict[str, Any]], **frontend: Any) -> tuple[Any, Any]:
         cfg = write_config(models, frontend=frontend)
         daemon = daemon_factory(cfg)
@@ -58,12 +82,12 @@ def stack(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any:
     return make
 
 
-def test_openai_client_sync(stack: Any) -> None:
-    daemon, fe = stack([sim_entry("m1")])
+def test_openai_client_sync(stack: Stack) -> None:
+    daemon, fe = stack.daemon, stack.frontend
     client = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0)
     try:
         models = client.models.list()
-        assert [m.id for m in models.data] == ["m1"]
+        assert [m.id for m in models.data] == [m["alias"] for m in MODELS]
         # The model is not loaded: this first request loads it on demand.
         reply = client.chat.completions.create(model="m1", messages=CHAT, max_tokens=5)
         assert reply.choices[0].message.content
@@ -92,8 +116,8 @@ def test_openai_client_sync(stack: Any) -> None:
     wait_until(lambda: engine(daemon, "m1")["in_flight"] == 0, what="leases back to 0")
 
 
-async def test_openai_client_async(stack: Any) -> None:
-    _daemon, fe = await trio.to_thread.run_sync(lambda: stack([sim_entry("m1")]))
+async def test_openai_client_async(stack: Stack) -> None:
+    fe = stack.frontend
     client = openai.AsyncOpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0)
     try:
         reply = await client.chat.completions.create(model="m1", messages=CHAT, max_tokens=3)
@@ -117,16 +141,16 @@ async def test_openai_client_async(stack: Any) -> None:
         await client.close()
 
 
-def test_concurrent_requests_for_unloaded_model_cause_one_load(stack: Any) -> None:
-    daemon, fe = stack([sim_entry("m1", KTD_SIM_LOAD_TIME=1.5)])
-    assert engine_state(daemon, "m1") in ("stopped", None)
+def test_concurrent_requests_for_unloaded_model_cause_one_load(stack: Stack) -> None:
+    daemon, fe = stack.daemon, stack.frontend
+    assert engine_state(daemon, "slow") in ("stopped", None)
 
     async def burst() -> list[int]:
         async with httpx.AsyncClient(base_url=fe.url, timeout=60) as c:
             codes: list[int] = []
 
             async def one(i: int) -> None:
-                body = {"model": "m1", "messages": CHAT, "max_tokens": 2, "stream": i % 2 == 0}
+                body = {"model": "slow", "messages": CHAT, "max_tokens": 2, "stream": i % 2 == 0}
                 resp = await c.post("/v1/chat/completions", json=body)
                 codes.append(resp.status_code)
 
@@ -137,7 +161,7 @@ def test_concurrent_requests_for_unloaded_model_cause_one_load(stack: Any) -> No
 
     codes = trio.run(burst)
     assert codes == [200] * 20
-    eng = engine(daemon, "m1")
+    eng = engine(daemon, "slow")
     assert eng["state"] == "ready" and eng["restarts"] == 0
     stats = sim_stats(eng["url"])
     assert stats["requests"] == 20
@@ -145,12 +169,12 @@ def test_concurrent_requests_for_unloaded_model_cause_one_load(stack: Any) -> No
         pid
         for pid in proctree.all_procs()
         if "sglang.launch_server" in " ".join(proctree.cmdline(pid))
-        and "m1" in proctree.cmdline(pid)
-        # This test run's processes only: other runs on the machine may serve an m1 too.
-        and proctree.environ_has(pid, MARK, RUN_ID)
+        and "slow" in proctree.cmdline(pid)
+        # This module's processes only: other runs on the machine may serve a "slow" too.
+        and proctree.environ_has(pid, MARK, SHARED)
     ]
     assert len(launches) == 1, launches
-    wait_until(lambda: engine(daemon, "m1")["in_flight"] == 0, what="leases back to 0")
+    wait_until(lambda: engine(daemon, "slow")["in_flight"] == 0, what="leases back to 0")
 
 
 def engine_state(daemon: Any, alias: str) -> str | None:
@@ -160,8 +184,8 @@ def engine_state(daemon: Any, alias: str) -> str | None:
     return None
 
 
-def test_family_name_does_not_route(stack: Any) -> None:
-    daemon, fe = stack([sim_entry("deepseek-v4-kt")])
+def test_family_name_does_not_route(stack: Stack) -> None:
+    daemon, fe = stack.daemon, stack.frontend
     client = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0)
     try:
         with pytest.raises(openai.NotFoundError) as info:
@@ -175,9 +199,9 @@ def test_family_name_does_not_route(stack: Any) -> None:
     assert engine_state(daemon, "deepseek-v4-kt") in ("stopped", None)
 
 
-def test_abort_stream_closes_upstream_and_ends_the_request(stack: Any) -> None:
-    daemon, fe = stack([sim_entry("m1", KTD_SIM_TOKEN_RATE=20)])
-    body = {"model": "m1", "messages": CHAT, "max_tokens": 2000, "stream": True}
+def test_abort_stream_closes_upstream_and_ends_the_request(stack: Stack) -> None:
+    daemon, fe = stack.daemon, stack.frontend
+    body = {"model": "paced", "messages": CHAT, "max_tokens": 2000, "stream": True}
     with (
         httpx.Client(base_url=fe.url, timeout=30) as c,
         c.stream("POST", "/v1/chat/completions", json=body) as resp,
@@ -192,37 +216,37 @@ def test_abort_stream_closes_upstream_and_ends_the_request(stack: Any) -> None:
                 seen += 1
             if seen >= 3:
                 break
-        url = engine(daemon, "m1")["url"]
+        url = engine(daemon, "paced")["url"]
         # The frontend's report of its claim: one request in flight.
-        wait_until(lambda: engine(daemon, "m1")["in_flight"] == 1, what="in flight reported")
+        wait_until(lambda: engine(daemon, "paced")["in_flight"] == 1, what="in flight reported")
         assert sim_stats(url)["active"] == 1
         t0 = time.monotonic()
         resp.close()  # hang up mid-stream
     wait_until(lambda: sim_stats(url)["aborted"] == 1, timeout=1.0, what="sim saw the abort")
     assert time.monotonic() - t0 < 1.0
-    wait_until(lambda: engine(daemon, "m1")["in_flight"] == 0, timeout=3, what="request ended")
+    wait_until(lambda: engine(daemon, "paced")["in_flight"] == 0, timeout=3, what="request ended")
     assert sim_stats(url)["active"] == 0
 
 
-def test_abort_while_loading_leaves_nothing_in_flight(stack: Any) -> None:
-    daemon, fe = stack([sim_entry("m1", KTD_SIM_LOAD_TIME=1.5)])
-    body = {"model": "m1", "messages": CHAT, "max_tokens": 5, "stream": True}
+def test_abort_while_loading_leaves_nothing_in_flight(stack: Stack) -> None:
+    daemon, fe = stack.daemon, stack.frontend
+    body = {"model": "slow", "messages": CHAT, "max_tokens": 5, "stream": True}
     with (
         httpx.Client(base_url=fe.url, timeout=30) as c,
         c.stream("POST", "/v1/chat/completions", json=body) as resp,
     ):
         first = next(resp.iter_raw())
-        assert first.startswith(b": loading m1")
+        assert first.startswith(b": loading slow")
 
     # The load goes on (other clients may want it); nothing stays in flight.
-    wait_until(lambda: engine_state(daemon, "m1") == "ready", timeout=20, what="loaded")
-    wait_until(lambda: engine(daemon, "m1")["in_flight"] == 0, timeout=3, what="nothing in flight")
-    assert sim_stats(engine(daemon, "m1")["url"])["requests"] == 0
+    daemon.wait_state("slow", "ready", timeout=20)
+    daemon.wait_engine("slow", lambda e: e["in_flight"] == 0, timeout=3, what="none in flight")
+    assert sim_stats(engine(daemon, "slow")["url"])["requests"] == 0
 
 
-def test_engine_crash_mid_stream_ends_stream_with_error(stack: Any) -> None:
-    _daemon, fe = stack([sim_entry("m1", KTD_SIM_CRASH_MID_STREAM=3, KTD_SIM_TOKEN_RATE=50)])
-    body = {"model": "m1", "messages": CHAT, "max_tokens": 200, "stream": True}
+def test_engine_crash_mid_stream_ends_stream_with_error(stack: Stack) -> None:
+    fe = stack.frontend
+    body = {"model": "crashy", "messages": CHAT, "max_tokens": 200, "stream": True}
     t0 = time.monotonic()
     with (
         httpx.Client(base_url=fe.url, timeout=30) as c,
@@ -238,8 +262,8 @@ def test_engine_crash_mid_stream_ends_stream_with_error(stack: Any) -> None:
     assert err["message"] and err["code"]
 
 
-def test_frontend_errors_over_real_http(stack: Any) -> None:
-    daemon, fe = stack([sim_entry("m1")], api_keys=["sk-test"], max_body_bytes=4096)
+def test_frontend_errors_over_real_http(own_stack: Any) -> None:
+    daemon, fe = own_stack([sim_entry("m1")], api_keys=["sk-test"], max_body_bytes=4096)
     ok = {"authorization": "Bearer sk-test", "content-type": "application/json"}
     plain = {**ok, "content-type": "text/plain"}  # what a cross-site page may send
     with httpx.Client(base_url=fe.url, timeout=10) as c:
@@ -265,8 +289,8 @@ def test_frontend_errors_over_real_http(stack: Any) -> None:
     assert engine_state(daemon, "m1") in ("stopped", None)
 
 
-def test_daemon_restart_is_survived(stack: Any, tmp_path: Path) -> None:
-    daemon, fe = stack([sim_entry("m1")])
+def test_daemon_restart_is_survived(own_stack: Any, tmp_path: Path) -> None:
+    daemon, fe = own_stack([sim_entry("m1")])
     with httpx.Client(base_url=fe.url, timeout=30) as c:
         assert c.get("/health").status_code == 200
         daemon.stop()
@@ -280,19 +304,19 @@ def test_daemon_restart_is_survived(stack: Any, tmp_path: Path) -> None:
         assert resp.status_code == 200, resp.text
 
 
-def test_loading_comments_show_elapsed_and_expected_time(stack: Any) -> None:
-    """After one load, ktd knows how long m1 takes: a stream waiting for the next load
-    is told elapsed and expected time in its ``: loading`` comments."""
-    daemon, fe = stack([sim_entry("m1", KTD_SIM_LOAD_TIME=0.5)])
+def test_loading_comments_show_elapsed_and_expected_time(stack: Stack) -> None:
+    """After one load, ktd knows how long ``eta`` takes: a stream waiting for the next
+    load is told elapsed and expected time in its ``: loading`` comments."""
+    daemon, fe = stack.daemon, stack.frontend
     with daemon.client(timeout=60) as c:
-        c.load("m1")
-        c.evict("m1")
-        [e] = c.status("m1")
+        c.load("eta")
+        c.evict("eta")
+        [e] = c.status("eta")
     assert e.load_eta and e.load_eta >= 0.5
-    body = {"model": "m1", "messages": CHAT, "max_tokens": 2, "stream": True}
+    body = {"model": "eta", "messages": CHAT, "max_tokens": 2, "stream": True}
     with (
         httpx.Client(base_url=fe.url, timeout=30) as hc,
         hc.stream("POST", "/v1/chat/completions", json=body) as resp,
     ):
         first = next(resp.iter_raw())
-    assert first.startswith(b": loading m1 ") and b"s of ~" in first and b"s expected" in first
+    assert first.startswith(b": loading eta ") and b"s of ~" in first and b"s expected" in first

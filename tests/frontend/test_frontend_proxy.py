@@ -146,7 +146,8 @@ async def test_models_health_metrics(
 
 
 async def test_health_503_when_daemon_down(start_frontend: StartFrontend) -> None:
-    fe = await start_frontend()  # nobody listens on the control socket
+    # Nobody listens on the control socket; each of ktd's answers may take 0.5 s.
+    fe = await start_frontend(ping_timeout=0.5)
     async with fe.client() as c:
         with trio.fail_after(8):
             assert_openai_error(await c.get("/health"), 503)

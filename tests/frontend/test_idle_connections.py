@@ -230,21 +230,21 @@ def test_a_stream_outlasting_the_idle_timeout_and_a_sigterm_mid_stream(
     runs past ``idle_timeout`` is not cut and its connection stays usable; once silent it
     is closed. A SIGTERM while a stream runs lets it finish, then closes its connection."""
     cfg = write_config(
-        [sim_model("m1", env={"KTD_SIM_TOKEN_RATE": 4})], frontend={"idle_timeout": 1}
+        [sim_model("m1", env={"KTD_SIM_TOKEN_RATE": 8})], frontend={"idle_timeout": 1}
     )
     daemon_factory(cfg)
     fe = frontend_factory(cfg)
     with _connect(fe.url) as s:
         s.settimeout(30)
-        for _ in range(2):  # 8 tokens at 4/s: 2 s, twice the idle timeout
-            s.sendall(_stream_request(8))
-            assert _read_stream(s).count(b"data: ") >= 9
+        for _ in range(2):  # 12 tokens at 8/s: 1.5 s, longer than the idle timeout
+            s.sendall(_stream_request(12))
+            assert _read_stream(s).count(b"data: ") >= 13
         assert _closed_by_server(s, 30), "still open past the idle timeout"
     with _connect(fe.url) as s:
         s.settimeout(30)
-        s.sendall(_stream_request(8))
+        s.sendall(_stream_request(12))
         begun = s.recv(65536)  # the stream has begun
         fe.proc.send_signal(signal.SIGTERM)
-        assert _read_stream(s, begun).count(b"data: ") >= 9
+        assert _read_stream(s, begun).count(b"data: ") >= 13
         assert _closed_by_server(s, 30), "a connection outlived the shutdown"
     assert fe.proc.wait(30) == 0, fe.output()

@@ -3,13 +3,14 @@
 A key's scope (403 in each API's own shape, and its model lists), its share
 (``max_concurrent``: 429 with ``Retry-After``), its day (``tokens_per_day``: 429 once
 the tokens the engine reported reach it, counted from a stream whose usage chunk ktd
-asked for and the client never saw).
+asked for and the client never saw). The tests share one daemon and frontend
+(``tests/stack.py``): each spends only what the others do not check (the frugal key's
+day is spent by one test alone).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import anthropic
 import httpx
@@ -17,7 +18,8 @@ import ollama
 import openai
 import pytest
 
-from tests.conftest import ConfigWriter, sim_model
+from tests.conftest import sim_model
+from tests.stack import Stack, StackFactory
 
 SCOPED = "sk-scoped-only-m1"
 CAPPED = "sk-capped-one-at-a-time"
@@ -30,12 +32,15 @@ KEYS = [
 HI = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture
-def stack(write_config: ConfigWriter, daemon_factory: Any, frontend_factory: Any) -> str:
+@pytest.fixture(scope="module")
+def shared(stack_factory: StackFactory) -> Stack:
     models = [sim_model(m, env={"KTD_SIM_TOKEN_RATE": 40}) for m in ("m1", "m2")]
-    cfg = write_config(models, frontend={"keys": KEYS})
-    daemon_factory(cfg)
-    return str(frontend_factory(cfg).url)
+    return stack_factory(models, frontend={"keys": KEYS})
+
+
+@pytest.fixture
+def stack(shared: Stack) -> str:
+    return shared.reset().url
 
 
 def oai(url: str, key: str) -> openai.OpenAI:

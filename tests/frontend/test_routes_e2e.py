@@ -2,7 +2,9 @@
 
 The official ``openai`` and ``anthropic`` SDKs are the clients where they have
 the call; plain httpx for SGLang's native routes. ``ROUTE_STATUS`` records what
-each route answered through the frontend (the closing report quotes it).
+each route answered through the frontend (the closing report quotes it). The tests
+share one daemon and frontend (``tests/stack.py``), every engine stopped before each;
+the one with API keys on the frontend starts its own.
 """
 
 from __future__ import annotations
@@ -16,12 +18,36 @@ import openai
 import pytest
 
 from tests.conftest import sim_model, wait_for
+from tests.stack import Stack, StackFactory
 
 CHAT: Any = [{"role": "user", "content": "hello there"}]
 
 
+def sim(alias: str, *extra_args: str, **kw: Any) -> dict[str, Any]:
+    return sim_model(alias, kt={"extra_args": list(extra_args)}, **kw)
+
+
+MODELS = [
+    sim("m1"),
+    sim("m2"),
+    sim("emb", "--is-embedding"),
+    sim("lo", "--enable-lora", "--lora-paths", "sql=/loras/sql"),
+    sim("mx", "--enable-metrics"),
+]
+
+
+@pytest.fixture(scope="module")
+def shared(stack_factory: StackFactory) -> Stack:
+    return stack_factory(MODELS)
+
+
 @pytest.fixture
-def stack(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any:
+def stack(shared: Stack) -> Stack:
+    return shared.reset()
+
+
+@pytest.fixture
+def own_stack(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any:
     def make(models: list[dict[str, Any]], **frontend: Any) -> tuple[Any, Any]:
         cfg = write_config(models, frontend=frontend)
         return daemon_factory(cfg), frontend_factory(cfg)
@@ -29,12 +55,10 @@ def stack(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any:
     return make
 
 
-def sim(alias: str, *extra_args: str, **kw: Any) -> dict[str, Any]:
-    return sim_model(alias, kt={"extra_args": list(extra_args)}, **kw)
-
-
-def test_openai_sdk_responses_models_and_one_client_across_error_and_success(stack: Any) -> None:
-    _daemon, fe = stack([sim("m1")])
+def test_openai_sdk_responses_models_and_one_client_across_error_and_success(
+    stack: Stack,
+) -> None:
+    fe = stack.frontend
     client = openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30)
     try:
         # An error first (unknown model on a route the frontend used to 404) ...
@@ -64,8 +88,8 @@ def test_openai_sdk_responses_models_and_one_client_across_error_and_success(sta
         client.close()
 
 
-def test_anthropic_sdk_messages_stream_and_count_tokens(stack: Any) -> None:
-    _daemon, fe = stack([sim("m1")])
+def test_anthropic_sdk_messages_stream_and_count_tokens(stack: Stack) -> None:
+    fe = stack.frontend
     client = anthropic.Anthropic(base_url=fe.url, api_key="x", max_retries=0, timeout=30)
     try:
         msg = client.messages.create(model="m1", max_tokens=3, messages=CHAT)
@@ -79,7 +103,7 @@ def test_anthropic_sdk_messages_stream_and_count_tokens(stack: Any) -> None:
         count = client.messages.count_tokens(model="m1", messages=CHAT)
         assert count.input_tokens == 2
         with pytest.raises(anthropic.NotFoundError):
-            client.messages.create(model="m2", max_tokens=3, messages=CHAT)
+            client.messages.create(model="nope", max_tokens=3, messages=CHAT)
     finally:
         client.close()
 
@@ -87,8 +111,8 @@ def test_anthropic_sdk_messages_stream_and_count_tokens(stack: Any) -> None:
 ROUTE_STATUS: dict[str, int] = {}
 
 
-def test_every_native_route_and_the_model_rule(stack: Any) -> None:
-    daemon, fe = stack([sim("m1"), sim("m2")])
+def test_every_native_route_and_the_model_rule(stack: Stack) -> None:
+    daemon, fe = stack.daemon, stack.frontend
     with httpx.Client(base_url=fe.url, timeout=30) as c:
         cases: list[tuple[str, dict[str, Any], Any]] = [
             (
@@ -168,8 +192,8 @@ def status(daemon: Any) -> list[dict[str, Any]]:
     return list(daemon.engines().values())
 
 
-def test_embedding_routes_on_an_embedding_engine(stack: Any) -> None:
-    _daemon, fe = stack([sim("emb", "--is-embedding")])
+def test_embedding_routes_on_an_embedding_engine(stack: Stack) -> None:
+    fe = stack.frontend
     client = openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30)
     try:
         emb = client.embeddings.create(model="emb", input=["alpha", "beta"])
@@ -188,46 +212,47 @@ def test_embedding_routes_on_an_embedding_engine(stack: Any) -> None:
             assert isinstance(resp.json(), list) if key is None else key in resp.json()
 
 
-def test_lora_adapter_routes_to_its_base_and_is_listed(stack: Any) -> None:
-    _daemon, fe = stack([sim("m1", "--enable-lora", "--lora-paths", "sql=/loras/sql")])
+def test_lora_adapter_routes_to_its_base_and_is_listed(stack: Stack) -> None:
+    fe = stack.frontend
     client = openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30)
     try:
-        reply = client.chat.completions.create(model="m1:sql", messages=CHAT, max_tokens=1)
-        assert reply.model == "m1:sql" and reply.choices[0].message.content == "tok0"
+        reply = client.chat.completions.create(model="lo:sql", messages=CHAT, max_tokens=1)
+        assert reply.model == "lo:sql" and reply.choices[0].message.content == "tok0"
         ids = [m.id for m in client.models.list().data]
-        assert ids == ["m1", "m1:sql"]
-        assert client.models.retrieve("m1:sql").id == "m1:sql"
+        # Every model of the config, then the adapters.
+        assert ids == ["m1", "m2", "emb", "lo", "mx", "lo:sql"]
+        assert client.models.retrieve("lo:sql").id == "lo:sql"
         with pytest.raises(openai.NotFoundError) as info:
-            client.chat.completions.create(model="m1:nope", messages=CHAT, max_tokens=1)
+            client.chat.completions.create(model="lo:nope", messages=CHAT, max_tokens=1)
         assert "sql" in info.value.response.json()["error"]["message"]
     finally:
         client.close()
 
 
-def test_metrics_include_engine_metrics_by_alias_and_ktd_gauges(stack: Any) -> None:
-    daemon, fe = stack([sim("m1", "--enable-metrics"), sim("m2")])
+def test_metrics_include_engine_metrics_by_alias_and_ktd_gauges(stack: Stack) -> None:
+    daemon, fe = stack.daemon, stack.frontend
     with httpx.Client(base_url=fe.url, timeout=30) as c:
-        for alias in ("m1", "m2"):
+        for alias in ("mx", "m2"):
             body = {"model": alias, "messages": CHAT, "max_tokens": 1}
             assert c.post("/v1/chat/completions", json=body).status_code == 200
         wait_for(lambda: all(e["in_flight"] == 0 for e in status(daemon)), what="requests ended")
         text = c.get("/metrics").text
-    assert 'sglang:num_requests_total{alias="m1",model_name="m1"} 1.0' in text
+    assert 'sglang:num_requests_total{alias="mx",model_name="mx"} 1.0' in text
     assert 'alias="m2",model_name' not in text  # m2 runs without --enable-metrics
-    assert 'ktd_engine_state{alias="m1",state="ready"} 1.0' in text
+    assert 'ktd_engine_state{alias="mx",state="ready"} 1.0' in text
     assert 'ktd_engine_state{alias="m2",state="stopped"} 0.0' in text
-    assert 'ktd_engine_in_flight{alias="m1"} 0.0' in text
-    assert 'ktd_engine_leases{alias="m1"} 0.0' in text  # its deprecated old name
-    assert 'ktd_engine_queue_depth{alias="m1"} 0.0' in text
-    assert 'ktd_engine_loads_total{alias="m1"} 1.0' in text
-    assert 'ktd_engine_evictions_total{alias="m1"} 0.0' in text
-    assert 'ktd_engine_restarts_total{alias="m1"} 0.0' in text
-    assert 'ktd_engine_load_seconds_count{alias="m1"} 1.0' in text
+    assert 'ktd_engine_in_flight{alias="mx"} 0.0' in text
+    assert 'ktd_engine_leases{alias="mx"} 0.0' in text  # its deprecated old name
+    assert 'ktd_engine_queue_depth{alias="mx"} 0.0' in text
+    assert 'ktd_engine_loads_total{alias="mx"} 1.0' in text  # no other test loads mx
+    assert 'ktd_engine_evictions_total{alias="mx"} 0.0' in text
+    assert 'ktd_engine_restarts_total{alias="mx"} 0.0' in text
+    assert 'ktd_engine_load_seconds_count{alias="mx"} 1.0' in text
     assert text.count("# TYPE sglang:num_running_reqs gauge") == 1
 
 
-def test_openai_sdk_one_http_client_across_a_401_and_a_success(stack: Any) -> None:
-    _daemon, fe = stack([sim("m1")], api_keys=["sk-good"])
+def test_openai_sdk_one_http_client_across_a_401_and_a_success(own_stack: Any) -> None:
+    _daemon, fe = own_stack([sim("m1")], api_keys=["sk-good"])
     http = httpx.Client(timeout=30)  # one connection pool for both clients
     bad = openai.OpenAI(base_url=fe.url + "/v1", api_key="sk-bad", max_retries=0, http_client=http)
     good = bad.with_options(api_key="sk-good")

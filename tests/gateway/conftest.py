@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ConfigWriter, DaemonProc, sim_model
+from tests.conftest import TLS, ConfigWriter, DaemonProc, sim_model
 
 ROUTER_BIN = Path(sys.executable).parent / "sglang-router"
 
@@ -72,7 +72,7 @@ class RouterProc:
             if self.proc.poll() is not None:
                 raise AssertionError(f"router exited {self.proc.returncode}:\n{self.output()}")
             try:
-                if httpx.get(self.url + "/liveness", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/liveness", timeout=1, verify=TLS).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -91,7 +91,7 @@ class RouterProc:
             return ""
 
     def workers(self) -> list[dict[str, Any]]:
-        r = httpx.get(self.url + "/workers", timeout=5)
+        r = httpx.get(self.url + "/workers", timeout=5, verify=TLS)
         r.raise_for_status()
         return r.json()["workers"]  # type: ignore[no-any-return]
 
@@ -130,7 +130,7 @@ class FrontendProc:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"frontend exited:\n{self.output()}"
             try:
-                httpx.get(self.url + "/metrics", timeout=1)
+                httpx.get(self.url + "/metrics", timeout=1, verify=TLS)
                 return self
             except httpx.HTTPError:
                 time.sleep(0.05)

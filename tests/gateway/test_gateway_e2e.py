@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import wait_for
+from tests.conftest import TLS, wait_for
 from tests.gateway.conftest import Host, Load, RouterProc, model
 
 ALIAS = "m"
@@ -45,7 +45,7 @@ def registered(host: Host, alias: str = ALIAS) -> bool:
 
 
 def stats(url: str) -> dict[str, int]:
-    return httpx.get(url + "/sim/stats", timeout=5).json()  # type: ignore[no-any-return]
+    return httpx.get(url + "/sim/stats", timeout=5, verify=TLS).json()  # type: ignore[no-any-return]
 
 
 def two_hosts(router: RouterProc, hosts: Any, tmp_path: Path, **env: Any) -> tuple[Host, Host]:

@@ -14,19 +14,10 @@ from typing import Any, TypeVar
 
 from ktd.core.command import ENGINE_MARK
 from ktd.daemon import proctree
-from tests.conftest import marked_processes
+from tests.conftest import FAST_DAEMON, marked_processes  # noqa: F401  (re-exported)
+from tests.hypo import budget
 
 T = TypeVar("T")
-
-# Small, fast timings: the whole directory must run in minutes on a 2-core box.
-FAST_DAEMON: dict[str, Any] = {
-    "stop_grace": 2,
-    "drain_timeout": 2,
-    "health_interval": 0.2,
-    "hang_timeout": 1,
-    "restart_backoff": 0.1,
-    "lease_ttl": 1.5,
-}
 
 
 def wait_for(pred: Callable[[], T], timeout: float = 15.0, what: str = "condition") -> T:
@@ -97,13 +88,13 @@ def status_view(client: Any) -> dict[str, tuple[Any, ...]]:
 def run_against_daemon(machine: type[Any], d: Any, examples: int, steps: int) -> None:
     """A process-level hypothesis machine over the live daemon ``d``: then ``d`` must
     still run, its log hold no traceback, and no engine process be left."""
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck
     from hypothesis.stateful import run_state_machine_as_test
 
     run_state_machine_as_test(
         machine,
-        settings=settings(
-            max_examples=examples,
+        settings=budget(
+            examples,
             stateful_step_count=steps,
             deadline=None,
             database=None,

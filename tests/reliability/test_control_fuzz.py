@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from ktd import protocol as p
 from ktd.frameid import peek_id, skim_id
 from tests.conftest import ConfigWriter, sim_model
+from tests.hypo import budget
 
 from ._util import FAST_DAEMON, alive, status_view, wait_for
 
@@ -342,8 +343,8 @@ def check_unchanged(d: Any) -> None:
 
 
 def fuzz_settings(max_examples: int) -> settings:
-    return settings(
-        max_examples=max_examples,
+    return budget(
+        max_examples,
         deadline=None,
         database=None,
         suppress_health_check=[

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import own_env
+from tests.conftest import TLS, own_env
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "ktd" / "sim" / "shim"
@@ -75,13 +75,15 @@ class SimProc:
         wait_until(lambda: text in self.log(), timeout, f"{text!r} in the sim log")
 
     def wait_ready(self, timeout: float = 10) -> None:
-        def healthy() -> bool:
-            try:
-                return httpx.get(self.url("/health"), timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
+        with httpx.Client(timeout=1, verify=TLS) as client:  # one client for the whole poll
 
-        wait_until(healthy, timeout, "/health 200")
+            def healthy() -> bool:
+                try:
+                    return client.get(self.url("/health")).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(healthy, timeout, "/health 200")
 
     def wait_exit(self, timeout: float = 10) -> int:
         return self.proc.wait(timeout=timeout)

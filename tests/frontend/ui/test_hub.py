@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,17 @@ KEY = "sk-hub-9"
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, box_env: dict[str, str], write_config: Any, daemon_factory: Any) -> Any:
+def daemon(
+    tmp_path: Path, box_env: dict[str, str], write_config: Any, daemon_factory: Any
+) -> Iterator[Any]:
     cfg = write_config(box_models(tmp_path / "models"))
-    return daemon_factory(cfg, env=box_env)
+    d = daemon_factory(cfg, env=box_env)
+    yield d
+    # The in-process frontend is gone without giving its claims back: stop the engines
+    # at once rather than have the daemon's own stop wait its drain_timeout for them.
+    if d.proc.poll() is None:
+        with d.client() as c:
+            c.evict(all=True, force=True)
 
 
 async def ktctl(daemon: Any, *args: str) -> None:
