@@ -87,11 +87,12 @@ def test_every_field_naming_a_model_has_the_name_limit() -> None:
             "Claim",
             "ClaimState",
             "KeepAlive",
+            "EngineMemory",
         ]
     )
     ok = msgspec.msgpack.encode({"op": "logs", "alias": "a" * p.MAX_MODEL_NAME})
     assert isinstance(p.decode_request(ok), p.Logs)
-    for op in ("load", "evict", "sleep", "wake", "status", "logs"):
+    for op in ("load", "evict", "sleep", "wake", "status", "logs", "engine_memory"):
         data = msgspec.msgpack.encode({"op": op, "alias": "a" * (p.MAX_MODEL_NAME + 1)})
         with pytest.raises(msgspec.ValidationError, match=r"length <= 256 - at `\$\.alias`"):
             p.decode_request(data)
