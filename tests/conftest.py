@@ -141,7 +141,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Compile ``ktd`` and ``ktctl`` once for the whole run, on the controller.
+    """Compile ``ktd`` and ``ktctl`` once for the whole run, on the controller, and
+    keep the rewritten test modules.
 
     Every daemon, frontend and sim a test starts imports ~150 modules of this tree; where
     Python does not write bytecode (``PYTHONDONTWRITEBYTECODE``, as in some sandboxes)
@@ -151,11 +152,17 @@ def pytest_configure(config: pytest.Config) -> None:
     and compiled again in memory. Without the variable Python writes them itself at the
     first start and this finds nothing to do.
     """
-    if sys.dont_write_bytecode and not hasattr(config, "workerinput"):
+    if not sys.dont_write_bytecode:
+        return
+    if not hasattr(config, "workerinput"):
         import compileall
 
         for package in ("ktd", "ktctl"):
             compileall.compile_dir(REPO / package, quiet=2, workers=1)
+    # pytest's assertion rewriting of the test modules (4-5 s of CPU for each xdist
+    # worker at every run) is cached in ``__pycache__`` the same way, but only where
+    # bytecode may be written: this process (not the ones it starts) writes it.
+    sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,9 @@ settings.load_profile("ci")
 
 def scale() -> float:
     """The loaded profile's share of each test's examples (1.0 under ``ci``)."""
-    return float(settings.default.max_examples) / BASE_EXAMPLES
+    loaded = settings.default
+    assert loaded is not None, "a profile is loaded at import"
+    return float(loaded.max_examples) / BASE_EXAMPLES
 
 
 def budget(max_examples: int, **kw: Any) -> settings:

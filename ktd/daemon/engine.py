@@ -32,6 +32,7 @@ from ktd.core.states import Phase, State, Step
 from ktd.daemon import health, weights
 from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.enginelog import EngineLog
+from ktd.daemon.offload import Offload
 from ktd.daemon.probe import Prober
 from ktd.daemon.running import Running as Running  # re-exported: pool modules import it here
 from ktd.protocol import EngineInfo
@@ -77,6 +78,8 @@ class EngineHost(Protocol):
     def http(self) -> httpx.AsyncClient: ...
     @property
     def key_dir(self) -> KeyDir: ...  # the engines' API key files
+    @property
+    def offload(self) -> Offload: ...  # blocking work off the trio thread
     @property
     def base_env(self) -> Mapping[str, str]: ...
     @property

@@ -26,6 +26,7 @@ from ktd.core.states import Phase, Step
 from ktd.core.topology import Topology
 from ktd.daemon import weights
 from ktd.daemon.engine import Busy, Engine, PlacementLike, Unplaceable
+from ktd.daemon.offload import Offload, to_thread
 from ktd.daemon.preflight import Refused
 
 log = logging.getLogger("ktd")
@@ -62,12 +63,14 @@ class Placer:
         ticket: Callable[[], int],
         update: Callable[[Engine], None],
         recall: Callable[[Engine, str], object],
+        offload: Offload = to_thread,
     ) -> None:
         self.engines = engines
         self._settings = settings
         self._ticket = ticket  # the gates' arrival order: a swap's cutoff is one
         self._update = update  # an engine's gate looks again (a yield began or ended)
         self._recall = recall  # frontends stop routing to a yielding holder now
+        self._offload = offload  # the fit's reads of weight headers and /proc
         self._lock = trio.Lock()
         self._topology: Topology | None = None
         self._changed = trio.Event()  # any engine's state or holders changed
@@ -151,7 +154,7 @@ class Placer:
             (sleepers if sleeps else victims).append(occupant)
         own = waker.occupant() if waker is not None else None
         nodes, gpus = _where(plan, own)
-        return await trio.to_thread.run_sync(
+        return await self._offload(
             weights.verdict,
             spec,
             nodes,

@@ -41,6 +41,7 @@ from ktd.daemon.engine import Engine, PlacementLike
 from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.gate import Gatekeeper
 from ktd.daemon.loadhistory import LoadHistory
+from ktd.daemon.offload import Offload, to_thread
 from ktd.daemon.persist import Persister
 from ktd.daemon.placer import Placer
 from ktd.daemon.probe import Prober, ProbeResult
@@ -90,8 +91,10 @@ class Pool:
         log_dir: Path,
         publish: Publisher,
         state_path: Path | None = None,
+        offload: Offload = to_thread,
     ) -> None:
         self.config = config
+        self.offload = offload  # blocking work off the trio thread (``ktd.daemon.offload``)
         self.settings = config.daemon
         self.log_dir = log_dir
         self.publish = publish
@@ -130,6 +133,7 @@ class Pool:
             ticket=self._gate.ticket,
             update=self._gate.update,
             recall=lambda e, why: self._claims.recall(e, reason=why),
+            offload=offload,
         )
         self._persister = Persister(
             self.engines,
@@ -538,9 +542,9 @@ class Pool:
             raise ControlError(
                 ErrorCode.NOT_LOADED, f"{alias} is {engine.state}: no process to measure"
             )
-        pids = [pid for pid, _ in await trio.to_thread.run_sync(kill.members, run)]
-        gpu = await trio.to_thread.run_sync(meminfo.gpu_use, pids)
-        host = await trio.to_thread.run_sync(meminfo.host_use, pids)
+        pids = [pid for pid, _ in await self.offload(kill.members, run)]
+        gpu = await self.offload(meminfo.gpu_use, pids)
+        host = await self.offload(meminfo.host_use, pids)
         figures = await memory.read_memory(self.http, engine.url_for(run), key=run.api_key)
         residue = engine.gpu_residue or {}
         return p.EngineMemoryReply(

@@ -208,12 +208,12 @@ class Supervisor:
         where there is one: the CUDA context, buffers and graphs the saver kept)."""
         e = self.e
         e.backed_up = True
-        est = await trio.to_thread.run_sync(weights.estimate_spec, e.spec)
+        est = await self.host.offload(weights.estimate_spec, e.spec)
         e.host_bytes = fit.host_held(est, backed_up=True)
         run = e.run
         if run is not None:
-            pids = [pid for pid, _ in await trio.to_thread.run_sync(kill.members, run)]
-            e.gpu_residue = await trio.to_thread.run_sync(meminfo.gpu_use, pids)
+            pids = [pid for pid, _ in await self.host.offload(kill.members, run)]
+            e.gpu_residue = await self.host.offload(meminfo.gpu_use, pids)
             if e.gpu_residue:
                 kept = ", ".join(f"GPU {i}: {fit.gib(b)}" for i, b in sorted(e.gpu_residue.items()))
                 e.log.note(f"asleep, still held on its GPUs: {kept}")
@@ -462,9 +462,7 @@ class Supervisor:
         if keyed.config:
             key = keyed.user_key or enginekey.new_key()
             try:
-                key_file = await trio.to_thread.run_sync(
-                    self.host.key_dir.write, e.alias, key, admin
-                )
+                key_file = await self.host.offload(self.host.key_dir.write, e.alias, key, admin)
             except (OSError, UnsafeDir) as exc:
                 e.plan = None
                 why = exc.strerror if isinstance(exc, OSError) else str(exc)

@@ -54,8 +54,9 @@ PREFILL_CHUNK = 0.5
 class Pacer:
     """Token timing: ``KTD_SIM_PREFILL_TIME`` before the first token (a long kt prefill:
     the request is in no load snapshot meanwhile), then ``KTD_SIM_TOKEN_RATE`` tokens/s;
-    a hang stops the tokens too. A request begun before an ``abort_all`` (the pause
-    route's abort mode) raises ``Aborted`` at its next step."""
+    a hang stops the tokens too, and so does the test's closed gate (``KTD_SIM_HOLD``)
+    after the first token. A request begun before an ``abort_all`` (the pause route's
+    abort mode) raises ``Aborted`` at its next step."""
 
     def __init__(self, knobs: Knobs, state: ServerState) -> None:
         rate = knobs.token_rate
@@ -64,6 +65,7 @@ class Pacer:
         self.state = state
         self.next = 0.0
         self.epoch = state.abort_epoch
+        self.first = True
 
     def check(self) -> None:
         if self.state.abort_epoch != self.epoch:
@@ -73,6 +75,10 @@ class Pacer:
         self.check()
         if self.state.hung:
             await self.state.wait_unhung()
+        if not self.first:
+            await self.state.wait_gate()
+            self.check()
+        self.first = False
         while self.prefill > 0:  # chunked prefill: an abort lands between two chunks
             chunk = min(self.prefill, PREFILL_CHUNK)
             await trio.sleep(chunk)
@@ -208,7 +214,8 @@ class OpenAIServing:
         counts it (tokens, and the time to the first one from ``started``)."""
         if started is None:
             started = trio.current_time()
-        if not self.knobs.token_rate and not self.knobs.prefill_time and not self.state.hung:
+        quick = not (self.knobs.token_rate or self.knobs.prefill_time or self.knobs.hold)
+        if quick and not self.state.hung:
             self.state.first_token(trio.current_time() - started)
         else:
             pacer = Pacer(self.knobs, self.state)

@@ -87,7 +87,7 @@ class Lifecycle:
         self.knobs = knobs
         self.sched = sched
         self.rec = rec
-        self.state = ServerState()
+        self.state = ServerState(hold=knobs.hold)
         self.app = SimApp(args, knobs, self.state, die=self._scheduler_died)
         self.app.memory.on_change = lambda info: self.rec.write(memory=info)
         self.exit_code = 0

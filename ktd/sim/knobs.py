@@ -52,6 +52,10 @@ class Knobs:
     resume_time: float = 0.05  # KTD_SIM_RESUME_TIME
     resume_fail: bool = False  # KTD_SIM_RESUME_FAIL
     resume_hang: bool = False  # KTD_SIM_RESUME_HANG
+    # KTD_SIM_HOLD: a generation's tokens after its first wait until a test opens the
+    # sim's gate (``POST /sim/gate``): a stream that outlives whatever races it, for as
+    # long as the test needs and no longer (instead of a pace that outlasts it).
+    hold: bool = False
 
     def token_time(self) -> float:
         """Seconds one token takes: a /health check generates exactly one."""
@@ -118,5 +122,6 @@ class Knobs:
             resume_time=num("RESUME_TIME", cls.resume_time),
             resume_fail=flag("RESUME_FAIL"),
             resume_hang=flag("RESUME_HANG"),
+            hold=flag("HOLD"),
         )
         return knobs, warnings

@@ -144,6 +144,7 @@ class SimApp:
             "/continue_generation": {"POST": self.door.cont},
             "/flush_cache": {"GET": self.door.flush, "POST": self.door.flush},
             "/sim/stats": {"GET": self.stats},
+            "/sim/gate": {"POST": self.gate},
         }
 
     async def handle(self, req: Request) -> Reply:
@@ -284,3 +285,16 @@ class SimApp:
 
     async def stats(self, req: Request) -> Reply:
         return json_reply(self.state.stats.as_dict())
+
+    async def gate(self, req: Request) -> Reply:
+        """The test's gate (``KTD_SIM_HOLD``): ``{"open": true}`` lets every held
+        generation go on, ``false`` holds the next tokens again. Not SGLang's: ``/sim/``."""
+        try:
+            body = json.loads(req.body or b"{}")
+            open_ = body["open"]
+        except (ValueError, KeyError, TypeError):
+            return json_reply({"detail": 'expected {"open": true|false}'}, 400)
+        if not isinstance(open_, bool):
+            return json_reply({"detail": 'expected {"open": true|false}'}, 400)
+        self.state.set_gate(open_)
+        return json_reply({"open": open_})

@@ -58,7 +58,7 @@ REQUEST_TOKENS = 32
 
 
 class ServerState:
-    def __init__(self) -> None:
+    def __init__(self, *, hold: bool = False) -> None:
         self.status = STARTING
         self.stats = Stats()
         self.hung = False
@@ -78,6 +78,9 @@ class ServerState:
         self._unhung.set()
         self._idle = trio.Event()
         self._idle.set()
+        self._gate = trio.Event()  # KTD_SIM_HOLD: closed until a test opens it
+        if not hold:
+            self._gate.set()
 
     # -- hang (KTD_SIM_HANG_AFTER, SIGUSR1)
     def set_hung(self, hung: bool) -> None:
@@ -92,6 +95,16 @@ class ServerState:
     async def wait_unhung(self) -> None:
         while self.hung:
             await self._unhung.wait()
+
+    # -- the test's gate (KTD_SIM_HOLD)
+    def set_gate(self, open_: bool) -> None:
+        if open_:
+            self._gate.set()
+        elif self._gate.is_set():
+            self._gate = trio.Event()
+
+    async def wait_gate(self) -> None:
+        await self._gate.wait()
 
     # -- the scheduler's load count
     def in_scheduler(self) -> int:

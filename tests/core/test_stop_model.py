@@ -27,7 +27,7 @@ Invariants, after every step:
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -223,9 +223,12 @@ class StopModel(RuleBasedStateMachine):
         self.pending = None
         if isinstance(action, Done):
             self.done, self.done_at = action, self.now
-            # What the verdict is about: the world when it was given (processes may
-            # still die or fork after a stop has ended, as in the real world).
-            self.alive_at_done = [p for p in self.procs.values() if p.alive]
+            # What the verdict is about: the world when it was given, copied (processes
+            # may still die or fork after a stop has ended, as in the real world, and a
+            # death clears the record's ``exit_at``).
+            self.alive_at_done = [
+                replace(p, signals=list(p.signals)) for p in self.procs.values() if p.alive
+            ]
         elif isinstance(action, Send):
             if action.to is Target.SERVER:
                 assert seen.server, "SIGTERM to a server it saw gone"
@@ -345,3 +348,18 @@ StopModel.TestCase.settings = budget(
     max_examples=300, stateful_step_count=50, deadline=None, report_multiple_bugs=False
 )
 test_stop_machine = StopModel.TestCase
+
+
+def test_a_process_that_dies_after_the_stop_ended_leaves_its_verdict_true() -> None:
+    """The case hypothesis found against the model itself: a child SIGKILL takes 20 s to
+    reap outlives a 1 s kill bound (the stop ends saying so), then dies on its own; the
+    verdict is checked against the world as it was when it was given."""
+    m = StopModel()
+    m.setup(grace=0.0, follow=0.5, kill_bound=1.0, wrapper=False, server_dead=False,
+            server_ignores=False, drain=None, children=[(False, False, 20.0)],
+            pdeath_delay=0.0, start=0.0)  # fmt: skip
+    while m.done is None:
+        m.drive(1.0, None)  # type: ignore[arg-type]  (no draw before the stop ends)
+    assert m.done.left and m.done.killed
+    m.the_world_moves(fork=False, pick=1, ignores=False, pdeathsig=False)  # the child
+    m.teardown()

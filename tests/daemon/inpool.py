@@ -39,6 +39,7 @@ from ktd.daemon.engine import Engine
 from ktd.daemon.persist import FixedPlacement
 from ktd.daemon.pool import Pool
 from ktd.daemon.running import Running
+from tests.daemon.inprocess import inline
 from tests.fixtures.specs import kt_spec
 from tests.fixtures.topology import ONE_NODE
 
@@ -236,7 +237,7 @@ async def world(
         file=ConfigFile(daemon=DaemonSection(**settings)),
         models=specs,
     )
-    w = World(Pool(config, log_dir=tmp, publish=lambda topic, ev: w.check()), {})
+    w = World(Pool(config, log_dir=tmp, publish=lambda topic, ev: w.check(), offload=inline), {})
     w.pool.refresh_topology(ONE_NODE)
     port = 30000
     for alias, state in wanted:

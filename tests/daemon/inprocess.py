@@ -4,10 +4,10 @@ a test plays the supervisor (``move``) and the clients, on trio's virtual clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -21,6 +21,8 @@ from ktd.daemon.engine import Engine
 from ktd.daemon.gate import Gatekeeper
 from ktd.daemon.sweeper import Sweeper
 from tests.fixtures.specs import kt_spec
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -68,6 +70,13 @@ class Daemon:
         e = Engine(kt_spec(alias=alias, **spec), self.host)  # type: ignore[arg-type]
         self.host.engines[alias] = e
         return e
+
+
+async def inline(fn: Callable[..., T], /, *args: Any) -> T:
+    """The pool's blocking work run on the trio thread (``ktd.daemon.offload``): a worker
+    thread would let the autojumping virtual clock run on while it works, and
+    ``wait_all_tasks_blocked`` return before the work is done."""
+    return fn(*args)
 
 
 def move(e: Engine, state: S.State, *, want_up: bool | None = None) -> None:

@@ -20,7 +20,7 @@ from ktd.core.states import Phase, Step
 from ktd.daemon.engine import Busy, Engine
 from ktd.daemon.placer import Placer
 from ktd.daemon.running import Running
-from tests.daemon.inprocess import Daemon, move
+from tests.daemon.inprocess import Daemon, inline, move
 from tests.daemon.test_preflight import GIB, safetensors, sparse
 from tests.fixtures.topology import ONE_NODE, build_xeon, smi_script
 
@@ -35,6 +35,7 @@ class Placing:
             ticket=d.gate.ticket,
             update=d.gate.update,
             recall=lambda e, why: self.recalls.append((e.alias, why)),
+            offload=inline,
         )
         self.placer.refresh_topology(ONE_NODE)
         changed = d.host.engine_changed

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import ConfigWriter, engine_auth, sim_model, wait_for
 from tests.fixtures.topology import smi_engines_script
+from tests.stack import Stack, StackFactory
 
 
 def state(c: Any, alias: str) -> str:
@@ -33,10 +34,34 @@ def sleepy(alias: str, **over: Any) -> dict[str, Any]:
     return sim_model(alias, numa=[0], sleep=True, **over)
 
 
-def test_a_swap_puts_the_holder_to_sleep_and_a_request_wakes_it_in_place(
-    write_config: ConfigWriter, daemon_factory: Any
-) -> None:
-    d = daemon_factory(write_config([sleepy("a-kt"), sleepy("b-kt")]))
+# One daemon for the tests that neither kill, restart nor reconfigure it at start: each
+# has models of its own (a counter such as ``loads`` is then the test's alone).
+SHARED_MODELS = [
+    sleepy("a-kt"),
+    sleepy("b-kt"),
+    sleepy("s-kt"),
+    sim_model("plain-kt"),
+    sleepy("f-kt", env={"KTD_SIM_RESUME_FAIL": 1}),
+    sleepy("t-kt", ttl=0.5, sleep_ttl=1.5),
+    sim_model("race-kt"),
+    sleepy("p-kt", env={"KTD_SIM_SGLANG": "upstream", "KTD_SIM_PREFILL_TIME": 4}),
+    sleepy("adm-kt", kt={"extra_args": ["--admin-api-key", "ops-secret"]}),
+    sleepy("w-kt"),
+]
+
+
+@pytest.fixture(scope="module")
+def shared(stack_factory: StackFactory) -> Stack:
+    return stack_factory(SHARED_MODELS, with_frontend=False)
+
+
+@pytest.fixture
+def stack(shared: Stack) -> Stack:
+    return shared.reset()
+
+
+def test_a_swap_puts_the_holder_to_sleep_and_a_request_wakes_it_in_place(stack: Stack) -> None:
+    d = stack.daemon
     with d.client(timeout=60) as c:
         a = c.load("a-kt")
         assert a.sleep == "on" and "--enable-memory-saver" in a.argv
@@ -59,10 +84,8 @@ def test_a_swap_puts_the_holder_to_sleep_and_a_request_wakes_it_in_place(
         assert "asleep: GPU memory released" in log and "awake" in log
 
 
-def test_ktctl_sleep_and_wake_and_a_model_without_sleep(
-    write_config: ConfigWriter, daemon_factory: Any
-) -> None:
-    d = daemon_factory(write_config([sleepy("s-kt"), sim_model("plain-kt")]))
+def test_ktctl_sleep_and_wake_and_a_model_without_sleep(stack: Stack) -> None:
+    d = stack.daemon
     with d.client(timeout=60) as c:
         c.load("s-kt")
         r = d.ktctl("sleep", "--json", "s-kt")
@@ -80,11 +103,11 @@ def test_ktctl_sleep_and_wake_and_a_model_without_sleep(
 
 
 def test_a_wake_whose_resume_fails_stops_it_says_why_and_the_next_load_is_cold(
-    write_config: ConfigWriter, daemon_factory: Any
+    stack: Stack,
 ) -> None:
     from ktctl import KtdError
 
-    d = daemon_factory(write_config([sleepy("f-kt", env={"KTD_SIM_RESUME_FAIL": 1})]))
+    d = stack.daemon
     with d.client(timeout=60) as c:
         first = c.load("f-kt")
         c.sleep("f-kt")
@@ -96,10 +119,8 @@ def test_a_wake_whose_resume_fails_stops_it_says_why_and_the_next_load_is_cold(
         assert again.pid != first.pid and again.state == "ready"
 
 
-def test_the_idle_ttl_puts_it_to_sleep_and_the_sleep_ttl_stops_it(
-    write_config: ConfigWriter, daemon_factory: Any
-) -> None:
-    d = daemon_factory(write_config([sleepy("t-kt", ttl=0.5, sleep_ttl=1.5)]))
+def test_the_idle_ttl_puts_it_to_sleep_and_the_sleep_ttl_stops_it(stack: Stack) -> None:
+    d = stack.daemon
     with d.client(timeout=60) as c:
         c.load("t-kt")
         wait_for(lambda: state(c, "t-kt") == "asleep", timeout=20, what="ttl sleep")
@@ -127,25 +148,23 @@ def test_kill9_of_ktd_readopts_an_asleep_engine_asleep_and_unprobed(
         assert server_info(before.port)["generations_while_released"] == 0
 
 
-def test_an_evict_a_load_overtakes_answers_at_once_saying_so(
-    write_config: ConfigWriter, daemon_factory: Any
-) -> None:
+def test_an_evict_a_load_overtakes_answers_at_once_saying_so(stack: Stack) -> None:
     """Issue 31, item 3: ``evict m`` and ``load m`` sent together: the load answered
     ready at once and the evict never answered. Both now answer at once: the load ready,
     the evict ``busy`` saying a load overtook it (or, if the stop had begun, evicted)."""
     import msgspec
     import zmq
 
-    d = daemon_factory(write_config([sim_model("race-kt")]))
+    d = stack.daemon
     with d.client(timeout=60) as c:
         c.load("race-kt")
-    s = zmq.Context.instance().socket(zmq.DEALER)
+    s: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(f"ipc://{d.socket}")
     try:
         s.send(msgspec.msgpack.encode({"op": "evict", "id": 1, "alias": "race-kt"}))
         s.send(msgspec.msgpack.encode({"op": "load", "id": 2, "alias": "race-kt"}))
-        replies = {}
+        replies: dict[int, dict[str, Any]] = {}
         poller = zmq.Poller()
         poller.register(s, zmq.POLLIN)
         while len(replies) < 2 and poller.poll(30_000):
@@ -188,16 +207,13 @@ def test_a_reload_or_a_shutdown_stops_an_asleep_engine_without_a_wake(
     assert not engine_procs()
 
 
-def test_a_request_the_load_count_misses_never_meets_a_release(
-    write_config: ConfigWriter, daemon_factory: Any
-) -> None:
+def test_a_request_the_load_count_misses_never_meets_a_release(stack: Stack) -> None:
     """Issue 40: upstream SGLang's ``/v1/loads`` shows a request only once its prefill has
     ended, and a release with it in the scheduler takes the server down. A request ktd
     never saw (straight to the engine: a router's, a client that kept the key) in a long
     prefill: ktd closes SGLang's door, the request is aborted there, the scheduler proves
     idle, then the release. (Before: one zero reading, the release, the server dead.)"""
-    env = {"KTD_SIM_SGLANG": "upstream", "KTD_SIM_PREFILL_TIME": 4}
-    d = daemon_factory(write_config([sleepy("p-kt", env=env)]))
+    d = stack.daemon
     with d.client(timeout=60) as c:
         e = c.load("p-kt")
         base = f"http://127.0.0.1:{e.port}"
@@ -256,14 +272,12 @@ def test_a_ktd_killed_during_the_release_adopts_the_engine_asleep_and_never_prob
 
 
 def test_a_users_admin_key_is_carried_to_the_sleep_calls_and_kept_off_the_command_line(
-    write_config: ConfigWriter, daemon_factory: Any
+    stack: Stack,
 ) -> None:
     """Issue 40: with ``--admin-api-key`` SGLang's admin-level routes (release, resume,
     the fence's pause, flush and continue) want that key alone: a sleep answered 401 and
     the engine was stopped. ktd carries the user's admin key, from the 0600 key file."""
-    d = daemon_factory(
-        write_config([sleepy("adm-kt", kt={"extra_args": ["--admin-api-key", "ops-secret"]})])
-    )
+    d = stack.daemon
     with d.client(timeout=60) as c:
         e = c.load("adm-kt")
         assert "ops-secret" not in " ".join(e.argv)
@@ -274,15 +288,13 @@ def test_a_users_admin_key_is_carried_to_the_sleep_calls_and_kept_off_the_comman
         assert "ops-secret" not in "\n".join(c.logs("adm-kt", 500))
 
 
-def test_a_lease_holders_key_cannot_release_resume_or_open_the_door(
-    write_config: ConfigWriter, daemon_factory: Any
-) -> None:
+def test_a_lease_holders_key_cannot_release_resume_or_open_the_door(stack: Stack) -> None:
     """Issue 40: lease clients keep the engine's URL and key after their lease ends. ktd
     withholds what they could misuse: the engine runs with an admin key of ktd's own (in
     its 0600 key file), which SGLang's release, resume, pause, flush and continue want;
     the key a lease carries is for generations, which wait at the closed door while the
     engine sleeps."""
-    d = daemon_factory(write_config([sleepy("w-kt")]))
+    d = stack.daemon
     with d.client(timeout=60) as c:
         lease = c.acquire("w-kt", "a-tool")
         base, key = lease.url, lease.api_key

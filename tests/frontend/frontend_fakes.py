@@ -11,6 +11,7 @@ import itertools
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -18,6 +19,7 @@ import msgspec
 import trio
 import zmq
 
+from ktd import paths
 from ktd import protocol as p
 from ktd.control.zmqtrio import Frames, TrioSocket
 
@@ -234,9 +236,35 @@ class StatusDaemon(FakeDaemon):
         self.machine = p.MachineReply()
         self.estimate: dict[str, Any] = {}
         self.refuse: dict[str, tuple[str, str]] = {}
+        self._events: TrioSocket | None = None
 
     def put(self, engine: p.EngineInfo) -> None:
+        """Set an engine as it is now, and say so on the events socket as ktd does (a
+        page sees the change at once, not at the dashboard's next status refresh)."""
         self.engines[engine.alias] = engine
+        if self._events is not None:
+            event = p.Event(
+                topic="engine", time=time.time(), alias=engine.alias, state=engine.state
+            )
+            self._events.send([f"engine.{engine.alias}".encode(), msgspec.msgpack.encode(event)])
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The control socket, and the events socket beside it where ktd has it (an XPUB
+        that greets each subscription with ``WELCOME``)."""
+        raw: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.XPUB)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.setsockopt(zmq.XPUB_WELCOME_MSG, p.WELCOME)
+        control = Path(self.endpoint.removeprefix("ipc://"))
+        raw.bind(paths.endpoint(paths.events_path(control)))
+        self._events = TrioSocket(raw, lambda frames: None)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._events.run)
+                await nursery.start(super().run)
+                task_status.started()
+        finally:
+            self._events.close()
+            self._events = None
 
     def _on_message(self, frames: Frames) -> None:
         if self.mute:
@@ -293,7 +321,7 @@ class StatusDaemon(FakeDaemon):
             e = msgspec.structs.replace(e, asleep_since=time.time(), host_bytes=8 << 30)
         else:
             e = msgspec.structs.replace(e, asleep_since=None, host_bytes=None)
-        self.engines[alias] = e
+        self.put(e)
         return e
 
 

@@ -1,8 +1,11 @@
 """The claim protocol's races, with the real ``ktd serve``, ``ktd frontend`` and sim engines.
 
 Each test is one race of ``ktd.daemon.claimtable``'s analysis. Nothing depends on a
-timing margin: streams are paced so that they outlive the step that races them,
-and every wait is for a state the test can see (a phase, a count in status).
+timing margin: a stream is held by its sim after its first token (``KTD_SIM_HOLD``)
+until the test opens the sim's gate, so it outlives the step that races it however
+slow the box, and every wait is for a state the test can see (a phase, a count in
+status). What a test pauses for (a ``SIGSTOP`` past ``lease_ttl``, a TTL after it) is
+the time the daemon must not act in, not a guess at how long something takes.
 """
 
 from __future__ import annotations
@@ -83,30 +86,56 @@ def launch(write_config: Any, daemon_factory: Any, frontend_factory: Any) -> Any
     return start
 
 
-def streaming(launch: Any, rate: float, tokens: int, **daemon: Any) -> tuple[Any, Any, Stream]:
-    """One model ``m`` (``ttl`` from ``daemon`` goes to the model) and one stream on it,
-    running and reported in flight when this returns."""
+HELD = {"KTD_SIM_HOLD": 1}  # each stream waits after its first token for open_gate()
+
+
+def streaming(
+    launch: Any, tokens: int, env: dict[str, Any] | None = None, **daemon: Any
+) -> tuple[Any, Any, Stream]:
+    """One model ``m`` whose streams are held (``ttl`` from ``daemon`` goes to the model)
+    and one stream on it, running and reported in flight when this returns."""
     model = {"ttl": daemon.pop("ttl")} if "ttl" in daemon else {}
-    d, fe = launch([sim_model("m", env={"KTD_SIM_TOKEN_RATE": rate}, **model)], **daemon)
-    stream = Stream(fe.url, "m", tokens)
-    assert stream.started.wait(60) and stream.error is None
-    wait_for(lambda: status(d)["m"]["in_flight"] == 1, what="in flight reported")
+    d, fe = launch([sim_model("m", env={**HELD, **(env or {})}, **model)], **daemon)
+    stream = held_stream(d, fe, tokens)
     return d, fe, stream
 
 
+def held_stream(daemon: Any, fe: Any, tokens: int) -> Stream:
+    stream = Stream(fe.url, "m", tokens)
+    assert stream.started.wait(60) and stream.error is None
+    wait_for(lambda: status(daemon)["m"]["in_flight"] == 1, what="in flight reported")
+    return stream
+
+
+def open_gate(daemon: Any) -> None:
+    """Let the held streams of ``m``'s engine go on (the sim's own route, not SGLang's)."""
+    port = status(daemon)["m"]["port"]
+    r = httpx.post(f"http://127.0.0.1:{port}/sim/gate", json={"open": True}, timeout=30)
+    r.raise_for_status()
+
+
+def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    return t, out
+
+
 def test_evict_lets_a_running_stream_end_and_queues_the_next_request(launch: Any) -> None:
-    daemon, fe, stream = streaming(launch, 20, 60, drain_timeout=120)  # 3 s
-    evicted: list[Any] = []
-    evicting = threading.Thread(target=lambda: evicted.append(daemon.ktctl("evict", "m")))
-    evicting.start()
+    daemon, fe, stream = streaming(launch, 60, drain_timeout=120)
+    evicting, evicted = in_thread(lambda: daemon.ktctl("evict", "m"))
     wait_for(lambda: status(daemon)["m"]["state"] == "draining", what="draining")
     # Arrived after the recall: not routed to the draining engine; it waits, reloads.
-    assert chat(fe.url) == 200
+    asking, answer = in_thread(lambda: chat(fe.url))
+    wait_for(lambda: status(daemon)["m"]["queued"] == 1, what="the request waiting")
+    assert not answer and evicting.is_alive()  # both wait for the held stream
+    open_gate(daemon)
     stream.join()
     evicting.join(60)
+    asking.join(60)
     assert evicted[0].returncode == 0, evicted[0].stderr
     assert stream.done and stream.tokens == 60  # the stream was never cut
-    assert status(daemon)["m"]["loads"] == 2
+    assert answer == [200] and status(daemon)["m"]["loads"] == 2
 
 
 def test_ttl_never_fires_between_back_to_back_requests(launch: Any) -> None:
@@ -126,24 +155,27 @@ def test_ttl_never_fires_between_back_to_back_requests(launch: Any) -> None:
 def test_daemon_kill9_with_a_stream_running_keeps_the_stream_and_its_claim(
     launch: Any,
 ) -> None:
-    # 5 s: it must still run when the restarted daemon answers (asserted below).
-    daemon, _, stream = streaming(launch, 10, 50, drain_timeout=120, lease_ttl=6)
+    daemon, _, stream = streaming(launch, 50, drain_timeout=120, lease_ttl=6)
     pid = status(daemon)["m"]["pid"]
     daemon.stop(signal.SIGKILL)
     daemon.start()
     e = status(daemon)["m"]
     assert e["pid"] == pid and e["claims"] == 1 and e["in_flight"] >= 1  # restored: busy
     # A non-forced evict right away must wait for the stream, which was never cut.
-    res = daemon.ktctl("evict", "m", timeout=120)
-    assert res.returncode == 0, res.stderr
+    evicting, evicted = in_thread(lambda: daemon.ktctl("evict", "m", timeout=120))
+    wait_for(lambda: status(daemon)["m"]["state"] == "draining", what="draining")
+    assert evicting.is_alive()
+    open_gate(daemon)
+    evicting.join(120)
+    assert evicted[0].returncode == 0, evicted[0].stderr
     stream.join()
     assert stream.done and stream.tokens == 50
 
 
 def test_a_daemon_stopped_past_lease_ttl_expires_no_claim(launch: Any) -> None:
     # ttl 1: were the claim expired, the idle TTL would kill the engine mid-stream, which
-    # runs 6 s: the 3 s pause and 3 s after it, three TTLs to cut it.
-    daemon, _, stream = streaming(launch, 10, 60, ttl=1, lease_ttl=1)
+    # runs through the 3 s pause and two TTLs after it.
+    daemon, _, stream = streaming(launch, 60, ttl=1, lease_ttl=1)
     assert daemon.proc is not None
     os.kill(daemon.proc.pid, signal.SIGSTOP)
     try:
@@ -152,13 +184,15 @@ def test_a_daemon_stopped_past_lease_ttl_expires_no_claim(launch: Any) -> None:
         os.kill(daemon.proc.pid, signal.SIGCONT)
     e = status(daemon)["m"]
     assert e["state"] == "ready" and e["claims"] == 1
+    time.sleep(2 * 1)  # two TTLs of a held stream: the time the TTL must not act in
+    open_gate(daemon)
     stream.join()
     assert stream.done and stream.tokens == 60
     assert status(daemon)["m"]["evictions"] == 0
 
 
 def test_a_dead_frontend_s_claims_expire_and_the_engine_stays(launch: Any) -> None:
-    daemon, fe, stream = streaming(launch, 5, 1000, lease_ttl=1)
+    daemon, fe, stream = streaming(launch, 1000, lease_ttl=1)
     assert status(daemon)["m"]["claims"] == 1
     fe.stop(signal.SIGKILL)
     wait_for(
@@ -256,21 +290,21 @@ def test_a_daemon_paused_after_a_restart_and_a_reload_never_ttl_evicts_a_stream(
     """The issue's case: ``kill -9`` and restart of ktd, an evict and a new load of the
     model, then SIGSTOP for 3 s with ``lease_ttl`` 2 and ``ttl`` 2 while a stream runs.
     (The issue's own figures were 7 s, 5 and 3: the same ratios, half the wait.)"""
-    daemon, fe = launch([sim_model("m", env={"KTD_SIM_TOKEN_RATE": 10}, ttl=2)], lease_ttl=2)
+    daemon, fe = launch([sim_model("m", env=HELD, ttl=2)], lease_ttl=2)
     assert chat(fe.url) == 200
     daemon.stop(signal.SIGKILL)
     daemon.start()
     assert daemon.ktctl("evict", "m").returncode == 0
     assert daemon.ktctl("load", "m").returncode == 0
-    stream = Stream(fe.url, "m", 70)  # 7 s: the pause, and more than a TTL after it
-    assert stream.started.wait(60) and stream.error is None
-    wait_for(lambda: status(daemon)["m"]["in_flight"] == 1, what="in flight reported")
+    stream = held_stream(daemon, fe, 70)
     assert daemon.proc is not None
     os.kill(daemon.proc.pid, signal.SIGSTOP)
     try:
         time.sleep(3)  # longer than lease_ttl and the TTL: the pause is the point
     finally:
         os.kill(daemon.proc.pid, signal.SIGCONT)
+    time.sleep(2.5)  # and more than a TTL after it, the stream still held
+    open_gate(daemon)
     stream.join()
     assert stream.done and stream.tokens == 70
     e = status(daemon)["m"]
@@ -279,15 +313,20 @@ def test_a_daemon_paused_after_a_restart_and_a_reload_never_ttl_evicts_a_stream(
 
 def test_an_evict_while_a_restarted_daemon_adopts_drains_the_streams(launch: Any) -> None:
     """Regression: an engine adopted after ``kill -9`` of ktd is ``starting`` until the new
-    daemon has seen it healthy (here its /health costs 2 s: one token at 0.5 tokens/s),
-    and an evict in that window killed it at once, cutting the streams it was serving."""
-    daemon, _, stream = streaming(launch, 0.5, 4, drain_timeout=120, lease_ttl=30)  # 8 s
+    daemon has seen it healthy (here its /health costs 2 s), and an evict in that window
+    killed it at once, cutting the streams it was serving."""
+    slow_health = {"KTD_SIM_HEALTH_TIME": 2}
+    daemon, _, stream = streaming(launch, 4, slow_health, drain_timeout=120, lease_ttl=30)
     daemon.stop(signal.SIGKILL)
     daemon.start()
     e = status(daemon)["m"]
     assert e["state"] == "starting" and e["claims"] == 1  # adopting, its claim restored
-    res = daemon.ktctl("evict", "m", timeout=120)
-    assert res.returncode == 0, res.stderr
+    evicting, evicted = in_thread(lambda: daemon.ktctl("evict", "m", timeout=120))
+    wait_for(lambda: status(daemon)["m"]["state"] == "draining", what="draining")
+    assert evicting.is_alive() and not stream.done
+    open_gate(daemon)
+    evicting.join(120)
+    assert evicted[0].returncode == 0, evicted[0].stderr
     stream.join()
     assert stream.done and stream.tokens == 4
 
@@ -296,13 +335,14 @@ def test_a_stalled_frontends_live_stream_is_never_cut_by_the_idle_ttl(launch: An
     """Issue 31, item 4: the frontend stopped (SIGSTOP: swapped out, starved) past
     ``lease_ttl`` loses its claim; the TTL then judged the engine idle and evicted it
     under a live stream. The TTL now asks the engine's own ``/v1/loads`` last."""
-    # 7 s: the pause, and more than a TTL after it.
-    daemon, fe, stream = streaming(launch, 10, 70, ttl=1, lease_ttl=2)
+    daemon, fe, stream = streaming(launch, 70, ttl=1, lease_ttl=2)
     os.kill(fe.proc.pid, signal.SIGSTOP)
     try:
         time.sleep(4)  # past lease_ttl and the TTL
     finally:
         os.kill(fe.proc.pid, signal.SIGCONT)
+    time.sleep(1.5)  # and more than a TTL after it, the stream still held
+    open_gate(daemon)
     stream.join()
     assert stream.done and stream.tokens == 70
     e = status(daemon)["m"]

@@ -3,8 +3,9 @@ add, remove, edit, history, rollback, hand edits seen at reload, and every bad i
 answered with a clear error naming the field while the files, the running config and
 the engines stay as they were.
 
-One daemon for the module (its tests change its config one after the other, each from
-what the one before left: every test reads the version first); the full-disk test runs
+One daemon for the module, put back before each test to the module's models.json with
+every engine stopped, through the public path (pytest-xdist hands the tests out one by
+one, in any order); the full-disk test runs
 its own daemon with its config on a 64 KiB tmpfs in a mount namespace of its own.
 """
 
@@ -38,8 +39,9 @@ def no_leaked_processes() -> Iterator[None]:
     yield
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def _module_leaks() -> Iterator[None]:
+    """After the module's daemon is stopped: nothing of it left."""
     yield
     fail_on_leaks("module", 10.0)
 
@@ -50,6 +52,7 @@ class Box:
         self.daemon = daemon
         self.models = root / "etc" / "models.json"
         self.config = root / "etc" / "config.json"
+        self.original = self.models.read_text()
 
     @property
     def socket(self) -> str:
@@ -90,7 +93,7 @@ def box_env(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def box() -> Iterator[Box]:
+def box(_module_leaks: None) -> Iterator[Box]:
     root = Path(tempfile.mkdtemp(prefix="ktd-cfg-", dir="/tmp"))
     models = [
         sim_model("alpha"),
@@ -104,6 +107,26 @@ def box() -> Iterator[Box]:
     finally:
         daemon.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _from_the_original(request: pytest.FixtureRequest) -> None:
+    """The shared daemon as the module started it: every engine stopped, the original
+    models.json applied when a test changed it."""
+    if "box" not in request.fixturenames:
+        return
+    box: Box = request.getfixturevalue("box")
+    with box.client() as c:
+        if any(e.state != "stopped" for e in c.status()):
+            c.evict(all=True, force=True)
+        if box.models.read_text() != box.original:
+            c.config_apply(models_text=box.original)
+    wait_for(
+        lambda: all(e["state"] == "stopped" for e in box.daemon.engines().values()),
+        timeout=30,
+        what="every engine stopped",
+    )
+    assert box.models.read_text() == box.original
 
 
 def ktctl(capsys: pytest.CaptureFixture[str], box: Box, *argv: str) -> tuple[int, str, str]:

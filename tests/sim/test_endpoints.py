@@ -308,3 +308,34 @@ def test_http_edge_cases(sim: SimProc) -> None:
         for _ in range(3):
             assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 200
     assert httpx.get(sim.url("/health")).status_code == 200
+
+
+def test_the_hold_gate_keeps_streams_after_their_first_token_until_opened(
+    sim_factory: Callable[..., SimProc],
+) -> None:
+    """``KTD_SIM_HOLD``: the harness's stream that outlives what races it (the sim's own
+    ``/sim/gate``, not SGLang's): the first token goes out, the next wait for the gate;
+    ``/health`` (one token) and one-token requests are never held."""
+    from tests.sim.test_memory import in_background
+
+    sim = sim_factory(env={"KTD_SIM_LOAD_TIME": "0.05", "KTD_SIM_HOLD": "1"}, served=SERVED)
+    sim.wait_ready()
+    seen: list[str] = []
+
+    def stream() -> httpx.Response:
+        body = chat_body(max_tokens=5, stream=True)
+        with httpx.stream("POST", sim.url("/v1/chat/completions"), json=body, timeout=60) as r:
+            seen.extend(line for line in r.iter_lines() if line)
+            return r
+
+    answer = in_background(stream)
+    wait_until(lambda: any('"content":"' in x and '"content":""' not in x for x in seen), 10, "1st")
+    assert httpx.get(sim.url("/health"), timeout=5).status_code == 200
+    one = httpx.post(sim.url("/v1/chat/completions"), json=chat_body(max_tokens=1), timeout=5)
+    assert one.status_code == 200
+    assert not answer.done() and httpx.get(sim.url("/sim/stats")).json()["active"] == 1
+    bad = httpx.post(sim.url("/sim/gate"), json={"open": "yes"}, timeout=5)
+    assert bad.status_code == 400
+    assert httpx.post(sim.url("/sim/gate"), json={"open": True}, timeout=5).json() == {"open": True}
+    assert answer.result(timeout=30).status_code == 200 and seen[-1] == "data: [DONE]"
+    assert sum('"content":"' in x and '"content":""' not in x for x in seen) == 5

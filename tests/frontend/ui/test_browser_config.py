@@ -41,8 +41,9 @@ def no_leaked_processes() -> Iterator[None]:
     yield
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def _module_leaks() -> Iterator[None]:
+    """After the module's stack is stopped: nothing of it left."""
     yield
     fail_on_leaks("module", 10.0)
 
@@ -53,6 +54,7 @@ class Stack:
         self.daemon = daemon
         self.frontend = frontend
         self.models = root / "etc" / "models.json"
+        self.original = self.models.read_text()
 
     @property
     def url(self) -> str:
@@ -71,7 +73,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack(_module_leaks: None) -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix="ktd-uicfg-", dir="/tmp"))
     etc = root / "etc"
     etc.mkdir()
@@ -105,6 +107,18 @@ def stack() -> Iterator[Stack]:
         frontend.stop()
         daemon.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _from_the_original(stack: Stack) -> None:
+    """Each test starts from the module's models.json, put back through the public
+    path (a config apply) when an earlier test changed it: the tests run in any order
+    (pytest-xdist's worksteal hands them out one by one)."""
+    if stack.models.read_text() != stack.original:
+        path = stack.root / "original.json"
+        path.write_text(stack.original)
+        stack.ktctl("config", "apply", str(path), "--yes")
+    assert stack.models.read_text() == stack.original
 
 
 def open_editor(b: Browser, stack: Stack, alias: str = "alpha") -> None:
@@ -232,7 +246,7 @@ def test_a_second_browser_that_changed_the_config_meanwhile_makes_the_first_stal
         open_editor(first, stack, "beta")
         open_editor(second, stack, "beta")
         fill(first, "ttl", "22")
-        assert "ttl: 300 → 22" in plan(first)
+        assert "ttl: 600 → 22" in plan(first)
         fill(second, "ttl", "11")
         plan(second)
         apply(second)

@@ -193,9 +193,7 @@ async def test_asleep_cards_the_machine_and_the_buttons_in_a_browser(
 
     # Sleeping and waking: the state shown as it is, between the two.
     for state in ("sleeping", "waking"):
-        daemon.engines["alpha"] = p.EngineInfo(
-            alias="alpha", state=state, sleep="on", phase=f"{state} (fake)"
-        )
+        daemon.put(p.EngineInfo(alias="alpha", state=state, sleep="on", phase=f"{state} (fake)"))
 
         def shown(state: str = state) -> None:
             b.wait(state, lambda: b.card_state("alpha") == state)
