@@ -19,8 +19,8 @@ from ktd.core.command import ENGINE_MARK
 from ktd.daemon import proctree
 from tests.conftest import marked_processes, sim_model, wait_for
 
-TOKENS = 40
-RATE = 10  # tokens/s: the stream runs 4 s, most of it after the SIGTERM
+TOKENS = 20
+RATE = 10  # tokens/s: the stream runs 2 s, most of it after the 0.5 s drain bound
 
 
 def read_stream(url: str, out: dict[str, Any], started: threading.Event) -> None:
