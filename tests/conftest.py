@@ -181,6 +181,15 @@ TLS = ssl.create_default_context()
 RECHECK = 0.2
 
 
+@pytest.fixture(scope="module")
+def shared_marker() -> Iterator[str]:
+    """The leak-check marker for processes a module starts once and shares among its
+    tests (``SHARED``: the per-test check leaves them alone). The module fails if one of
+    them outlives the fixtures that asked for it (torn down before this one)."""
+    yield SHARED
+    fail_on_leaks("module's shared processes", 10.0, shared=True)
+
+
 def wait_for(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:
     """Poll ``pred`` until it returns something truthy; that value is returned.
 

@@ -50,7 +50,6 @@ from tests.conftest import (
     SHARED,
     ConfigWriter,
     DaemonProc,
-    fail_on_leaks,
     marked_processes,
     own_env,
     wait_for,
@@ -129,7 +128,9 @@ StackFactory = Callable[..., Stack]
 
 
 @pytest.fixture(scope="module")
-def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackFactory]:
+def stack_factory(
+    tmp_path_factory: pytest.TempPathFactory, shared_marker: str
+) -> Iterator[StackFactory]:
     """``stack_factory(models, daemon=..., frontend=..., with_frontend=True, env=...)`` → a
     started ``Stack`` for the module (``env``: more variables for its processes, e.g. a
     fixture machine's ``KTD_SYSFS_ROOT``); stopped after the module's last test, then the module's
@@ -153,7 +154,7 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackFac
         run = Path(tempfile.mkdtemp(prefix="ktd-", dir="/tmp"))  # short: an ipc path
         dirs.append(run)
         env = own_env()
-        env[MARK] = SHARED
+        env[MARK] = shared_marker
         env["KTD_RUNTIME_DIR"] = str(run / "run")
         env["KTD_STATE_DIR"] = str(root / "state")
         env["PYTHONPATH"] = str(REPO)
@@ -189,4 +190,3 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackFac
         stack.stop()
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
-    fail_on_leaks("module's shared stack", 10.0, shared=True)

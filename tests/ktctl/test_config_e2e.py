@@ -28,22 +28,9 @@ from ktctl import Client, KtdError
 from ktctl.cli import main
 from ktd import protocol as p
 from ktd.core import configtext
-from tests.conftest import DaemonProc, fail_on_leaks, own_env, sim_model, wait_for
+from tests.conftest import MARK, DaemonProc, own_env, sim_model, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """Per test: nothing (the module's daemon lives across its tests); see _module_leaks."""
-    yield
-
-
-@pytest.fixture(scope="module")
-def _module_leaks() -> Iterator[None]:
-    """After the module's daemon is stopped: nothing of it left."""
-    yield
-    fail_on_leaks("module", 10.0)
 
 
 class Box:
@@ -93,7 +80,7 @@ def box_env(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def box(_module_leaks: None) -> Iterator[Box]:
+def box(shared_marker: str) -> Iterator[Box]:
     root = Path(tempfile.mkdtemp(prefix="ktd-cfg-", dir="/tmp"))
     models = [
         sim_model("alpha"),
@@ -101,7 +88,8 @@ def box(_module_leaks: None) -> Iterator[Box]:
         sim_model("slow", env={"KTD_SIM_LOAD_TIME": "120"}),
     ]
     cfg = write_config(root / "etc", models)
-    daemon = DaemonProc(config=cfg, env=box_env(root), log_path=root / "ktd.log").start()
+    env = {**box_env(root), MARK: shared_marker}
+    daemon = DaemonProc(config=cfg, env=env, log_path=root / "ktd.log").start()
     try:
         yield Box(root, daemon)
     finally:

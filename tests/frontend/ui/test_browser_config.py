@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from ktd.core import configtext
-from tests.conftest import DaemonProc, fail_on_leaks, own_env, sim_model, wait_for
+from tests.conftest import MARK, DaemonProc, own_env, sim_model, wait_for
 from tests.frontend.conftest import FrontendProc, wait_http
 from tests.frontend.frontend_helpers import free_port
 from tests.frontend.ui.conftest import Browser
@@ -33,19 +33,6 @@ OPS, VIEWER = "sk-cfg-ops", "sk-cfg-viewer"
 KEYS = [{"name": "ops", "key": OPS, "admin": True}, {"name": "viewer", "key": VIEWER}]
 SECRET = "hf_a-secret-token-41"
 PAYLOAD = '"><img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """Per test: nothing (the module's daemon and frontend live across its tests)."""
-    yield
-
-
-@pytest.fixture(scope="module")
-def _module_leaks() -> Iterator[None]:
-    """After the module's stack is stopped: nothing of it left."""
-    yield
-    fail_on_leaks("module", 10.0)
 
 
 class Stack:
@@ -73,7 +60,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(_module_leaks: None) -> Iterator[Stack]:
+def stack(shared_marker: str) -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix="ktd-uicfg-", dir="/tmp"))
     etc = root / "etc"
     etc.mkdir()
@@ -89,6 +76,7 @@ def stack(_module_leaks: None) -> Iterator[Stack]:
     (etc / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     env = own_env()
     env.update(KTD_RUNTIME_DIR=str(root / "run"), KTD_STATE_DIR=str(root / "state"))
+    env[MARK] = shared_marker
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     daemon = DaemonProc(config=etc / "config.json", env=env, log_path=root / "ktd.log").start()
     port = free_port()
