@@ -52,7 +52,6 @@ from ktd.core.config import (
 from ktd.core.configplan import Moving, SpecFacts
 from ktd.core.placecheck import check_placements
 from ktd.core.placement import Plan
-from ktd.core.reload import Existing
 from ktd.core.sglang_options import Catalog
 from ktd.core.topology import Topology
 from ktd.daemon import configfiles, preflight
@@ -308,17 +307,7 @@ class ConfigDesk:
             )
         engines = self.pool.engines
         facts = await self._facts(configplan.judged(self.config, new))
-        views = {
-            alias: Existing(
-                spec=e.spec,
-                state=e.state,
-                in_flight=e.in_flight(),
-                retired=e.retired,
-                finished=e.finished,
-                restart_pending=e.pending_spec is not None,
-            )
-            for alias, e in engines.items()
-        }
+        views = {alias: e.existing() for alias, e in engines.items()}
         return configplan.plan_change(
             self.config,
             new,

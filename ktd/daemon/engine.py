@@ -26,6 +26,7 @@ from ktd.core.claimsync import ClaimRec
 from ktd.core.config import DaemonSection, ModelSpec
 from ktd.core.expiry import IdleView, ttl_due
 from ktd.core.lifecycle import Want
+from ktd.core.reload import Existing
 from ktd.core.restart import RestartBudget, retry_delay
 from ktd.core.sglang_options import Catalog
 from ktd.core.states import Phase, State, Step
@@ -247,6 +248,17 @@ class Engine:
     def in_flight(self) -> int:
         """Requests in flight: acquire leases, and what the claims' holders report."""
         return len(self.leases) + sum(c.counts_as for c in self.claims.values())
+
+    def existing(self) -> Existing:
+        """What a reload's or a config change's diff reads of it."""
+        return Existing(
+            spec=self.spec,
+            state=self.state,
+            in_flight=self.in_flight(),
+            retired=self.retired,
+            finished=self.finished,
+            restart_pending=self.pending_spec is not None,
+        )
 
     def holds_resources(self) -> bool:
         """It holds its NUMA nodes' CPUs and its GPUs now (``ktd.core.states.holds``)."""

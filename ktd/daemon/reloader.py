@@ -14,7 +14,7 @@ from typing import Any
 
 from ktd.core import states as S
 from ktd.core.config import ModelSpec
-from ktd.core.reload import Existing, plan_reload
+from ktd.core.reload import plan_reload
 from ktd.daemon.engine import Engine
 
 StartSoon = Callable[..., Any]  # the pool's nursery.start_soon (a no-op before it runs)
@@ -43,17 +43,7 @@ class Reloader:
     def apply(self, served: dict[str, ModelSpec]) -> str:
         """Take the engines to the new config's served models; the reload's summary."""
         self._forget_probes()  # a venv may have been upgraded: the next launch probes again
-        views = {
-            alias: Existing(
-                spec=e.spec,
-                state=e.state,
-                in_flight=e.in_flight(),
-                retired=e.retired,
-                finished=e.finished,
-                restart_pending=e.pending_spec is not None,
-            )
-            for alias, e in self.engines.items()
-        }
+        views = {alias: e.existing() for alias, e in self.engines.items()}
         plan = plan_reload(views, served)
         for change in plan.changes:
             self._apply(change.alias, change.kind, change.spec, change.schedule_restart)
