@@ -28,10 +28,10 @@ import pytest
 from ktd import protocol as p
 from ktd import protocol_schema
 from tests.conftest import (
+    MARK,
     REPO,
     ConfigWriter,
     DaemonProc,
-    fail_on_leaks,
     own_env,
     sim_model,
     wait_for,
@@ -58,18 +58,6 @@ def node_modules() -> Path:
             timeout=300,
         )
     return prefix / "node_modules"
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """Per test: nothing (the module's daemon lives across its tests); see below."""
-    yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def module_leak_check() -> Iterator[None]:
-    yield
-    fail_on_leaks("module", 10.0)
 
 
 @dataclass
@@ -101,7 +89,7 @@ class Ran:
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[DaemonProc]:
+def daemon(shared_marker: str) -> Iterator[DaemonProc]:
     root = Path(tempfile.mkdtemp(prefix="ktd-node-", dir="/tmp"))
     bad = sim_model("bad")
     bad["path"] = str(root / "no-such-model")
@@ -113,6 +101,7 @@ def daemon() -> Iterator[DaemonProc]:
         ]
     )
     env = own_env()
+    env[MARK] = shared_marker
     env["KTD_RUNTIME_DIR"] = str(root / "run")
     env["KTD_STATE_DIR"] = str(root / "state")
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH", "")) if x)
