@@ -1,7 +1,12 @@
 """Where the suite's time goes: wall and CPU seconds per test, written as JSON lines.
 
-    python -m pytest -q -n 2 -p tests.timing --timing-out /tmp/timing.jsonl
+    python -m pytest -q -n 2 -p tests.timing --timing-out=/tmp/timing.jsonl
     python tests/timing.py /tmp/timing.jsonl            # the table of tests/README.md
+
+Write the option with ``=``: pytest takes every argument that names an existing path for
+one of the paths to test when it looks for its rootdir, so ``--timing-out FILE`` with a
+FILE left by an earlier run made ``/tmp`` the rootdir, and the run lost
+``pyproject.toml``'s options (its ``-m 'not slow and not real'`` among them).
 
 Wall time alone says little on 2 shared cores: a test that sleeps through a timeout
 and a test that burns the CPU look alike, and with ``-n 2`` each one's wall time
@@ -33,7 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--timing-out",
         default=None,
-        help="append one JSON line per test (wall and CPU seconds) to this file",
+        help="append one JSON line per test (wall and CPU seconds) to this file "
+        "(write --timing-out=FILE: see this module's docstring)",
     )
 
 
