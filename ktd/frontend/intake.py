@@ -27,10 +27,16 @@ request's critical path. Three patches, all behaviour-preserving:
   ``on_disconnect`` is called when Hypercorn queues ``http.disconnect`` (from
   inside Hypercorn's task: it must be synchronous). flow.py uses both; an app
   that does not still gets every message through ``receive`` as before.
+
+And one that is not about speed: **a connection's protocol error ends that connection,
+not the frontend** (Hypercorn's connection task lets anything but ``OSError`` escape
+to the listener's nursery; ``tests/frontend/test_h2.py`` has the case that did).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +44,8 @@ from typing import Any
 import trio
 
 EXTENSION = "ktd.intake"
+
+log = logging.getLogger("ktd.frontend")
 
 
 class Intake:
@@ -133,7 +141,7 @@ class IdleTimer:
 
 def install() -> None:
     """Patch Hypercorn's trio worker (idempotent)."""
-    from hypercorn.events import Updated
+    from hypercorn.events import Closed, Updated
     from hypercorn.trio import task_group, tcp_server
 
     server_cls: Any = tcp_server.TCPServer
@@ -150,6 +158,15 @@ def install() -> None:
     async def _read_data(self: Any) -> None:
         try:
             await read_data(self)
+        except Exception as exc:
+            # Hypercorn's connection task catches OSError only: anything else a
+            # protocol raises on one connection's bytes (0.18's HTTP/2 ``KeyError`` for
+            # a DATA frame on a stream it has answered and closed, which
+            # sglang-router's gRPC probe sends) left the task group for the
+            # listener's nursery and the frontend exited. It ends this connection.
+            log.warning("closing a connection after %s: %s", type(exc).__name__, exc)
+            with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self.protocol.handle(Closed())
         finally:
             self.idle_task.close()
 

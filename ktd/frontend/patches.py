@@ -25,7 +25,7 @@ from ktd.frontend import intake, transport
 CHECKED: dict[str, tuple[tuple[str, ...], str]] = {
     "hypercorn": (
         ("0.18",),
-        "trio worker: TCPServer.protocol_send and __init__, HTTPStream.app_send, "
+        "trio worker: TCPServer.protocol_send, _read_data and __init__, HTTPStream.app_send, "
         "H11Protocol, the task group (transport.py, intake.py)",
     ),
     "h11": (("0.16",), "h11._writers.ChunkedWriter and Connection._writer (transport.py)"),
