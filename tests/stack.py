@@ -32,8 +32,6 @@ per-test check ignores them, and the module fails if one outlives the module's s
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -135,8 +133,7 @@ def stack_factory(
     started ``Stack`` for the module (``env``: more variables for its processes, e.g. a
     fixture machine's ``KTD_SYSFS_ROOT``); stopped after the module's last test, then the module's
     leak check (its daemon, frontend and every engine they started must be gone)."""
-    from tests.frontend.conftest import FrontendProc, wait_http
-    from tests.frontend.frontend_helpers import free_port
+    from tests.frontend.conftest import launch_frontend
 
     made: list[Stack] = []
     dirs: list[Path] = []
@@ -167,22 +164,7 @@ def stack_factory(
         made.append(stack)
         d.start()
         if with_frontend:
-            port = free_port()
-            log_path = root / "frontend.log"
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    [
-                        *(sys.executable, "-m", "ktd", "frontend"),
-                        *("--config", str(cfg), "--bind", f"127.0.0.1:{port}"),
-                    ],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                )
-            fe = FrontendProc(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
-            stack.frontend = fe
-            wait_http(fe.url, proc, fe.output)
+            stack.frontend = launch_frontend(cfg, env, root / "frontend.log")
         return stack
 
     yield make

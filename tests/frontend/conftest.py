@@ -141,6 +141,40 @@ def wait_http(
     raise AssertionError(f"{url} did not come up:\n{output()}")
 
 
+def launch_frontend(
+    config: Path,
+    env: dict[str, str],
+    log_path: Path,
+    *,
+    port: int | None = None,
+    unix: Path | None = None,
+    args: tuple[str, ...] = (),
+) -> FrontendProc:
+    """``ktd frontend`` as a process on ``127.0.0.1:port`` (a free one by default) or on
+    ``unix:PATH``, its output in ``log_path``; returns once it answers HTTP."""
+    port = port or free_port()
+    bind = f"unix:{unix}" if unix else f"127.0.0.1:{port}"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "ktd", "frontend"),
+                *("--config", str(config), "--bind", bind, *args),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    url = "http://localhost" if unix else f"http://127.0.0.1:{port}"
+    fe = FrontendProc(url=url, proc=proc, log_path=log_path)
+    try:
+        wait_http(fe.url, proc, fe.output, uds=str(unix) if unix else None)
+    except BaseException:
+        fe.stop()
+        raise
+    return fe
+
+
 @pytest.fixture
 def frontend_factory(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
     started: list[FrontendProc] = []
@@ -154,24 +188,9 @@ def frontend_factory(tmp_path: Path, ktd_env: dict[str, str]) -> Iterator[Any]:
         args: tuple[str, ...] = (),
     ) -> FrontendProc:
         """A frontend on ``127.0.0.1:port`` (a free one by default), or on ``unix:PATH``."""
-        port = port or free_port()
-        bind = f"unix:{unix}" if unix else f"127.0.0.1:{port}"
         log_path = tmp_path / f"frontend-{len(started)}.log"
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "ktd", "frontend"),
-                    *("--config", str(config), "--bind", bind, *args),
-                ],
-                env=env or ktd_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        url = "http://localhost" if unix else f"http://127.0.0.1:{port}"
-        fe = FrontendProc(url=url, proc=proc, log_path=log_path)
+        fe = launch_frontend(config, env or ktd_env, log_path, port=port, unix=unix, args=args)
         started.append(fe)
-        wait_http(fe.url, proc, fe.output, uds=str(unix) if unix else None)
         return fe
 
     yield start

@@ -24,8 +24,7 @@ import pytest
 
 from ktd.core import configtext
 from tests.conftest import MARK, DaemonProc, own_env, sim_model, wait_for
-from tests.frontend.conftest import FrontendProc, wait_http
-from tests.frontend.frontend_helpers import free_port
+from tests.frontend.conftest import FrontendProc, launch_frontend
 from tests.frontend.ui.conftest import Browser
 
 REPO = Path(__file__).resolve().parents[3]
@@ -79,20 +78,13 @@ def stack(shared_marker: str) -> Iterator[Stack]:
     env[MARK] = shared_marker
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     daemon = DaemonProc(config=etc / "config.json", env=env, log_path=root / "ktd.log").start()
-    port = free_port()
-    log_path = root / "frontend.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ktd", "frontend", "--config", str(etc / "config.json"),
-             "--bind", f"127.0.0.1:{port}"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    frontend = FrontendProc(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
     try:
-        wait_http(frontend.url, proc, frontend.output)
-        yield Stack(root, daemon, frontend)
+        frontend = launch_frontend(etc / "config.json", env, root / "frontend.log")
+        try:
+            yield Stack(root, daemon, frontend)
+        finally:
+            frontend.stop()
     finally:
-        frontend.stop()
         daemon.stop()
         shutil.rmtree(root, ignore_errors=True)
 
