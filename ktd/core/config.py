@@ -201,12 +201,24 @@ class GatewaySection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     health_check_interval: int = 10  # what the router is asked to use for this worker
 
 
+class CatalogSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The model catalog and pulls (``docs/catalog.md``): which catalog files beside the
+    built-in one, where pulled models go, and how many pulls run at once."""
+
+    files: list[str] = []  # the operator's own catalog files (relative to config.json's dir)
+    dir: str | None = None  # where pulls put models; default <state_dir>/models
+    max_pulls: int = 2  # pull jobs running at once; more wait their turn
+    stall_timeout: float = 300.0  # a pull that gets no byte for this long is stalled
+    http_pulls: bool = False  # may an HTTP request for a catalog name start a pull
+
+
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ktransformers: KtSection = msgspec.field(default_factory=KtSection)
     models_file: str | None = None
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     frontend: FrontendSection = msgspec.field(default_factory=FrontendSection)
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
+    catalog: CatalogSection = msgspec.field(default_factory=CatalogSection)
 
 
 # ---------------------------------------------------------------- resolved model
@@ -293,6 +305,10 @@ class Config(msgspec.Struct, kw_only=True):
     @property
     def gateway(self) -> GatewaySection:
         return self.file.gateway
+
+    @property
+    def catalog(self) -> CatalogSection:
+        return self.file.catalog
 
     def served(self) -> list[ModelSpec]:
         return [m for m in self.models.values() if m.served]
