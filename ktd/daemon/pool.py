@@ -589,8 +589,8 @@ class Pool:
                 f"sleep of {alias} overtaken by a load or a wake: it stays up",
                 {"state": engine.state},
             )
-        if engine.state in (S.STOPPED, S.FAILED) and engine.reason:
-            why = engine.reason  # the drain did not reach zero in time, the release failed
+        if engine.state in (S.STOPPING, S.STOPPED, S.FAILED) and engine.reason:
+            why = engine.reason  # the drain did not reach zero in time, no door, ...
         else:
             why = "overtaken by an evict, a reload or ktd's shutdown: it stops"
         raise ControlError(
