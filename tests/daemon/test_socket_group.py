@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ConfigWriter, sim_model
+from tests.conftest import ConfigWriter, sim_model, wait_for
 from tests.peers import ensure_group, ensure_user, needs_root, open_to_all
 
 GROUP = "ktdtest-sock"
@@ -75,3 +75,8 @@ def test_a_member_of_daemon_group_connects_and_a_stranger_cannot(
         st = path.lstat()
         assert st.st_gid == gid, path
         assert not st.st_mode & stat.S_IRWXO, path  # nothing for the others
+    # Removed (systemd-tmpfiles, a mistaken rm): bound again, and given to the group again.
+    d.socket.unlink()
+    wait_for(lambda: d.socket.exists() and d.socket.lstat().st_gid == gid, what="rebound")
+    again = member.python(code)
+    assert json.loads(again.stdout)["ping"] is True, again.stderr
