@@ -10,6 +10,8 @@ the race analysis and carries these decisions out; this module decides:
   holds, and which it tells the frontend to drop;
 * when an ``idle`` recall is answered by a report (the frontend was busier than
   the recall asked) and must not be repeated;
+* whether a claim restored from the state file is void at once: its frontend's
+  process is gone (``void_at_restore``);
 
 Whether a client went silent is ``ktd.core.expiry``'s question.
 """
@@ -21,6 +23,30 @@ from dataclasses import dataclass, field
 
 from ktd import protocol as p
 from ktd.core import states as S
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The frontend process behind a client id: its pid, as the kernel gave it when it
+    sent its claims (``SO_PEERCRED``), and that process's start time (clock ticks since
+    boot, ``/proc/PID/stat``), which tells it from a later process given the same pid."""
+
+    pid: int
+    start: int
+
+
+#: A claim as the state file gives it back: (claim id, client, its frontend's process).
+Restored = tuple[str, str, Holder | None]
+
+
+def void_at_restore(holder: Holder | None, start_now: int | None) -> bool:
+    """A claim a previous daemon run persisted is void at once when its frontend is gone:
+    no process has its pid now (``start_now`` None; a zombie is none) or another one does
+    (another start time). Its holder cannot report or give it back, and it held the
+    engine busy until ``lease_ttl`` (a SIGTERM after a ``kill -9`` and a restart waited
+    that long to stop idle engines). An unknown holder (a state file from before, a
+    frontend in another pid namespace) keeps its claim: ``lease_ttl`` to report, as ever."""
+    return holder is not None and start_now != holder.start
 
 
 @dataclass
@@ -37,6 +63,7 @@ class ClaimRec:
     routing: bool = True
     recall: p.Recall | None = None  # outstanding until the claim goes or a report answers it
     told: bool = False  # the recall went out in a reply at least once (then it is not news)
+    holder: Holder | None = None  # its frontend's process, when the socket showed it
 
     @property
     def counts_as(self) -> int:

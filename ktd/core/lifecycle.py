@@ -48,6 +48,7 @@ from ktd.core import states as S
 from ktd.core.exits import Outcome
 from ktd.core.loads import EngineLoad
 from ktd.core.restart import GiveUp, RestartBudget
+from ktd.core.sleepcost import REPUBLISH, Fence  # the fence's kinds; sleep or reload
 from ktd.core.states import Phase, State, Step
 
 __all__ = [
@@ -77,19 +78,6 @@ __all__ = [
 #: Seconds between two reads of the engine's ``/v1/loads`` while it drains, and between
 #: two readiness checks after a resume.
 LOAD_POLL = 0.2
-
-#: Seconds of zero ``/v1/loads`` readings that stand in for a fence on an SGLang without
-#: ``/pause_generation``: upstream republishes its load snapshot at least every 15 decode
-#: steps (``--load-snapshot-publish-interval``), well under this for a model that serves.
-REPUBLISH = 2.0
-
-
-class Fence(StrEnum):
-    """How far a sleep's fence got: SGLang holds new requests (``paused``: a resume must
-    open the door again), or this SGLang has no door to close (``reads``)."""
-
-    PAUSED = "paused"
-    READS = "reads"
 
 
 class Want(StrEnum):
@@ -621,23 +609,30 @@ class Lifecycle:
             self.quiet_since = now
 
     def paused(
-        self, ok: bool, *, absent: bool = False, at: float = 0.0, why: str | None = None
+        self,
+        ok: bool,
+        *,
+        absent: bool = False,
+        at: float = 0.0,
+        why: str | None = None,
+        instead: str | None = None,
     ) -> Kill | None:
         """``Pause``'s end: the door is closed (``at``: when, on the wall clock), this
-        SGLang has none (``absent``: zero readings must do), or it failed: then the
-        engine cannot be fenced and is stopped instead of put to sleep."""
+        SGLang has none (``absent``: zero readings must do, unless that makes the sleep
+        cost more than a reload: ``instead`` says so, ``ktd.core.sleepcost``), or it
+        failed: then the engine cannot be fenced. Else it is stopped instead."""
         if self.state != S.SLEEPING:
             return None
         self._reset_reads()  # what counts from now on was read behind the door
         if ok:
             self.fence, self.door_closed, self.barrier = Fence.PAUSED, True, at
             return None
-        if absent:
+        if absent and instead is None:
             self.fence = Fence.READS
             self.note = "this SGLang has no /pause_generation: fenced by its load count alone"
             return None
         self.settle_want = Want.DOWN
-        text = f"sleep failed: SGLang did not hold new requests ({why}); stopped"
+        text = instead or f"sleep failed: SGLang did not hold new requests ({why}); stopped"
         return self._kill(self.settings.stop_grace, _End.STOPPED, text, stopping=True)
 
     def flushed(self, now: float, ok: bool, *, absent: bool = False) -> None:

@@ -31,7 +31,9 @@ Races, and why each ends well:
   an unlisted claim counts as given back only if the report saw its grant.
 * *Frontend death.* Its reports stop; after ``lease_ttl`` its claims go (and its
   acquire leases). A restarted frontend has a new client id; its predecessor's
-  claims expire the same way.
+  claims expire the same way. A claim restored after a restart of ktd whose
+  frontend's process is gone is void at once: no report can come (each claim
+  keeps its frontend's pid, from ``SO_PEERCRED``, and start time).
 * *Daemon ``kill -9`` with streams running.* Streams go straight to the engines
   and continue. The claims are in the state file with the engines; the new
   daemon restores them unconfirmed, counts each as busy, and lets them live
@@ -53,6 +55,7 @@ Races, and why each ends well:
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Literal
@@ -62,10 +65,17 @@ import trio
 from ktd import protocol as p
 from ktd.core import claimsync as policy
 from ktd.core import states as S
-from ktd.core.claimsync import ClaimRec
+from ktd.core.claimsync import ClaimRec, Holder, Restored
+from ktd.daemon import proctree
 
 if TYPE_CHECKING:
     from ktd.daemon.engine import Engine
+
+log = logging.getLogger("ktd")
+
+
+#: The start time of process ``pid`` (``/proc/PID/stat``), None when there is none alive.
+StartOf = Callable[[int], "int | None"]
 
 
 def claim_side(engine: Engine) -> policy.EngineSide:
@@ -73,7 +83,9 @@ def claim_side(engine: Engine) -> policy.EngineSide:
 
 
 class ClaimTable:
-    def __init__(self, *, on_change: Callable[[Engine, bool], None]) -> None:
+    def __init__(
+        self, *, on_change: Callable[[Engine, bool], None], start_of: StartOf = proctree.start_of
+    ) -> None:
         self.run = secrets.token_hex(6)  # this daemon run: reports name the one they saw
         self._grants = itertools.count(1)
         # on_change(engine, persist): events and TTL re-check; the state file only when
@@ -83,6 +95,8 @@ class ClaimTable:
         self.queued: dict[str, dict[str, int]] = {}  # client -> alias -> waiting requests
         self._tell: dict[str, set[str]] = {}  # client -> claims to tell it to drop
         self._parked: dict[str, trio.Event] = {}  # client -> its parked Sync's wake-up
+        self.holders: dict[str, Holder] = {}  # client -> its process (claims keep it)
+        self._start_of = start_of
 
     # ------------------------------------------------------------ queries
 
@@ -122,6 +136,16 @@ class ClaimTable:
 
     # ------------------------------------------------------------ changes
 
+    def heard_from(self, client: str, pid: int | None) -> None:
+        """The process a frontend's message came from (the kernel's pid; None or 0: not
+        known, another pid namespace). Looked up once per client id (one read of
+        ``/proc/PID/stat``); its claims keep it."""
+        if not pid or client in self.holders:
+            return
+        start = self._start_of(pid)
+        if start is not None:
+            self.holders[client] = Holder(pid, start)
+
     def grant(self, engine: Engine, client: str) -> str:
         """The client's claim on ``engine``: its routing one if it has it, else a new one."""
         for rec in engine.claims.values():
@@ -133,7 +157,11 @@ class ClaimTable:
                 rec.recall = None  # wanted again: not idle any more
                 return rec.id
         rec = ClaimRec(
-            id=secrets.token_hex(8), client=client, alias=engine.alias, grant=next(self._grants)
+            id=secrets.token_hex(8),
+            client=client,
+            alias=engine.alias,
+            grant=next(self._grants),
+            holder=self.holders.get(client),
         )
         self._add(engine, rec)
         return rec.id
@@ -180,6 +208,7 @@ class ClaimTable:
                 in_flight=st.in_flight,
                 idle=st.idle,
                 routing=st.routing,
+                holder=self.holders.get(msg.client),
             )
             if engine.state != S.READY:  # draining: it must come back
                 rec.recall = p.Recall(claim=rec.id, alias=engine.alias, reason="draining")
@@ -228,15 +257,30 @@ class ClaimTable:
         for client in dead:
             self.queued.pop(client, None)
             self._tell.pop(client, None)
+            self.holders.pop(client, None)
 
-    def restore(self, engine: Engine, records: Iterable[tuple[str, str]]) -> list[str]:
-        """Claims the previous daemon run persisted: busy until their holder reports."""
-        clients = []
-        for claim_id, client in records:
-            rec = ClaimRec(id=claim_id, client=client, alias=engine.alias, confirmed=False)
+    def restore(self, engine: Engine, records: Iterable[Restored]) -> list[str]:
+        """Claims the previous daemon run persisted: busy until their holder reports;
+        void at once when its frontend's process is gone (``void_at_restore``).
+        Returns the clients of the claims kept."""
+        clients: list[str] = []
+        void: set[int] = set()  # the pids of the frontends that are gone
+        for claim_id, client, holder in records:
+            now = self._start_of(holder.pid) if holder is not None else None
+            if holder is not None and policy.void_at_restore(holder, now):
+                void.add(holder.pid)
+                continue
+            rec = ClaimRec(
+                id=claim_id, client=client, alias=engine.alias, confirmed=False, holder=holder
+            )
             engine.claims[rec.id] = rec
             self.by_id[rec.id] = (engine, rec)
+            if holder is not None:
+                self.holders.setdefault(client, holder)
             clients.append(client)
+        if void:
+            pids = ", ".join(str(pid) for pid in sorted(void))
+            log.info("%s: claims voided: their frontend is gone (pid %s)", engine.alias, pids)
         return clients
 
     # ------------------------------------------------------------ long poll

@@ -412,29 +412,37 @@ class ConfigDesk:
     ) -> p.ConfigApplyReply | p.ConfigPlanReply:
         if dry_run:
             disk = await self._disk()
-            record = await self._rollback_target(seq, texts_version(disk))
-            return p.ConfigPlanReply(plan=await self._plan(disk, record.texts()))
+            record, texts = await self._rollback_target(seq, disk)
+            return p.ConfigPlanReply(plan=await self._plan(disk, texts))
         async with self._lock:
             disk = await self._disk()
             self._check_base(base, disk)
-            record = await self._rollback_target(seq, texts_version(disk))
-            return await self._apply(
-                disk, record.texts(), who, how="rollback", rollback_of=record.info.seq
-            )
+            record, texts = await self._rollback_target(seq, disk)
+            return await self._apply(disk, texts, who, how="rollback", rollback_of=record.info.seq)
 
-    async def _rollback_target(self, seq: int | None, disk_version: str) -> Record:
-        """Version ``seq``, or the last one before the files on disk now."""
-        if seq is None:
-            older = [i for i in self.history.infos() if i.version != disk_version]
-            if not older:
-                raise ControlError(
-                    p.ErrorCode.BAD_REQUEST, "no older version in the config history to go back to"
-                )
-            seq = older[0].seq
-        record = await trio.to_thread.run_sync(self.history.get, seq)
-        if record is None:
-            raise self._no_version(seq)
-        return record
+    async def _rollback_target(
+        self, seq: int | None, disk: ConfigTexts
+    ) -> tuple[Record, ConfigTexts]:
+        """Version ``seq``, or the last one whose texts differ from the files on disk now;
+        with its texts put in the files ktd runs from (``Record.texts_in``)."""
+        if seq is not None:
+            record = await trio.to_thread.run_sync(self.history.get, seq)
+            if record is None:
+                raise self._no_version(seq)
+            return record, record.texts_in(disk.config_name)
+        now = texts_version(disk)
+        for info in self.history.infos():
+            if info.version == now:
+                continue
+            found = await trio.to_thread.run_sync(self.history.get, info.seq)
+            if found is None:
+                continue
+            texts = found.texts_in(disk.config_name)
+            if texts_version(texts) != now:  # the same texts at another path: no change
+                return found, texts
+        raise ControlError(
+            p.ErrorCode.BAD_REQUEST, "no older version in the config history to go back to"
+        )
 
     def _check_base(self, base: str, disk: ConfigTexts) -> None:
         now = texts_version(disk)

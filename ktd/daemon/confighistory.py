@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 
-from ktd.core.config import ConfigTexts
+from ktd.core.config import ConfigTexts, models_file_of
 from ktd.core.configtext import version_of
 from ktd.daemon import statefile
 from ktd.protocol import ConfigVersion
@@ -43,6 +43,20 @@ class Record(msgspec.Struct, kw_only=True):
         return ConfigTexts(
             self.config_path, self.config_text.encode(), self.models_path, models, self.models_named
         )
+
+    def texts_in(self, config_name: str) -> ConfigTexts:
+        """Its texts in the files ktd runs from now (``config_name``), for a rollback.
+
+        Each version keeps the path it was read at, but ktd may have been started since
+        with ``--config`` at another path (the same state dir): a rollback writes the old
+        texts to the file ktd was started with, never where the old version lived (the
+        daemon then followed the old path, and later edits of its own file reloaded as
+        "no changes"). A ``models_file`` the old config.json names is found from the
+        current config's directory, as at a start."""
+        config = self.config_text.encode()
+        mpath, named = models_file_of(Path(config_name), config)
+        models = self.models_text.encode() if self.models_text is not None else None
+        return ConfigTexts(config_name, config, str(mpath), models, named)
 
     @classmethod
     def of(cls, info: ConfigVersion, texts: ConfigTexts) -> Record:

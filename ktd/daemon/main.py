@@ -60,24 +60,29 @@ class Setup:
         self.state_dir = paths.state_dir(env)
         self.log_dir = Path(d.log_dir) if d.log_dir else self.state_dir / "logs"
         self.group = d.group
+        self.gid: int | None = None  # the group's, once the runtime dir is made
 
 
-def prepare_runtime_dir(directory: Path, group: str | None) -> None:
+def prepare_runtime_dir(directory: Path, group: str | None) -> int | None:
     """0700 (0750 with a group), owned by us: the socket's permission is the directory's.
-    Checked without following symlinks (``ktd.daemon.safedir``): a planted link is an error."""
+    Checked without following symlinks (``ktd.daemon.safedir``): a planted link is an error.
+    Returns the group's gid (None: no group), which the sockets are given too."""
     mode = 0o750 if group else 0o700
     try:
         fd = safedir.ensure_dir(directory, mode, what="runtime dir", fix_mode=True)
     except safedir.UnsafeDir as exc:
         raise SystemExit(f"ktd: {exc}") from None
     try:
-        if group:
-            import grp
+        if not group:
+            return None
+        import grp
 
-            try:
-                os.fchown(fd, -1, grp.getgrnam(group).gr_gid)
-            except (KeyError, PermissionError) as exc:
-                raise SystemExit(f"ktd: daemon.group {group!r}: {exc}") from None
+        try:
+            gid = grp.getgrnam(group).gr_gid
+            os.fchown(fd, -1, gid)
+        except (KeyError, PermissionError) as exc:
+            raise SystemExit(f"ktd: daemon.group {group!r}: {exc}") from None
+        return gid
     finally:
         os.close(fd)
 
@@ -99,6 +104,19 @@ def prepare_state_dir(directory: Path, group: str | None) -> int:
         raise SystemExit(f"ktd: cannot lock state dir {directory}: {exc}") from None
     finally:
         os.close(fd)
+
+
+def give_group(path: Path, gid: int | None) -> None:
+    """The socket file ``path`` to ``daemon.group`` (``gid``). A new file takes its
+    creator's primary group (the runtime dir has no setgid bit): with a group that is not
+    ktd's own, the sockets stayed ``root:root 0770`` and the group's members, let into the
+    directory, could not connect. The file is ours in a directory only we may write to,
+    so the moment between the bind and this is safe (tighter, not looser)."""
+    if gid is not None:
+        try:
+            os.chown(path, -1, gid, follow_symlinks=False)
+        except OSError as exc:
+            raise SystemExit(f"ktd: daemon.group (gid {gid}): {path}: {exc.strerror}") from None
 
 
 def check_not_running(path: Path) -> None:
@@ -146,6 +164,8 @@ def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
         events.bind(paths.endpoint(setup.events))
     finally:
         os.umask(old)
+    for path in (setup.control, setup.events):
+        give_group(path, setup.gid)
     return control, events
 
 
@@ -332,6 +352,10 @@ class Daemon:
                     # The file the pump's bind made, looked at as soon as it is made: a
                     # fixed wait here took for ours a file someone replaced it with meanwhile.
                     await sock.rebind(paths.endpoint(path), umask=umask).wait()
+                    try:
+                        give_group(path, setup.gid)
+                    except SystemExit as exc:
+                        log.error("%s", exc)  # ktd's own user may still connect
                     kept[path] = _inode(path)
                 with trio.move_on_after(30.0 if watch is not None else 2.0):
                     if watch is not None:
@@ -381,7 +405,7 @@ def main(argv: list[str]) -> int:
         lock_fd = prepare_state_dir(setup.state_dir, setup.group)
         for stale in statefile.remove_stale_temps(setup.state_dir / "engines.json"):
             log.warning("removed %s, left by a daemon killed mid-write", stale)
-        prepare_runtime_dir(setup.control.parent, setup.group)
+        setup.gid = prepare_runtime_dir(setup.control.parent, setup.group)
         control, events = bind_sockets(setup)
     except SystemExit as exc:
         print(exc, file=sys.stderr)

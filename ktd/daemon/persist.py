@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ktd.core import states as S
+from ktd.core.claimsync import ClaimRec, Holder, Restored
 from ktd.core.command import ENGINE_MARK, SAVER
 from ktd.daemon import adoption, proctree, statefile
 from ktd.daemon.engine import Engine, Running
 from ktd.daemon.enginekey import KeyDir, admin_key_of_argv, key_of_argv
 
-#: Gives an adopted engine back the claims its frontends held: (claim id, client) pairs.
-RestoreClaims = Callable[[Engine, Iterable[tuple[str, str]]], None]
+#: Gives an adopted engine back the claims its frontends held: (claim id, client, the
+#: frontend's process when known).
+RestoreClaims = Callable[[Engine, Iterable[Restored]], None]
 
 log = logging.getLogger("ktd")
 
@@ -81,10 +83,21 @@ def snapshot(engines: list[Engine]) -> statefile.StateFile:
                 backed_up=e.backed_up,
                 started_at=run.started_at,
                 digest=run.digest,
-                claims=[statefile.ClaimRecord(id=c.id, client=c.client) for c in e.claims.values()],
+                claims=[_claim_record(c) for c in e.claims.values()],
             )
         )
     return statefile.StateFile(daemon_pid=os.getpid(), engines=records)
+
+
+def _claim_record(c: ClaimRec) -> statefile.ClaimRecord:
+    h = c.holder
+    return statefile.ClaimRecord(
+        id=c.id, client=c.client, pid=h.pid if h else 0, start=h.start if h else 0
+    )
+
+
+def _holder(c: statefile.ClaimRecord) -> Holder | None:
+    return Holder(c.pid, c.start) if c.pid > 0 else None
 
 
 class Persister:
@@ -192,7 +205,7 @@ class Persister:
         engine.plan = plan
         engine.backed_up = rec is not None and (rec.backed_up or rec.state == S.ASLEEP)
         if rec is not None and rec.claims:
-            self._restore_claims(engine, [(c.id, c.client) for c in rec.claims])
+            self._restore_claims(engine, [(c.id, c.client, _holder(c)) for c in rec.claims])
         if digest != engine.spec.launch_digest():
             # The config changed while no ktd watched: restart it when idle, as a reload would.
             engine.pending_spec = engine.spec

@@ -26,7 +26,7 @@ from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.core import fit, loglines
 from ktd.core import states as S
-from ktd.core.claimsync import may_hold
+from ktd.core.claimsync import Restored, may_hold
 from ktd.core.command import build_env
 from ktd.core.config import Config, ModelSpec
 from ktd.core.lifecycle import Want
@@ -210,7 +210,7 @@ class Pool:
         self.settings = new.daemon
         return summary
 
-    def _restore_claims(self, engine: Engine, claims: Iterable[tuple[str, str]]) -> None:
+    def _restore_claims(self, engine: Engine, claims: Iterable[Restored]) -> None:
         for client in self._claims.restore(engine, claims):
             self._sweeper.heard(client)  # its holder has lease_ttl from now to report
 
@@ -589,8 +589,8 @@ class Pool:
                 f"sleep of {alias} overtaken by a load or a wake: it stays up",
                 {"state": engine.state},
             )
-        if engine.state in (S.STOPPED, S.FAILED) and engine.reason:
-            why = engine.reason  # the drain did not reach zero in time, the release failed
+        if engine.state in (S.STOPPING, S.STOPPED, S.FAILED) and engine.reason:
+            why = engine.reason  # the drain did not reach zero in time, no door, ...
         else:
             why = "overtaken by an evict, a reload or ktd's shutdown: it stops"
         raise ControlError(
@@ -645,8 +645,12 @@ class Pool:
         )
         return granted, engine
 
-    def grant_now(self, model: str, client: str, *, claim: bool) -> tuple[str, Engine] | None:
-        """A lease or claim granted in the socket pump's pass, or None (it must wait)."""
+    def grant_now(
+        self, model: str, client: str, *, claim: bool, pid: int | None = None
+    ) -> tuple[str, Engine] | None:
+        """A lease or claim (which keeps its sender's ``pid``) granted in the socket
+        pump's pass, or None (it must wait)."""
+        self._claims.heard_from(client, pid if claim else None)
         engine = self.engines.get(model)
         if engine is None or self.shutting_down:
             return None
@@ -656,9 +660,11 @@ class Pool:
     def release(self, lease_id: str) -> bool:
         return self._gate.release(lease_id)
 
-    def sync(self, msg: p.Sync) -> p.SyncReply | None:
-        """Record a frontend's report (its heartbeat too); the reply now, or None to park it."""
+    def sync(self, msg: p.Sync, pid: int | None = None) -> p.SyncReply | None:
+        """Record a frontend's report (its heartbeat too; ``pid``: the sender's, from the
+        socket); the reply now, or None to park it."""
         self.heartbeat(msg.client)
+        self._claims.heard_from(msg.client, pid)
         self.usage.report(msg.client, msg.usage_seq, msg.usage)
         self._claims.report(msg, self.engines)
         for e in self.engines.values():

@@ -107,6 +107,13 @@ def environ_has(pid: int, key: str, value: str | None = None) -> bool:
     return got is not None and (value is None or got == value)
 
 
+def start_of(pid: int) -> int | None:
+    """The start time of the live process ``pid`` (clock ticks since boot), None when no
+    process has that pid or it is a zombie."""
+    info = read_stat(pid)
+    return info.start if info is not None and info.state not in ("Z", "X") else None
+
+
 def alive(ident: tuple[int, int]) -> bool:
     """True while the process (pid, start time) exists and is not a zombie."""
     info = read_stat(ident[0])

@@ -184,6 +184,11 @@ class ControlServer:
         reply.id = req.id
         self._reply(envelope, reply)
 
+    def _sender_pid(self) -> int | None:
+        """The pid of the message's sender, as the kernel gave it (``SO_PEERCRED``)."""
+        peer = self.control.sender
+        return peer.pid if peer is not None else None
+
     def _answer_now(self, req: p.Request) -> p.Reply | None:
         """Requests that need no waiting are answered inside the pump, in the same pass
         that read them: no task, no extra scheduler round (the frontend's acquire and
@@ -223,12 +228,12 @@ class ControlServer:
                 pool.heartbeat(client)
                 return p.Ok()
             case p.Claim(model=model, client=client):
-                now = pool.grant_now(model, client, claim=True)
+                now = pool.grant_now(model, client, claim=True, pid=self._sender_pid())
                 return None if now is None else pool.claim_reply(now[0])
             case p.Sync():
                 # Recorded here, in the pass that read it: a heartbeat is never judged late
                 # because its task had not run yet. None: parked (the long poll).
-                return pool.sync(req)
+                return pool.sync(req, self._sender_pid())
             case p.Return(client=client, claim=claim):
                 found = pool.give_back(client, claim)
                 return p.Ok(message="returned" if found else "unknown claim (already gone)")

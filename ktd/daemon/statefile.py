@@ -36,6 +36,10 @@ class ClaimRecord(msgspec.Struct, kw_only=True):
 
     id: str
     client: str
+    # Its frontend's process (pid, start time; 0: unknown): a restarted daemon voids
+    # the claim at once when that process is gone (``claimsync.void_at_restore``).
+    pid: int = 0
+    start: int = 0
 
 
 class EngineRecord(msgspec.Struct, kw_only=True):

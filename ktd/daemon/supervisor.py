@@ -20,23 +20,13 @@ from typing import Any
 
 import trio
 
-from ktd.core import doctor, fit, loglines
+from ktd.core import doctor, fit, loglines, sleepcost
 from ktd.core import lifecycle as L
 from ktd.core import states as S
 from ktd.core.command import LaunchError, build_env, keyed_launch, with_key_file
 from ktd.core.exits import Outcome, classify_exit
 from ktd.core.states import Phase, Step
-from ktd.daemon import (
-    enginekey,
-    health,
-    kill,
-    meminfo,
-    memory,
-    preflight,
-    proctree,
-    spawn,
-    weights,
-)
+from ktd.daemon import enginekey, health, kill, meminfo, memory, preflight, proctree, spawn, weights
 from ktd.daemon.engine import Busy, Engine, Running, Unplaceable
 from ktd.daemon.enginekey import KeyDir, admin_key_of_argv
 from ktd.daemon.inotify import FileWatch
@@ -59,6 +49,7 @@ class Supervisor:
         self._nursery: trio.Nursery | None = None
         self._shown: tuple[Any, ...] = (self.m.state, self.m.phase, None, None)
         self._kt_note: str | None = None  # an old kt-kernel's idle spin (a model that sleeps)
+        self._costs = sleepcost.Costs()  # its sleeps and wakes, measured: sleep or reload
         engine.on_change(self.poke)
 
     def poke(self) -> None:
@@ -173,7 +164,10 @@ class Supervisor:
                 self._show()
                 await self._health.quiet()  # its own last /health probe has ended
                 out = await memory.pause(self.host.http, self._url(), **self._admin(until))
-                await self._then(m.paused(out.ok, absent=out.absent, at=out.at, why=out.why))
+                reload = self.host.expected_load(e.alias)  # no door: a sleep may cost more
+                stop = self._costs.no_door(trio.current_time(), reload) if out.absent else None
+                paused = m.paused(out.ok, absent=out.absent, at=out.at, why=out.why, instead=stop)
+                await self._then(paused)
             case L.Flush(until=until):
                 out = await memory.flush(self.host.http, self._url(), **self._admin(until))
                 m.flushed(trio.current_time(), out.ok, absent=out.absent)
@@ -183,6 +177,7 @@ class Supervisor:
                 out = await memory.release(self.host.http, self._url(), **self._admin())
                 await self._then(m.released(out.ok, out.why))
                 if m.state == S.ASLEEP:
+                    self._costs.asleep(trio.current_time())
                     await self._count_host_memory()
             case L.MakeRoom():
                 self._show()
@@ -190,6 +185,7 @@ class Supervisor:
                 m.room(why is None, why)
             case L.Resume():
                 self._show()
+                self._costs.resume_asked(trio.current_time())
                 out = await memory.resume(self.host.http, self._url(), **self._admin())
                 await self._then(m.resumed(trio.current_time(), out.ok, out.why))
             case L.Continue():
@@ -280,6 +276,7 @@ class Supervisor:
             if old == S.STARTING and e.run is not None:
                 self._became_ready(e.run)
             elif old == S.WAKING:
+                self._costs.ready(trio.current_time())
                 e.log.note("awake: GPU memory resumed, health checked")
         elif m.state == S.FAILED:
             st.failures += 1
@@ -357,6 +354,7 @@ class Supervisor:
 
     def _ended(self) -> None:
         e = self.e
+        self._costs.ended()
         if self._watchers is not None:
             self._watchers.cancel()
             self._watchers = None

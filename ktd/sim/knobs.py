@@ -56,6 +56,9 @@ class Knobs:
     # sim's gate (``POST /sim/gate``): a stream that outlives whatever races it, for as
     # long as the test needs and no longer (instead of a pace that outlasts it).
     hold: bool = False
+    # KTD_SIM_NO_DOOR: an SGLang without ``/pause_generation`` and ``/continue_generation``
+    # (404, FastAPI's): ktd's sleep has no door to close and fences on zero readings.
+    no_door: bool = False
 
     def token_time(self) -> float:
         """Seconds one token takes: a /health check generates exactly one."""
@@ -123,5 +126,6 @@ class Knobs:
             resume_fail=flag("RESUME_FAIL"),
             resume_hang=flag("RESUME_HANG"),
             hold=flag("HOLD"),
+            no_door=flag("NO_DOOR"),
         )
         return knobs, warnings

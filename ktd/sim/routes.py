@@ -146,6 +146,8 @@ class SimApp:
             "/sim/stats": {"GET": self.stats},
             "/sim/gate": {"POST": self.gate},
         }
+        if knobs.no_door:  # an SGLang from before the door (KTD_SIM_NO_DOOR)
+            del self.routes["/pause_generation"], self.routes["/continue_generation"]
 
     async def handle(self, req: Request) -> Reply:
         if self.state.hung and not req.path.startswith(("/health", "/v1/models")):

@@ -235,3 +235,38 @@ def test_history_sets_a_corrupt_version_aside(tmp_path: Path) -> None:
     history = History(folder, 5)
     assert history.infos() == []
     assert [n.startswith("000001.json.corrupt-") for n in os.listdir(folder)] == [True]
+
+
+async def test_a_rollback_after_a_start_at_another_path_writes_the_file_ktd_runs_from(
+    tmp_path: Path,
+) -> None:
+    """Issue 43, item 6: versions made at path A, ktd started again with ``--config`` at
+    path B (the same state dir): a rollback puts the old texts in B's files, and the
+    desk keeps running from B (it followed A, and edits of B reloaded as no change)."""
+    a = make(tmp_path / "a")
+    await a.desk.record_start()
+    got = await a.desk.get(None)
+    text = configtext.set_fields(got.models_text or "", "a", {"ttl": 30})
+    await a.desk.apply(None, text, got.version, ALICE)
+    etc_b = tmp_path / "b" / "etc"
+    etc_b.mkdir(parents=True)
+    for name in ("config.json", "models.json"):
+        (etc_b / name).write_bytes((a.config.parent / name).read_bytes())
+    texts = read_config_texts(etc_b / "config.json")
+    config = parse_config(texts)
+    desk = ConfigDesk(config, texts, a.pool, install=a.pool.apply_config, history=a.desk.history)
+    await desk.record_start()  # version 3: the files at B
+    a_files = a.models.read_bytes()
+    # The default target: version 2 has B's texts (at A): no change; version 1 it is.
+    await desk.rollback(None, (await desk.get(None)).version, ALICE, dry_run=False)
+    assert a.models.read_bytes() == a_files  # A is left as it was
+    assert json.loads((etc_b / "models.json").read_text())[0].get("ttl", 0) == 0
+    assert desk.path == str(etc_b / "config.json")
+    assert (await desk.get(None)).config_path == str(etc_b / "config.json")
+    v = desk.history.infos()[0]
+    assert (v.how, v.rollback_of) == ("rollback", 1)
+    doc = json.loads((etc_b / "models.json").read_text())
+    doc[0]["ttl"] = 77
+    (etc_b / "models.json").write_text(json.dumps(doc))
+    assert "updated in place: a" in await desk.reload(Who(uid=0))
+    assert a.pool.engines["a"].spec.ttl == 77

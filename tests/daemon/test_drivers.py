@@ -12,6 +12,7 @@ import trio.testing
 
 from ktd import protocol as p
 from ktd.control.errors import ControlError
+from ktd.core import claimsync as c
 from ktd.core import states as S
 from tests.daemon.inprocess import move
 
@@ -185,3 +186,26 @@ async def test_a_paused_daemon_expires_no_client_and_judges_no_ttl_until_it_hear
         await trio.sleep(1.9)
         assert claim in e.claims and e.want_up
         n.cancel_scope.cancel()
+
+
+async def test_restored_claims_of_a_frontend_that_is_gone_are_void_at_once(daemon: Any) -> None:
+    """Issue 43, item 11: each claim keeps its frontend's process (the pid the socket
+    showed and its start time); a restarted daemon restores only those of frontends still
+    running, so an idle engine whose frontend died with ktd is not held for lease_ttl."""
+    d = daemon()
+    live = {100: 7}  # pid -> start time: the processes running now
+    d.claims._start_of = live.get
+    e = d.engine("m")
+    move(e, S.READY, want_up=True)
+    d.claims.heard_from("fe-live", 100)
+    d.claims.heard_from("fe-dead", 200)  # not running when first heard: not recorded
+    assert d.claims.holders == {"fe-live": c.Holder(100, 7)}
+    records = [
+        ("c1", "fe-live", c.Holder(100, 7)),  # running: kept until it reports
+        ("c2", "fe-gone", c.Holder(300, 5)),  # no such process now
+        ("c3", "fe-reused", c.Holder(100, 6)),  # its pid is another process's now
+        ("c4", "fe-old", None),  # a state file from before: lease_ttl, as ever
+    ]
+    assert d.claims.restore(e, records) == ["fe-live", "fe-old"]
+    assert sorted(e.claims) == ["c1", "c4"]
+    assert e.claims["c1"].holder == c.Holder(100, 7) and not e.claims["c1"].confirmed

@@ -16,11 +16,13 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from ktd.daemon import statefile
 from tests.conftest import TLS, sim_model, wait_for
 
 CHAT: Any = [{"role": "user", "content": "hi"}]
@@ -202,6 +204,28 @@ def test_a_dead_frontend_s_claims_expire_and_the_engine_stays(launch: Any) -> No
     )
     assert status(daemon)["m"]["state"] == "ready"
     stream.join(check=False)  # cut by the frontend's death, not by ktd
+
+
+def test_a_restarted_daemon_voids_the_claims_of_a_frontend_that_is_gone(launch: Any) -> None:
+    """Issue 43, item 11: ``kill -9`` of ktd, its frontend stopped meanwhile (its claims
+    could not be given back), ktd started again: the restored claims of that frontend are
+    void at once (its process, known from the socket's SO_PEERCRED, is gone), so nothing
+    holds the idle engine and a SIGTERM stops it without waiting out ``lease_ttl``."""
+    daemon, fe = launch([sim_model("m")], lease_ttl=30)
+    assert chat(fe.url) == 200
+    wait_for(lambda: status(daemon)["m"]["claims"] == 1, what="the frontend's claim")
+    path = Path(daemon.env["KTD_STATE_DIR"]) / "engines.json"
+    wait_for(
+        lambda: [len(r.claims) for r in statefile.read(path).engines] == [1],
+        what="the claim in the state file",
+    )
+    pid = status(daemon)["m"]["pid"]
+    daemon.stop(signal.SIGKILL)
+    assert fe.stop() == 0  # its claim cannot go back to a dead daemon
+    daemon.start()
+    e = status(daemon)["m"]
+    assert e["pid"] == pid and e["claims"] == 0 and e["in_flight"] == 0
+    assert daemon.stop() == 0
 
 
 def test_the_frontend_serves_held_engines_while_the_daemon_is_down(launch: Any) -> None:

@@ -105,6 +105,16 @@ def test_the_scheduler_pauses_of_retract_and_in_place_spin(sim_factory: Factory)
     assert httpx.post(sim.url("/continue_generation")).status_code == 400  # body required
 
 
+def test_an_sglang_without_the_door_answers_404_to_it(sim_factory: Factory) -> None:
+    """``KTD_SIM_NO_DOOR``: an SGLang from before ``/pause_generation`` (issue 43, item 12),
+    which ktd's sleep fences on zero readings alone, or stops instead."""
+    sim = start(sim_factory, KTD_SIM_NO_DOOR="1")
+    for path in ("/pause_generation", "/continue_generation"):
+        r = httpx.post(sim.url(path), json={"mode": "abort"}, timeout=5)
+        assert (r.status_code, r.json()) == (404, {"detail": "Not Found"})
+    assert httpx.post(sim.url("/flush_cache"), timeout=5).status_code == 200
+
+
 def test_an_admin_key_guards_the_admin_routes_and_only_them(sim_factory: Factory) -> None:
     sim = sim_factory(
         args=[*SAVER, "--api-key", "user-key", "--admin-api-key", "admin-key"], env=FAST
