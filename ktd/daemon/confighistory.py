@@ -110,6 +110,9 @@ class History:
         self.keep = keep
         self._infos: list[ConfigVersion] = []
         self._loaded = False
+        # The highest seq a file was named with, a file set aside included: a new version
+        # never takes the number of one that was (its ``rollback_of`` may name it).
+        self._named = 0
 
     def _path(self, seq: int) -> Path:
         assert self.directory is not None
@@ -125,8 +128,10 @@ class History:
             stale.unlink(missing_ok=True)  # a daemon killed mid-write (we hold the state lock)
         found = []
         for path in self.directory.iterdir():
-            if not _NAME.match(path.name):
+            m = _NAME.match(path.name)
+            if not m:
                 continue
+            self._named = max(self._named, int(m[1]))
             try:
                 record = _check(path.name, path.read_bytes())
             except OSError as exc:
@@ -158,7 +163,7 @@ class History:
 
     def next_seq(self) -> int:
         latest = self.latest()
-        return latest.seq + 1 if latest is not None else 1
+        return max(latest.seq if latest is not None else 0, self._named) + 1
 
     def kept(self) -> str:
         """The seqs kept, as ``seq_ranges`` says them."""
