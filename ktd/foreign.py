@@ -69,8 +69,9 @@ _SCALAR, _SIZED, _CONTAINER, _INVALID = 0, 1, 2, 3
 
 def _msgpack_table() -> tuple[tuple[int, int, int], ...]:
     """(kind, a, b) per first byte. Scalar: a = bytes after the header. Sized: a = the
-    length's width, b = extra bytes (ext's type). Container: a = items if fixed (else
-    -1), b = the count's width; maps count two items per entry (``_step``)."""
+    length's width, b = extra bytes (ext's type). Container: a = its items when the byte
+    says how many (a map's entry is two items), else -1 (array16/32) or -2 (map16/32)
+    times the count that follows, b bytes wide."""
     table: list[tuple[int, int, int]] = []
     fixed = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4}
     fixed |= {0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
