@@ -46,7 +46,7 @@ values = st.recursive(
 )
 
 
-@budget(300, suppress_health_check=[HealthCheck.too_slow])
+@budget(200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=values, limit=st.integers(0, 12))
 def test_the_scanners_measure_the_depth_a_decoder_would_recurse_to(value: Any, limit: int) -> None:
     deep = depth_of(value) > limit
@@ -169,7 +169,9 @@ def hostile_frames(draw: st.DrawFn) -> tuple[str, bytes, int, int]:
     return example["kind"], frame(message, field, msgspec.msgpack.encode(value)), 0, rid
 
 
-@budget(300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@budget(
+    300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(case=hostile_frames())
 def test_every_message_with_any_field_of_any_depth_size_and_type_decodes_or_is_refused(
     case: tuple[str, bytes, int, int],

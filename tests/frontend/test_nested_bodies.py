@@ -89,7 +89,7 @@ async def _ui_json(body: bytes) -> Any:
     return await req.json()
 
 
-@budget(200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@budget(100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=bodies(), route=st.sampled_from(["/v1/chat/completions", "/api/chat", "/api/generate"]))
 def test_the_body_decoders_answer_400_or_read_it(case: tuple[bytes, int], route: str) -> None:
     """Every reading of a request body: the routing head (OpenAI's and Ollama's), the
