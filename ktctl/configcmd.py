@@ -23,6 +23,7 @@ from typing import Any
 from ktctl import configview, render
 from ktctl.client import Client, KtdError
 from ktctl.configargs import UsageError
+from ktd import foreign
 from ktd import protocol as p
 from ktd.core import configtext, modelfields
 
@@ -147,8 +148,8 @@ def _which(text: str, name: str, forced: str | None) -> str:
     if forced:
         return forced
     try:
-        doc = json.loads(text)
-    except ValueError:
+        doc = foreign.loads(text)
+    except ValueError:  # foreign.Malformed too: nested too deeply
         raise UsageError(
             f"{name} is not valid JSON; say which file it is with --file config|models "
             "to have ktd point at the error"

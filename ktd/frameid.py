@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+from ktd import foreign
+
 
 def _valid_id(rid: object) -> int | None:
     if isinstance(rid, int) and not isinstance(rid, bool) and -(2**63) <= rid < 2**64:
@@ -28,7 +30,7 @@ def skim_id(data: bytes, *, max_keys: int = 64) -> int:
     """
     try:
         return _Skimmer(data, max_keys).find_id()
-    except (IndexError, ValueError):
+    except (IndexError, ValueError):  # msgspec.DecodeError is a ValueError
         return 0
 
 
@@ -131,7 +133,7 @@ class _Skimmer:
             if key == b"id":
                 start = self.pos
                 self._skip()
-                value = msgspec.msgpack.decode(self.data[start : self.pos])
+                value = foreign.msgpack_any(self.data[start : self.pos])
                 return _valid_id(value) or 0
             self._skip()
         return 0
@@ -140,8 +142,8 @@ class _Skimmer:
 def peek_id(data: bytes) -> int:
     """Best-effort request id of a frame that failed to decode, so the error reply matches."""
     try:
-        obj = msgspec.msgpack.decode(data)
-    except Exception:
+        obj = foreign.msgpack_any(data)
+    except msgspec.DecodeError:
         return 0
     if isinstance(obj, dict):
         return _valid_id(obj.get("id")) or 0

@@ -24,6 +24,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ktd import foreign
+
 # Part of this module's names for clients (tests/test_exports.py): the ids of frames the
 # daemon will not decode, read in ktd.frameid.
 from ktd.frameid import peek_id as peek_id
@@ -971,14 +973,19 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _request_encoder.encode(msg)
 
 
+# The three decoders of frames someone else wrote: each raises ``msgspec.DecodeError``
+# (``ValidationError``, or ``foreign.Malformed``: nested deeper than ``foreign.MAX_DEPTH``)
+# on anything malformed, and nothing else (ktd.foreign).
+
+
 def decode_request(data: bytes) -> Request:
     """Raise ``msgspec.DecodeError``/``ValidationError`` on anything malformed."""
-    return _request_decoder.decode(data)
+    return foreign.msgpack(data, _request_decoder)
 
 
 def decode_reply(data: bytes) -> Reply:
-    return _reply_decoder.decode(data)
+    return foreign.msgpack(data, _reply_decoder)
 
 
 def decode_event(data: bytes) -> Event:
-    return _event_decoder.decode(data)
+    return foreign.msgpack(data, _event_decoder)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ktd import foreign
 from ktd.protocol import MAX_SECONDS, name_problem
 
 BACKEND_KT = "kt"
@@ -335,8 +336,11 @@ def _validation_error(file: str, exc: Exception, base: str = "$") -> ConfigError
 
 
 def _decode_json(file: str, data: bytes, type_: Any) -> Any:
+    """A config file's bytes as ``type_``; ConfigError naming the file otherwise (not
+    JSON, not UTF-8, nested deeper than ``foreign.MAX_DEPTH``: a hand-written file is
+    someone else's text, and ``ktd serve`` names it rather than dying of it)."""
     try:
-        return msgspec.json.decode(data, type=type_)
+        return foreign.json(data, msgspec.json.Decoder(type_))
     except msgspec.ValidationError as exc:
         raise _validation_error(file, exc) from None
     except msgspec.DecodeError as exc:
@@ -513,8 +517,8 @@ def models_file_of(cfg_path: Path, config: bytes) -> tuple[Path, bool]:
     (a config.json that does not validate still says where its models are; a text that
     is no JSON object means the default ``models.json`` beside it)."""
     try:
-        doc = msgspec.json.decode(config)
-    except msgspec.DecodeError:
+        doc = foreign.json_any(config)
+    except msgspec.DecodeError:  # foreign.Malformed too: parse_config says what is wrong
         doc = None
     named = doc.get("models_file") if isinstance(doc, dict) else None
     if isinstance(named, str) and named:

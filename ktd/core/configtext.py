@@ -9,8 +9,10 @@ hand edits and ktd's edits mix, and ``git diff`` of the file shows the change an
 nothing else. A whole text from the user (``ktctl config apply FILE``, the dashboard's
 raw view) is written as given, never re-formatted.
 
-The text is first read by ``json.loads`` (so it is valid JSON), then a small scanner
-finds where each value lies. Imported by ktctl: the standard library only.
+The text is first read by ``json.loads`` (so it is valid JSON; through ``ktd.foreign``,
+so it is nested no deeper than the scanner's recursion can follow), then a small scanner
+finds where each value lies. Imported by ktctl: the standard library and ``ktd.foreign``
+only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ktd import foreign
 
 __all__ = [
     "EditError",
@@ -215,8 +219,8 @@ def _object(new: dict[str, Any], old: dict[str, Any], node: _Node, style: _Style
 def entries(text: str) -> list[dict[str, Any]]:
     """The entries of a models.json text; EditError if it is no JSON list of objects."""
     try:
-        value = json.loads(text)
-    except ValueError as exc:
+        value = foreign.loads(text)
+    except ValueError as exc:  # foreign.Malformed too: nested too deeply
         raise EditError(f"models.json is not valid JSON: {exc}") from None
     if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
         raise EditError("models.json is not a JSON list of model entries")

@@ -5,13 +5,14 @@ so the meanings live beside the files), ``ktctl config set`` (which reads
 ``FIELD=VALUE`` by the field's kind and names an unknown field), and the dashboard's
 editor (a form with these fields, their meanings as help). The schema itself is
 ``ktd.core.config.ModelEntry``/``KtOverrides``; a test checks that every field here is
-one of theirs. Imported by ktctl: the standard library only.
+one of theirs. Imported by ktctl: the standard library and ``ktd.foreign`` only.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
+
+from ktd import foreign
 
 __all__ = ["FIELDS", "Field", "FieldValueError", "field", "parse_value"]
 
@@ -247,8 +248,8 @@ def parse_value(name: str, text: str) -> Any:
 
 def _json(name: str, text: str, kind: type) -> Any:
     try:
-        value = json.loads(text)
-    except ValueError as exc:
+        value = foreign.loads(text)
+    except ValueError as exc:  # foreign.Malformed too: nested too deeply
         raise FieldValueError(f"{name}: not valid JSON: {exc}") from None
     if not isinstance(value, kind):
         raise FieldValueError(f"{name}: expected a JSON {kind.__name__}, got {text!r}")

@@ -250,10 +250,9 @@ class ConfigDesk:
 
     def _no_version(self, seq: int) -> ControlError:
         kept = [i.seq for i in self.history.infos()]
-        have = f"{min(kept)}-{max(kept)}" if kept else "none"
         return ControlError(
             p.ErrorCode.BAD_REQUEST,
-            f"no version {seq} in the config history (kept: {have})",
+            f"no version {seq} in the config history (kept: {self.history.kept()})",
             {"seq": seq, "kept": kept},
         )
 

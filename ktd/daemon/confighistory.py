@@ -4,9 +4,12 @@ One file per version, ``config-history/<seq>.json``: both files' texts as they w
 made it (the uid the control socket showed, and who the client said it was, kept as
 claimed), when, how (``start``, ``reload`` of a hand edit, ``apply``, ``rollback``) and
 what changed. Each is written whole or not at all (``statefile.write_bytes``); the
-newest ``keep`` stay. A file that does not decode is set aside
-(``<seq>.json.corrupt-<time>``), never read as a version. Blocking: the daemon calls it
-from a thread.
+newest ``keep`` stay. A file is read as a version only when it is one (``_check``): it
+decodes, its name is its own ``seq``'s (``000042.json`` holds seq 42), and its
+``version`` is its texts'. Any other is set aside (``<name>.corrupt-<time>``) and said in
+the log, never listed: a file copied or renamed by hand once made the history list a
+version that no read could find ("no version 500 ... kept: 1-500"). Blocking: the daemon
+calls it from a thread.
 """
 
 from __future__ import annotations
@@ -18,14 +21,13 @@ from pathlib import Path
 
 import msgspec
 
+from ktd import foreign
 from ktd.core.config import ConfigTexts, models_file_of
 from ktd.core.configtext import version_of
 from ktd.daemon import statefile
 from ktd.protocol import ConfigVersion
 
 log = logging.getLogger("ktd")
-
-_NAME = re.compile(r"^(\d{1,16})\.json$")
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -74,6 +76,46 @@ def texts_version(texts: ConfigTexts) -> str:
     return version_of(texts.config, texts.models_name, texts.models)
 
 
+_NAME = re.compile(r"^(\d{1,16})\.json$")
+_decoder = msgspec.json.Decoder(Record)
+
+
+def file_name(seq: int) -> str:
+    """The one name of version ``seq``'s file."""
+    return f"{seq:06d}.json"
+
+
+class NotAVersion(Exception):
+    """A history file that is no version: it does not decode, or it contradicts itself."""
+
+
+def _check(name: str, data: bytes) -> Record:
+    """The version in file ``name``; NotAVersion saying why it is none."""
+    try:
+        record = foreign.json(data, _decoder)
+    except msgspec.DecodeError as exc:  # ValidationError and foreign.Malformed too
+        raise NotAVersion(f"does not decode ({exc})") from None
+    seq = record.info.seq
+    if seq < 1 or name != file_name(seq):
+        raise NotAVersion(f"holds seq {seq}, which is not its name's")
+    found = texts_version(record.texts())
+    if record.info.version != found:
+        raise NotAVersion(f"says version {record.info.version!r} of texts that are {found!r}")
+    return record
+
+
+def seq_ranges(seqs: list[int]) -> str:
+    """``1-3, 7``: the versions kept, gaps shown (a range hid a gap: "no version 5 ...
+    kept: 1-9" when 5 had been set aside); "none" for none."""
+    runs: list[list[int]] = []
+    for seq in sorted(seqs):
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1][1] = seq
+        else:
+            runs.append([seq, seq])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs) or "none"
+
+
 class History:
     """The versions on disk, their summaries in memory (newest last)."""
 
@@ -82,13 +124,17 @@ class History:
         self.keep = keep
         self._infos: list[ConfigVersion] = []
         self._loaded = False
+        # The highest seq a file was named with, a file set aside included: a new version
+        # never takes the number of one that was (its ``rollback_of`` may name it).
+        self._named = 0
 
     def _path(self, seq: int) -> Path:
         assert self.directory is not None
-        return self.directory / f"{seq:06d}.json"
+        return self.directory / file_name(seq)
 
     def load(self) -> None:
-        """Read what is kept (once, at start). Corrupt files are set aside, and said."""
+        """Read what is kept (once, at start). Files that are no version (``_check``) are
+        set aside, and said."""
         self._loaded = True
         if self.directory is None or not self.directory.is_dir():
             return
@@ -96,20 +142,28 @@ class History:
             stale.unlink(missing_ok=True)  # a daemon killed mid-write (we hold the state lock)
         found = []
         for path in self.directory.iterdir():
-            if not _NAME.match(path.name):
+            m = _NAME.match(path.name)
+            if not m:
                 continue
+            self._named = max(self._named, int(m[1]))
             try:
-                record = msgspec.json.decode(path.read_bytes(), type=Record)
-            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-                try:
-                    aside = statefile.set_aside(path)
-                    log.error("config history: %s does not decode (%s); set aside as %s",
-                              path, exc, aside.name)  # fmt: skip
-                except OSError as err:
-                    log.error("config history: %s does not decode (%s): %s", path, exc, err)
+                record = _check(path.name, path.read_bytes())
+            except OSError as exc:
+                log.error("config history: cannot read %s: %s", path, exc)
+                continue
+            except NotAVersion as exc:
+                self._set_aside(path, str(exc))
                 continue
             found.append(record.info)
         self._infos = sorted(found, key=lambda i: i.seq)
+
+    @staticmethod
+    def _set_aside(path: Path, why: str) -> None:
+        try:
+            aside = statefile.set_aside(path)
+            log.error("config history: %s %s; set aside as %s", path, why, aside.name)
+        except OSError as err:
+            log.error("config history: %s %s; not read as a version: %s", path, why, err)
 
     def infos(self) -> list[ConfigVersion]:
         """Newest first."""
@@ -123,16 +177,27 @@ class History:
 
     def next_seq(self) -> int:
         latest = self.latest()
-        return latest.seq + 1 if latest is not None else 1
+        return max(latest.seq if latest is not None else 0, self._named) + 1
+
+    def kept(self) -> str:
+        """The seqs kept, as ``seq_ranges`` says them."""
+        return seq_ranges([i.seq for i in self.infos()])
 
     def get(self, seq: int) -> Record | None:
+        """Version ``seq``, checked again as it is read (a file changed since the start);
+        None, and forgotten from the list, when it is gone or no version any more: what
+        the history lists is what it can give."""
         if self.directory is None or all(i.seq != seq for i in self.infos()):
             return None
+        path = self._path(seq)
         try:
-            return msgspec.json.decode(self._path(seq).read_bytes(), type=Record)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return _check(path.name, path.read_bytes())
+        except OSError as exc:
             log.error("config history: cannot read version %d: %s", seq, exc)
-            return None
+        except NotAVersion as exc:
+            self._set_aside(path, str(exc))
+        self._infos = [i for i in self._infos if i.seq != seq]
+        return None
 
     def add(self, record: Record) -> None:
         """Write ``record`` (OSError: nothing was kept); ``trim`` once it stands."""

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import trio
 
+from ktd import foreign
 from ktd.core import loglines
 from ktd.core import states as S
 from ktd.daemon.enginekey import auth_headers
@@ -53,7 +54,7 @@ async def is_ready(
         r = await http.get(base + loglines.probe_path("/v1/models"), timeout=2.0, headers=headers)
         if r.status_code != 200:
             return False
-        ids = [m.get("id") for m in r.json().get("data", [])]
+        ids = [m.get("id") for m in foreign.json_any(r.content).get("data", [])]
         if alias not in ids:
             return False
         h = await http.get(base + loglines.probe_path("/health"), timeout=20.0, headers=headers)

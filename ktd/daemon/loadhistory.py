@@ -12,6 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
+from ktd import foreign
 from ktd.daemon import statefile
 
 __all__ = ["LoadHistory", "expected"]
@@ -34,7 +35,7 @@ class LoadHistory:
         if self.path is None:
             return {}
         try:
-            data = json.loads(self.path.read_bytes())
+            data = foreign.loads(self.path.read_bytes())
         except (OSError, ValueError):
             return {}
         loads = data.get("loads") if isinstance(data, dict) else None

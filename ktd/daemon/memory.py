@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from ktd import foreign
 from ktd.core import loglines
 from ktd.core.loads import EngineLoad, parse
 from ktd.daemon.enginekey import auth_headers
@@ -61,7 +62,7 @@ async def read_load(
         )
         if r.status_code != 200:
             return None
-        return parse(r.json())
+        return parse(foreign.json_any(r.content))
     except (httpx.HTTPError, OSError, ValueError):
         return None
 
@@ -79,7 +80,7 @@ async def read_memory(
         if r.status_code != 200:
             return None
         total: dict[str, float] = {}
-        for entry in r.json()["loads"]:
+        for entry in foreign.json_any(r.content)["loads"]:
             for name, value in (entry.get("memory") or {}).items():
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     total[name] = total.get(name, 0.0) + float(value)

@@ -10,13 +10,13 @@ pure function of gathered :class:`Facts`; :func:`gather` is the thin I/O.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ktd import foreign
 from ktd.core.command import LaunchError, build_launch
 from ktd.core.config import ModelSpec
 from ktd.core.sglang_options import Catalog
@@ -136,7 +136,7 @@ def read_model_config(model_path: str) -> tuple[dict[str, Any] | None, str | Non
         return None, None
     cfg = p / "config.json"
     try:
-        data = json.loads(cfg.read_bytes())
+        data = foreign.loads(cfg.read_bytes())
     except FileNotFoundError:
         return None, f"model_path {model_path} has no config.json (not a Hugging Face model dir?)"
     except OSError as exc:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import msgspec
 import trio
 
+from ktd import foreign
 from ktd.core.sglang_options import Catalog, CatalogData
 
 # Stdlib only in the engine's interpreter; every step guarded so one missing
@@ -143,7 +144,7 @@ def parse_probe_output(python: str, returncode: int, output: str) -> ProbeResult
     for line in output.splitlines():
         if line.startswith("KTD_PROBE "):
             try:
-                data = json.loads(line[len("KTD_PROBE ") :])
+                data = foreign.loads(line[len("KTD_PROBE ") :])
             except ValueError:
                 break
             sglang = data.get("sglang")

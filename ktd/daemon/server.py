@@ -17,7 +17,7 @@ import msgspec
 import trio
 import zmq
 
-from ktd import __version__, protocol_schema
+from ktd import __version__, foreign, protocol_schema
 from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, Peer, TrioSocket
@@ -33,8 +33,8 @@ _OPS = frozenset(str(t.__struct_config__.tag) for t in p.AnyRequest.__args__)
 def _op_of(payload: bytes) -> str | None:
     """The ``op`` of a frame that decodes as msgpack but not as a request, if it is a string."""
     try:
-        obj = msgspec.msgpack.decode(payload)
-    except Exception:
+        obj = foreign.msgpack_any(payload)
+    except msgspec.DecodeError:
         return None
     op = obj.get("op") if isinstance(obj, dict) else None
     return op if isinstance(op, str) else None

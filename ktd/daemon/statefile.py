@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from ktd import foreign
 from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK
 from ktd.daemon import proctree
@@ -91,9 +92,12 @@ def encode(state: StateFile) -> bytes:
     return msgspec.json.encode(state)
 
 
+_decoder = msgspec.json.Decoder(StateFile)
+
+
 def decode(data: bytes) -> StateFile:
     """Raise ``msgspec.DecodeError``/``ValidationError`` on anything malformed."""
-    return msgspec.json.decode(data, type=StateFile)
+    return foreign.json(data, _decoder)
 
 
 def read(path: Path) -> StateFile:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import msgspec
 
+from ktd import foreign
 from ktd import protocol as p
 from ktd.core import usage as u
 from ktd.daemon import statefile
@@ -102,7 +103,7 @@ class UsageStore:
             log.error("cannot read the usage ledger %s: %s", self.path, exc)
             return u.Ledger(), ""
         try:
-            file = _decoder.decode(data)
+            file = foreign.json(data, _decoder)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             _set_aside(self.path, f"usage ledger {self.path} is corrupt ({exc})")
             return u.Ledger(), ""
@@ -125,7 +126,7 @@ class UsageStore:
         lines = data.split(b"\n")
         torn = lines.pop()  # after the last newline: empty, or a line a crash cut short
         try:
-            head = _head_decoder.decode(lines[0]) if lines else None
+            head = foreign.json(lines[0], _head_decoder) if lines else None
         except (msgspec.DecodeError, msgspec.ValidationError):
             head = None
         if head is None:
@@ -136,7 +137,7 @@ class UsageStore:
             return False  # written whole into usage.json, then a crash ended the compaction
         for n, line in enumerate(lines[1:], start=2):
             try:
-                entry = _entry_decoder.decode(line)
+                entry = foreign.json(line, _entry_decoder)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 _set_aside(self.journal, f"usage journal {self.journal} line {n}: {exc}")
                 return False

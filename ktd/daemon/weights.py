@@ -8,13 +8,13 @@ tensor without reading the data, so expert and non-expert weights separate.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ktd import foreign
 from ktd.core import fit
 from ktd.core.config import ModelSpec
 from ktd.core.placement import tp_size_of
@@ -81,7 +81,7 @@ def _header(path: Path) -> dict[str, object] | None:
             (n,) = struct.unpack("<Q", raw)
             if n <= 0 or n > _MAX_HEADER:
                 return None
-            data = json.loads(f.read(n))
+            data = foreign.loads(f.read(n))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import trio
 
+from ktd import foreign
 from ktd import protocol as p
 from ktd.frontend import errors
 
@@ -36,9 +37,9 @@ _decoder = msgspec.json.Decoder(RequestHead)
 def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False) -> Peeked:
     """Validate the routing fields; raise ``ApiError`` 400 in OpenAI's words otherwise.
 
-    JSON nested deeper than the decoder's recursion limit (~1,000 levels) is a
-    400 too: it is the client's input, never the frontend's 500. ``ollama``:
-    Ollama's ``stream`` (see ``ollama_stream``).
+    JSON nested deeper than ``foreign.MAX_DEPTH`` levels is a 400 too, refused
+    before the decoder recurses (``ktd.foreign``): it is the client's input, never
+    the frontend's 500. ``ollama``: Ollama's ``stream`` (see ``ollama_stream``).
     """
     if not body.strip():
         raise errors.make(
@@ -47,7 +48,7 @@ def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False)
             code="invalid_json",
         )
     try:
-        head = _decoder.decode(body)
+        head = foreign.json(body, _decoder)
     except msgspec.ValidationError:
         # Only possible cause with Any-typed fields: the top level is not an object.
         raise errors.make(
@@ -55,16 +56,12 @@ def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False)
             message="The JSON body of your request must be an object.",
             code="invalid_json",
         ) from None
+    except foreign.TooDeep as exc:
+        raise too_deep(exc) from None
     except msgspec.DecodeError as exc:
         raise errors.make(
             "bad_request",
             message=f"We could not parse the JSON body of your request: {exc}",
-            code="invalid_json",
-        ) from None
-    except RecursionError:
-        raise errors.make(
-            "bad_request",
-            message="The JSON body of your request is nested too deeply.",
             code="invalid_json",
         ) from None
     stream = ollama_stream(head.stream) if ollama else _stream(head.stream)
@@ -82,6 +79,15 @@ def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False)
             code="invalid_type",
         )
     return Peeked(model=check_model(head.model), stream=stream)
+
+
+def too_deep(exc: foreign.TooDeep) -> errors.ApiError:
+    """The 400 for a JSON body nested deeper than ktd decodes, on every route."""
+    return errors.make(
+        "bad_request",
+        message=f"The JSON body of your request is nested too deeply: {exc}.",
+        code="invalid_json",
+    )
 
 
 def check_model(model: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import trio
 
+from ktd import foreign
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
@@ -48,7 +49,7 @@ async def engine_cards(
     if resp.status != 200:
         return None
     try:
-        obj = msgspec.json.decode(data)
+        obj = foreign.json_any(data)
     except msgspec.DecodeError:
         return None
     cards = obj.get("data") if isinstance(obj, dict) else None

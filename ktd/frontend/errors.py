@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from ktd import foreign
 from ktd.protocol import ErrorCode
 
 _encoder = msgspec.json.Encoder()
@@ -364,7 +365,7 @@ def in_route_shape(api: str, status: int, body: bytes) -> bytes | None:
     ``{"type": "error", "error": {...}}``, Ollama's ``{"error": "..."}``; status,
     message and type are the engine's."""
     try:
-        obj = msgspec.json.decode(body)
+        obj = foreign.json_any(body)
     except msgspec.DecodeError:
         obj = None
     if isinstance(obj, dict):
@@ -395,7 +396,7 @@ def from_upstream_body(status: int, body: bytes) -> ApiError:
     code: str | int = status
     param = None
     try:
-        obj = msgspec.json.decode(body)
+        obj = foreign.json_any(body)
     except msgspec.DecodeError:
         obj = None
     if isinstance(obj, dict):

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ktd import foreign
 from ktd.ollama_shapes import timestamp
 
 FOREVER = math.inf
@@ -62,7 +63,7 @@ def read(body: bytes, route: str) -> tuple[Kind, float | None]:
     """What an Ollama request asks: a generation, or only a load or an unload (no
     prompt, no messages); and its ``keep_alive`` (None: none given)."""
     try:
-        extras = _decoder.decode(body)
+        extras = foreign.json(body, _decoder)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return "generate", None  # the route's own parse reports the body
     keep = None if extras.keep_alive in (msgspec.UNSET, None) else duration(extras.keep_alive)

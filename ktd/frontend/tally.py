@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from ktd import foreign
+
 Api = Literal["openai", "anthropic", "ollama"]
 
 _KEY = b'"usage":'
@@ -45,7 +47,7 @@ def ask_for_usage(body: bytes) -> bytes | None:
         comma = b"" if body[start:].lstrip().startswith(b"}") else b","
         return body[:start] + b'"stream_options":{"include_usage":true}' + comma + body[start:]
     try:
-        obj = _decoder.decode(body)
+        obj = foreign.json(body, _decoder)
     except msgspec.DecodeError:
         return None
     if not isinstance(obj, dict):
@@ -61,7 +63,7 @@ def ask_for_usage(body: bytes) -> bytes | None:
 def body_tokens(api: Api, data: bytes) -> Tokens | None:
     """The tokens a non-streamed answer reports, if it does."""
     try:
-        obj = _decoder.decode(data)
+        obj = foreign.json(data, _decoder)
     except msgspec.DecodeError:
         return None
     return _tokens(api, obj) if isinstance(obj, dict) else None
@@ -174,7 +176,7 @@ def _event_at(data: bytes, at: int) -> dict[str, Any] | None:
     if start < 0:
         return None
     try:
-        obj = _decoder.decode(data[start + 5 : end if end >= 0 else len(data)])
+        obj = foreign.json(data[start + 5 : end if end >= 0 else len(data)], _decoder)
     except msgspec.DecodeError:
         return None
     return obj if isinstance(obj, dict) else None

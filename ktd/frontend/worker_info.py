@@ -13,13 +13,12 @@ demand when the first request arrives.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from quart import Response, request
 
-from ktd import __version__
+from ktd import __version__, foreign
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
@@ -176,7 +175,7 @@ class WorkerInfo:
             resp.close()
         if resp.status != 200:
             raise UpstreamError(f"{path}: HTTP {resp.status}")
-        return without_keys(json.loads(body))
+        return without_keys(foreign.loads(body))
 
 
 def _reply(obj: Any) -> Response:

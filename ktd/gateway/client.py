@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from ktd import foreign
 from ktd.gateway.plan import Listed, Worker
 
 
@@ -58,7 +59,7 @@ class RouterClient:
         if r.status_code != 200:
             raise self._fail(r, "GET /workers")
         try:
-            return parse_workers(r.json())
+            return parse_workers(foreign.json_any(r.content))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise RouterError(f"GET /workers: unexpected body: {exc}") from None
 
@@ -82,7 +83,7 @@ class RouterClient:
         if r.status_code not in (200, 201, 202):
             raise self._fail(r, "POST /workers")
         try:
-            doc = r.json()
+            doc = foreign.json_any(r.content)
         except ValueError:
             return None
         wid = doc.get("worker_id") if isinstance(doc, dict) else None

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ktd import foreign
 from ktd.core.config import GatewaySection
 from ktd.core.doctor import Check
 from ktd.gateway import plan
@@ -126,7 +127,7 @@ def probe_sync(cfg: GatewaySection) -> list[RouterProbe]:
                 r = http.get(base + "/workers")
                 if r.status_code != 200:
                     raise RouterError(f"GET /workers: HTTP {r.status_code}")
-                out.append(RouterProbe(base, parse_workers(r.json())))
+                out.append(RouterProbe(base, parse_workers(foreign.json_any(r.content))))
             except (httpx.HTTPError, OSError, RouterError, ValueError, KeyError) as exc:
                 out.append(RouterProbe(base, error=str(exc)))
     return out

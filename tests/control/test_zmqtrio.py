@@ -197,3 +197,42 @@ def test_peer_credentials_are_read_from_libzmqs_peer_address() -> None:
     assert peer_of(":0:0:7") == Peer(0, 0, 7)
     for odd in (None, "", "127.0.0.1", "a:b:c:d", "host:1:2"):
         assert peer_of(odd) is None
+
+
+async def test_a_reply_nested_too_deeply_is_dropped_and_the_client_serves_on(
+    tmp_path: Path,
+) -> None:
+    """Issue 43: a reply of 1,000 nested arrays raised RecursionError out of the client's
+    pump (the frontend's line to ktd); it is dropped as any undecodable reply is (its
+    caller waits out its timeout), and the next reply is read."""
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/r.sock"
+    router.bind(endpoint)
+    server: TrioSocket
+    answered = 0
+
+    def on_message(frames: list[bytes]) -> None:
+        nonlocal answered
+        answered += 1
+        req = p.decode_request(frames[-1])
+        reply = p.encode(p.Pong(id=req.id, version="t", pid=1))
+        if answered == 1:  # {"type": "pong", ..., "pad": [[[...]]]}
+            reply = bytes([reply[0] + 1]) + reply[1:] + b"\xa3pad" + b"\x91" * 1000 + b"\xc0"
+        server.send([*frames[:-1], reply])
+
+    server = TrioSocket(router, on_message)
+    client = AsyncClient(endpoint, timeout=0.5)
+    async with trio.open_nursery() as n:
+        n.start_soon(server.run)
+        await n.start(client.run)
+        try:
+            await client.request(p.Ping())
+        except Unreachable:
+            pass  # its reply could not be read: the caller's timeout
+        else:
+            raise AssertionError("a reply nested 1,000 deep was read")
+        assert isinstance(await client.request(p.Ping()), p.Pong)
+        n.cancel_scope.cancel()
+    server.close()

@@ -263,3 +263,25 @@ def test_durations_keep_the_protocol_s_bound(
     with pytest.raises(ConfigError, match=r"at most 1e\+09 seconds") as info:
         load_config(write(tmp_path, {"models_file": "models.json", **cfg}, models))
     assert field in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("config", "models", "named", "says"),
+    [
+        ('{"daemon": ' + "[" * 1000 + "]" * 1000 + "}", "[]", "config.json", "nested"),
+        ("{}", '[{"alias": "a", "x": ' + "{" * 500 + "}" * 500 + "}]", "models.json", "nested"),
+        ('{"models_file": "m\xff.json"}', "[]", "config.json", "UTF-8"),
+        ("{}", '[{"alias": "a\xff", "model_path": "/m"}]', "models.json", "UTF-8"),
+    ],
+)
+def test_a_hand_written_file_nested_too_deeply_or_not_utf8_is_an_error_naming_it(
+    tmp_path: Path, config: str, models: str, named: str, says: str
+) -> None:
+    """Issue 43: 1,000 nested arrays in config.json raised RecursionError out of
+    ``ktd serve`` (a traceback); now a ConfigError naming the file, as for bad JSON."""
+    (tmp_path / "config.json").write_bytes(config.encode("latin-1"))
+    (tmp_path / "models.json").write_bytes(models.encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "config.json")
+    assert info.value.file == str(tmp_path / named)
+    assert says in info.value.message

@@ -270,3 +270,70 @@ async def test_a_rollback_after_a_start_at_another_path_writes_the_file_ktd_runs
     (etc_b / "models.json").write_text(json.dumps(doc))
     assert "updated in place: a" in await desk.reload(Who(uid=0))
     assert a.pool.engines["a"].spec.ttl == 77
+async def test_a_plan_of_texts_nested_too_deeply_is_a_config_error_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    """Issue 43: a ``config_plan`` text of 1,000 nested arrays answered ``internal`` (a
+    RecursionError); it is the text's problem, named with its file, as bad JSON is."""
+    b = make(tmp_path)
+    deep = "[" * 1000 + "]" * 1000
+    for config, models, file in (
+        ('{"daemon": ' + deep + "}", None, b.config),
+        (None, '[{"alias": "a", "x": ' + deep + "}]", b.models),
+    ):
+        plan = await b.desk.plan(config, models, "")
+        assert not plan.ok, plan
+        (problem,) = plan.problems
+        assert problem.file == str(file)
+        assert "nested more than 128 levels deep" in problem.message
+
+
+async def test_a_history_file_that_contradicts_itself_is_set_aside_never_listed(
+    tmp_path: Path,
+) -> None:
+    """Issue 43, item 8: a file whose name disagrees with its seq was listed under its seq
+    and then not found by it ("no version 500 ... kept: 1-500"). A file is a version only
+    if its name is its seq's and its version its texts': others are set aside at start,
+    or when a read finds them changed since, and the history says what it really keeps."""
+    b = make(tmp_path)
+    await b.desk.record_start()
+    for ttl in (1, 2, 3):
+        got = await b.desk.get(None)
+        text = configtext.set_fields(got.models_text or "", "a", {"ttl": ttl})
+        await b.desk.apply(None, text, got.version, ALICE)
+    folder = tmp_path / "state" / "config-history"
+    renamed = json.loads((folder / "000002.json").read_text())
+    renamed["info"]["seq"] = 500  # a hand edit, or a copy under another name
+    (folder / "000002.json").write_text(json.dumps(renamed))
+    edited = json.loads((folder / "000004.json").read_text())
+    edited["models_text"] += " "  # its texts are no longer the version it names
+    (folder / "000004.json").write_text(json.dumps(edited))
+
+    desk = make(tmp_path).desk  # a restarted daemon reads the history
+    assert [v.seq for v in desk.history.infos()] == [3, 1]
+    kept = sorted(n.split(".corrupt-")[0] for n in os.listdir(folder) if ".corrupt-" in n)
+    assert kept == ["000002.json", "000004.json"]
+    for seq in (500, 2, 4):
+        with pytest.raises(ControlError, match=rf"no version {seq} .*\(kept: 1, 3\)$"):
+            await desk.get(seq)
+    assert (await desk.get(3)).seq == 3  # what it lists, it gives
+
+    # Changed after the start: found out by the read, said, and no longer listed.
+    moved = json.loads((folder / "000003.json").read_text())
+    moved["info"]["seq"] = 9
+    (folder / "000003.json").write_text(json.dumps(moved))
+    with pytest.raises(ControlError, match=r"no version 3 .*\(kept: 1\)$"):
+        await desk.rollback(3, "", ALICE, dry_run=True)
+    assert [v.seq for v in (await desk.history_now()).versions] == [1]
+    # The next version takes a number no file had: none set aside is taken again.
+    got = await desk.get(None)
+    reply = await desk.apply(None, (got.models_text or "") + "\n", got.version, ALICE)
+    assert reply.seq == 5 and [v.seq for v in desk.history.infos()] == [5, 1]
+
+
+def test_the_kept_versions_show_their_gaps() -> None:
+    from ktd.daemon.confighistory import seq_ranges
+
+    assert seq_ranges([]) == "none"
+    assert seq_ranges([3, 1, 2]) == "1-3"
+    assert seq_ranges([1, 3, 4, 5, 9]) == "1, 3-5, 9"

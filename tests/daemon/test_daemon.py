@@ -519,3 +519,21 @@ def test_a_removed_or_replaced_control_socket_is_bound_again(
     events.unlink()
     wait_for(events.is_socket, timeout=15, what="events bound again")
     assert "binding it again" in d.output()
+
+
+def test_serve_names_a_config_nested_too_deeply_instead_of_a_traceback(
+    tmp_path: Path, ktd_env: dict[str, str]
+) -> None:
+    """Issue 43: ``ktd serve`` with a hand-written config.json of 1,000 nested arrays died
+    of RecursionError (a traceback); it names the file and exits as for any config error."""
+    import subprocess
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"daemon": ' + "[" * 1000 + "]" * 1000 + "}")
+    r = subprocess.run(
+        [sys.executable, "-m", "ktd", "serve", "--config", str(cfg),
+         "--socket", str(tmp_path / "c.sock")],
+        env=ktd_env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"config error: {cfg}: not valid JSON: nested more than 128 levels deep" in r.stderr

@@ -275,3 +275,28 @@ async def test_config_requests_carry_the_uid_the_socket_shows(tmp_path: Path) ->
         history = await client.request(p.ConfigHistory())
         assert isinstance(history, p.ConfigHistoryReply) and history.keep == 21
     assert [(w.uid, w.claimed) for w in desk.who] == [(os.getuid(), "mallory"), (os.getuid(), "")]
+
+
+def _padded(fields: dict[str, Any], pad: bytes) -> bytes:
+    """``fields`` and a ``pad`` field whose value is ``pad``'s raw msgpack."""
+    head = bytes([0x80 | (len(fields) + 1)])
+    enc = msgspec.msgpack.encode
+    body = b"".join(enc(k) + enc(v) for k, v in fields.items())
+    return head + body + enc("pad") + pad
+
+
+async def test_a_frame_nested_too_deeply_in_any_op_is_a_bad_request_and_ktd_serves_on(
+    tmp_path: Path,
+) -> None:
+    """Issue 43: 1,000 nested arrays in a field of any op (1 KB) raised RecursionError
+    out of the decoder, through the pump, into the daemon's nursery. Now each is a
+    ``bad_request`` with its id, and the next request is served."""
+    ops = sorted(str(t.__struct_config__.tag) for t in p.AnyRequest.__args__)
+    async with serving_at(tmp_path, FakePool()) as (client, endpoint):
+        for rid, op in enumerate(ops, 1):
+            for deep in (b"\x91" * 1000 + b"\xc0", b"\x81\xa1k" * 129 + b"\xc0"):
+                reply = await raw(endpoint, _padded({"op": op, "id": rid}, deep))
+                assert isinstance(reply, p.Error), op
+                assert (reply.code, reply.id) == ("bad_request", rid), op
+                assert "nested more than 128 levels deep" in reply.message
+        assert isinstance(await client.request(p.Ping()), p.Pong)

@@ -3,8 +3,9 @@
 The control API's promise: "A malformed frame gets a ``bad_request`` reply (or is dropped when it
 has no identity); the daemon never dies of a message." Hypothesis builds batches
 of hostile messages (random bytes, valid requests with fields of the wrong type,
-unknown ops, huge and truncated ints and lengths, deep nesting, frames over the
-1 MiB limit, multipart garbage, empty frames); 20 DEALER clients send a batch at
+unknown ops, huge and truncated ints and lengths, deep nesting at the top and in any
+field, frames over the 1 MiB limit, multipart garbage, empty frames); 20 DEALER clients
+send a batch at
 once, plus clients that hang up without reading and raw non-ZMTP garbage on the
 unix socket. After every batch the daemon answers ``ping``, every message got
 exactly one reply of the right kind, and ``status`` (a ready engine included) is
@@ -92,8 +93,6 @@ def safe(msg: Msg) -> bool:
         req = p.decode_request(msg.payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return True
-    except RecursionError:
-        return True  # the daemon must cope; the oracle treats it as undecodable
     if isinstance(req, p.Load):
         return req.dry_run
     return isinstance(req, SAFE)
@@ -202,6 +201,15 @@ def nested(depth: int, kind: str) -> bytes:
     return b"\x81\xa2op" * depth + b"\xa4ping"
 
 
+def nested_field(base: dict[str, Any], rid: int, depth: int, kind: str) -> Msg:
+    """``base`` with its id and a ``pad`` field nested ``depth`` levels (issue 43: 1,000
+    of them in any field of any op raised RecursionError out of ktd's pump)."""
+    fields = {**base, "id": rid}
+    head = bytes([0x80 | (len(fields) + 1)])
+    body = b"".join(encode(k) + encode(v) for k, v in fields.items())
+    return Msg((head + body + encode("pad") + nested(depth, kind),), "nested-field")
+
+
 def oversized(extra: int, valid: bool) -> Msg:
     if valid:
         pad = "x" * (p.MAX_FRAME + extra)
@@ -218,6 +226,13 @@ messages = st.one_of(
     st.sampled_from(HANDMADE).map(lambda b: _raw("handmade", b)),
     st.builds(nested, st.integers(1, 200_000), st.sampled_from(["array", "map"])).map(
         lambda b: _raw("nested", b)
+    ),
+    st.builds(
+        nested_field,
+        st.sampled_from(BASES),
+        ints,
+        st.one_of(st.integers(1, 300), st.integers(300, 100_000)),
+        st.sampled_from(["array", "map"]),
     ),
     st.builds(oversized, st.integers(1, 4096), st.booleans()),
     st.lists(st.binary(max_size=40), min_size=2, max_size=5).map(
@@ -382,6 +397,8 @@ def test_every_message_kind_at_once(fuzz_daemon: Any) -> None:
         _raw("empty", b""),
         _raw("nested", nested(100_000, "array")),
         _raw("nested", nested(50_000, "map")),
+        nested_field({"op": "status"}, 14, 1000, "array"),
+        nested_field({"op": "logs", "alias": "fz-a"}, 15, 100_000, "map"),
         oversized(1, valid=True),
         oversized(100, valid=False),
         Msg((b"", b"", b""), "multipart-empty"),
@@ -400,6 +417,36 @@ def test_every_message_kind_at_once(fuzz_daemon: Any) -> None:
     ]
     fire(fuzz_daemon, batch)
     check_unchanged(fuzz_daemon)
+
+
+def test_a_frame_nested_1000_deep_is_a_bad_request_and_ktd_and_its_engine_live_on(
+    fuzz_daemon: Any,
+) -> None:
+    """Issue 43: ``{"op": "ping", "id": 1, "pad": [[[...]]]}``, 1,000 arrays deep (1 KB),
+    killed ktd and its engines (RecursionError out of the pump). Now: ``bad_request`` with
+    the id, and a config text as deep is a plan's config error (was ``internal``)."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        s.connect(f"ipc://{fuzz_daemon.socket}")
+        s.send(nested_field({"op": "ping"}, 1, 1000, "array").payload)
+        deep = '[{"alias": "fz-a", "x": ' + "[" * 1000 + "]" * 1000 + "}]"
+        s.send(encode({"op": "config_plan", "id": 2, "models_text": deep}))
+        replies = {}
+        for _ in range(2):
+            assert s.poll(10_000), fuzz_daemon.output()
+            reply = p.decode_reply(s.recv())
+            replies[reply.id] = reply
+    finally:
+        s.close(0)
+        ctx.destroy(linger=0)
+    refused, plan = replies[1], replies[2]
+    assert isinstance(refused, p.Error) and refused.code == p.ErrorCode.BAD_REQUEST
+    assert "nested more than 128 levels deep" in refused.message
+    assert isinstance(plan, p.ConfigPlanReply) and not plan.plan.ok
+    assert "nested more than 128 levels deep" in plan.plan.problems[0].message
+    check_unchanged(fuzz_daemon)  # it answers a ping, its engine runs, nothing changed
 
 
 def test_a_client_that_never_reads_costs_the_others_nothing(fuzz_daemon: Any) -> None:

@@ -42,12 +42,14 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
+from ktd import foreign
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import usage
 from ktd.core.loglines import Seam
 from ktd.frontend import errors, inbound
+from ktd.frontend.body import too_deep
 from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import Receive, Scope, Send
 from ktd.frontend.proxy import control_error
@@ -112,7 +114,9 @@ class UiRequest:
 
     async def json(self) -> dict[str, Any]:
         try:
-            obj = msgspec.json.decode(await self.body())
+            obj = foreign.json_any(await self.body())
+        except foreign.TooDeep as exc:
+            raise too_deep(exc) from None
         except msgspec.DecodeError:
             raise errors.make(
                 "bad_request", message="expected a JSON object", code="invalid_json"

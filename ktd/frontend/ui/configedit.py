@@ -22,6 +22,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from ktd import foreign
 from ktd import protocol as p
 from ktd.core import configtext, modelfields
 from ktd.frontend.ui.view import is_secret
@@ -114,9 +115,9 @@ def mask_text(text: str, secrets: Sequence[str]) -> str:
     for n, secret in _by_length(secrets):
         for spelled in {json.dumps(secret, ensure_ascii=False)[1:-1], json.dumps(secret)[1:-1]}:
             masked = masked.replace(spelled, MARK.format(n))
-    expected = mask_value(json.loads(text), secrets)
+    expected = mask_value(foreign.loads(text), secrets)
     try:
-        if json.loads(masked) == expected:
+        if foreign.loads(masked) == expected:
             return masked
     except ValueError:
         pass
