@@ -42,15 +42,18 @@ def _json(args: argparse.Namespace) -> bool:
 
 
 def _ask(question: str) -> bool | None:
-    """yes/no on the terminal (not stdin when it carries the file); None: no terminal."""
+    """yes/no on the terminal (not stdin when it carries the file); None: no terminal.
+
+    The terminal is opened unbuffered and binary: a text-mode ``r+`` file needs a
+    seekable one, and a terminal is not (issue 43: every question was "no terminal").
+    End of input (Ctrl-D) is a no."""
     try:
-        tty = open("/dev/tty", "r+")  # noqa: SIM115
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
     except OSError:
         return None
-    with tty:
-        tty.write(f"{question} [y/N] ")
-        tty.flush()
-        answer = tty.readline().strip().lower()
+    with open(fd, "r+b", buffering=0) as tty:
+        tty.write(f"{question} [y/N] ".encode())
+        answer = tty.readline().decode("utf-8", "replace").strip().lower()
     return answer in ("y", "yes")
 
 
@@ -314,37 +317,71 @@ def _editor() -> list[str]:
 
 
 def cmd_edit(client: Client, args: argparse.Namespace) -> int:
-    """$EDITOR on a copy; on save, the plan; errors: edit again or give up."""
-    import subprocess
+    """$EDITOR on a copy; on save, the plan; errors: edit again or give up.
+
+    An edit that is not applied (a refused plan, a no, no terminal to ask on, a stale
+    base, the editor failing) is kept: its copy stays where the editor wrote it and
+    ktctl says where, and how to apply it later (issue 43: it was deleted unsaid)."""
+    import shutil
     import tempfile
 
     got = client.config_get()
     kind = args.file or ("models" if got.models_text is not None else "config")
     text = got.config_text if kind == "config" else _models_of(got)
     name = os.path.basename(got.config_path if kind == "config" else got.models_path)
-    with tempfile.TemporaryDirectory(prefix="ktctl-edit-") as folder:
-        path = os.path.join(folder, name)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-        while True:
-            try:
-                done = subprocess.run([*_editor(), path], check=False)
-            except OSError as exc:
-                raise UsageError(f"cannot run the editor {_editor()[0]!r}: {exc}") from None
-            if done.returncode != 0:
-                _out(f"the editor exited {done.returncode}: nothing applied")
-                return EXIT_FAILED
-            new = _read(path)
-            if new == text:
-                _out("no change")
-                return EXIT_OK
-            plan = client.config_plan(base=got.version, **_texts(kind, new))
-            _show(args, plan)
-            if plan.ok:
-                break
-            again = _ask("edit again?") if not args.yes else False
-            if not again:
-                raise KtdError(p.ErrorCode.CONFIG_ERROR, _first_error(plan), {})
+    folder = tempfile.mkdtemp(prefix="ktctl-edit-")
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    code = EXIT_FAILED
+    try:
+        code = _edit_loop(client, args, got, kind, text, path)
+    finally:
+        if code == EXIT_OK or _unchanged(path, text):
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            print(
+                f"ktctl: your edit is kept in {path}; `ktctl config apply --file {kind} "
+                f"--base {got.version} {path}` applies it (refused if the config changed "
+                "since)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return code
+
+
+def _unchanged(path: str, text: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _edit_loop(
+    client: Client, args: argparse.Namespace, got: p.ConfigReply, kind: str, text: str, path: str
+) -> int:
+    import subprocess
+
+    while True:
+        try:
+            done = subprocess.run([*_editor(), path], check=False)
+        except OSError as exc:
+            raise UsageError(f"cannot run the editor {_editor()[0]!r}: {exc}") from None
+        if done.returncode != 0:
+            _out(f"the editor exited {done.returncode}: nothing applied")
+            return EXIT_FAILED
+        new = _read(path)
+        if new == text:
+            _out("no change")
+            return EXIT_OK
+        plan = client.config_plan(base=got.version, **_texts(kind, new))
+        _show(args, plan)
+        if plan.ok:
+            break
+        again = _ask("edit again?") if not args.yes else False
+        if not again:
+            raise KtdError(p.ErrorCode.CONFIG_ERROR, _first_error(plan), {})
     return _planned_change(client, args, got.version, **_texts(kind, new))
 
 
