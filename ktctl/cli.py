@@ -24,8 +24,9 @@ from typing import Any
 
 import msgspec
 
-from ktctl import configargs, render
+from ktctl import configargs, discover, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
+from ktctl.progress import ProgressLine as _ProgressLine
 from ktd import __version__
 from ktd import protocol as p
 from ktd.core import states as S
@@ -150,42 +151,6 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
     models = client.models()
     _emit(args, {"models": models}, render.models_table(models))
     return EXIT_OK
-
-
-def _terminal_width() -> int:
-    """Columns of the terminal (``$COLUMNS`` wins, as with shutil); 80 if unknown."""
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.stderr.fileno()).columns
-        except (OSError, ValueError):
-            columns = 0
-    return columns if columns > 0 else 80
-
-
-class _ProgressLine:
-    """Rewrites one stderr line in place while a load is waited for."""
-
-    def __init__(self, alias: str, started: float, state: str = "loading") -> None:
-        self.state = render.LoadProgress(alias, started, state)
-        self.shown = False
-
-    def __call__(self, ev: p.Event | None) -> None:
-        if ev is not None:
-            self.state.update(ev)
-        line = self.state.line(time.monotonic(), _terminal_width())
-        sys.stderr.write("\r\x1b[K" + line)
-        sys.stderr.flush()
-        self.shown = True
-
-    def clear(self) -> None:
-        if self.shown:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-            self.shown = False
 
 
 def cmd_load(client: Client, args: argparse.Namespace) -> int:
@@ -639,7 +604,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except argparse.ArgumentTypeError as exc:
         parser.error(f"KTCTL_TIMEOUT: {exc}")
     handler = HANDLERS[args.command]
-    client = Client(getattr(args, "socket", None), timeout=timeout)
+    client = Client(
+        discover.socket_for(getattr(args, "socket", None), quiet=_json(args)), timeout=timeout
+    )
     streaming = args.command == "events" or (args.command == "logs" and args.follow)
     try:
         return handler(client, args)

@@ -197,7 +197,7 @@ def test_missing_socket_exits_3_with_one_line(
     assert code == 3 and out == ""
     assert err.splitlines() == [
         f"ktctl: unreachable: ktd is not running: no control socket at {path} "
-        "(start it with `ktd serve` or `systemctl start ktd`)"
+        "(start it with `ktd serve` or `systemctl start ktd`, or try `ktd up --demo`)"
     ]
 
 
@@ -274,7 +274,7 @@ def test_importtime_and_unreachable_in_a_subprocess(rundir: Path) -> None:
     assert not imported & {"trio", "quart", "quart_trio", "hypercorn", "httpx", "httpcore"}
     assert rest == [
         "ktctl: unreachable: ktd is not running: no control socket at /nonexistent "
-        "(start it with `ktd serve` or `systemctl start ktd`)"
+        "(start it with `ktd serve` or `systemctl start ktd`, or try `ktd up --demo`)"
     ]
 
 
