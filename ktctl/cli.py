@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from ktctl import configargs, discover, render
+from ktctl import configargs, discover, planview, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktctl.progress import ProgressLine as _ProgressLine
 from ktd import __version__
@@ -158,12 +158,12 @@ def cmd_load(client: Client, args: argparse.Namespace) -> int:
     if args.estimate:
         plan = client.load(alias, timeout=args.timeout, dry_run=True)
         doc = {"alias": alias, "estimate": plan.get("estimate"), "fit": plan.get("fit")}
-        human = "\n".join([f"{alias}:", *render.estimate_lines(plan)])
+        human = "\n".join([f"{alias}:", *planview.estimate_lines(plan)])
         _emit(args, doc, human)
         return EXIT_OK
     if args.dry_run:
         plan = client.load(alias, timeout=args.timeout, dry_run=True)
-        _emit(args, {"plan": plan}, render.plan_text(alias, plan))
+        _emit(args, {"plan": plan}, planview.plan_text(alias, plan))
         return EXIT_OK
     wait = not args.no_wait
     started = time.monotonic()

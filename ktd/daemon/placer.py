@@ -192,16 +192,16 @@ class Placer:
         (a wake is never discovered short by a failed resume)."""
         waker = engine if waking else None
         _, verdict = await self.fit(engine.spec, plan, waker=waker)
-        if verdict.ok:
+        if not verdict.refuses:  # no GPU alone refuses nothing (``fit.Fit``)
             return
         stop: tuple[str, ...] = ()
         nodes, _ = _where(plan, engine.occupant() if waking else None)
         for sleeper in self.sleepers(nodes, besides=engine):
             stop += (sleeper.alias,)
             _, verdict = await self.fit(engine.spec, plan, stop, waker=waker)
-            if verdict.ok:
+            if not verdict.refuses:
                 break
-        if not verdict.ok:
+        if verdict.refuses:
             raise Refused(f"{verdict.reason}; no engine was stopped")
         why = f"stopped to make room in memory for {engine.alias}"
         for alias in stop:

@@ -22,7 +22,7 @@ import msgspec
 import pytest
 import zmq
 
-from ktctl import DaemonUnreachable, KtdError, ProtocolError, render
+from ktctl import DaemonUnreachable, KtdError, ProtocolError, planview, render
 from ktctl.cli import build_parser, exit_code, main
 from ktctl.client import Client
 from ktd import protocol as p
@@ -791,7 +791,7 @@ def test_plan_text_accepts_flag_dicts_and_blocks() -> None:
         "ok": False,
         "extra": {"k": 1},
     }
-    text = render.plan_text("m", plan)
+    text = planview.plan_text("m", plan)
     assert "--kt-numa-nodes 0,1  (placement)" in text
     assert "--x" in text and "(user)" in text
     assert "BLOCKED by big-model: pinned" in text
