@@ -24,7 +24,7 @@ from ktctl import configview, render
 from ktctl.client import Client, KtdError
 from ktctl.configargs import UsageError
 from ktd import protocol as p
-from ktd.core import configtext, modelfields
+from ktd.core import configtext, fieldops, modelfields
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -230,21 +230,58 @@ def cmd_apply(client: Client, args: argparse.Namespace) -> int:
 
 
 def _assignments(words: list[str]) -> dict[str, Any]:
+    """``FIELD=VALUE`` words as the values the file will hold (``config add``)."""
     values: dict[str, Any] = {}
-    for word in words:
-        name, sep, raw = word.partition("=")
-        if not sep:
-            raise UsageError(f"{word!r}: expected FIELD=VALUE (fields: ktctl config set --help)")
-        try:
-            values[name] = modelfields.parse_value(name, raw)
-        except modelfields.FieldValueError as exc:
-            raise UsageError(str(exc)) from None
+    for name, op, raw in _changes(words):
+        if op != "=":
+            raise UsageError(f"{name}{op}: a new model's fields are set with {name}=VALUE")
+        values[name] = raw
     return values
 
 
-def _edited(client: Client, edit: Callable[[str | None], str]) -> tuple[str, str]:
-    """(version read, the models text with ``edit`` made)."""
+def _changes(words: list[str]) -> list[tuple[str, fieldops.Op, Any]]:
+    """``FIELD=VALUE``, ``FIELD+=VALUE``, ``FIELD-=VALUE`` (``ktd.core.fieldops``): each
+    field's op and its value (parsed for ``=``, the text for the others, which need the
+    value it has), checked before anything is read from the daemon."""
+    out: list[tuple[str, fieldops.Op, Any]] = []
+    for word in words:
+        try:
+            name, op, raw = fieldops.split(word)
+            fieldops.check(name, op)
+            out.append((name, op, modelfields.parse_value(name, raw) if op == "=" else raw))
+        except modelfields.FieldValueError as exc:
+            raise UsageError(str(exc)) from None
+    return out
+
+
+def _current(entry: dict[str, Any], name: str, section: dict[str, Any]) -> Any:
+    """The value ``name`` has in ``entry`` now; for ``kt.extra_args`` not set there, the
+    ktransformers section's (the entry's list replaces it: ``ktd.core.fieldops``)."""
+    holder: Any = entry
+    for part in name.split("."):
+        holder = holder.get(part) if isinstance(holder, dict) else None
+    if holder is None and name == "kt.extra_args":
+        return section.get("extra_args")
+    return holder
+
+
+def _section(config_text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(config_text)
+    except ValueError:
+        return {}
+    section = doc.get("ktransformers") if isinstance(doc, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def _edited(
+    client: Client, edit: Callable[[str | None], str], section: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """(version read, the models text with ``edit`` made); ``section`` gets config.json's
+    ktransformers section first (what an entry's unset fields take)."""
     got = client.config_get()
+    if section is not None:
+        section.update(_section(got.config_text))
     try:
         return got.version, edit(got.models_text)
     except configtext.EditError as exc:
@@ -258,21 +295,33 @@ def _edited(client: Client, edit: Callable[[str | None], str]) -> tuple[str, str
 
 
 def cmd_set(client: Client, args: argparse.Namespace) -> int:
-    values = _assignments(args.assignments)
+    changes = _changes(args.assignments)
     for name in args.unset:
         try:
             modelfields.field(name)
         except modelfields.FieldValueError as exc:
             raise UsageError(str(exc)) from None
-    if not values and not args.unset:
-        raise UsageError("nothing to set: give FIELD=VALUE or --unset FIELD")
+    if not changes and not args.unset:
+        raise UsageError("nothing to set: give FIELD=VALUE (or +=, -=) or --unset FIELD")
+    section: dict[str, Any] = {}
 
     def edit(text: str | None) -> str:
         if text is None:
             raise configtext.EditError(f"no entry with alias {args.alias!r}: no models file yet")
+        entry = configtext.entries(text)[configtext.find_entry(text, args.alias)]
+        values: dict[str, Any] = {}
+        for name, op, raw in changes:
+            if op == "=":
+                values[name] = raw
+                continue
+            now = values[name] if name in values else _current(entry, name, section)
+            try:
+                values[name] = fieldops.apply(name, op, now, raw)
+            except modelfields.FieldValueError as exc:
+                raise UsageError(f"{args.alias}: {exc}") from None
         return configtext.set_fields(text, args.alias, values, args.unset)
 
-    base, text = _edited(client, edit)
+    base, text = _edited(client, edit, section)
     return _planned_change(client, args, base, models_text=text)
 
 

@@ -71,3 +71,20 @@ def test_no_gpu_is_does_not_fit_and_says_a_load_goes_ahead() -> None:
     assert "DOES NOT FIT: does not fit: no GPU: it needs 38.3 GiB of GPU memory" in text
     assert "GPU memory            needs 38.3 GiB, free no GPU" in text
     assert "a load is not refused for this alone" in text
+
+
+def test_a_config_plan_says_a_list_is_replaced_and_what_it_drops() -> None:
+    from ktctl import configview
+    from ktd import protocol as p
+
+    old = ["--kt-method", "AMXINT4", "--kt-num-gpu-experts", "8", "--enable-metrics"]
+    replaced = p.FieldChange(field="kt.extra_args", old=old, new=["--foo"])
+    assert configview.field_text(replaced).endswith(
+        "(drops --kt-method AMXINT4 --kt-num-gpu-experts 8 --enable-metrics; adds --foo)"
+    )
+    assert configview.field_text(replaced).startswith('kt.extra_args replaced: ["--kt-method"')
+    appended = p.FieldChange(field="kt.extra_args", old=old, new=[*old, "--foo"])
+    assert "replaced" not in configview.field_text(appended)
+    env = p.FieldChange(field="kt.extra_env", old={"A": "1", "B": "2"}, new={"C": "3"})
+    assert configview.field_text(env).endswith("(drops A, B)")
+    assert configview.field_text(p.FieldChange(field="ttl", old=0, new=5)) == "ttl 0 -> 5"
