@@ -22,7 +22,7 @@ _PLAN_KEYS = frozenset(
     {
         "alias", "ok", "argv", "argv_flags", "python", "env", "numa_nodes", "cpus", "cpulist",
         "gpus", "flags", "evict", "blocked_by", "reason", "notes", "state", "running_pid",
-        "estimate", "fit", "sglang", "sglang_error", "impossible", "error",
+        "estimate", "fit", "sglang", "sglang_error", "impossible", "error", "sleeps",
     }
 )  # fmt: skip
 
@@ -146,8 +146,13 @@ def plan_text(alias: str, plan: Mapping[str, Any]) -> str:
             text = f"{name} {value}".strip()
             out.append(f"    {text.ljust(width)}  ({origin})" if origin else f"    {text}")
     if "evict" in plan:
-        evict = _names(plan.get("evict"))
-        out.append(f"  would evict: {', '.join(evict) if evict else 'nothing'}")
+        # Who is put to sleep is said so, not "evicted" (issue 43).
+        sleeps = _names(plan.get("sleeps"))
+        evict = [a for a in _names(plan.get("evict")) if a not in sleeps]
+        if evict or not sleeps:
+            out.append(f"  would evict: {', '.join(evict) if evict else 'nothing'}")
+        if sleeps:
+            out.append(f"  would put to sleep: {', '.join(sleeps)}")
     blocked = _names(plan.get("blocked_by"))
     reason = plan.get("reason") or plan.get("error")
     if blocked or plan.get("ok") is False:

@@ -88,3 +88,11 @@ def test_a_config_plan_says_a_list_is_replaced_and_what_it_drops() -> None:
     env = p.FieldChange(field="kt.extra_env", old={"A": "1", "B": "2"}, new={"C": "3"})
     assert configview.field_text(env).endswith("(drops A, B)")
     assert configview.field_text(p.FieldChange(field="ttl", old=0, new=5)) == "ttl 0 -> 5"
+
+
+def test_a_plan_says_who_is_put_to_sleep_rather_than_evicted() -> None:
+    text = planview.plan_text("m", {**BEFORE, "evict": ["a", "b"], "sleeps": ["a"]})
+    assert "  would evict: b\n  would put to sleep: a" in text
+    text = planview.plan_text("m", {**BEFORE, "evict": ["a"], "sleeps": ["a"]})
+    assert "would evict" not in text and "  would put to sleep: a" in text
+    assert "  would evict: nothing" in planview.plan_text("m", BEFORE)

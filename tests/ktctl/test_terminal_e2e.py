@@ -42,6 +42,7 @@ def box(shared_marker: str) -> Iterator[Box]:
         # Sleeps (its swaps and `ktctl sleep`); a load of 0.3 s: a few progress ticks.
         sim_model("alpha", numa=[0], sleep=True, env={"KTD_SIM_LOAD_TIME": "0.3"}),
         sim_model("beta"),
+        sim_model("gamma", numa=[0]),  # node 0 is alpha's: loading it puts alpha to sleep
     ]
     cfg = write_config(root / "etc", models)
     env = {**box_env(root), MARK: shared_marker}
@@ -54,8 +55,17 @@ def box(shared_marker: str) -> Iterator[Box]:
 
 
 @pytest.fixture(autouse=True)
-def _from_the_original(box: Box) -> None:
-    """The module's models.json applied and every engine stopped, whatever ran before."""
+def _from_the_original(box: Box) -> Iterator[None]:
+    """The module's models.json applied and every engine stopped, whatever ran before;
+    after the test, its engines stopped (the module's last test leaves none to the
+    daemon's own stop)."""
+    _reset(box)
+    yield
+    with box.client() as c:
+        c.evict(all=True, force=True)
+
+
+def _reset(box: Box) -> None:
     with box.client() as c:
         if any(e.state != "stopped" for e in c.status()):
             c.evict(all=True, force=True)
@@ -114,16 +124,16 @@ def test_anything_but_yes_applies_nothing(box: Box, answer: str) -> None:
 
 
 def test_add_remove_apply_and_rollback_ask_too(box: Box, tmp_path: Path) -> None:
-    gamma = sim_model("gamma")
-    env = json.dumps(gamma["kt"]["extra_env"])
-    add = ("config", "add", "gamma", f"path={gamma['path']}", "numa=none",
-           f"kt.kt_weight_path={gamma['kt']['kt_weight_path']}", f"kt.extra_env={env}")  # fmt: skip
+    delta = sim_model("delta")
+    env = json.dumps(delta["kt"]["extra_env"])
+    add = ("config", "add", "delta", f"path={delta['path']}", "numa=none",
+           f"kt.kt_weight_path={delta['kt']['kt_weight_path']}", f"kt.extra_env={env}")  # fmt: skip
     doc = json.loads(box.original)
     doc[1]["ttl"] = 77
     (tmp_path / "models.json").write_text(json.dumps(doc, indent=2) + "\n")
     steps: list[tuple[tuple[str, ...], str]] = [
         (add, "apply this plan?"),
-        (("config", "remove", "gamma"), "apply this plan?"),
+        (("config", "remove", "delta"), "apply this plan?"),
         (("config", "apply", str(tmp_path / "models.json")), "apply this plan?"),
         (("config", "rollback"), "roll back to this version?"),
     ]
@@ -133,9 +143,9 @@ def test_add_remove_apply_and_rollback_ask_too(box: Box, tmp_path: Path) -> None
             t.send("y\n")
             assert t.wait() == 0, t.text
         if argv[1] == "add":
-            assert "gamma" in box.daemon.engines()
+            assert "delta" in box.daemon.engines()
         if argv[1] == "remove":
-            wait_for(lambda: "gamma" not in box.daemon.engines(), what="gamma gone")
+            wait_for(lambda: "delta" not in box.daemon.engines(), what="delta gone")
         if argv[1] == "apply":
             assert ttl_of(box, "beta") == 77
     assert ttl_of(box, "beta") is None  # the rollback undid the apply
@@ -242,3 +252,19 @@ def test_no_colour_on_a_terminal_nor_on_a_pipe(box: Box) -> None:
         piped = ktctl_piped(box, *argv)
         assert ESCAPE not in t.text and ESCAPE not in piped.stdout
         assert t.text.replace("\r\n", "\n").splitlines()[0] == piped.stdout.splitlines()[0]
+
+
+def test_a_swap_says_putting_to_sleep_on_the_terminal_and_in_the_plan(box: Box) -> None:
+    """Issue 43: the progress line said "stopping alpha to make room" and the dry-run
+    "would evict: alpha" of an engine that is put to sleep."""
+    with box.client() as c:
+        c.load("alpha")
+    with ktctl_on_a_tty(box, "load", "--dry-run", "gamma") as t:
+        assert t.wait() == 0, t.text
+    assert "would put to sleep: alpha" in t.text and "would evict" not in t.text
+    assert "puts alpha to sleep (idle, least recently used)" in t.text
+    with ktctl_on_a_tty(box, "load", "gamma") as t:
+        assert t.wait() == 0, t.text
+    assert "gamma starting (putting alpha to sleep to make room)" in t.text
+    assert "stopping alpha" not in t.text
+    assert box.daemon.engines()["alpha"]["state"] == "asleep"
