@@ -460,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     common.add_argument(
         "--socket", metavar="PATH", default=argparse.SUPPRESS,
-        help="ktd control socket (default: $KTD_SOCKET, else $KTD_RUNTIME_DIR/control.sock)",
+        help="ktd control socket (default: $KTD_SOCKET, else $KTD_RUNTIME_DIR/control.sock; "
+        "with neither set and no ktd there, a running `ktd up`'s, else /run/ktd's)",
     )  # fmt: skip
 
     parser = argparse.ArgumentParser(

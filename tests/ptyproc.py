@@ -1,6 +1,6 @@
 """A command on a real pseudo-terminal: its controlling terminal, stdin, stdout and stderr
-are the pty's slave side, as in a user's shell (issue 43: ktctl's prompts were never
-tried on a terminal, and none of them worked on one).
+are the pty's slave side (stdin may be a file instead), as in a user's shell (issue 43:
+ktctl's prompts were never tried on a terminal, and none of them worked on one).
 
 ``PtyProc`` starts the command in a session of its own with the pty as its controlling
 terminal (so ``/dev/tty`` opens), reads what it writes (``expect``), answers
@@ -20,14 +20,22 @@ from collections.abc import Mapping, Sequence
 
 
 def _controlling_tty() -> None:  # pragma: no cover - runs in the child before exec
-    """Make fd 0 (the pty's slave) the new session's controlling terminal."""
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    """Make fd 1 (the pty's slave) the new session's controlling terminal."""
+    fcntl.ioctl(1, termios.TIOCSCTTY, 0)
 
 
 class PtyProc:
     def __init__(
-        self, argv: Sequence[str], env: Mapping[str, str], *, cols: int = 120, rows: int = 40
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        cols: int = 120,
+        rows: int = 40,
+        stdin: int | None = None,
     ) -> None:
+        """``stdin``: a file descriptor to read instead of the terminal (``apply -`` reads
+        the file there and asks on the terminal all the same)."""
         master, slave = os.openpty()
         import struct
 
@@ -37,7 +45,7 @@ class PtyProc:
         self.proc = subprocess.Popen(
             list(argv),
             env=dict(env),
-            stdin=slave,
+            stdin=slave if stdin is None else stdin,
             stdout=slave,
             stderr=slave,
             start_new_session=True,

@@ -371,6 +371,7 @@ def check(
     gpus: Sequence[int],
     freed: Freed = Freed(),
     evicting: Sequence[str] = (),
+    sleeping: Sequence[str] = (),
 ) -> Fit:
     """Compare ``est`` with free memory (bytes) of the planned nodes and GPUs.
 
@@ -381,7 +382,11 @@ def check(
     rows: list[dict[str, Any]] = []
     short: list[str] = []
     notes: list[str] = []
-    after = f" after evicting {', '.join(evicting)}" if evicting else ""
+    # Those of ``evicting`` put to sleep are said so (issue 43: "after evicting" them).
+    stops = [a for a in evicting if a not in sleeping]
+    done = [f"putting {', '.join(sleeping)} to sleep"] if sleeping else []
+    done += [f"evicting {', '.join(stops)}"] if stops else []
+    after = f" after {' and '.join(done)}" if done else ""
     if est.host_bytes:
         if numa_nodes:
             share = est.host_bytes // len(numa_nodes)

@@ -154,7 +154,8 @@ def test_status_resolves_to_an_array_as_the_readme_says(node: Node) -> None:
     (``{"engines": [...]}``); it resolves to the array itself."""
     script = (
         f"const {{ Client }} = require({json.dumps(str(CLI.parent / 'index.js'))});"
-        "(async () => { const c = new Client({ socket: process.argv[1] }); const e = await c.status();"
+        "(async () => { const c = new Client({ socket: process.argv[1] });"
+        " const e = await c.status();"
         " console.log(JSON.stringify({ array: Array.isArray(e), aliases: e.map((x) => x.alias) }));"
         " c.close(); })();"
     )

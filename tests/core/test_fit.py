@@ -232,3 +232,18 @@ def test_numa_maps_and_nvidia_smis_per_process_answers_read() -> None:
     apps = "GPU-aaa, 10, 1024 MiB\nGPU-bbb, 11, 512 MiB\nGPU-aaa, 99, 7 MiB\n"
     assert parse_gpu_use(uuids, apps, [10, 11]) == {0: GIB, 1: GIB // 2}
     assert parse_gpu_use(uuids, "", [10]) == {}
+
+
+def test_a_verdict_says_who_is_put_to_sleep_rather_than_evicted() -> None:
+    """Issue 43: "does not fit after evicting a" of an engine a swap puts to sleep."""
+    est = fit.Estimate(host_bytes=250 * GIB, gpu_weights_bytes=None, kv_bytes=None)
+    short = fit.check(
+        est, node_free={0: GIB}, numa_nodes=(0,), gpu_free=None, gpus=(),
+        evicting=("a", "b"), sleeping=("a",),
+    )  # fmt: skip
+    assert (short.reason or "").startswith("does not fit after putting a to sleep and evicting b:")
+    only = fit.check(
+        est, node_free={0: GIB}, numa_nodes=(0,), gpu_free=None, gpus=(),
+        evicting=("a",), sleeping=("a",),
+    )  # fmt: skip
+    assert (only.reason or "").startswith("does not fit after putting a to sleep:")

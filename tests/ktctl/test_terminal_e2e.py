@@ -16,6 +16,7 @@ a test holds that a terminal gets the same plain text as a pipe.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -43,6 +44,7 @@ def box(shared_marker: str) -> Iterator[Box]:
         sim_model("alpha", numa=[0], sleep=True, env={"KTD_SIM_LOAD_TIME": "0.3"}),
         sim_model("beta"),
         sim_model("gamma", numa=[0]),  # node 0 is alpha's: loading it puts alpha to sleep
+        sim_model("slow", env={"KTD_SIM_LOAD_TIME": "60"}),  # a load to interrupt
     ]
     cfg = write_config(root / "etc", models)
     env = {**box_env(root), MARK: shared_marker}
@@ -78,9 +80,9 @@ def _reset(box: Box) -> None:
     )
 
 
-def ktctl_on_a_tty(box: Box, *argv: str, **env: str) -> PtyProc:
+def ktctl_on_a_tty(box: Box, *argv: str, stdin: int | None = None, **env: str) -> PtyProc:
     cmd = [sys.executable, "-m", "ktctl", "--socket", box.socket, *argv]
-    return PtyProc(cmd, {**box.daemon.env, **env})
+    return PtyProc(cmd, {**box.daemon.env, **env}, stdin=stdin)
 
 
 def ktctl_piped(box: Box, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -149,6 +151,23 @@ def test_add_remove_apply_and_rollback_ask_too(box: Box, tmp_path: Path) -> None
         if argv[1] == "apply":
             assert ttl_of(box, "beta") == 77
     assert ttl_of(box, "beta") is None  # the rollback undid the apply
+
+
+def test_apply_from_stdin_asks_on_the_terminal(box: Box) -> None:
+    """``config apply -``: stdin carries the file, the question goes to the terminal."""
+    doc = json.loads(box.original)
+    doc[1]["ttl"] = 42
+    read, write = os.pipe()
+    os.write(write, json.dumps(doc).encode())
+    os.close(write)
+    try:
+        with ktctl_on_a_tty(box, "config", "apply", "-", stdin=read) as t:
+            t.expect("apply this plan? [y/N] ")
+            t.send("y\n")
+            assert t.wait() == 0, t.text
+    finally:
+        os.close(read)
+    assert ttl_of(box, "beta") == 42
 
 
 def _editor(tmp_path: Path, change: str) -> str:
@@ -241,6 +260,17 @@ def test_load_sleep_and_wake_show_progress_on_a_terminal_only(box: Box) -> None:
     r = ktctl_piped(box, "load", "beta")
     assert r.returncode == 0 and r.stdout.startswith("beta ready on ")
     assert ESCAPE not in r.stdout + r.stderr
+
+
+def test_ctrl_c_on_a_load_stops_the_wait_and_says_ktd_goes_on(box: Box) -> None:
+    """Ctrl-C typed on the terminal (the line discipline's SIGINT to ktctl's process
+    group): the progress line wiped, one line saying the load goes on, exit 130."""
+    with ktctl_on_a_tty(box, "load", "slow") as t:
+        t.expect("\r\x1b[Kslow ")  # the progress line: the load is under way
+        t.send("\x03")
+        assert t.wait() == 130, t.text
+    assert "ktctl: interrupted: stopped waiting; ktd goes on loading slow" in t.text
+    assert box.daemon.engines()["slow"]["state"] == "starting"
 
 
 def test_no_colour_on_a_terminal_nor_on_a_pipe(box: Box) -> None:
