@@ -24,8 +24,9 @@ from typing import Any
 
 import msgspec
 
-from ktctl import configargs, render
+from ktctl import configargs, discover, planview, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
+from ktctl.progress import ProgressLine as _ProgressLine
 from ktd import __version__
 from ktd import protocol as p
 from ktd.core import states as S
@@ -152,53 +153,17 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _terminal_width() -> int:
-    """Columns of the terminal (``$COLUMNS`` wins, as with shutil); 80 if unknown."""
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.stderr.fileno()).columns
-        except (OSError, ValueError):
-            columns = 0
-    return columns if columns > 0 else 80
-
-
-class _ProgressLine:
-    """Rewrites one stderr line in place while a load is waited for."""
-
-    def __init__(self, alias: str, started: float, state: str = "loading") -> None:
-        self.state = render.LoadProgress(alias, started, state)
-        self.shown = False
-
-    def __call__(self, ev: p.Event | None) -> None:
-        if ev is not None:
-            self.state.update(ev)
-        line = self.state.line(time.monotonic(), _terminal_width())
-        sys.stderr.write("\r\x1b[K" + line)
-        sys.stderr.flush()
-        self.shown = True
-
-    def clear(self) -> None:
-        if self.shown:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-            self.shown = False
-
-
 def cmd_load(client: Client, args: argparse.Namespace) -> int:
     alias: str = args.alias
     if args.estimate:
         plan = client.load(alias, timeout=args.timeout, dry_run=True)
         doc = {"alias": alias, "estimate": plan.get("estimate"), "fit": plan.get("fit")}
-        human = "\n".join([f"{alias}:", *render.estimate_lines(plan)])
+        human = "\n".join([f"{alias}:", *planview.estimate_lines(plan)])
         _emit(args, doc, human)
         return EXIT_OK
     if args.dry_run:
         plan = client.load(alias, timeout=args.timeout, dry_run=True)
-        _emit(args, {"plan": plan}, render.plan_text(alias, plan))
+        _emit(args, {"plan": plan}, planview.plan_text(alias, plan))
         return EXIT_OK
     wait = not args.no_wait
     started = time.monotonic()
@@ -495,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     common.add_argument(
         "--socket", metavar="PATH", default=argparse.SUPPRESS,
-        help="ktd control socket (default: $KTD_SOCKET, else $KTD_RUNTIME_DIR/control.sock)",
+        help="ktd control socket (default: $KTD_SOCKET, else $KTD_RUNTIME_DIR/control.sock; "
+        "with neither set and no ktd there, a running `ktd up`'s, else /run/ktd's)",
     )  # fmt: skip
 
     parser = argparse.ArgumentParser(
@@ -639,7 +605,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except argparse.ArgumentTypeError as exc:
         parser.error(f"KTCTL_TIMEOUT: {exc}")
     handler = HANDLERS[args.command]
-    client = Client(getattr(args, "socket", None), timeout=timeout)
+    client = Client(
+        discover.socket_for(getattr(args, "socket", None), quiet=_json(args)), timeout=timeout
+    )
     streaming = args.command == "events" or (args.command == "logs" and args.follow)
     try:
         return handler(client, args)

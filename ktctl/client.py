@@ -51,7 +51,7 @@ __all__ = [
 DAEMON_GRACE = 30.0
 
 
-START_HINT = "start it with `ktd serve` or `systemctl start ktd`"
+START_HINT = "start it with `ktd serve` or `systemctl start ktd`, or try `ktd up --demo`"
 DRY_RUN_BUDGET = 130.0  # seconds: the daemon's engine probe is bounded at 120 s
 MACHINE_BUDGET = 20.0  # seconds: the daemon runs nvidia-smi, bounded at 15 s
 

@@ -17,6 +17,31 @@ class UsageError(KtctlError):
     code = "usage"
 
 
+#: ``ktctl config set --help``'s account of VALUE (README, "Changing it without editing
+#: JSON", says the same).
+SET_SYNTAX = """\
+VALUE by the field's kind:
+  numbers, seconds    kt.ctx=65536  ttl=600  ttl=0.5
+  true/false          sleep=true  pinned=no   (true/false, yes/no, on/off, 1/0)
+  choices             fit=ignore  restart=no
+  numa, gpus          numa=auto|all|none|0,1   gpus=auto|2|0,1
+  max_concurrent...   max_queue=null  (null or none: the default, no limit)
+  lists of flags      kt.extra_args='--kt-method AMXINT4 --kt-num-gpu-experts 8'
+                      (split like a shell, or a JSON list: '["--x", "1"]')
+  maps of variables   kt.extra_env='OMP_NUM_THREADS=8 FOO=bar'  (or a JSON object)
+
+FIELD=VALUE replaces the whole value: kt.extra_args=X leaves X alone in the list
+(the plan says "replaced" and what it drops). To add or take out one:
+  kt.extra_args+=--enable-metrics        flags at the end (a model without its own
+  kt.extra_args+='--kt-method AMXINT4'   list starts from the ktransformers section's)
+  kt.extra_args-=--kt-method             that flag and its values, wherever it is
+  kt.extra_args-='--tp-size 2'           that exact run of words
+  kt.extra_env+=FOO=bar                  set one variable, keep the others
+  kt.extra_env-=FOO                      remove one
+--unset FIELD takes the field out of the entry (back to its default).
+"""
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -58,9 +83,16 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser], common: Any) 
         if name == "apply":
             a.add_argument("--yes", action="store_true", help=yes_help)
 
-    a = action("set", "set fields of a model's entry: FIELD=VALUE ...; plan, then apply")
+    set_help = "set fields of a model's entry: FIELD=VALUE ...; plan, then apply"
+    a = sub.add_parser(
+        "set", parents=[common], help=set_help, description=set_help, epilog=SET_SYNTAX,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     a.add_argument("alias", metavar="ALIAS")
-    a.add_argument("assignments", nargs="*", metavar="FIELD=VALUE", help=f"fields: {fields}")
+    a.add_argument(
+        "assignments", nargs="*", metavar="FIELD=VALUE",
+        help=f"also FIELD+=VALUE, FIELD-=VALUE (lists and maps); fields: {fields}",
+    )  # fmt: skip
     a.add_argument("--unset", action="append", default=[], metavar="FIELD",
                    help="remove FIELD from the entry (back to its default)")  # fmt: skip
     a.add_argument("--yes", action="store_true", help=yes_help)

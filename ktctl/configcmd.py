@@ -25,7 +25,7 @@ from ktctl.client import Client, KtdError
 from ktctl.configargs import UsageError
 from ktd import foreign
 from ktd import protocol as p
-from ktd.core import configtext, modelfields
+from ktd.core import configtext, fieldops, modelfields
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -43,15 +43,18 @@ def _json(args: argparse.Namespace) -> bool:
 
 
 def _ask(question: str) -> bool | None:
-    """yes/no on the terminal (not stdin when it carries the file); None: no terminal."""
+    """yes/no on the terminal (not stdin when it carries the file); None: no terminal.
+
+    The terminal is opened unbuffered and binary: a text-mode ``r+`` file needs a
+    seekable one, and a terminal is not (issue 43: every question was "no terminal").
+    End of input (Ctrl-D) is a no."""
     try:
-        tty = open("/dev/tty", "r+")  # noqa: SIM115
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
     except OSError:
         return None
-    with tty:
-        tty.write(f"{question} [y/N] ")
-        tty.flush()
-        answer = tty.readline().strip().lower()
+    with open(fd, "r+b", buffering=0) as tty:
+        tty.write(f"{question} [y/N] ".encode())
+        answer = tty.readline().decode("utf-8", "replace").strip().lower()
     return answer in ("y", "yes")
 
 
@@ -228,21 +231,58 @@ def cmd_apply(client: Client, args: argparse.Namespace) -> int:
 
 
 def _assignments(words: list[str]) -> dict[str, Any]:
+    """``FIELD=VALUE`` words as the values the file will hold (``config add``)."""
     values: dict[str, Any] = {}
-    for word in words:
-        name, sep, raw = word.partition("=")
-        if not sep:
-            raise UsageError(f"{word!r}: expected FIELD=VALUE (fields: ktctl config set --help)")
-        try:
-            values[name] = modelfields.parse_value(name, raw)
-        except modelfields.FieldValueError as exc:
-            raise UsageError(str(exc)) from None
+    for name, op, raw in _changes(words):
+        if op != "=":
+            raise UsageError(f"{name}{op}: a new model's fields are set with {name}=VALUE")
+        values[name] = raw
     return values
 
 
-def _edited(client: Client, edit: Callable[[str | None], str]) -> tuple[str, str]:
-    """(version read, the models text with ``edit`` made)."""
+def _changes(words: list[str]) -> list[tuple[str, fieldops.Op, Any]]:
+    """``FIELD=VALUE``, ``FIELD+=VALUE``, ``FIELD-=VALUE`` (``ktd.core.fieldops``): each
+    field's op and its value (parsed for ``=``, the text for the others, which need the
+    value it has), checked before anything is read from the daemon."""
+    out: list[tuple[str, fieldops.Op, Any]] = []
+    for word in words:
+        try:
+            name, op, raw = fieldops.split(word)
+            fieldops.check(name, op)
+            out.append((name, op, modelfields.parse_value(name, raw) if op == "=" else raw))
+        except modelfields.FieldValueError as exc:
+            raise UsageError(str(exc)) from None
+    return out
+
+
+def _current(entry: dict[str, Any], name: str, section: dict[str, Any]) -> Any:
+    """The value ``name`` has in ``entry`` now; for ``kt.extra_args`` not set there, the
+    ktransformers section's (the entry's list replaces it: ``ktd.core.fieldops``)."""
+    holder: Any = entry
+    for part in name.split("."):
+        holder = holder.get(part) if isinstance(holder, dict) else None
+    if holder is None and name == "kt.extra_args":
+        return section.get("extra_args")
+    return holder
+
+
+def _section(config_text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(config_text)
+    except ValueError:
+        return {}
+    section = doc.get("ktransformers") if isinstance(doc, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def _edited(
+    client: Client, edit: Callable[[str | None], str], section: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """(version read, the models text with ``edit`` made); ``section`` gets config.json's
+    ktransformers section first (what an entry's unset fields take)."""
     got = client.config_get()
+    if section is not None:
+        section.update(_section(got.config_text))
     try:
         return got.version, edit(got.models_text)
     except configtext.EditError as exc:
@@ -256,21 +296,33 @@ def _edited(client: Client, edit: Callable[[str | None], str]) -> tuple[str, str
 
 
 def cmd_set(client: Client, args: argparse.Namespace) -> int:
-    values = _assignments(args.assignments)
+    changes = _changes(args.assignments)
     for name in args.unset:
         try:
             modelfields.field(name)
         except modelfields.FieldValueError as exc:
             raise UsageError(str(exc)) from None
-    if not values and not args.unset:
-        raise UsageError("nothing to set: give FIELD=VALUE or --unset FIELD")
+    if not changes and not args.unset:
+        raise UsageError("nothing to set: give FIELD=VALUE (or +=, -=) or --unset FIELD")
+    section: dict[str, Any] = {}
 
     def edit(text: str | None) -> str:
         if text is None:
             raise configtext.EditError(f"no entry with alias {args.alias!r}: no models file yet")
+        entry = configtext.entries(text)[configtext.find_entry(text, args.alias)]
+        values: dict[str, Any] = {}
+        for name, op, raw in changes:
+            if op == "=":
+                values[name] = raw
+                continue
+            now = values[name] if name in values else _current(entry, name, section)
+            try:
+                values[name] = fieldops.apply(name, op, now, raw)
+            except modelfields.FieldValueError as exc:
+                raise UsageError(f"{args.alias}: {exc}") from None
         return configtext.set_fields(text, args.alias, values, args.unset)
 
-    base, text = _edited(client, edit)
+    base, text = _edited(client, edit, section)
     return _planned_change(client, args, base, models_text=text)
 
 
@@ -315,37 +367,71 @@ def _editor() -> list[str]:
 
 
 def cmd_edit(client: Client, args: argparse.Namespace) -> int:
-    """$EDITOR on a copy; on save, the plan; errors: edit again or give up."""
-    import subprocess
+    """$EDITOR on a copy; on save, the plan; errors: edit again or give up.
+
+    An edit that is not applied (a refused plan, a no, no terminal to ask on, a stale
+    base, the editor failing) is kept: its copy stays where the editor wrote it and
+    ktctl says where, and how to apply it later (issue 43: it was deleted unsaid)."""
+    import shutil
     import tempfile
 
     got = client.config_get()
     kind = args.file or ("models" if got.models_text is not None else "config")
     text = got.config_text if kind == "config" else _models_of(got)
     name = os.path.basename(got.config_path if kind == "config" else got.models_path)
-    with tempfile.TemporaryDirectory(prefix="ktctl-edit-") as folder:
-        path = os.path.join(folder, name)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-        while True:
-            try:
-                done = subprocess.run([*_editor(), path], check=False)
-            except OSError as exc:
-                raise UsageError(f"cannot run the editor {_editor()[0]!r}: {exc}") from None
-            if done.returncode != 0:
-                _out(f"the editor exited {done.returncode}: nothing applied")
-                return EXIT_FAILED
-            new = _read(path)
-            if new == text:
-                _out("no change")
-                return EXIT_OK
-            plan = client.config_plan(base=got.version, **_texts(kind, new))
-            _show(args, plan)
-            if plan.ok:
-                break
-            again = _ask("edit again?") if not args.yes else False
-            if not again:
-                raise KtdError(p.ErrorCode.CONFIG_ERROR, _first_error(plan), {})
+    folder = tempfile.mkdtemp(prefix="ktctl-edit-")
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    code = EXIT_FAILED
+    try:
+        code = _edit_loop(client, args, got, kind, text, path)
+    finally:
+        if code == EXIT_OK or _unchanged(path, text):
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            print(
+                f"ktctl: your edit is kept in {path}; `ktctl config apply --file {kind} "
+                f"--base {got.version} {path}` applies it (refused if the config changed "
+                "since)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return code
+
+
+def _unchanged(path: str, text: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _edit_loop(
+    client: Client, args: argparse.Namespace, got: p.ConfigReply, kind: str, text: str, path: str
+) -> int:
+    import subprocess
+
+    while True:
+        try:
+            done = subprocess.run([*_editor(), path], check=False)
+        except OSError as exc:
+            raise UsageError(f"cannot run the editor {_editor()[0]!r}: {exc}") from None
+        if done.returncode != 0:
+            _out(f"the editor exited {done.returncode}: nothing applied")
+            return EXIT_FAILED
+        new = _read(path)
+        if new == text:
+            _out("no change")
+            return EXIT_OK
+        plan = client.config_plan(base=got.version, **_texts(kind, new))
+        _show(args, plan)
+        if plan.ok:
+            break
+        again = _ask("edit again?") if not args.yes else False
+        if not again:
+            raise KtdError(p.ErrorCode.CONFIG_ERROR, _first_error(plan), {})
     return _planned_change(client, args, got.version, **_texts(kind, new))
 
 

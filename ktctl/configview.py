@@ -28,7 +28,33 @@ def value(v: Any) -> str:
 
 
 def field_text(f: p.FieldChange) -> str:
-    return f"{f.field} {value(f.old)} -> {value(f.new)}"
+    """``kt.ctx 0 -> 4096``; a list of flags or a map that loses some of what it held says
+    it is replaced and what goes (issue 43: ``kt.extra_args=X`` dropped every other flag,
+    and a line cut at 60 characters did not show it)."""
+    text = f"{f.field} {value(f.old)} -> {value(f.new)}"
+    if isinstance(f.old, list) and isinstance(f.new, list):
+        dropped, added = _minus(f.old, f.new), _minus(f.new, f.old)
+        if dropped:
+            adds = f"; adds {' '.join(added)}" if added else ""
+            text = f"{f.field} replaced: {value(f.old)} -> {value(f.new)}"
+            text += f" (drops {' '.join(dropped)}{adds})"
+    elif isinstance(f.old, dict) and isinstance(f.new, dict):
+        gone = [k for k in f.old if k not in f.new]
+        if gone:
+            text = f"{f.field} replaced: {value(f.old)} -> {value(f.new)} (drops {', '.join(gone)})"
+    return text
+
+
+def _minus(a: Sequence[Any], b: Sequence[Any]) -> list[str]:
+    """The words of ``a`` that ``b`` does not have (as many times as ``a`` has more)."""
+    rest = [str(x) for x in b]
+    out = []
+    for x in a:
+        if str(x) in rest:
+            rest.remove(str(x))
+        else:
+            out.append(str(x))
+    return out
 
 
 def engine_rows(engines: Sequence[p.EnginePlan]) -> list[list[str]]:

@@ -29,6 +29,17 @@ def setup_logging(level: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def no_config_message(prog: str, path: Path) -> str:
+    """What a first ``ktd serve`` without a config says: how to get one (issue 43: it
+    said "cannot read" and nothing of ``ktd init``)."""
+    return (
+        f"{prog}: config error: no config at {path}.\n"
+        f"  ktd init --config {path}   write a starter config.json + models.json there\n"
+        "  ktd up --demo   try everything on the simulated engine (no GPU, no SGLang)\n"
+        f"  {prog} --config PATH   use a config elsewhere"
+    )
+
+
 def load_or_report(config_arg: str | None, prog: str) -> Config | None:
     """The config, or None after one clear line on stderr (the caller exits 2)."""
     loaded = load_texts_or_report(config_arg, prog)
@@ -39,6 +50,9 @@ def load_texts_or_report(config_arg: str | None, prog: str) -> tuple[Config, Con
     """The config and the files' bytes it was read from (the daemon's first version of
     the config), or None after one clear line on stderr (the caller exits 2)."""
     path = Path(config_arg) if config_arg else paths.default_config_path()
+    if not path.exists() and not path.is_symlink():
+        print(no_config_message(prog, path), file=sys.stderr)
+        return None
     try:
         texts = read_config_texts(path)
         config = parse_config(texts)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from ktd import paths
+from ktd import paths, uprecord
 
 DEMO_ALIAS = "ktd-sim"
 _PR_SET_PDEATHSIG = 1
@@ -343,6 +343,7 @@ def main(argv: list[str]) -> int:
     try:
         return _run(setup, args.demo, env, children)
     finally:
+        uprecord.remove(uprecord.record_path(os.environ), os.getpid())
         # Frontend first (no new requests), then the daemon (drains and stops engines).
         for child in reversed(children):
             child.stop(args.stop_timeout)
@@ -366,6 +367,10 @@ def _run(setup: Stack, demo: bool, env: dict[str, str], children: list[Child]) -
             print("ktd up: the daemon did not come up", file=sys.stderr)
             return 1
         return 0
+    # ktctl finds this daemon by itself from now on (ktd/uprecord.py): --demo's socket
+    # is in its own directory, not where ktctl looks by default.
+    record = uprecord.UpRecord(pid=os.getpid(), socket=socket_path, bind=bind)
+    uprecord.write(uprecord.record_path(os.environ), record)
     frontend = Child("frontend", [*py, "frontend", *cfg, "--bind", bind], env)
     children.append(frontend)
     if _wait(lambda: _frontend_answers(bind), 30.0, children):

@@ -53,6 +53,20 @@ def test_up_without_config_points_to_demo_and_init(tmp_path: Path, ktd_env: dict
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("command", ["serve", "frontend"])
+def test_serve_without_config_points_to_init_and_demo(
+    tmp_path: Path, ktd_env: dict[str, str], command: str
+) -> None:
+    """Issue 43: ``ktd serve`` with no config said "cannot read" and nothing of
+    ``ktd init``."""
+    missing = tmp_path / "nowhere" / "config.json"
+    r = ktd(command, env={**ktd_env, "KTD_CONFIG": str(missing)})
+    assert r.returncode == 2
+    assert f"no config at {missing}" in r.stderr
+    assert f"ktd init --config {missing}" in r.stderr and "ktd up --demo" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_up_busy_port_says_so_and_names_bind(tmp_path: Path, ktd_env: dict[str, str]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,6 +14,15 @@ from ktd.up import DEMO_ALIAS, demo_config
 from tests.frontend.frontend_helpers import free_port
 
 
+def ktctl_without_a_socket(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``ktctl status`` as a user types it: no --socket, no KTD_SOCKET or KTD_RUNTIME_DIR."""
+    bare = {k: v for k, v in env.items() if k not in ("KTD_SOCKET", "KTD_RUNTIME_DIR")}
+    return subprocess.run(
+        [sys.executable, "-m", "ktctl", "status"],
+        env=bare, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 def test_demo_config_is_a_valid_config(tmp_path: Path) -> None:
     from ktd.core.config import load_config
 
@@ -28,6 +37,10 @@ def test_up_demo_serves_and_stops_cleanly(tmp_path: Path, ktd_env: dict[str, str
     port = free_port()
     root = Path("/tmp") / f"ktd-up-{port}"  # short: ipc socket paths are limited
     log = tmp_path / "up.log"
+    # The user's own runtime dir, where ``ktd up`` says where it serves (issue 43).
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    ktd_env = {**ktd_env, "XDG_RUNTIME_DIR": str(xdg)}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [
@@ -58,6 +71,13 @@ def test_up_demo_serves_and_stops_cleanly(tmp_path: Path, ktd_env: dict[str, str
         assert resp.json()["choices"][0]["message"]["content"]
         text = log.read_text()
         assert "ktctl --socket" in text and "curl" in text
+        # A bare ``ktctl status`` (no --socket, no KTD_*) finds the demo and says so.
+        status = ktctl_without_a_socket(ktd_env)
+        assert status.returncode == 0, status.stderr
+        assert DEMO_ALIAS in status.stdout
+        assert f"using the `ktd up` (pid {proc.pid}) at {root / 'run' / 'control.sock'}" in (
+            status.stderr
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -70,6 +90,9 @@ def test_up_demo_serves_and_stops_cleanly(tmp_path: Path, ktd_env: dict[str, str
         shutil.rmtree(root, ignore_errors=True)
     assert code == 0, log.read_text()
     assert "ktd up: stopped" in log.read_text()
+    assert not (xdg / "ktd-up.json").exists()  # its record goes with it
+    gone = ktctl_without_a_socket(ktd_env)
+    assert gone.returncode == 3 and "ktd up --demo" in gone.stderr
     # The autouse leak check then verifies no daemon, frontend or engine survived.
 
 

@@ -80,7 +80,7 @@ function controlPath(socket = undefined, env = process.env) {
   return path.join(dir, "control.sock");
 }
 
-const START_HINT = "start it with `ktd serve` or `systemctl start ktd`";
+const START_HINT = "start it with `ktd serve` or `systemctl start ktd`, or try `ktd up --demo`";
 
 /**
  * Reject unless something listens on the unix socket `file`: zmq's connect never

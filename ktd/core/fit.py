@@ -322,10 +322,22 @@ def to_wake(waker: Holder) -> Estimate:
 
 @dataclass(frozen=True)
 class Fit:
+    """The verdict. ``ok``: it fits. ``refuses``: a load with ``fit: check`` is refused
+    (memory measured short). ``no_gpu``: it needs GPU memory and ktd sees no GPU: that
+    does not fit, but alone it refuses nothing (issue 43: it said "fits"), since a CPU
+    build of SGLang (``--device cpu``) and the simulated engine run without one; SGLang
+    decides at launch."""
+
     ok: bool
     reason: str | None
     rows: tuple[dict[str, Any], ...] = ()  # one per node / GPU checked
     notes: tuple[str, ...] = ()
+    no_gpu: bool = False
+    short: bool = True  # not ok: memory measured short (False: no GPU alone)
+
+    @property
+    def refuses(self) -> bool:
+        return not self.ok and self.short
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -333,7 +345,21 @@ class Fit:
             "reason": self.reason,
             "rows": list(self.rows),
             "notes": list(self.notes),
+            "no_gpu": self.no_gpu,
+            "refuses": self.refuses,
         }
+
+
+#: The row of a GPU need on a machine without a GPU (its ``free`` is 0).
+NO_GPU_ROW = "GPU memory"
+
+
+def no_gpu_reason(need: int) -> str:
+    amount = gib(need) if need >= GIB // 10 else f"{need / MIB:.0f} MiB"
+    return (
+        f"does not fit: no GPU: it needs {amount} of GPU memory (weights + KV cache) "
+        "and ktd sees no GPU on this machine"
+    )
 
 
 def check(
@@ -345,16 +371,22 @@ def check(
     gpus: Sequence[int],
     freed: Freed = Freed(),
     evicting: Sequence[str] = (),
+    sleeping: Sequence[str] = (),
 ) -> Fit:
     """Compare ``est`` with free memory (bytes) of the planned nodes and GPUs.
 
     No planned nodes (``numa: none``): the whole machine's free RAM counts.
-    ``gpu_free`` None: the GPUs could not be read, so GPU memory is not checked.
+    ``gpu_free`` None: the GPUs could not be read, so GPU memory is not checked; with no
+    planned GPU either, ktd sees no GPU at all: a GPU need does not fit (``Fit.no_gpu``).
     """
     rows: list[dict[str, Any]] = []
     short: list[str] = []
     notes: list[str] = []
-    after = f" after evicting {', '.join(evicting)}" if evicting else ""
+    # Those of ``evicting`` put to sleep are said so (issue 43: "after evicting" them).
+    stops = [a for a in evicting if a not in sleeping]
+    done = [f"putting {', '.join(sleeping)} to sleep"] if sleeping else []
+    done += [f"evicting {', '.join(stops)}"] if stops else []
+    after = f" after {' and '.join(done)}" if done else ""
     if est.host_bytes:
         if numa_nodes:
             share = est.host_bytes // len(numa_nodes)
@@ -370,6 +402,10 @@ def check(
             if est.host_bytes > have:
                 short.append(f"host needs {gib(est.host_bytes)} RAM, has {gib(have)} free")
     need_gpu = est.gpu_bytes
+    no_gpu = bool(need_gpu) and gpu_free is None and not gpus
+    if no_gpu:
+        assert need_gpu is not None
+        rows.append({"what": NO_GPU_ROW, "need": need_gpu, "free": 0})
     if need_gpu and gpus:
         if gpu_free is None:
             notes.append("GPU memory not checked (nvidia-smi unavailable)")
@@ -381,6 +417,8 @@ def check(
                 if share > have:
                     short.append(f"GPU {i} needs {gib(share)}, has {gib(have)} free")
     if short:
+        if no_gpu:
+            short.append(f"no GPU for its {gib(need_gpu or 0)} of GPU memory")
         reason = (
             "does not fit"
             + after
@@ -388,5 +426,8 @@ def check(
             + "; ".join(short)
             + ' (set "fit": "ignore" on the model to load anyway)'
         )
-        return Fit(False, reason, tuple(rows), tuple(notes))
+        return Fit(False, reason, tuple(rows), tuple(notes), no_gpu=no_gpu)
+    if no_gpu:
+        reason = no_gpu_reason(need_gpu or 0)
+        return Fit(False, reason, tuple(rows), tuple(notes), no_gpu=True, short=False)
     return Fit(True, None, tuple(rows), tuple(notes))

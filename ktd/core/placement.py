@@ -65,6 +65,7 @@ class Holding:
     pinned: bool = False
     last_used: float = 0.0
     state: str = S.READY
+    sleeps: bool = False  # made room for by putting it to sleep, not stopping it
 
     @property
     def evictable(self) -> bool:
@@ -101,6 +102,7 @@ class Plan:
     flags: tuple[Flag, ...] = ()
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     evict: tuple[str, ...] = ()
+    sleeps: tuple[str, ...] = ()  # those of ``evict`` put to sleep rather than stopped
     blocked_by: tuple[str, ...] = ()
     reason: str | None = None
     notes: tuple[str, ...] = ()
@@ -138,6 +140,7 @@ class Plan:
             "argv_flags": self.argv_flags(),
             "env": dict(self.env),
             "evict": list(self.evict),
+            "sleeps": list(self.sleeps),
             "blocked_by": list(self.blocked_by),
             "reason": self.reason,
             "notes": list(self.notes),
@@ -417,7 +420,8 @@ def _plan(ask: _Ask, topo: Topology, holdings: Sequence[Holding], notes: list[st
     node_cores = len(topo.physical_cores(topo.node_cpus(nodes)))
     flags = flags_for(uflags, nodes, cpuinfer, node_cores, notes)
     for h in evict:
-        notes.append(f"evicts {h.alias} (idle, least recently used) to free its resources")
+        does = f"puts {h.alias} to sleep" if h.sleeps else f"evicts {h.alias}"
+        notes.append(f"{does} (idle, least recently used) to free its resources")
     return Plan(
         alias=ask.alias,
         ok=True,
@@ -427,6 +431,7 @@ def _plan(ask: _Ask, topo: Topology, holdings: Sequence[Holding], notes: list[st
         flags=flags,
         env=MappingProxyType(gpu_env(chosen_gpus)),
         evict=tuple(h.alias for h in evict),
+        sleeps=tuple(h.alias for h in evict if h.sleeps),
         notes=tuple(notes),
     )
 

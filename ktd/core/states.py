@@ -16,6 +16,7 @@ on the step, never on its wording; ``Phase.text`` is for people.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -97,7 +98,7 @@ class Step(StrEnum):
     PREFLIGHT = "preflight"  # paths, imports, port, memory fit
     PLACING = "placing"
     WAITING = "waiting"  # for busy holders of its NUMA nodes/GPUs to go idle (a swap)
-    MAKING_ROOM = "making_room"  # stopping idle holders
+    MAKING_ROOM = "making_room"  # stopping idle holders, or putting them to sleep
     LOADING = "loading"  # the engine process runs and loads (log milestones refine the text)
     ADOPTING = "adopting"  # a previous daemon's engine, taken over
     RESTARTING = "restarting"  # crash backoff before the next launch
@@ -143,3 +144,14 @@ _TEXT = {
     Step.RESUMING: "resuming GPU memory",
     Step.CHECKING: "checking health after resume",
 }
+
+
+def making_room(stopping: Sequence[str], sleeping: Sequence[str] = ()) -> str:
+    """The MAKING_ROOM phase's text: who is stopped and who is put to sleep (issue 43:
+    it said "stopping" of an engine being put to sleep)."""
+    parts = []
+    if sleeping:
+        parts.append(f"putting {', '.join(sleeping)} to sleep")
+    if stopping:
+        parts.append(f"stopping {', '.join(stopping)}")
+    return " and ".join(parts) + " to make room"

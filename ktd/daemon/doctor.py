@@ -28,6 +28,26 @@ if TYPE_CHECKING:
     from ktd.gateway.sync import GatewaySync
 
 
+def one_line(text: str) -> str:
+    """The last line of an error (a traceback's is what it says), cut to 200 characters."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:200]
+
+
+def _no_sglang(python: str, probe: ProbeResult | None) -> str | None:
+    """What a dry-run says of an interpreter without SGLang (issue 43: it said "(None)"
+    in a note and ``sglang: null``): a load would fail, and what to do."""
+    if probe is None or probe.sglang is not None:
+        return None
+    why = probe.sglang_error or probe.error
+    return (
+        f"no SGLang in {python}"
+        + (f" ({one_line(why)})" if why else "")
+        + ": a load would fail; install sglang-kt in that Python, or set kt.python to one "
+        "that has it"
+    )
+
+
 def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> dict[str, Any]:
     """What ``ktctl load --dry-run`` shows: nothing is launched, nothing is changed.
 
@@ -39,12 +59,14 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
     spec = engine.spec
     catalog = probe.catalog if probe else None
     sglang = probe.sglang_label if probe and probe.sglang else None
+    missing_note = _no_sglang(spec.python, probe)
     try:
         plan = pool.plan(spec, exclude=engine, catalog=catalog)
         launch, keyed = keyed_launch(spec, spec.port, plan.argv_flags(), catalog)
     except LaunchError as exc:
         return {"alias": alias, "ok": False, "reason": str(exc), "error": str(exc),
-                "sglang": sglang, "state": engine.state}  # fmt: skip
+                "sglang": sglang, "state": engine.state,
+                **({"sglang_error": missing_note} if missing_note else {})}  # fmt: skip
     argv = launch.argv
     if not spec.port:
         argv[argv.index("--port") + 1] = "<auto>"
@@ -54,12 +76,15 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
     spin = doctor.kt_spin_note(probe.kt_kernel) if probe and spec.sleep else None
     extra = [n for n in (keyed.note, spin) if n]
     out["notes"] = [*out["notes"], *launch.notes, *extra]
-    if catalog is None:
+    if catalog is None and missing_note is None:
+        why = (probe.options_error or probe.error) if probe else None
         out["notes"].append(
             "SGLang's options could not be read"
-            + (f" ({probe.options_error or probe.error})" if probe else "")
+            + (f" ({why})" if why else "")
             + ": argv not checked against them"
         )
+    if missing_note:
+        out["sglang_error"] = missing_note
     out.update(
         argv=argv,
         env=env_additions(spec, plan.env, sleeps=launch.sleeps),

@@ -22,7 +22,7 @@ from ktd.core.command import LaunchError, planner_args
 from ktd.core.config import DaemonSection, ModelSpec
 from ktd.core.placement import Holding, Plan
 from ktd.core.sglang_options import Catalog
-from ktd.core.states import Phase, Step
+from ktd.core.states import Phase, Step, making_room
 from ktd.core.topology import Topology
 from ktd.daemon import weights
 from ktd.daemon.engine import Busy, Engine, PlacementLike, Unplaceable
@@ -102,6 +102,7 @@ class Placer:
                     pinned=e.spec.pinned,
                     last_used=e.idle_since if e.idle_since is not None else 0.0,
                     state=e.state,
+                    sleeps=e.sleep_mode() == "on",
                 )
             )
         return out
@@ -192,16 +193,16 @@ class Placer:
         (a wake is never discovered short by a failed resume)."""
         waker = engine if waking else None
         _, verdict = await self.fit(engine.spec, plan, waker=waker)
-        if verdict.ok:
+        if not verdict.refuses:  # no GPU alone refuses nothing (``fit.Fit``)
             return
         stop: tuple[str, ...] = ()
         nodes, _ = _where(plan, engine.occupant() if waking else None)
         for sleeper in self.sleepers(nodes, besides=engine):
             stop += (sleeper.alias,)
             _, verdict = await self.fit(engine.spec, plan, stop, waker=waker)
-            if verdict.ok:
+            if not verdict.refuses:
                 break
-        if not verdict.ok:
+        if verdict.refuses:
             raise Refused(f"{verdict.reason}; no engine was stopped")
         why = f"stopped to make room in memory for {engine.alias}"
         for alias in stop:
@@ -327,7 +328,9 @@ class Placer:
     async def _evict_for(self, engine: Engine, aliases: tuple[str, ...]) -> None:
         """Make room: a victim that can sleep is put to sleep (its experts stay in host
         RAM; waking it is a swap in seconds), any other is stopped."""
-        engine.set_phase(Phase.of(Step.MAKING_ROOM, engines=aliases))
+        sleepers = tuple(a for a in aliases if self.engines[a].sleep_mode() == "on")
+        text = making_room(tuple(a for a in aliases if a not in sleepers), sleepers)
+        engine.set_phase(Phase.of(Step.MAKING_ROOM, text, engines=aliases))
         stopped: tuple[str, ...] = ()
         for alias in aliases:
             victim = self.engines[alias]

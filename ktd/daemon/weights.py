@@ -236,5 +236,6 @@ def verdict(
         gpus=gpus,
         freed=freed,
         evicting=evicting,
+        sleeping=tuple(v.spec.alias for v in sleepers or ()),
     )
     return est, result

@@ -149,6 +149,28 @@ def test_ping_and_schema_as_ktctl_sees_them(node: Node, daemon: DaemonProc) -> N
     assert schema.doc() == json.loads(committed.read_text())
 
 
+def test_status_resolves_to_an_array_as_the_readme_says(node: Node) -> None:
+    """Issue 43: the README said ``status()`` gives what ``ktctl status --json`` prints
+    (``{"engines": [...]}``); it resolves to the array itself."""
+    script = (
+        f"const {{ Client }} = require({json.dumps(str(CLI.parent / 'index.js'))});"
+        "(async () => { const c = new Client({ socket: process.argv[1] });"
+        " const e = await c.status();"
+        " console.log(JSON.stringify({ array: Array.isArray(e), aliases: e.map((x) => x.alias) }));"
+        " c.close(); })();"
+    )
+    done = subprocess.run(
+        ["node", "-e", script, str(node.socket)],
+        env={**os.environ, "NODE_PATH": str(node.modules)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"array": True, "aliases": ["n1", "n2", "bad"]}
+    readme = (CLI.parent / "README.md").read_text()
+    [line] = [ln for ln in readme.splitlines() if "await ktd.status()" in ln]
+    assert "an array" in line and "ktctl status --json" not in line
+
+
 def test_load_with_progress_status_wait_and_evict(node: Node, daemon: DaemonProc) -> None:
     loaded = node.run("load", "n1")
     assert loaded.code == 0, loaded.err

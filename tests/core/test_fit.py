@@ -68,7 +68,7 @@ def test_sparse_weights_on_the_xeon_split_per_node(tmp_path: Path) -> None:
     topo = read_topology(build_xeon(tmp_path / "xeon"), nvidia_smi=None)
     free = {n.id: n.available_kb * 1024 for n in topo.nodes}  # 200 and 240 GiB
     both = fit.check(est, node_free=free, numa_nodes=(0, 1), gpu_free=None, gpus=())
-    assert both.ok  # 180 GiB per node
+    assert not both.refuses and both.no_gpu  # 180 GiB per node; the fixture has no GPU
     one = fit.check(est, node_free=free, numa_nodes=(1,), gpu_free=None, gpus=())
     assert not one.ok
     assert "NUMA node 1 needs 360.0 GiB RAM, has 240.0 GiB free" in (one.reason or "")
@@ -87,6 +87,28 @@ def test_evictions_count_as_freed(tmp_path: Path) -> None:
         evicting=("old",),
     )  # fmt: skip
     assert after.ok
+
+
+def test_gpu_memory_on_a_machine_without_a_gpu_does_not_fit() -> None:
+    """Issue 43: ``--estimate`` said "fits" for 38.3 GiB of GPU memory on a box with no
+    GPU. It does not fit; alone it refuses nothing (SGLang decides: ``--device cpu``)."""
+    est = fit.Estimate(host_bytes=10 * GIB, gpu_weights_bytes=30 * GIB, kv_bytes=8 * GIB)
+    none = fit.check(est, node_free={0: 64 * GIB}, numa_nodes=(), gpu_free=None, gpus=())
+    assert not none.ok and none.no_gpu and not none.refuses
+    assert none.reason == (
+        "does not fit: no GPU: it needs 38.0 GiB of GPU memory (weights + KV cache) "
+        "and ktd sees no GPU on this machine"
+    )
+    assert {"what": "GPU memory", "need": 38 * GIB, "free": 0} in none.rows
+    assert none.to_dict()["no_gpu"] is True and none.to_dict()["refuses"] is False
+    # Short of host RAM too: refused, and both said.
+    both = fit.check(est, node_free={0: 4 * GIB}, numa_nodes=(), gpu_free=None, gpus=())
+    assert both.refuses and both.no_gpu
+    assert "host needs 10.0 GiB RAM" in (both.reason or "") and "no GPU" in (both.reason or "")
+    # No GPU memory needed (no estimate of it): nothing to say.
+    cpu = fit.Estimate(host_bytes=10 * GIB, gpu_weights_bytes=None, kv_bytes=None)
+    fine = fit.check(cpu, node_free={0: 64 * GIB}, numa_nodes=(), gpu_free=None, gpus=())
+    assert fine.ok and not fine.no_gpu
 
 
 def test_gpu_split_over_tp_and_unknown_gpus_not_checked(tmp_path: Path) -> None:
@@ -210,3 +232,18 @@ def test_numa_maps_and_nvidia_smis_per_process_answers_read() -> None:
     apps = "GPU-aaa, 10, 1024 MiB\nGPU-bbb, 11, 512 MiB\nGPU-aaa, 99, 7 MiB\n"
     assert parse_gpu_use(uuids, apps, [10, 11]) == {0: GIB, 1: GIB // 2}
     assert parse_gpu_use(uuids, "", [10]) == {}
+
+
+def test_a_verdict_says_who_is_put_to_sleep_rather_than_evicted() -> None:
+    """Issue 43: "does not fit after evicting a" of an engine a swap puts to sleep."""
+    est = fit.Estimate(host_bytes=250 * GIB, gpu_weights_bytes=None, kv_bytes=None)
+    short = fit.check(
+        est, node_free={0: GIB}, numa_nodes=(0,), gpu_free=None, gpus=(),
+        evicting=("a", "b"), sleeping=("a",),
+    )  # fmt: skip
+    assert (short.reason or "").startswith("does not fit after putting a to sleep and evicting b:")
+    only = fit.check(
+        est, node_free={0: GIB}, numa_nodes=(0,), gpu_free=None, gpus=(),
+        evicting=("a",), sleeping=("a",),
+    )  # fmt: skip
+    assert (only.reason or "").startswith("does not fit after putting a to sleep:")

@@ -48,8 +48,9 @@ def H(
     pinned: bool = False,
     last_used: float = 0.0,
     state: str = "ready",
+    sleeps: bool = False,
 ) -> Holding:
-    return Holding(alias, nodes, gpus, in_flight, pinned, last_used, state)
+    return Holding(alias, nodes, gpus, in_flight, pinned, last_used, state, sleeps)
 
 
 def flags_of(p: Plan) -> dict[str, tuple[tuple[str, ...], str]]:
@@ -199,6 +200,19 @@ def test_xeon_third_engine_evicts_lru_idle(xeon: Topology) -> None:
     assert c.evict == ("b",)  # least recently used
     assert c.numa_nodes == (0,) and c.gpus == (1,)
     assert c.blocked_by == ()
+
+
+def test_a_victim_that_sleeps_is_said_to_be_put_to_sleep(xeon: Topology) -> None:
+    """Issue 43: the plan said "evicts b" of an engine a swap puts to sleep."""
+    ha = H("a", (1,), (0,), last_used=100)
+    hb = H("b", (0,), (1,), last_used=50, sleeps=True)
+    c = plan("c", "auto", "auto", [], xeon, [ha, hb])
+    assert c.evict == ("b",) and c.sleeps == ("b",)
+    assert "puts b to sleep (idle, least recently used) to free its resources" in c.notes
+    assert not any(n.startswith("evicts b") for n in c.notes)
+    assert c.to_dict()["sleeps"] == ["b"]
+    stop = plan("c", "auto", "auto", [], xeon, [ha, H("b", (0,), (1,), last_used=50)])
+    assert stop.sleeps == () and "evicts b (idle, least recently used)" in " ".join(stop.notes)
 
 
 @pytest.mark.parametrize(

@@ -40,3 +40,12 @@ def test_every_state_has_a_way_back_to_stopped() -> None:
                     seen.add(nxt)
                     todo.append(nxt)
         assert S.STOPPED in seen or state == S.STOPPED
+
+
+def test_making_room_says_who_sleeps_and_who_stops() -> None:
+    """Issue 43: every victim of a swap was "stopping", the ones put to sleep too."""
+    from ktd.core.states import making_room
+
+    assert making_room(("b",)) == "stopping b to make room"
+    assert making_room((), ("a",)) == "putting a to sleep to make room"
+    assert making_room(("b", "c"), ("a",)) == "putting a to sleep and stopping b, c to make room"

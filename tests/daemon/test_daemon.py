@@ -343,8 +343,17 @@ def test_missing_sglang_and_kt_kernel(
     )
     d = daemon_factory(cfg)
     with d.client(timeout=60) as c:
-        from ktctl import KtdError
+        from ktctl import KtdError, planview
 
+        # The dry run says it before a load fails (issue 43: "(None)" and "sglang: null").
+        plan = c.load("nosgl-kt", dry_run=True)
+        assert plan["sglang"] is None
+        assert plan["sglang_error"].startswith("no SGLang in ")
+        assert "a load would fail" in plan["sglang_error"]
+        assert not any("(None)" in n for n in plan["notes"])
+        text = planview.plan_text("nosgl-kt", plan)
+        assert "  sglang:      MISSING: no SGLang in " in text
+        assert "null" not in text and "(None)" not in text and "impossible" not in text
         with pytest.raises(KtdError) as e1:
             c.load("nosgl-kt")
         assert e1.value.code == "load_failed"

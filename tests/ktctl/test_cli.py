@@ -22,7 +22,7 @@ import msgspec
 import pytest
 import zmq
 
-from ktctl import DaemonUnreachable, KtdError, ProtocolError, render
+from ktctl import DaemonUnreachable, KtdError, ProtocolError, planview, render
 from ktctl.cli import build_parser, exit_code, main
 from ktctl.client import Client
 from ktd import protocol as p
@@ -197,7 +197,7 @@ def test_missing_socket_exits_3_with_one_line(
     assert code == 3 and out == ""
     assert err.splitlines() == [
         f"ktctl: unreachable: ktd is not running: no control socket at {path} "
-        "(start it with `ktd serve` or `systemctl start ktd`)"
+        "(start it with `ktd serve` or `systemctl start ktd`, or try `ktd up --demo`)"
     ]
 
 
@@ -274,7 +274,7 @@ def test_importtime_and_unreachable_in_a_subprocess(rundir: Path) -> None:
     assert not imported & {"trio", "quart", "quart_trio", "hypercorn", "httpx", "httpcore"}
     assert rest == [
         "ktctl: unreachable: ktd is not running: no control socket at /nonexistent "
-        "(start it with `ktd serve` or `systemctl start ktd`)"
+        "(start it with `ktd serve` or `systemctl start ktd`, or try `ktd up --demo`)"
     ]
 
 
@@ -791,7 +791,7 @@ def test_plan_text_accepts_flag_dicts_and_blocks() -> None:
         "ok": False,
         "extra": {"k": 1},
     }
-    text = render.plan_text("m", plan)
+    text = planview.plan_text("m", plan)
     assert "--kt-numa-nodes 0,1  (placement)" in text
     assert "--x" in text and "(user)" in text
     assert "BLOCKED by big-model: pinned" in text

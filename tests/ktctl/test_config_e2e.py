@@ -204,6 +204,40 @@ def test_add_then_remove_leaves_the_file_as_it_was(
     wait_for(lambda: "gamma" not in box.daemon.engines(), what="gamma gone")
 
 
+def test_set_adds_and_takes_out_one_flag_and_says_when_a_list_is_replaced(
+    box: Box, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43: ``kt.extra_args=X`` silently replaced the whole list and nothing added
+    one flag. ``+=`` appends, ``-=`` takes a flag out with its values, and the plan of an
+    ``=`` that drops flags says "replaced" and which."""
+
+    def args() -> list[str]:
+        return list(json.loads(box.models.read_text())[0]["kt"]["extra_args"])
+
+    code, out, err = ktctl(
+        capsys, box, "config", "set", "alpha", "kt.extra_args+=--enable-metrics",
+        "kt.extra_args+=--kt-method AMXINT4", "--yes",
+    )  # fmt: skip
+    assert code == 0, err
+    assert args() == ["--enable-metrics", "--kt-method", "AMXINT4"]
+    assert "replaced" not in out
+    code, out, err = ktctl(capsys, box, "config", "set", "alpha", "kt.extra_args-=--kt-method",
+                           "--yes")  # fmt: skip
+    assert code == 0, err
+    assert args() == ["--enable-metrics"]
+    code, out, err = ktctl(capsys, box, "config", "set", "alpha",
+                           "kt.extra_args=--kt-method=AMXINT4", "--yes")  # fmt: skip
+    assert code == 0, err
+    assert 'kt.extra_args replaced: ["--enable-metrics"] -> ["--kt-method=AMXINT4"]' in out
+    assert "(drops --enable-metrics; adds --kt-method=AMXINT4)" in out
+    before = box.files()
+    code, _, err = ktctl(capsys, box, "config", "set", "alpha", "kt.extra_args-=--nope", "--yes")
+    assert code == 2 and "alpha: kt.extra_args has no --nope" in err
+    code, _, err = ktctl(capsys, box, "config", "set", "alpha", "ttl+=5", "--yes")
+    assert code == 2 and "ttl is set whole with ttl=VALUE" in err
+    assert box.files() == before
+
+
 def test_plan_and_apply_a_whole_file_and_stdin(
     box: Box, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

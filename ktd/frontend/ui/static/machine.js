@@ -2,6 +2,17 @@
 
 K.machine = {};
 
+// What a load would do to the engines in its way: stop them, or put to sleep those that
+// sleep (issue 43: every one was "stop").
+function makingRoom(plan) {
+  const sleeps = plan.sleeps || [];
+  const stops = (plan.evict || []).filter((a) => !sleeps.includes(a));
+  const parts = [];
+  if (sleeps.length) parts.push(`put ${sleeps.join(", ")} to sleep`);
+  if (stops.length) parts.push(`stop ${stops.join(", ")}`);
+  return parts.length ? h("div", {}, `and ${parts.join(" and ")} first`) : null;
+}
+
 function holderChips(aliases, colours) {
   return aliases.map((a) => K.h("span", { class: "chip", style: { background: colours[a] || "#888" } }, a));
 }
@@ -108,7 +119,7 @@ K.machine.renderPlan = function (root, alias, plan, error) {
     h("h3", {}, `Dry-run: loading ${alias} now`),
     plan.ok === false ? h("div", { class: "error" }, plan.reason || "cannot be placed")
       : h("div", {}, `would take ${where.join(", ")}`),
-    plan.evict && plan.evict.length ? h("div", {}, `and stop ${plan.evict.join(", ")} first`) : null,
+    makingRoom(plan),
     plan.blocked_by && plan.blocked_by.length ? h("div", { class: "muted" }, `waits for ${plan.blocked_by.join(", ")}`) : null,
     h("div", { class: "muted" },
       `estimate: host RAM ${est.host_bytes ? K.fmtBytes(est.host_bytes) : "?"}, GPU ${est.gpu_bytes ? K.fmtBytes(est.gpu_bytes) : "?"}`,
