@@ -27,6 +27,9 @@ from ktd.frameid import peek_id, skim_id
 
 log = logging.getLogger("ktd.server")
 
+#: The uid of a sender the socket did not show: no one's (never ktd's owner, nor root).
+NOBODY = -1
+
 _OPS = frozenset(str(t.__struct_config__.tag) for t in p.AnyRequest.__args__)
 
 
@@ -244,6 +247,9 @@ class ControlServer:
     async def _dispatch(self, req: p.Request, peer: Peer | None = None) -> p.Reply:
         pool = self.pool
         uid = peer.uid if peer is not None else None
+        # A request whose sender the socket did not show (no Peer-Address: not ipc, not
+        # Linux) is nobody's: it may read the config, not change it (fail closed).
+        asker = uid if uid is not None else NOBODY
         desk = self._config
         match req:
             case p.Load(alias=alias, dry_run=True):
@@ -263,20 +269,20 @@ class ControlServer:
                 return await pool.engine_memory(alias)
             case p.Reload():
                 return p.Ok(message=await self._reload(Who(uid=uid)))
-            case p.ConfigGet(seq=seq) if desk is not None:
-                return await desk.get(seq)
+            # Who may read, plan and change: ConfigDesk.role (docs/security.md).
+            case p.ConfigGet(seq=seq, delegated=delegated) if desk is not None:
+                return await desk.get(seq, Who(uid=asker, delegated=delegated))
             case p.ConfigPlan(config_text=cfg, models_text=models, base=base) if desk is not None:
-                return p.ConfigPlanReply(plan=await desk.plan(cfg, models, base))
-            case p.ConfigApply(config_text=cfg, models_text=models, base=base, author=author) if (
-                desk is not None
-            ):
-                return await desk.apply(cfg, models, base, Who(uid=uid, claimed=author))
+                who = Who(uid=asker, delegated=req.delegated)
+                return p.ConfigPlanReply(plan=await desk.plan(cfg, models, base, who))
+            case p.ConfigApply(config_text=cfg, models_text=models, base=base) if desk is not None:
+                who = Who(uid=asker, claimed=req.author, delegated=req.delegated)
+                return await desk.apply(cfg, models, base, who)
             case p.ConfigHistory() if desk is not None:
                 return await desk.history_now()
-            case p.ConfigRollback(seq=seq, base=base, author=author, dry_run=dry_run) if (
-                desk is not None
-            ):
-                return await desk.rollback(seq, base, Who(uid=uid, claimed=author), dry_run=dry_run)
+            case p.ConfigRollback(seq=seq, base=base, dry_run=dry_run) if desk is not None:
+                who = Who(uid=asker, claimed=req.author, delegated=req.delegated)
+                return await desk.rollback(seq, base, who, dry_run=dry_run)
             case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):
                 lease, engine = await pool.acquire(
                     model, client, autoload=autoload, timeout=timeout

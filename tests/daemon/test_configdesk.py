@@ -27,7 +27,7 @@ from ktd.daemon.confighistory import History
 from ktd.daemon.pool import Pool
 from tests.conftest import ConfigWriter, sim_model
 
-ALICE = Who(uid=1000, claimed="alice")
+ALICE = Who(uid=1000, claimed="alice")  # in daemon.admins (``make``): not ktd's owner
 
 
 @dataclass
@@ -47,6 +47,7 @@ def make(
     write: Callable[[Sequence[FileChange]], None] | None = None,
     **daemon: Any,
 ) -> Bench:
+    daemon.setdefault("admins", [ALICE.uid])
     cfg = ConfigWriter(tmp_path / "etc")([sim_model("a"), sim_model("b", ttl=600)], daemon=daemon)
     texts = read_config_texts(cfg)
     config = parse_config(texts)
