@@ -202,6 +202,28 @@ async def test_rollback_goes_back_through_the_same_path(tmp_path: Path) -> None:
         await b.desk.rollback(9, "", ALICE, dry_run=True)
 
 
+async def test_a_change_without_a_base_is_refused_not_written_over(tmp_path: Path) -> None:
+    """``base: ""`` (the protocol's default, a client that left it out) would overwrite
+    whatever changed since the client read the files: refused, nothing written (issue
+    43, item 7); a rollback's dry run needs none."""
+    b = make(tmp_path)
+    await b.desk.record_start()
+    owner = Who(uid=os.getuid(), claimed="owner")
+    got = await b.desk.get(None)
+    text = configtext.set_fields(got.models_text or "", "a", {"ttl": 30})
+    with pytest.raises(ControlError) as info:
+        await b.desk.apply(None, text, "", owner)
+    assert info.value.code == p.ErrorCode.BAD_REQUEST and "base is required" in info.value.message
+    assert info.value.detail == {"field": "base", "version": got.version}
+    assert b.models_text() == got.models_text and b.writes == []
+    await b.desk.apply(None, text, got.version, owner)
+    with pytest.raises(ControlError) as info:
+        await b.desk.rollback(None, "", owner, dry_run=False)
+    assert info.value.code == p.ErrorCode.BAD_REQUEST
+    assert b.models_text() == text and len(b.writes) == 1
+    assert isinstance(await b.desk.rollback(None, "", owner, dry_run=True), p.ConfigPlanReply)
+
+
 async def test_the_history_keeps_the_newest(tmp_path: Path) -> None:
     b = make(tmp_path, config_history=2)  # the files now and 2 before them
     await b.desk.record_start()
