@@ -31,6 +31,7 @@ import json
 import sys
 from collections.abc import Collection
 from enum import StrEnum
+from typing import Annotated, Any
 
 from ktd import protocol as p
 from ktd.core import secret
@@ -41,7 +42,10 @@ __all__ = [
     "LOADER_ENV",
     "LOADER_ENV_PREFIXES",
     "Role",
+    "hidden_argv",
+    "hidden_launch",
     "is_loader",
+    "is_owner",
     "limits",
     "masked",
     "role_of",
@@ -49,6 +53,10 @@ __all__ = [
     "shown_plan",
     "unmasked",
 ]
+
+
+#: An argv, read as ``extra_args`` is: the values of SGLang's secret flags.
+_ARGV = Annotated[list[str], secret.SECRET_FLAGS]
 
 
 class Role(StrEnum):
@@ -248,3 +256,34 @@ def shown_plan(plan: p.ConfigPlanView) -> p.ConfigPlanView:
                 change.old = secret.redact(change.old, tp, _hide)
                 change.new = secret.redact(change.new, tp, _hide)
     return plan
+
+
+def is_owner(uid: int | None, owner: int) -> bool:
+    """Whether the socket's uid is ktd's owner (no NSS: answered inside the pump)."""
+    return uid is None or uid == owner or uid == 0
+
+
+def hidden_argv(argv: list[str]) -> list[str]:
+    """An engine's argv as a non-owner sees it: SGLang's secret flags' values hidden."""
+    out: list[str] = secret.redact(argv, _ARGV, _hide)
+    return out
+
+
+def hidden_launch(plan: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+    """A ``load --dry-run`` plan as a non-owner sees it: the values of the model's own
+    ``extra_env`` (marked ``SECRET_ENV``) and of secret flags hidden."""
+    out = dict(plan)
+    own = {name for name, _ in spec.extra_env}
+    if isinstance(out.get("env"), dict):
+        out["env"] = {k: secret.HIDDEN if k in own else v for k, v in out["env"].items()}
+    for key in ("argv", "argv_flags"):
+        if isinstance(out.get(key), list):
+            out[key] = hidden_argv(out[key])
+    if isinstance(out.get("flags"), list):
+        out["flags"] = [
+            {**f, "values": [secret.HIDDEN]}
+            if isinstance(f, dict) and f.get("name") in secret.SECRET_FLAG_NAMES
+            else f
+            for f in out["flags"]
+        ]
+    return out

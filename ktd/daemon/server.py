@@ -21,6 +21,7 @@ from ktd import __version__, protocol_schema
 from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, Peer, TrioSocket
+from ktd.core import trust
 from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.pool import Pool
 from ktd.frameid import peek_id, skim_id
@@ -187,6 +188,11 @@ class ControlServer:
         reply.id = req.id
         self._reply(envelope, reply)
 
+    def _by_owner(self) -> bool:
+        """Whether the request being read was sent by ktd's owner (``SO_PEERCRED``)."""
+        peer = self.control.sender
+        return peer is not None and trust.is_owner(peer.uid, os.getuid())
+
     def _answer_now(self, req: p.Request) -> p.Reply | None:
         """Requests that need no waiting are answered inside the pump, in the same pass
         that read them: no task, no extra scheduler round (the frontend's acquire and
@@ -203,7 +209,11 @@ class ControlServer:
             case p.Schema():
                 return p.SchemaReply(protocol=p.PROTOCOL, schema=protocol_schema.current())
             case p.Status(alias=alias):
-                return p.StatusReply(engines=pool.status(alias), gateway=self._gateway())
+                engines = pool.status(alias)
+                if not self._by_owner():  # docs/security.md: secrets are the owner's
+                    for info in engines:
+                        info.argv = trust.hidden_argv(info.argv)
+                return p.StatusReply(engines=engines, gateway=self._gateway())
             case p.Models():
                 return p.ModelsReply(models=pool.models())
             case p.Logs(alias=alias, lines=lines, probes=probes):
@@ -253,8 +263,11 @@ class ControlServer:
         desk = self._config
         match req:
             case p.Load(alias=alias, dry_run=True):
-                pool.engine(alias)
-                return p.PlanReply(plan=await self._dry_run(alias))
+                spec = pool.engine(alias).spec
+                plan = await self._dry_run(alias)
+                if not trust.is_owner(uid if peer is not None else NOBODY, os.getuid()):
+                    plan = trust.hidden_launch(plan, spec)
+                return p.PlanReply(plan=plan)
             case p.Load(alias=alias, wait=wait, timeout=timeout):
                 return p.LoadReply(engine=await pool.load(alias, wait=wait, timeout=timeout))
             case p.Evict(alias=alias, all=all_, force=force, timeout=timeout):

@@ -145,3 +145,26 @@ def test_a_plan_shown_to_a_non_owner_hides_secret_values() -> None:
     assert fields["kt.extra_args"] == (["--api-key", "(hidden)"], ["--tp", "2"])
     assert fields["kt.ctx"] == (1, 2)
     assert "hf-" not in shown
+
+
+def test_a_launch_shown_to_a_non_owner_hides_the_models_own_environment() -> None:
+    spec = config([entry("a", extra_env={"HF_TOKEN": "hf-1", "KTD_X": "2"})]).models["a"]
+    plan = {
+        "env": {"HF_TOKEN": "hf-1", "KTD_X": "2", "CUDA_VISIBLE_DEVICES": "0"},
+        "argv": ["python", "--ssl-keyfile-password", "pw", "--port", "30000"],
+        "argv_flags": ["--api-key=k", "--tp", "2"],
+        "flags": [{"name": "--admin-api-key", "values": ["a"]}, {"name": "--tp", "values": ["2"]}],
+    }
+    shown = trust.hidden_launch(plan, spec)
+    assert shown["env"] == {
+        "HF_TOKEN": "(hidden)",
+        "KTD_X": "(hidden)",
+        "CUDA_VISIBLE_DEVICES": "0",
+    }
+    assert shown["argv"] == ["python", "--ssl-keyfile-password", "(hidden)", "--port", "30000"]
+    assert shown["argv_flags"] == ["--api-key=(hidden)", "--tp", "2"]
+    assert [f["values"] for f in shown["flags"]] == [["(hidden)"], ["2"]]
+    assert plan["env"]["HF_TOKEN"] == "hf-1"  # a copy
+    assert (
+        trust.is_owner(0, OWNER) and trust.is_owner(OWNER, OWNER) and not trust.is_owner(5, OWNER)
+    )

@@ -347,3 +347,15 @@ def test_the_dashboards_admin_key_edits_within_the_same_limits(box: Box) -> None
         assert r.status_code == 200, r.text
     alpha_now = next(e for e in json.loads(box.models.read_text()) if e["alias"] == "alpha")
     assert alpha_now["ttl"] == 33 and alpha_now["kt"]["extra_env"]["HF_TOKEN"] == HF_SECRET
+
+
+def test_a_members_dry_run_shows_no_secret_of_the_models_environment(
+    box: Box, accounts: dict[str, Account]
+) -> None:
+    """``load --dry-run`` shows the engine's environment: its own ``extra_env`` values
+    (HF_TOKEN among them) are the owner's to see."""
+    plan = box.as_user(accounts[MEMBER], "load", alias="alpha", dry_run=True)["reply"]
+    assert plan["env"]["HF_TOKEN"] == "(hidden)" and HF_SECRET not in json.dumps(plan)
+    with box.daemon.client(timeout=60) as c:
+        own = c.load("alpha", dry_run=True)
+    assert isinstance(own, dict) and own["env"]["HF_TOKEN"] == HF_SECRET
