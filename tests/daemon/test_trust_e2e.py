@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ktctl.client import KtdError
 from ktd.core import configtext
 from tests.conftest import MARK, REPO, DaemonProc, own_env, sim_model
 from tests.frontend.conftest import FrontendProc, launch_frontend
@@ -305,10 +306,10 @@ def test_the_owner_sees_every_secret_and_must_name_a_base(box: Box) -> None:
         assert not got.redacted
         assert all(s in got.config_text + (got.models_text or "") for s in SECRETS)
         changed = configtext.set_fields(got.models_text or "", "beta", {"ttl": 1})
-        with pytest.raises(Exception) as info:
+        with pytest.raises(KtdError) as info:
             c.config_apply(models_text=changed, base="")
-    assert getattr(info.value, "code", None) == "bad_request"
-    assert "base is required" in str(info.value) and info.value.detail["field"] == "base"  # type: ignore[attr-defined]
+    assert info.value.code == "bad_request" and "base is required" in info.value.message
+    assert info.value.detail["field"] == "base"
     assert box.models.read_text() == box.original[1]
 
 
