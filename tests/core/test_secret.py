@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ktd.core import secret as s
 from ktd.core.config import ConfigFile, DaemonSection, FrontendSection, ModelEntry
+from tests.hypo import budget
 
 MODELS = json.dumps(
     [
@@ -120,3 +123,40 @@ def test_shell_forms_keep_their_words() -> None:
 
 def test_a_text_that_is_no_json_cannot_be_marked() -> None:
     assert s.mask_text('[{"alias": "a"', ENTRIES, []) is None
+
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+_NAME = st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True)
+
+
+@st.composite
+def _models(draw: st.DrawFn) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for i in range(draw(st.integers(1, 3))):
+        env = draw(st.dictionaries(_NAME, _TEXT, max_size=4))
+        args = draw(
+            st.lists(
+                st.sampled_from(["--tp", "2", "--api-key", "--admin-api-key"]) | _TEXT, max_size=5
+            )
+        )
+        kt: dict[str, object] = {"extra_env": env, "extra_args": args}
+        if draw(st.booleans()):  # the shell-like forms
+            kt = {"extra_env": [f"{k}={v}" for k, v in env.items()], "extra_args": args}
+        out.append({"alias": f"m{i}", "path": draw(_TEXT), "backend": "kt", "kt": kt})
+    return out
+
+
+@budget(200)
+@given(models=_models(), indent=st.sampled_from([None, 2]))
+def test_marked_then_given_back_a_text_is_what_it_was_and_shows_no_secret(
+    models: list[dict[str, object]], indent: int | None
+) -> None:
+    """Any models.json: the marked text holds no secret where a secret stands, and the
+    marks given back make the same document (a secret is never lost nor moved)."""
+    text = json.dumps(models, indent=indent)
+    secrets = s.found(models, ENTRIES)
+    masked = s.mask_text(text, ENTRIES, secrets)
+    assert masked is not None
+    left: list[str] = s.found(json.loads(masked), ENTRIES)
+    assert not set(left) & set(secrets)
+    assert json.loads(s.unmask_text(masked, ENTRIES, secrets)) == models
