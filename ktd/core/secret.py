@@ -39,6 +39,7 @@ __all__ = [
     "hints",
     "holds_secret",
     "mask_text",
+    "places",
     "redact",
     "unmask_text",
 ]
@@ -71,7 +72,7 @@ class MarkError(ValueError):
     """A mark that names no secret, or stands where no secret was."""
 
 
-Rewrite = Callable[[str], str]
+Rewrite = Callable[[str, str], str]  # (value, place) -> value
 
 
 @cache
@@ -90,85 +91,90 @@ def _marker(tp: Any) -> tuple[_Marker | None, Any]:
     return None, tp
 
 
-def redact(doc: Any, tp: Any, fn: Rewrite) -> Any:
-    """``doc`` with ``fn`` applied to each secret value the type ``tp`` marks, in place
-    of the value (a new document; ``doc`` is not changed)."""
+def redact(doc: Any, tp: Any, fn: Rewrite, at: str = "$") -> Any:
+    """``doc`` with ``fn(value, place)`` in place of each secret value the type ``tp``
+    marks (a new document; ``doc`` is not changed). ``place`` says where it stands:
+    ``$.frontend.keys[0].key``, ``$[2].kt.extra_env.HF_TOKEN``,
+    ``$[0].kt.extra_args.--api-key``."""
     marker, tp = _marker(tp)
     if marker is SECRET:
         if isinstance(doc, str):
-            return fn(doc)
+            return fn(doc, at)
         if isinstance(doc, list):
-            return [fn(v) if isinstance(v, str) else v for v in doc]
+            return [fn(v, f"{at}[{i}]") if isinstance(v, str) else v for i, v in enumerate(doc)]
         return doc
     if marker is SECRET_ENV:
-        return _env(doc, fn)
+        return _env(doc, fn, at)
     if marker is SECRET_FLAGS:
-        return _flags(doc, fn)
+        return _flags(doc, fn, at)
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         if not isinstance(doc, dict):
             return doc
         fields = hints(tp)
-        return {k: redact(v, fields[k], fn) if k in fields else v for k, v in doc.items()}
+        return {
+            k: redact(v, fields[k], fn, f"{at}.{k}") if k in fields else v for k, v in doc.items()
+        }
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
         for arg in args:  # the first member that changes it (a Struct or a list of them)
-            out = redact(doc, arg, fn)
+            out = redact(doc, arg, fn, at)
             if out != doc:
                 return out
         return doc
     if origin in (list, tuple) and isinstance(doc, list) and args:
-        return [redact(v, args[0], fn) for v in doc]
+        return [redact(v, args[0], fn, f"{at}[{i}]") for i, v in enumerate(doc)]
     if origin is dict and isinstance(doc, dict) and len(args) == 2:
-        return {k: redact(v, args[1], fn) for k, v in doc.items()}
+        return {k: redact(v, args[1], fn, f"{at}.{k}") for k, v in doc.items()}
     return doc
 
 
-def _env(doc: Any, fn: Rewrite) -> Any:
+def _env(doc: Any, fn: Rewrite, at: str) -> Any:
     if isinstance(doc, dict):
-        return {k: fn(v) if isinstance(v, str) else v for k, v in doc.items()}
+        return {k: fn(v, f"{at}.{k}") if isinstance(v, str) else v for k, v in doc.items()}
     if isinstance(doc, list):
-        return [_env_word(w, fn) if isinstance(w, str) else w for w in doc]
+        return [_env_word(w, fn, at) if isinstance(w, str) else w for w in doc]
     if isinstance(doc, str):
         words = _split(doc)
         if words is None:  # cannot be read as words: all of it
-            return fn(doc)
-        out = [_env_word(w, fn) for w in words]
+            return fn(doc, at)
+        out = [_env_word(w, fn, at) for w in words]
         return doc if out == words else shlex.join(out)
     return doc
 
 
-def _env_word(word: str, fn: Rewrite) -> str:
+def _env_word(word: str, fn: Rewrite, at: str) -> str:
     name, eq, value = word.partition("=")
-    return f"{name}={fn(value)}" if eq else fn(word)
+    return f"{name}={fn(value, f'{at}.{name}')}" if eq else fn(word, at)
 
 
-def _flags(doc: Any, fn: Rewrite) -> Any:
+def _flags(doc: Any, fn: Rewrite, at: str) -> Any:
     if isinstance(doc, list):
-        return _flag_words(doc, fn)
+        return _flag_words(doc, fn, at)
     if isinstance(doc, str):
         words = _split(doc)
         if words is None:
-            return fn(doc)
-        out = _flag_words(words, fn)
+            return fn(doc, at)
+        out = _flag_words(words, fn, at)
         return doc if out == words else shlex.join(out)
     return doc
 
 
-def _flag_words(words: list[Any], fn: Rewrite) -> list[Any]:
+def _flag_words(words: list[Any], fn: Rewrite, at: str) -> list[Any]:
     out: list[Any] = []
-    after_flag = False
+    flag_before: str | None = None
     for word in words:
         if not isinstance(word, str):
             out.append(word)
-            after_flag = False
+            flag_before = None
             continue
-        if after_flag and not word.startswith("--"):
-            out.append(fn(word))
-            after_flag = False
+        if flag_before is not None and not word.startswith("--"):
+            out.append(fn(word, f"{at}.{flag_before}"))
+            flag_before = None
             continue
         flag, eq, value = word.partition("=")
-        after_flag = flag in SECRET_FLAG_NAMES and not eq
-        out.append(f"{flag}={fn(value)}" if eq and flag in SECRET_FLAG_NAMES else word)
+        secret = flag in SECRET_FLAG_NAMES
+        flag_before = flag if secret and not eq else None
+        out.append(f"{flag}={fn(value, f'{at}.{flag}')}" if eq and secret else word)
     return out
 
 
@@ -183,9 +189,21 @@ def found(doc: Any, tp: Any, into: list[str] | None = None) -> list[str]:
     """The secret values in ``doc``, each once, in order (added to ``into``)."""
     out = into if into is not None else []
 
-    def keep(value: str) -> str:
+    def keep(value: str, at: str) -> str:
         if value and value not in out:
             out.append(value)
+        return value
+
+    redact(doc, tp, keep)
+    return out
+
+
+def places(doc: Any, tp: Any) -> dict[str, set[str]]:
+    """Each secret value of ``doc`` and the places it stands."""
+    out: dict[str, set[str]] = {}
+
+    def keep(value: str, at: str) -> str:
+        out.setdefault(value, set()).add(at)
         return value
 
     redact(doc, tp, keep)
@@ -206,7 +224,7 @@ def holds_secret(tp: Any) -> bool:
 def numbered(secrets: Sequence[str]) -> Rewrite:
     """Each secret to its mark (``#1`` is the first of ``secrets``); others as they are."""
     index = {s: n for n, s in enumerate(secrets, start=1)}
-    return lambda v: MARK.format(index[v]) if v in index else v
+    return lambda v, at: MARK.format(index[v]) if v in index else v
 
 
 def mask_text(text: str, tp: Any, secrets: Sequence[str]) -> str | None:
@@ -239,21 +257,29 @@ def _is(text: str, doc: Any) -> bool:
         return False
 
 
-def unmask_text(text: str, tp: Any, secrets: Sequence[str]) -> str:
+def unmask_text(
+    text: str, tp: Any, secrets: Sequence[str], may: Callable[[int, str], bool] | None = None
+) -> str:
     """A text given back with marks: each mark where ``tp`` marks a secret becomes that
-    secret again (MarkError for one that names none). A mark anywhere else stays the
-    text it is: a secret goes back only where secrets go. A text that is no JSON is
-    returned as it is (the plan then says so)."""
+    secret again (MarkError for one that names none, or, with ``may``, for one that
+    ``may(n, place)`` says may not stand there: a secret goes back where it stood, never
+    to a place that would send it elsewhere). A mark anywhere else stays the text it is.
+    A text that is no JSON is returned as it is (the plan then says so)."""
     try:
         doc = json.loads(text)
     except ValueError:
         return text
 
-    def back(value: str) -> str:
+    def back(value: str, at: str) -> str:
         def one(m: re.Match[str]) -> str:
             n = int(m.group(1))
             if not 1 <= n <= len(secrets):
                 raise MarkError(f"secret #{n}: there is no such secret any more; type its value")
+            if may is not None and not may(n, at):
+                raise MarkError(
+                    f"{at}: secret #{n} stood elsewhere; a secret goes back only where it "
+                    "was: type the value"
+                )
             return secrets[n - 1]
 
         return _MARK.sub(one, value)

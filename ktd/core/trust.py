@@ -28,6 +28,7 @@ error naming the field, found before anything is run:
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Collection
 from enum import StrEnum
@@ -98,6 +99,13 @@ LOADER_ENV: frozenset[str] = frozenset(
         "CUDA_CACHE_PATH",
         "HF_HOME",  # remote code is cached (and imported) under it
         "HF_MODULES_CACHE",
+        "HF_ENDPOINT",  # where models and their code come from (and the token goes)
+        "HTTP_PROXY",  # what every download goes through
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
         "SGLANG_EXTERNAL_MODEL_PACKAGE",  # SGLang imports these packages
         "SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE",
         "SGLANG_HTTP_SERVER_APP_PATH",
@@ -228,20 +236,58 @@ def masked(reply: p.ConfigReply) -> p.ConfigReply:
     return reply
 
 
+def _doc(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _by_alias(at: str, doc: Any) -> str:
+    """A models.json place named by its entry's alias (``$[2].kt.extra_env.X`` ->
+    ``'m1'.kt.extra_env.X``): an edit may move entries, not their secrets."""
+    m = _ENTRY.match(at)
+    if m is None or not isinstance(doc, list) or int(m[1]) >= len(doc):
+        return at
+    entry = doc[int(m[1])]
+    alias = entry.get("alias") if isinstance(entry, dict) else None
+    return f"{alias!r}{at[m.end() :]}"
+
+
+_ENTRY = re.compile(r"^\$\[(\d+)\]")
+
+
 def unmasked(
     config_text: str | None, models_text: str | None, disk: tuple[str, str | None]
 ) -> tuple[str | None, str | None]:
-    """A non-owner's texts with each mark back to the secret of the files on disk, where
-    a secret of that kind stands (MarkError for a mark that names none)."""
+    """A non-owner's texts with each mark back to the secret of the files on disk, and
+    only where that secret stood (the same field of the same model, or of config.json):
+    a mark moved elsewhere (into another model's environment, next to an endpoint of the
+    sender's choosing) is a MarkError, as is one that names no secret."""
     secrets = secrets_of(*disk)
+    number = {v: n for n, v in enumerate(secrets, start=1)}
+    stood: set[tuple[int, str, str]] = set()
+    for value, ats in secret.places(_doc(disk[0]), ConfigFile).items():
+        stood |= {(number[value], "config", at) for at in ats if value in number}
+    models_doc = _doc(disk[1])
+    for value, ats in secret.places(models_doc, list[ModelEntry]).items():
+        stood |= {(number[value], "models", _by_alias(at, models_doc)) for at in ats}
     if config_text is not None:
-        config_text = secret.unmask_text(config_text, ConfigFile, secrets)
+        config_text = secret.unmask_text(
+            config_text, ConfigFile, secrets, lambda n, at: (n, "config", at) in stood
+        )
     if models_text is not None:
-        models_text = secret.unmask_text(models_text, list[ModelEntry], secrets)
+        new_doc = _doc(models_text)
+        models_text = secret.unmask_text(
+            models_text,
+            list[ModelEntry],
+            secrets,
+            lambda n, at: (n, "models", _by_alias(at, new_doc)) in stood,
+        )
     return config_text, models_text
 
 
-def _hide(value: str) -> str:
+def _hide(value: str, at: str) -> str:
     return secret.HIDDEN
 
 

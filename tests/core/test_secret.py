@@ -111,12 +111,13 @@ def test_a_mark_goes_back_only_where_a_secret_stands() -> None:
 
 def test_shell_forms_keep_their_words() -> None:
     doc = {"ktransformers": {"extra_env": "A='x y' B=z", "extra_args": "--api-key=k --tp 2"}}
-    out = s.redact(doc, ConfigFile, lambda v: s.HIDDEN)["ktransformers"]
+    out = s.redact(doc, ConfigFile, lambda v, at: s.HIDDEN)["ktransformers"]
     assert out == {
         "extra_env": "'A=(hidden)' 'B=(hidden)'",
         "extra_args": "'--api-key=(hidden)' --tp 2",
     }
-    assert s.redact({"ktransformers": {"extra_env": "A='unclosed"}}, ConfigFile, lambda v: "?") == {
+    unclosed = {"ktransformers": {"extra_env": "A='unclosed"}}
+    assert s.redact(unclosed, ConfigFile, lambda v, at: "?") == {
         "ktransformers": {"extra_env": "?"}  # no words to read: all of it
     }
 

@@ -8,9 +8,10 @@ import sys
 from typing import Any
 
 import msgspec
+import pytest
 
 from ktd import protocol as p
-from ktd.core import trust
+from ktd.core import secret, trust
 from ktd.core.config import Config, ConfigTexts, parse_config
 from ktd.core.trust import Role
 
@@ -168,3 +169,32 @@ def test_a_launch_shown_to_a_non_owner_hides_the_models_own_environment() -> Non
     assert (
         trust.is_owner(0, OWNER) and trust.is_owner(OWNER, OWNER) and not trust.is_owner(5, OWNER)
     )
+
+
+def test_a_mark_goes_back_only_to_the_field_and_model_it_came_from() -> None:
+    """An admin must not copy a secret it cannot see to where it would leave (another
+    model's environment beside an endpoint of its choosing, a flag): refused, by name."""
+    cfg = json.dumps({"gateway": {"api_key": "gw-secret"}})
+    models = json.dumps([entry("a", extra_env={"HF_TOKEN": "hf-1"}), entry("b")])
+    got = trust.masked(p.ConfigReply(version="v", config_text=cfg, models_text=models))
+    shown = json.loads(got.models_text or "")
+    mark_of_hf = shown[0]["kt"]["extra_env"]["HF_TOKEN"]
+    # Moved with its entry (reordered): still its own place.
+    moved = json.dumps([shown[1], shown[0]])
+    back = json.loads(trust.unmasked(None, moved, (cfg, models))[1] or "")
+    assert back[1]["kt"]["extra_env"]["HF_TOKEN"] == "hf-1"
+    for elsewhere in (
+        [shown[0], {**shown[1], "kt": {"extra_env": {"HF_TOKEN": mark_of_hf}}}],  # b's env
+        [{**shown[0], "kt": {"extra_env": {"OTHER": mark_of_hf}}}, shown[1]],  # a's other name
+        [{**shown[0], "kt": {"extra_args": ["--api-key", mark_of_hf]}}, shown[1]],  # a flag
+        [
+            {
+                **shown[0],
+                "kt": {
+                    "extra_env": {"HF_TOKEN": json.loads(got.config_text)["gateway"]["api_key"]}
+                },
+            }
+        ],
+    ):
+        with pytest.raises(secret.MarkError, match="stood elsewhere"):
+            trust.unmasked(None, json.dumps(elsewhere), (cfg, models))
