@@ -336,6 +336,15 @@ def test_an_admins_change_keeps_the_secrets_it_never_saw(
     admin = accounts[ADMIN]
     got = box.as_user(admin, "config_get")["reply"]
     assert HF_SECRET not in got["models_text"] and got["redacted"] is True
+    # Its mark copied to beta's environment: refused (a secret goes back where it was).
+    entries = json.loads(got["models_text"])
+    beta = next(e for e in entries if e["alias"] == "beta")
+    beta["kt"]["extra_env"]["HF_TOKEN"] = entries[0]["kt"]["extra_env"]["HF_TOKEN"]
+    refused = box.as_user(
+        admin, "config_apply", models_text=json.dumps(entries), base=got["version"]
+    )
+    assert refused["error"] == "bad_request" and "stood elsewhere" in refused["message"]
+    assert box.models.read_text() == box.original[1]
     text = configtext.set_fields(got["models_text"], "alpha", {"ttl": 45})
     applied = box.as_user(
         admin, "config_apply", config_text=got["config_text"], models_text=text, base=got["version"]
