@@ -265,7 +265,7 @@ class ControlServer:
             case p.Load(alias=alias, dry_run=True):
                 spec = pool.engine(alias).spec
                 plan = await self._dry_run(alias)
-                if not trust.is_owner(uid if peer is not None else NOBODY, os.getuid()):
+                if not trust.is_owner(asker, os.getuid()):
                     plan = trust.hidden_launch(plan, spec)
                 return p.PlanReply(plan=plan)
             case p.Load(alias=alias, wait=wait, timeout=timeout):
