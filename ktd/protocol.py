@@ -77,7 +77,7 @@ FEATURES_1_0: tuple[str, ...] = (
     "usage",  # the usage ledger (usage)
     "welcome",  # the events socket greets each subscription with WELCOME
 )
-FEATURES: tuple[str, ...] = tuple(sorted({*FEATURES_1_0, "schema", "config"}))
+FEATURES: tuple[str, ...] = tuple(sorted({*FEATURES_1_0, "schema", "config", "trust"}))
 
 #: Requests only ktd's own frontend sends: a tool that sends them takes part in the
 #: claim protocol (and its engines' keys) and can stall evictions or leak secrets.
@@ -164,6 +164,10 @@ class ErrorCode:
     # the config files (or the history) could not be written (a full disk, permissions):
     # nothing was changed, the running config is kept
     WRITE_FAILED = "write_failed"
+    # the socket's uid may not do this (docs/security.md): a config change by a user
+    # who is neither ktd's owner, root nor in daemon.admins, or a change only the owner
+    # may make (a new interpreter, a loader variable, config.json itself)
+    FORBIDDEN = "forbidden"
 
 
 #: Every code of ``ErrorCode``, as the schema lists them.
@@ -406,26 +410,32 @@ class ConfigGet(Request, tag="config_get"):
     their version id: the ``base`` of a later ``config_apply``."""
 
     seq: Seq | None = None
+    delegated: bool = False  # asked for someone else (the dashboard): an owner's reply lowered
 
 
 class ConfigPlan(Request, tag="config_plan"):
     """What applying these texts would do; nothing is changed. A text left ``None`` is
-    that file as it is on disk. ``base``: the version they were made from ("" none)."""
+    that file as it is on disk. ``base``: the version they were made from ("" none).
+    ``delegated``: the client acts for someone else (the dashboard, for an admin key):
+    the daemon gives the request no more than a non-owner's rights (docs/security.md)."""
 
     config_text: ConfigText | None = None
     models_text: ConfigText | None = None
     base: VersionId = ""
+    delegated: bool = False
 
 
 class ConfigApply(Request, tag="config_apply"):
     """Plan, then (when nothing in the plan is an error, and the files on disk are still
     version ``base``) write the files and apply them as a reload does; recorded in the
-    history with ``author`` (claimed) and the socket's uid."""
+    history with ``author`` (claimed) and the socket's uid. ``base`` is required: ""
+    (left out) is refused with ``bad_request``."""
 
     config_text: ConfigText | None = None
     models_text: ConfigText | None = None
     base: VersionId = ""
     author: Claimed = ""
+    delegated: bool = False
 
 
 class ConfigHistory(Request, tag="config_history"):
@@ -437,9 +447,10 @@ class ConfigRollback(Request, tag="config_rollback"):
     through the same path as any change; ``dry_run``: only its plan."""
 
     seq: Seq | None = None
-    base: VersionId = ""
+    base: VersionId = ""  # required unless dry_run
     author: Claimed = ""
     dry_run: bool = False
+    delegated: bool = False
 
 
 AnyRequest = (
@@ -855,6 +866,9 @@ class ConfigReply(Reply, tag="config"):
     models_path: str = ""
     models_text: str | None = None  # None: no models file
     seq: int | None = None  # the history entry with these files, if any
+    # Secrets marked (``•••• secret #N (unchanged)``; a change that keeps a mark keeps
+    # the secret): every reply but the owner's (docs/security.md)
+    redacted: bool = False
 
 
 class ConfigPlanReply(Reply, tag="config_plan"):

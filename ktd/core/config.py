@@ -16,11 +16,12 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from ktd import foreign
+from ktd.core.secret import SECRET, SECRET_ENV, SECRET_FLAGS
 from ktd.protocol import MAX_SECONDS, name_problem
 
 BACKEND_KT = "kt"
@@ -53,8 +54,8 @@ class KtSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 0
     ctx: int = 0
-    extra_args: ExtraArgs = []
-    extra_env: ExtraEnv = {}
+    extra_args: Annotated[ExtraArgs, SECRET_FLAGS] = []
+    extra_env: Annotated[ExtraEnv, SECRET_ENV] = {}
     auto_build: bool = False
     python: str | None = None
 
@@ -62,8 +63,8 @@ class KtSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class KtOverrides(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ctx: int | None = None
     kt_weight_path: str | None = None
-    extra_args: ExtraArgs | None = None
-    extra_env: ExtraEnv | None = None
+    extra_args: Annotated[ExtraArgs | None, SECRET_FLAGS] = None
+    extra_env: Annotated[ExtraEnv | None, SECRET_ENV] = None
     tp_size: int | None = None
     nnodes: int | None = None
     dist_init_addr: str | None = None
@@ -129,6 +130,10 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Versions of the config kept in the state dir (``ktctl config history``): the files
     # now and this many before them.
     config_history: int = 20
+    # docs/security.md: users (names or uids) who may change models.json besides ktd's
+    # own uid and root; interpreters a non-owner's models may name besides the engines'.
+    admins: list[str | int] = []
+    pythons: list[str] = []
 
 
 class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -137,7 +142,7 @@ class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     need not hold it), what it may use and how much (ktd.core.keys)."""
 
     name: str
-    key: str | None = None
+    key: Annotated[str | None, SECRET] = None
     key_sha256: str | None = None
     models: list[str] = msgspec.field(default_factory=lambda: ["*"])  # aliases, patterns
     admin: bool = False  # the dashboard's actions (with ui_control)
@@ -148,7 +153,7 @@ class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     bind: str = "127.0.0.1:8000"
-    api_keys: list[str] = []
+    api_keys: Annotated[list[str], SECRET] = []
     keys: list[KeyEntry] = []
     max_body_bytes: int = 32 << 20
     load_timeout: float = 1800.0
@@ -192,8 +197,8 @@ class GatewaySection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     mode: GatewayMode = "engines"
     advertise: str | None = None
     labels: dict[str, str] = {}
-    api_key: str | None = None
-    worker_api_key: str | None = None
+    api_key: Annotated[str | None, SECRET] = None
+    worker_api_key: Annotated[str | None, SECRET] = None
     model_id: str | None = None  # frontend mode: the model_id to register under
     reconcile_interval: float = 10.0
     timeout: float = 5.0
@@ -237,8 +242,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 0
     ctx: int = 0
-    extra_args: tuple[str, ...] = ()
-    extra_env: tuple[tuple[str, str], ...] = ()
+    extra_args: Annotated[tuple[str, ...], SECRET_FLAGS] = ()
+    extra_env: Annotated[tuple[tuple[str, str], ...], SECRET_ENV] = ()
     python: str = sys.executable
     auto_build: bool = False
     tp_size: int | None = None

@@ -31,8 +31,9 @@ from typing import Any
 
 import msgspec
 
+from ktd.core import secret
 from ktd.core import states as S
-from ktd.core.config import Config, ModelEntry, ModelSpec
+from ktd.core.config import Config, ConfigFile, ModelEntry, ModelSpec
 from ktd.core.reload import Existing, plan_reload
 from ktd.protocol import (
     ConfigPlanView,
@@ -223,10 +224,13 @@ def spec_changes(
 
 #: daemon settings read once, when ktd starts (the rest apply at once).
 _DAEMON_AT_START = frozenset({"runtime_dir", "state_dir", "log_dir", "group", "lease_ttl"})
-#: Values never shown: secrets (a plan travels to the dashboard).
-_SECRET_SETTINGS = frozenset(
-    {"frontend.api_keys", "frontend.keys", "gateway.api_key", "gateway.worker_api_key"}
-)
+
+
+def _secret_setting(section: str, key: str) -> bool:
+    """A setting whose value is never shown (a plan travels to the dashboard): one whose
+    field, or a field within it, is marked secret in the config's types."""
+    hints: dict[str, Any] = secret.hints(secret.hints(ConfigFile)[section])
+    return key in hints and secret.holds_secret(hints[key])
 
 
 def _settings(old: Config, new: Config) -> list[SettingChange]:
@@ -244,7 +248,7 @@ def _settings(old: Config, new: Config) -> list[SettingChange]:
                 effect = "at ktd's restart"
             else:
                 effect = "now"
-            if name in _SECRET_SETTINGS:
+            if _secret_setting(section, key):
                 out.append(
                     SettingChange(field=name, old="(hidden)", new="(changed)", effect=effect)
                 )

@@ -24,11 +24,12 @@ a version that differs from the last one recorded (a hand edit) becomes a new ve
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pwd
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,9 +39,8 @@ import trio
 
 from ktd import protocol as p
 from ktd.control.errors import ControlError
-from ktd.core import configplan, fit
+from ktd.core import configplan, fit, secret, trust
 from ktd.core import states as S
-from ktd.core.command import LaunchError
 from ktd.core.config import (
     Config,
     ConfigError,
@@ -49,16 +49,16 @@ from ktd.core.config import (
     models_file_of,
     parse_config,
 )
-from ktd.core.configplan import Moving, SpecFacts
 from ktd.core.placecheck import check_placements
 from ktd.core.placement import Plan
 from ktd.core.sglang_options import Catalog
 from ktd.core.topology import Topology
-from ktd.daemon import configfiles, preflight
-from ktd.daemon.configfiles import FileChange, read_models, read_texts
+from ktd.core.trust import Role
+from ktd.daemon import configfacts, configfiles
+from ktd.daemon.configfiles import FileChange, changed_files, file_changes, read_models, read_texts
 from ktd.daemon.confighistory import History, Record, texts_version
 from ktd.daemon.engine import Engine
-from ktd.daemon.probe import ProbeResult, missing_message
+from ktd.daemon.probe import ProbeResult
 
 log = logging.getLogger("ktd")
 
@@ -87,6 +87,7 @@ class Who:
 
     uid: int | None = None
     claimed: str = ""
+    delegated: bool = False  # asked for someone else (the dashboard): never the owner
 
     def user(self) -> str | None:
         if self.uid is None:
@@ -198,7 +199,7 @@ class ConfigDesk:
             if latest is not None
             else None
         )
-        files = _changed_files(before.texts() if before is not None else None, texts)
+        files = changed_files(before.texts() if before is not None else None, texts)
         info = p.ConfigVersion(
             seq=self.history.next_seq(),
             version=texts_version(texts),
@@ -215,7 +216,49 @@ class ConfigDesk:
 
     # ------------------------------------------------------------ reading
 
-    async def get(self, seq: int | None) -> p.ConfigReply:
+    async def role(self, who: Who) -> Role:
+        """``who``'s role (docs/security.md); the uid's name from NSS, off the loop."""
+        name = await trio.to_thread.run_sync(who.user) if who.uid is not None else None
+        d = self.config.daemon
+        return trust.role_of(
+            who.uid, owner=os.getuid(), admins=d.admins, name=name, delegated=who.delegated
+        )
+
+    async def _may_change(self, who: Who) -> bool:
+        """True: within an admin's limits; False: the owner's (no limit). A member may
+        not plan or change the config at all."""
+        role = await self.role(who)
+        if role is Role.MEMBER:
+            raise ControlError(
+                p.ErrorCode.FORBIDDEN,
+                f"uid {who.uid} may read the config but not plan or change it: that is "
+                f"ktd's owner's (uid {os.getuid()}), root's and daemon.admins' "
+                "(docs/security.md)",
+                {"uid": who.uid},
+            )
+        return role is Role.ADMIN
+
+    def _unmasked(
+        self, disk: ConfigTexts, config: str | None, models: str | None
+    ) -> tuple[str | None, str | None]:
+        """A non-owner's texts with the secrets they kept back in them; a config.json that
+        says what the one on disk says is that one (its layout may have been lost)."""
+        on_disk = (disk.config.decode(errors="replace"), _text(disk.models))
+        try:
+            config, models = trust.unmasked(config, models, on_disk)
+        except secret.MarkError as exc:
+            raise ControlError(p.ErrorCode.BAD_REQUEST, str(exc)) from None
+        if config is not None and _same_json(config, on_disk[0]):
+            config = None
+        return config, models
+
+    async def get(self, seq: int | None, who: Who | None = None) -> p.ConfigReply:
+        reply = await self._get(seq)
+        if who is not None and await self.role(who) is not Role.OWNER:
+            return trust.masked(reply)
+        return reply
+
+    async def _get(self, seq: int | None) -> p.ConfigReply:
         found: int | None
         if seq is not None:
             record = await trio.to_thread.run_sync(self.history.get, seq)
@@ -285,17 +328,26 @@ class ConfigDesk:
 
     # ------------------------------------------------------------ planning
 
-    async def plan(self, config: str | None, models: str | None, base: str) -> p.ConfigPlanView:
+    async def plan(
+        self, config: str | None, models: str | None, base: str, who: Who | None = None
+    ) -> p.ConfigPlanView:
         """What applying these texts would do; nothing is changed (no lock: reads only)."""
+        limited = who is not None and await self._may_change(who)
         disk = await self._disk()
+        if limited:
+            config, models = self._unmasked(disk, config, models)
         new_texts = await self._merged(disk, config, models)
-        plan = await self._plan(disk, new_texts)
+        plan = await self._plan(disk, new_texts, limited=limited)
         if base and base != plan.base:  # what applying it would answer, said now
             plan.problems.insert(0, _stale_problem(base, plan.base))
             plan.ok = False
         return plan
 
-    async def _plan(self, disk: ConfigTexts, new_texts: ConfigTexts) -> p.ConfigPlanView:
+    async def _plan(
+        self, disk: ConfigTexts, new_texts: ConfigTexts, *, limited: bool = False
+    ) -> p.ConfigPlanView:
+        """The plan; ``limited``: a non-owner's, checked against ``trust.limits`` before
+        anything is run (its models' interpreters are run by the probe)."""
         base, version = texts_version(disk), texts_version(new_texts)
         try:
             new = parse_config(new_texts)
@@ -304,95 +356,37 @@ class ConfigDesk:
             return configplan.config_error_plan(
                 exc.file, exc.path, exc.message, base=base, version=version, running=self.running
             )
+        if limited:
+            config_changed = (new_texts.config_name, new_texts.config) != (
+                disk.config_name,
+                disk.config,
+            )
+            problems = trust.limits(self.config, new, config_changed)
+            if problems:
+                return p.ConfigPlanView(
+                    base=base,
+                    version=version,
+                    running=self.running,
+                    changed=changed_files(disk, new_texts),
+                    problems=problems,
+                    ok=False,
+                    summary="needs ktd's owner: " + problems[0].message,
+                )
+            return trust.shown_plan(await self._plan(disk, new_texts))
         engines = self.pool.engines
-        facts = await self._facts(configplan.judged(self.config, new))
+        facts = await configfacts.facts(self.pool, configplan.judged(self.config, new))
         views = {alias: e.existing() for alias, e in engines.items()}
         return configplan.plan_change(
             self.config,
             new,
             views,
             facts,
-            motion=configplan.in_motion(self._moving()),
+            motion=configplan.in_motion(configfacts.moving(self.pool.engines)),
             sleeps={a: e.sleep_mode() == "on" or e.state == S.ASLEEP for a, e in engines.items()},
             base=base,
             version=version,
             running=self.running,
-            changed=_changed_files(disk, new_texts),
-        )
-
-    def _moving(self) -> list[Moving]:
-        out = []
-        for e in self.pool.engines.values():
-            phase = e.phase
-            out.append(
-                Moving(
-                    alias=e.alias,
-                    state=e.state,
-                    step=str(phase.step) if phase is not None else None,
-                    engines=phase.engines if phase is not None else (),
-                )
-            )
-        return out
-
-    async def _facts(self, specs: Sequence[ModelSpec]) -> dict[str, SpecFacts]:
-        out: dict[str, SpecFacts] = {}
-
-        async def one(spec: ModelSpec) -> None:
-            out[spec.alias] = await self._facts_of(spec)
-
-        async with trio.open_nursery() as nursery:
-            for spec in specs:
-                nursery.start_soon(one, spec)
-        return out
-
-    async def _facts_of(self, spec: ModelSpec) -> SpecFacts:
-        """Its SGLang's verdict on the flags (the real argparse's options, through the
-        probe), its paths, and where and whether it would fit now."""
-        missing: list[tuple[str, str]] = []
-        probe = await self.pool.probe(spec)
-        catalog = probe.catalog
-        refused = preflight.check_flags(spec, catalog)
-        unchecked = None
-        if not probe.ok_python:
-            missing.append(("python", f"cannot run the engine's Python: {probe.error}"))
-        elif catalog is None:
-            why = missing_message(probe, auto_build=spec.auto_build) or probe.options_error
-            unchecked = (
-                f"{spec.alias}: SGLang's options could not be read ({why}): flags not checked"
-            )
-        facts = await trio.to_thread.run_sync(preflight.gather, spec)
-        if not facts.model_path.exists:
-            missing.append(("path", f"model_path {spec.path} does not exist"))
-        elif not facts.model_path.readable:
-            missing.append(("path", f"model_path {spec.path} is not readable by ktd's user"))
-        elif facts.config_error:
-            missing.append(("path", facts.config_error))
-        if facts.kt_weight_path is not None and not facts.kt_weight_path.exists:
-            missing.append(
-                ("kt_weight_path", f"kt_weight_path {spec.kt_weight_path} does not exist")
-            )
-        engine = self.pool.engines.get(spec.alias)
-        try:
-            plan = self.pool.plan(spec, exclude=engine, catalog=catalog)
-        except LaunchError:
-            plan = None  # the flags: already in ``refused``
-        evicts: tuple[str, ...] = ()
-        waits: tuple[str, ...] = ()
-        fit_reason = None
-        if plan is not None and plan.ok:
-            evicts = tuple(plan.evict)
-            if spec.fit == "check" and not missing:
-                _, verdict = await self.pool.fit(spec, plan)
-                fit_reason = verdict.reason
-        elif plan is not None:
-            waits = tuple(plan.blocked_by)
-        return SpecFacts(
-            refused_flags=refused,
-            unchecked=unchecked,
-            missing=tuple(missing),
-            fit=fit_reason,
-            evicts=evicts,
-            waits_for=waits,
+            changed=changed_files(disk, new_texts),
         )
 
     # ------------------------------------------------------------ applying
@@ -400,24 +394,30 @@ class ConfigDesk:
     async def apply(
         self, config: str | None, models: str | None, base: str, who: Who
     ) -> p.ConfigApplyReply:
+        limited = await self._may_change(who)
         async with self._lock:
             disk = await self._disk()
             self._check_base(base, disk)
+            if limited:
+                config, models = self._unmasked(disk, config, models)
             new_texts = await self._merged(disk, config, models)
-            return await self._apply(disk, new_texts, who, how="apply")
+            return await self._apply(disk, new_texts, who, how="apply", limited=limited)
 
     async def rollback(
         self, seq: int | None, base: str, who: Who, *, dry_run: bool
     ) -> p.ConfigApplyReply | p.ConfigPlanReply:
+        limited = await self._may_change(who)
         if dry_run:
             disk = await self._disk()
             record, texts = await self._rollback_target(seq, disk)
-            return p.ConfigPlanReply(plan=await self._plan(disk, texts))
+            return p.ConfigPlanReply(plan=await self._plan(disk, texts, limited=limited))
         async with self._lock:
             disk = await self._disk()
             self._check_base(base, disk)
             record, texts = await self._rollback_target(seq, disk)
-            return await self._apply(disk, texts, who, how="rollback", rollback_of=record.info.seq)
+            return await self._apply(
+                disk, texts, who, how="rollback", rollback_of=record.info.seq, limited=limited
+            )
 
     async def _rollback_target(
         self, seq: int | None, disk: ConfigTexts
@@ -445,7 +445,14 @@ class ConfigDesk:
 
     def _check_base(self, base: str, disk: ConfigTexts) -> None:
         now = texts_version(disk)
-        if base and base != now:
+        if not base:  # left out: it would overwrite whatever changed since it was read
+            raise ControlError(
+                p.ErrorCode.BAD_REQUEST,
+                f"base is required: the version the change was made from (config_get's "
+                f"version; it is {now} now); nothing was applied",
+                {"field": "base", "version": now},
+            )
+        if base != now:
             raise ControlError(
                 p.ErrorCode.STALE_CONFIG,
                 _stale_problem(base, now).message + ": nothing was applied",
@@ -460,8 +467,9 @@ class ConfigDesk:
         *,
         how: str,
         rollback_of: int | None = None,
+        limited: bool = False,
     ) -> p.ConfigApplyReply:
-        plan = await self._plan(disk, new_texts)
+        plan = await self._plan(disk, new_texts, limited=limited)
         if not plan.ok:
             self._refuse(plan)
         if not plan.changed and plan.base == self.running:
@@ -477,7 +485,7 @@ class ConfigDesk:
             raise _write_failed(
                 f"cannot record the version in the config history: {_why(exc)}"
             ) from None
-        changes = await trio.to_thread.run_sync(_file_changes, disk, new_texts)  # may read
+        changes = await trio.to_thread.run_sync(file_changes, disk, new_texts)  # may read
         try:
             await trio.to_thread.run_sync(self._write, changes)
         except OSError as exc:
@@ -486,7 +494,8 @@ class ConfigDesk:
             raise _write_failed(f"cannot write {where}: {_why(exc)}") from None
         # A load may have begun while the files were written: the rule once more, with
         # nothing awaited between it and the install.
-        late = configplan.refusals(plan.engines, configplan.in_motion(self._moving()))
+        moving = configfacts.moving(self.pool.engines)
+        late = configplan.refusals(plan.engines, configplan.in_motion(moving))
         if late:
             back = [FileChange(c.path, c.old, c.new) for c in changes if c.old is not None]
             gone = [c.path for c in changes if c.old is None]
@@ -549,33 +558,12 @@ def _write_failed(message: str) -> ControlError:
     )
 
 
-def _changed_files(before: ConfigTexts | None, after: ConfigTexts) -> list[str]:
-    if before is None:
-        return [after.config_name] + ([after.models_name] if after.models is not None else [])
-    out = []
-    if before.config != after.config:
-        out.append(after.config_name)
-    moved = (before.models_name, before.models) != (after.models_name, after.models)
-    if moved and after.models is not None:
-        out.append(after.models_name)
-    return out
+def _text(data: bytes | None) -> str | None:
+    return data.decode(errors="replace") if data is not None else None
 
 
-def _file_changes(disk: ConfigTexts, new: ConfigTexts) -> list[FileChange]:
-    """What to write, models first: a config.json naming a new models file never points
-    at one not yet there."""
-    out = []
-    if new.models is not None:
-        old = disk.models if new.models_name == disk.models_name else _read_or_none(new.models_name)
-        if old != new.models:
-            out.append(FileChange(new.models_name, new.models, old))
-    if new.config != disk.config:
-        out.append(FileChange(new.config_name, new.config, disk.config))
-    return out
-
-
-def _read_or_none(path: str) -> bytes | None:
+def _same_json(a: str, b: str) -> bool:
     try:
-        return Path(path).read_bytes()
-    except OSError:
-        return None
+        return bool(json.loads(a) == json.loads(b))
+    except ValueError:
+        return False

@@ -110,3 +110,35 @@ def write_files(changes: Sequence[FileChange]) -> None:
                     pass  # said in the error below: the first file may hold the new text
             raise
         done.append(change)
+
+
+def changed_files(before: ConfigTexts | None, after: ConfigTexts) -> list[str]:
+    if before is None:
+        return [after.config_name] + ([after.models_name] if after.models is not None else [])
+    out = []
+    if before.config != after.config:
+        out.append(after.config_name)
+    moved = (before.models_name, before.models) != (after.models_name, after.models)
+    if moved and after.models is not None:
+        out.append(after.models_name)
+    return out
+
+
+def file_changes(disk: ConfigTexts, new: ConfigTexts) -> list[FileChange]:
+    """What to write, models first: a config.json naming a new models file never points
+    at one not yet there."""
+    out = []
+    if new.models is not None:
+        old = disk.models if new.models_name == disk.models_name else _read_or_none(new.models_name)
+        if old != new.models:
+            out.append(FileChange(new.models_name, new.models, old))
+    if new.config != disk.config:
+        out.append(FileChange(new.config_name, new.config, disk.config))
+    return out
+
+
+def _read_or_none(path: str) -> bytes | None:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return None

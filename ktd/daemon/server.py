@@ -21,11 +21,15 @@ from ktd import __version__, foreign, protocol_schema
 from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, Peer, TrioSocket
+from ktd.core import trust
 from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.pool import Pool
 from ktd.frameid import peek_id, skim_id
 
 log = logging.getLogger("ktd.server")
+
+#: The uid of a sender the socket did not show: no one's (never ktd's owner, nor root).
+NOBODY = -1
 
 _OPS = frozenset(str(t.__struct_config__.tag) for t in p.AnyRequest.__args__)
 
@@ -189,6 +193,11 @@ class ControlServer:
         peer = self.control.sender
         return peer.pid if peer is not None else None
 
+    def _by_owner(self) -> bool:
+        """Whether the request being read was sent by ktd's owner (``SO_PEERCRED``)."""
+        peer = self.control.sender
+        return peer is not None and trust.is_owner(peer.uid, os.getuid())
+
     def _answer_now(self, req: p.Request) -> p.Reply | None:
         """Requests that need no waiting are answered inside the pump, in the same pass
         that read them: no task, no extra scheduler round (the frontend's acquire and
@@ -205,7 +214,11 @@ class ControlServer:
             case p.Schema():
                 return p.SchemaReply(protocol=p.PROTOCOL, schema=protocol_schema.current())
             case p.Status(alias=alias):
-                return p.StatusReply(engines=pool.status(alias), gateway=self._gateway())
+                engines = pool.status(alias)
+                if not self._by_owner():  # docs/security.md: secrets are the owner's
+                    for info in engines:
+                        info.argv = trust.hidden_argv(info.argv)
+                return p.StatusReply(engines=engines, gateway=self._gateway())
             case p.Models():
                 return p.ModelsReply(models=pool.models())
             case p.Logs(alias=alias, lines=lines, probes=probes):
@@ -249,11 +262,17 @@ class ControlServer:
     async def _dispatch(self, req: p.Request, peer: Peer | None = None) -> p.Reply:
         pool = self.pool
         uid = peer.uid if peer is not None else None
+        # A request whose sender the socket did not show (no Peer-Address: not ipc, not
+        # Linux) is nobody's: it may read the config, not change it (fail closed).
+        asker = uid if uid is not None else NOBODY
         desk = self._config
         match req:
             case p.Load(alias=alias, dry_run=True):
-                pool.engine(alias)
-                return p.PlanReply(plan=await self._dry_run(alias))
+                spec = pool.engine(alias).spec
+                plan = await self._dry_run(alias)
+                if not trust.is_owner(asker, os.getuid()):
+                    plan = trust.hidden_launch(plan, spec)
+                return p.PlanReply(plan=plan)
             case p.Load(alias=alias, wait=wait, timeout=timeout):
                 return p.LoadReply(engine=await pool.load(alias, wait=wait, timeout=timeout))
             case p.Evict(alias=alias, all=all_, force=force, timeout=timeout):
@@ -268,20 +287,20 @@ class ControlServer:
                 return await pool.engine_memory(alias)
             case p.Reload():
                 return p.Ok(message=await self._reload(Who(uid=uid)))
-            case p.ConfigGet(seq=seq) if desk is not None:
-                return await desk.get(seq)
+            # Who may read, plan and change: ConfigDesk.role (docs/security.md).
+            case p.ConfigGet(seq=seq, delegated=delegated) if desk is not None:
+                return await desk.get(seq, Who(uid=asker, delegated=delegated))
             case p.ConfigPlan(config_text=cfg, models_text=models, base=base) if desk is not None:
-                return p.ConfigPlanReply(plan=await desk.plan(cfg, models, base))
-            case p.ConfigApply(config_text=cfg, models_text=models, base=base, author=author) if (
-                desk is not None
-            ):
-                return await desk.apply(cfg, models, base, Who(uid=uid, claimed=author))
+                who = Who(uid=asker, delegated=req.delegated)
+                return p.ConfigPlanReply(plan=await desk.plan(cfg, models, base, who))
+            case p.ConfigApply(config_text=cfg, models_text=models, base=base) if desk is not None:
+                who = Who(uid=asker, claimed=req.author, delegated=req.delegated)
+                return await desk.apply(cfg, models, base, who)
             case p.ConfigHistory() if desk is not None:
                 return await desk.history_now()
-            case p.ConfigRollback(seq=seq, base=base, author=author, dry_run=dry_run) if (
-                desk is not None
-            ):
-                return await desk.rollback(seq, base, Who(uid=uid, claimed=author), dry_run=dry_run)
+            case p.ConfigRollback(seq=seq, base=base, dry_run=dry_run) if desk is not None:
+                who = Who(uid=asker, claimed=req.author, delegated=req.delegated)
+                return await desk.rollback(seq, base, who, dry_run=dry_run)
             case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):
                 lease, engine = await pool.acquire(
                     model, client, autoload=autoload, timeout=timeout

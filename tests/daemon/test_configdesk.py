@@ -27,7 +27,7 @@ from ktd.daemon.confighistory import History
 from ktd.daemon.pool import Pool
 from tests.conftest import ConfigWriter, sim_model
 
-ALICE = Who(uid=1000, claimed="alice")
+ALICE = Who(uid=1000, claimed="alice")  # in daemon.admins (``make``): not ktd's owner
 
 
 @dataclass
@@ -47,6 +47,7 @@ def make(
     write: Callable[[Sequence[FileChange]], None] | None = None,
     **daemon: Any,
 ) -> Bench:
+    daemon.setdefault("admins", [ALICE.uid])
     cfg = ConfigWriter(tmp_path / "etc")([sim_model("a"), sim_model("b", ttl=600)], daemon=daemon)
     texts = read_config_texts(cfg)
     config = parse_config(texts)
@@ -199,6 +200,28 @@ async def test_rollback_goes_back_through_the_same_path(tmp_path: Path) -> None:
     assert (v.how, v.rollback_of, v.version) == ("rollback", 1, b.desk.history.infos()[2].version)
     with pytest.raises(ControlError, match=r"no version 9 in the config history \(kept: 1-3\)"):
         await b.desk.rollback(9, "", ALICE, dry_run=True)
+
+
+async def test_a_change_without_a_base_is_refused_not_written_over(tmp_path: Path) -> None:
+    """``base: ""`` (the protocol's default, a client that left it out) would overwrite
+    whatever changed since the client read the files: refused, nothing written (issue
+    43, item 7); a rollback's dry run needs none."""
+    b = make(tmp_path)
+    await b.desk.record_start()
+    owner = Who(uid=os.getuid(), claimed="owner")
+    got = await b.desk.get(None)
+    text = configtext.set_fields(got.models_text or "", "a", {"ttl": 30})
+    with pytest.raises(ControlError) as info:
+        await b.desk.apply(None, text, "", owner)
+    assert info.value.code == p.ErrorCode.BAD_REQUEST and "base is required" in info.value.message
+    assert info.value.detail == {"field": "base", "version": got.version}
+    assert b.models_text() == got.models_text and b.writes == []
+    await b.desk.apply(None, text, got.version, owner)
+    with pytest.raises(ControlError) as info:
+        await b.desk.rollback(None, "", owner, dry_run=False)
+    assert info.value.code == p.ErrorCode.BAD_REQUEST
+    assert b.models_text() == text and len(b.writes) == 1
+    assert isinstance(await b.desk.rollback(None, "", owner, dry_run=True), p.ConfigPlanReply)
 
 
 async def test_the_history_keeps_the_newest(tmp_path: Path) -> None:

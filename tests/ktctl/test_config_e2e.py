@@ -108,7 +108,7 @@ def _from_the_original(request: pytest.FixtureRequest) -> None:
         if any(e.state != "stopped" for e in c.status()):
             c.evict(all=True, force=True)
         if box.models.read_text() != box.original:
-            c.config_apply(models_text=box.original)
+            c.config_apply(models_text=box.original, base=c.config_get().version)
     wait_for(
         lambda: all(e["state"] == "stopped" for e in box.daemon.engines().values()),
         timeout=30,

@@ -319,7 +319,7 @@ class Dashboard:
 
     async def config(self, req: UiRequest) -> None:
         self._may_edit(req)
-        got = await self._ask(p.ConfigGet())
+        got = await self._ask(p.ConfigGet(delegated=True))
         history = await self._ask(p.ConfigHistory())
         assert isinstance(got, p.ConfigReply) and isinstance(history, p.ConfigHistoryReply)
         await req.json_reply(configedit.editor_view(got, history))
@@ -334,7 +334,7 @@ class Dashboard:
         base = body.get("base")
         if not isinstance(base, str) or not _VERSION.match(base):
             raise errors.make("bad_request", message="base: the version the editor was given")
-        got = await self._ask(p.ConfigGet())
+        got = await self._ask(p.ConfigGet(delegated=True))
         assert isinstance(got, p.ConfigReply)
         if got.version != base:
             raise _stale(base, got.version)
@@ -347,23 +347,28 @@ class Dashboard:
         return body, got, base, text
 
     async def config_plan(self, req: UiRequest) -> None:
-        body, got, base, text = await self._change(req)
+        body, _, base, text = await self._change(req)
         if text is None:
-            reply = await self._ask(p.ConfigRollback(seq=_seq(body), base=base, dry_run=True))
+            msg: p.Request = p.ConfigRollback(
+                seq=_seq(body), base=base, dry_run=True, delegated=True
+            )
         else:
-            reply = await self._ask(p.ConfigPlan(models_text=text, base=base))
+            msg = p.ConfigPlan(models_text=text, base=base, delegated=True)
+        reply = await self._ask(msg)
         assert isinstance(reply, p.ConfigPlanReply)
-        plan = configedit.shown_plan(reply.plan, got.models_text, text)
+        plan = configedit.shown_plan(reply.plan)
         await req.json_reply({"plan": plan})
 
     async def config_apply(self, req: UiRequest) -> None:
-        body, got, base, text = await self._change(req)
+        body, _, base, text = await self._change(req)
         who = req.who
         author = f"key {who.name} (dashboard)" if who is not None else "dashboard"
         if text is None:
-            msg: p.Request = p.ConfigRollback(seq=_seq(body), base=base, author=author)
+            msg: p.Request = p.ConfigRollback(
+                seq=_seq(body), base=base, author=author, delegated=True
+            )
         else:
-            msg = p.ConfigApply(models_text=text, base=base, author=author)
+            msg = p.ConfigApply(models_text=text, base=base, author=author, delegated=True)
         log.info("dashboard: config %s by %s", "rollback" if text is None else "apply", author)
         reply = await self._ask(msg)
         assert isinstance(reply, p.ConfigApplyReply)
@@ -373,7 +378,7 @@ class Dashboard:
                 "version": reply.version,
                 "seq": reply.seq,
                 "message": f"applied version {reply.version}: {reply.summary}",
-                "plan": configedit.shown_plan(reply.plan, got.models_text, text),
+                "plan": configedit.shown_plan(reply.plan),
             }
         )
 
@@ -496,9 +501,12 @@ def _stale(base: str, now: str) -> ApiError:
 
 def _config_error(exc: ControlError) -> ApiError:
     """The daemon's refusal of a change, for the page: 409 with its code and message
-    (a stale base, a config error naming the file and field, busy, a write that failed)."""
+    (a stale base, a config error naming the file and field, busy, a write that failed);
+    403 for what needs ktd's owner."""
     if exc.code in _CONFIG_REFUSALS:
         return errors.make("conflict", message=exc.message, code=exc.code)
+    if exc.code == p.ErrorCode.FORBIDDEN:  # needs ktd's owner (docs/security.md)
+        return errors.make("forbidden", message=exc.message)
     return control_error("", exc)
 
 
