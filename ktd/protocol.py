@@ -335,6 +335,9 @@ class UsageCount(msgspec.Struct, kw_only=True):
     prompt: Amount = 0  # tokens
     completion: Amount = 0
     errors: Amount = 0
+    # Requests whose client went away before the answer ended, charged what they received
+    # (new in 1.1: absent from an older frontend's report and an older usage.json, so 0).
+    cut: Amount = 0
 
 
 class Return(Request, tag="return"):

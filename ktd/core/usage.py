@@ -63,12 +63,14 @@ class Count:
     prompt: int = 0  # tokens, as the engine reported them
     completion: int = 0
     errors: int = 0  # requests answered with an error status (4xx but 499, 5xx)
+    cut: int = 0  # requests whose client went away before the answer ended (499)
 
     def add(self, other: Count) -> None:
         self.requests += other.requests
         self.prompt += other.prompt
         self.completion += other.completion
         self.errors += other.errors
+        self.cut += other.cut
 
     @property
     def tokens(self) -> int:
@@ -193,8 +195,9 @@ def to_wire(row: Row, count: Count) -> p.UsageCount:
         prompt=count.prompt,
         completion=count.completion,
         errors=count.errors,
+        cut=count.cut,
     )
 
 
 def from_wire(c: p.UsageCount) -> tuple[Row, Count]:
-    return Row(c.day, c.key, c.model), Count(c.requests, c.prompt, c.completion, c.errors)
+    return Row(c.day, c.key, c.model), Count(c.requests, c.prompt, c.completion, c.errors, c.cut)
