@@ -25,20 +25,25 @@ the limit by more than one request's reservation (``tests/core/test_budget.py``'
 machine checks it); what a request costs beyond its reservation (a prompt longer than
 estimated) is counted when it ends and refuses the next.
 
-Several frontends: each reserves against the day the ledger says was spent everywhere
-(every frontend's ended requests) plus its own reservations; reservations are not sent
-to the daemon (the daemon stays off the per-request path), so each frontend may pass the
-limit by one request's reservation, and requests under way at another frontend count
-once they end. ``docs/architecture.md`` ("The usage ledger") has the bound.
+Several frontends share a key's day (the daemon's ledger adds every frontend's). Each
+frontend's claim report says what its requests hold per key (``Sync.reserved``: its
+reservations, and the tokens it counted that the ledger has not yet been sent), the
+daemon keeps them (``Holds``) and tells every other frontend the sum (``SyncReply.held``),
+waking their long polls when it changes; each frontend reserves against the ledger's day
+plus its own reservations plus the others'. A report goes out within 50 ms of a change,
+so the others learn of a reservation within that and a round trip; what two frontends
+grant in that window is the only overshoot beyond one request's reservation.
+``docs/architecture.md`` ("The usage ledger") has it.
 
 Pure: days are days since the epoch (UTC), handed in by the caller.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Budget", "Crowded", "Exhausted", "Reservation"]
+__all__ = ["Budget", "Crowded", "Exhausted", "Holds", "Reservation"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,8 @@ class Budget:
 
     def __init__(self) -> None:
         self.keys: dict[str, KeyDay] = {}
+        self.others: dict[str, int] = {}  # what the other frontends' requests hold, per key
+        self.limited: set[str] = set()  # keys seen with a tokens_per_day
         self._ids = 0
 
     def _day(self, key: str, today: int) -> KeyDay:
@@ -109,8 +116,15 @@ class Budget:
         return found.spent if found is not None and found.day == today else 0
 
     def held(self, key: str) -> int:
+        """What this frontend's requests under way hold of ``key``'s day."""
         found = self.keys.get(key)
         return found.reserved() if found is not None else 0
+
+    def holding(self, unsent: Mapping[str, int]) -> dict[str, int]:
+        """What this frontend holds of each limited key's day, for its report: its
+        reservations and ``unsent``, the tokens it counted that the report does not carry."""
+        out = {key: self.held(key) + unsent.get(key, 0) for key in self.limited}
+        return {key: n for key, n in out.items() if n > 0}
 
     def reserve(self, key: str, limit: int | None, amount: int, today: int) -> Reservation:
         """``amount`` tokens of ``key``'s day (``limit`` None: no limit, nothing held);
@@ -119,8 +133,9 @@ class Budget:
         self._ids += 1
         if limit is None:
             return Reservation(self._ids, key, 0)
+        self.limited.add(key)
         use = self._day(key, today)
-        held = use.reserved()
+        held = use.reserved() + self.others.get(key, 0)
         if use.spent >= limit:
             raise Exhausted(key, limit, today + 1)
         if use.spent + held + amount > limit and held > 0:
@@ -147,3 +162,35 @@ class Budget:
     def _forget(self, key: str, use: KeyDay) -> None:
         if not use.held and not use.spent:
             del self.keys[key]  # nothing to remember
+
+
+class Holds:
+    """What every frontend's requests hold of each key's day, as its last report said (the
+    daemon's side; in memory: after a restart, each frontend's next report says it again)."""
+
+    def __init__(self) -> None:
+        self.by_client: dict[str, dict[str, int]] = {}
+
+    def report(self, client: str, held: Mapping[str, int]) -> bool:
+        """``client``'s report; True when what it holds changed (the others should hear)."""
+        now = {key: n for key, n in held.items() if n > 0}
+        before = self.by_client.get(client, {})
+        if now:
+            self.by_client[client] = now
+        else:
+            self.by_client.pop(client, None)
+        return now != before
+
+    def others(self, client: str) -> dict[str, int]:
+        """What every frontend but ``client`` holds, per key."""
+        out: dict[str, int] = {}
+        for other, held in self.by_client.items():
+            if other != client:
+                for key, n in held.items():
+                    out[key] = out.get(key, 0) + n
+        return out
+
+    def forget(self, clients: Iterable[str]) -> bool:
+        """Frontends gone (expired): nothing of theirs is held any more."""
+        gone = [c for c in clients if self.by_client.pop(c, None) is not None]
+        return bool(gone)

@@ -110,10 +110,12 @@ class Book:
         if self.sent is not None and seq >= self.sent.seq:
             self.sent = None
 
-    def unreported(self, day: str) -> dict[str, int]:
-        """Tokens per key on ``day`` that the ledger does not hold yet."""
+    def unreported(self, day: str, *, sent: bool = True) -> dict[str, int]:
+        """Tokens per key on ``day`` that the ledger does not hold yet (``sent`` False:
+        those not in the batch out either)."""
         out: dict[str, int] = {}
-        rows = [*self.pending.items(), *(self.sent.rows.items() if self.sent else ())]
+        batch = self.sent.rows.items() if self.sent and sent else ()
+        rows = [*self.pending.items(), *batch]
         for row, count in rows:
             if row.day == day:
                 out[row.key] = out.get(row.key, 0) + count.tokens

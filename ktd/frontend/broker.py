@@ -301,13 +301,18 @@ class ClaimBroker:
         ``tokens_per_day``: ``ktd.core.budget``); raises the 429 when they do not fit.
         Every reservation ends with ``release`` (after ``used``)."""
         try:
-            return self.budget.reserve(key.name, key.tokens_per_day, amount, utc_day())
+            held = self.budget.reserve(key.name, key.tokens_per_day, amount, utc_day())
         except (budget.Exhausted, budget.Crowded) as refused:
             raise _error(refused) from None
+        if held.amount:
+            self._dirty.set()  # the other frontends reserve around it: report soon
+        return held
 
     def release(self, reservation: budget.Reservation) -> None:
         """A request ended: what it reserved goes back (what it used is ``used``'s)."""
         self.budget.release(reservation)
+        if reservation.amount:
+            self._dirty.set()
 
     def leave(self, rid: int) -> None:
         self._asks.pop(rid, None)
@@ -476,6 +481,7 @@ class ClaimBroker:
         self._do(self.desk.limits(limits))
         self._first_reply.set()
         self.book.acked(reply.usage_seq)
+        self.budget.others = dict(reply.held)  # what the other frontends' requests hold
         if reply.day:  # each key's day, every frontend's use in it
             unreported = self.book.unreported(reply.day)
             day = usage.day_number(reply.day)
@@ -546,6 +552,9 @@ class ClaimBroker:
             seen=self.seen,
             usage=[] if batch is None else [usage.to_wire(r, c) for r, c in batch.rows.items()],
             usage_seq=0 if batch is None else batch.seq,
+            reserved=self.budget.holding(
+                self.book.unreported(usage.day_of(time.time()), sent=False)
+            ),
         )
 
     async def _poll_loop(self) -> None:

@@ -13,7 +13,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ktd.core.budget import Budget, Crowded, Exhausted, Reservation
+from ktd.core.budget import Budget, Crowded, Exhausted, Holds, Reservation
 from tests.hypo import budget
 
 DAY = 20_000
@@ -82,10 +82,33 @@ def test_a_key_without_a_limit_holds_nothing() -> None:
     b.release(r)
 
 
+def test_what_other_frontends_hold_counts_and_their_report_says_it() -> None:
+    """Two frontends, one key's day: each reports what its requests hold, the daemon
+    (``Holds``) tells each the other's."""
+    a, b, daemon = Budget(), Budget(), Holds()
+    first = [a.reserve("k", 300, 70, DAY) for _ in range(4)]  # 280 held at a
+    assert a.holding({"k": 5, "free": 9}) == {"k": 285}  # and 5 counted, not yet sent
+    assert daemon.report("a", a.holding({}))
+    assert not daemon.report("a", a.holding({}))  # the same again: nothing to tell
+    b.others = daemon.others("b")
+    assert b.others == {"k": 280} and daemon.others("a") == {}
+    with pytest.raises(Crowded) as crowded:
+        b.reserve("k", 300, 70, DAY)
+    assert "hold 280" in str(crowded.value)
+    assert b.reserve("k", 300, 20, DAY).amount == 20  # what is left of the day
+    for r in first:
+        a.release(r)
+    assert daemon.report("a", a.holding({}))  # nothing held: a is out of the sum
+    assert daemon.by_client == {} and daemon.others("b") == {}
+    daemon.report("b", {"k": 20})
+    assert daemon.forget(["b", "gone"]) and not daemon.forget(["b"])
+    assert daemon.others("a") == {}
+
+
 class BudgetMachine(RuleBasedStateMachine):
     """One frontend's budget: requests reserve, end having used at most what they
     reserved (the engine stops at ``max_tokens``), days turn, the ledger echoes what
-    this frontend reported."""
+    this frontend reported, the other frontends hold some of the day or none."""
 
     LIMIT = 300
 
@@ -99,7 +122,7 @@ class BudgetMachine(RuleBasedStateMachine):
 
     @rule(amount=st.sampled_from([0, 1, 10, 50, 120, 299, 300, 301, 1000]))
     def reserve(self, amount: int) -> None:
-        held = sum(r.amount for r in self.out.values())
+        held = sum(r.amount for r in self.out.values()) + self.budget.others.get("k", 0)
         try:
             r = self.budget.reserve("k", self.LIMIT, amount, self.today)
         except Exhausted:
@@ -127,6 +150,11 @@ class BudgetMachine(RuleBasedStateMachine):
     def ledger_echoes(self) -> None:
         """The ledger's total for the day: what this frontend reported (or less, late)."""
         self.budget.spent("k", self.today, self.spent, total=True)
+
+    @rule(n=st.sampled_from([0, 0, 40, 250, 400]))
+    def other_frontends_hold(self, n: int) -> None:
+        """The daemon's word on what the other frontends' requests hold."""
+        self.budget.others = {"k": n} if n else {}
 
     @rule()
     def day_turns(self) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -31,16 +32,18 @@ import pytest
 import trio
 
 from tests.conftest import DaemonProc, sim_model, wait_for
+from tests.frontend.conftest import launch_frontend
 from tests.stack import Stack, StackFactory
 
 SCOPED = "sk-scoped-to-m1"
 WATCHER = "sk-sees-everything"
-DAILY = "sk-daily-300"
+#: Two keys of 300 tokens a day, one per test that spends a day.
+DAILY = {"daily": "sk-daily-300", "shared": "sk-daily-300-two-frontends"}
 CUT = {api: f"sk-cut-{api}" for api in ("openai", "usage", "anthropic", "ollama")}
 KEYS = [
     {"name": "scoped", "key": SCOPED, "models": ["m1"]},
     {"name": "watcher", "key": WATCHER},
-    {"name": "daily", "key": DAILY, "tokens_per_day": 300},
+    *({"name": name, "key": key, "tokens_per_day": 300} for name, key in DAILY.items()),
     *({"name": f"cut-{api}", "key": key} for api, key in CUT.items()),
 ]
 HI = [{"role": "user", "content": "hi"}]
@@ -162,59 +165,117 @@ def test_a_stream_the_client_hangs_up_on_is_charged_what_it_received_and_aborted
     assert anthropic_row is not None and anthropic_row["prompt"] > 0
 
 
+class Burst:
+    """Streams of one of the ``DAILY`` keys to ``held`` (``max_tokens`` 50) sent at once:
+    what each was served, or its refusal."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.served: list[int] = []
+        self.refused: list[httpx.Response] = []
+        self.answered = trio.Semaphore(0)  # one per request refused or running
+
+    async def one(self, c: httpx.AsyncClient) -> None:
+        body = {"model": "held", "messages": HI, "max_tokens": 50, "stream": True}
+        headers = {"authorization": f"Bearer {DAILY[self.key]}"}
+        async with c.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+            if r.status_code != 200:
+                await r.aread()
+                self.refused.append(r)
+                self.answered.release()
+                return
+            tokens = 0
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and _content(line[6:]):
+                    tokens += 1
+                    if tokens == 1:
+                        self.answered.release()
+            self.served.append(tokens)
+
+    async def send(self, nursery: trio.Nursery, c: httpx.AsyncClient, n: int) -> None:
+        """``n`` requests at once; returns when each is refused or running."""
+        for _ in range(n):
+            nursery.start_soon(self.one, c)
+        for _ in range(n):
+            await self.answered.acquire()
+
+    def check(self, daemon: DaemonProc, total: int) -> int:
+        """The refusals' shape, and the day's tokens in the ledger (returned): at most one
+        request's worth past 300."""
+        served, refused = self.served, self.refused
+        assert len(served) + len(refused) == total
+        assert served and all(n == 50 for n in served)
+        for r in refused:
+            assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+            assert r.json()["error"]["code"] == "key_tokens_reserved"
+        wait_for(
+            lambda: (ledger_row(daemon, self.key, "held") or {}).get("requests") == len(served),
+            what="the served requests in the ledger",
+        )
+        row = ledger_row(daemon, self.key, "held")
+        assert row is not None
+        spent = int(row["prompt"] + row["completion"])
+        assert spent <= 300 + spent // len(served), (len(served), row)
+        return spent
+
+
+def held_elsewhere(url: str, key: str) -> float:
+    """What the other frontends hold of ``key``'s day, as this one's /metrics says."""
+    text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {WATCHER}"}).text
+    line = f'ktd_key_tokens_held{{key="{key}",where="others"}} '
+    found = [float(x.split()[-1]) for x in text.splitlines() if x.startswith(line)]
+    return found[0] if found else 0.0
+
+
 def test_tokens_per_day_holds_when_twenty_requests_arrive_at_once(stack: Stack) -> None:
     """The issue's numbers: 20 streams of ``max_tokens`` 50 at once, a day of 300. They
     all run at once (the held engine keeps each after its first token until the gate
     opens), so every admission is decided before any request has ended."""
     url, daemon = stack.url, stack.daemon
     assert daemon.ktctl("load", "held").returncode == 0
-    served: list[int] = []
-    refused: list[httpx.Response] = []
-    answered = trio.Semaphore(0)
-
-    async def one(c: httpx.AsyncClient) -> None:
-        body = {"model": "held", "messages": HI, "max_tokens": 50, "stream": True}
-        headers = {"authorization": f"Bearer {DAILY}"}
-        async with c.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-            if r.status_code != 200:
-                await r.aread()
-                refused.append(r)
-                answered.release()
-                return
-            tokens, first = 0, True
-            async for line in r.aiter_lines():
-                if line.startswith("data: {") and _content(line[6:]):
-                    tokens += 1
-                    if first:
-                        first = False
-                        answered.release()
-            served.append(tokens)
+    burst = Burst("daily")
 
     async def main() -> None:
         limits = httpx.Limits(max_connections=40)
         client = httpx.AsyncClient(base_url=url, timeout=60, limits=limits)
         async with client as c, trio.open_nursery() as nursery:
-            for _ in range(20):
-                nursery.start_soon(one, c)
-            for _ in range(20):  # every request refused, or running with its token
-                await answered.acquire()
+            await burst.send(nursery, c, 20)
             await trio.to_thread.run_sync(open_gate, daemon)
 
     trio.run(main)
-    assert len(served) + len(refused) == 20
-    assert served and all(n == 50 for n in served)
-    for r in refused:
-        assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
-        assert r.json()["error"]["code"] == "key_tokens_reserved"
-    wait_for(
-        lambda: (ledger_row(daemon, "daily", "held") or {}).get("requests") == len(served),
-        what="the served requests in the ledger",
-    )
-    row = ledger_row(daemon, "daily", "held")
-    assert row is not None
-    spent = row["prompt"] + row["completion"]
-    one_request = spent // len(served)
-    assert spent <= 300 + one_request, (len(served), row)
+    burst.check(daemon, 20)
+
+
+def test_a_second_frontend_reserves_around_the_first_s_requests(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The day is the key's across frontends: what one frontend's requests hold reaches
+    the other through the daemon (``Sync.reserved``, ``SyncReply.held``)."""
+    url, daemon = stack.url, stack.daemon
+    assert daemon.ktctl("load", "held").returncode == 0
+    second = launch_frontend(daemon.config, daemon.env, tmp_path / "second.log")
+    burst = Burst("shared")
+    try:
+
+        async def main() -> None:
+            limits = httpx.Limits(max_connections=40)
+            first = httpx.AsyncClient(base_url=url, timeout=60, limits=limits)
+            other = httpx.AsyncClient(base_url=second.url, timeout=60, limits=limits)
+            async with first as a, other as b, trio.open_nursery() as nursery:
+                await burst.send(nursery, a, 10)
+                await trio.to_thread.run_sync(
+                    lambda: wait_for(
+                        lambda: held_elsewhere(second.url, "shared") >= 200,
+                        what="the second frontend told what the first one's requests hold",
+                    )
+                )
+                await burst.send(nursery, b, 10)
+                await trio.to_thread.run_sync(open_gate, daemon)
+
+        trio.run(main)
+    finally:
+        second.stop()
+    burst.check(daemon, 20)
 
 
 def test_a_request_waiting_for_a_load_an_evict_ends_gets_retry_after(stack: Stack) -> None:
