@@ -308,7 +308,7 @@ def models_table(models: Sequence[p.ModelInfo]) -> str:
     return table(["ALIAS", "BACKEND", "SERVED", "STATE", "PATH"], rows)
 
 
-USAGE_FIELDS = ("day", "key", "model", "requests", "prompt", "completion", "errors")
+USAGE_FIELDS = ("day", "key", "model", "requests", "prompt", "completion", "errors", "cut")
 
 
 def usage_table(rows: Sequence[p.UsageCount]) -> str:
@@ -322,13 +322,15 @@ def usage_table(rows: Sequence[p.UsageCount]) -> str:
         total.prompt += r.prompt
         total.completion += r.completion
         total.errors += r.errors
+        total.cut += r.cut
     cells.append(["total", "", "", *_usage_numbers(total)])
-    headers = ["DAY", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "ERRORS"]
+    # CUT: requests whose client went away before the end (charged what they received).
+    headers = ["DAY", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "ERRORS", "CUT"]
     return table(headers, cells)
 
 
 def _usage_numbers(r: p.UsageCount) -> list[str]:
-    return [str(r.requests), str(r.prompt), str(r.completion), str(r.errors)]
+    return [str(r.requests), str(r.prompt), str(r.completion), str(r.errors), str(r.cut)]
 
 
 def usage_csv(rows: Sequence[p.UsageCount]) -> str:

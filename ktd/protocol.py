@@ -299,6 +299,13 @@ class ClaimState(msgspec.Struct, kw_only=True):
     routing: bool = True  # False once recalled: no new request goes there
 
 
+# The usage ledger (``ktd.core.usage``): a day is UTC, ``YYYY-MM-DD``; a key is named by
+# its name in the frontend's config ("" without keys), never by its secret.
+Day = Annotated[str, msgspec.Meta(max_length=10, pattern=r"^\d{4}-\d{2}-\d{2}$")]
+KeyName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME)]
+Amount = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+
+
 class Sync(Request, tag="sync"):
     """The frontend's report of every claim it holds; also its heartbeat.
 
@@ -322,13 +329,9 @@ class Sync(Request, tag="sync"):
     # resent unchanged until a reply acknowledges it, so the ledger adds it once.
     usage: Annotated[list[UsageCount], msgspec.Meta(max_length=MAX_REPORTED)] = []
     usage_seq: Annotated[int, msgspec.Meta(ge=0)] = 0
-
-
-# The usage ledger (``ktd.core.usage``): a day is UTC, ``YYYY-MM-DD``; a key is named by
-# its name in the frontend's config ("" without keys), never by its secret.
-Day = Annotated[str, msgspec.Meta(max_length=10, pattern=r"^\d{4}-\d{2}-\d{2}$")]
-KeyName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME)]
-Amount = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+    # Tokens its requests hold of each key's tokens_per_day (their reservations, and what
+    # it counted that is not in this report's batch): the other frontends reserve around them.
+    reserved: Annotated[dict[KeyName, Amount], msgspec.Meta(max_length=MAX_REPORTED)] = {}
 
 
 class UsageCount(msgspec.Struct, kw_only=True):
@@ -341,6 +344,9 @@ class UsageCount(msgspec.Struct, kw_only=True):
     prompt: Amount = 0  # tokens
     completion: Amount = 0
     errors: Amount = 0
+    # Requests whose client went away before the answer ended, charged what they received
+    # (new in 1.1: absent from an older frontend's report and an older usage.json, so 0).
+    cut: Amount = 0
 
 
 class Return(Request, tag="return"):
@@ -695,6 +701,7 @@ class SyncReply(Reply, tag="sync"):
     usage_seq: int = 0  # the last usage batch of yours the ledger holds
     day: str = ""  # today (UTC), the day ``spent`` counts
     spent: dict[str, int] = {}  # key name -> tokens today, every frontend's in the ledger
+    held: dict[str, int] = {}  # key name -> tokens the other frontends' requests hold today
 
 
 class DoctorReply(Reply, tag="doctor"):

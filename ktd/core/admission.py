@@ -24,8 +24,8 @@ fate (granted, refused, timed out); none is left waiting with nothing to wake it
 
 At the desk a request also carries its API key's terms (``KeyTerms``, from the
 config's ``frontend.keys``): a key past its ``max_concurrent`` (requests of that key
-waiting or in flight at this frontend) or its ``tokens_per_day`` (the day's tokens,
-the usage ledger's total) is refused at once; and a line is served by ``priority``
+waiting or in flight at this frontend) is refused at once (its ``tokens_per_day`` is
+reserved before the desk: ``ktd.core.budget``); and a line is served by ``priority``
 (higher first, arrival order within a level), except that a request overtaken
 ``OVERTAKE_LIMIT`` times by later arrivals goes next, so a low priority waits
 behind a bounded number of others, never for ever.
@@ -53,7 +53,6 @@ __all__ = [
     "GiveBack",
     "Grant",
     "KeyBusy",
-    "KeyExhausted",
     "KeyTerms",
     "QueueLimits",
     "Refuse",
@@ -338,8 +337,6 @@ class KeyUse:
     """One key's use at this desk."""
 
     active: int = 0  # its requests here, waiting or in flight
-    day: int = -1  # the UTC day (days since the epoch) ``tokens`` counts
-    tokens: int = 0
 
 
 @dataclass
@@ -416,23 +413,10 @@ class KeyBusy(Exception):
         self.limit = limit
 
 
-class KeyExhausted(Exception):
-    """The key spent its ``tokens_per_day``; it may come back on day ``resets``."""
-
-    def __init__(self, key: str, limit: int, resets: int) -> None:
-        super().__init__(f"key {key!r} has used its {limit} tokens for today (tokens_per_day)")
-        self.key = key
-        self.limit = limit
-        self.resets = resets  # days since the epoch: at 00:00 UTC of that day
-
-
-def _key_refusal(key: KeyTerms, use: KeyUse, today: int) -> Exception | None:
+def _key_refusal(key: KeyTerms, use: KeyUse) -> Exception | None:
     """Why ``key`` may not start another request now, if it may not."""
     if key.max_concurrent is not None and use.active >= key.max_concurrent:
         return KeyBusy(key.name, key.max_concurrent)
-    spent = use.tokens if use.day == today else 0
-    if key.tokens_per_day is not None and spent >= key.tokens_per_day:
-        return KeyExhausted(key.name, key.tokens_per_day, today + 1)
     return None
 
 
@@ -480,17 +464,15 @@ class Desk:
         autoload: bool = True,
         load_timeout: float = 0.0,
         key: KeyTerms = ANYONE,
-        today: int = 0,
     ) -> tuple[int, list[DeskAction]]:
         """A new request: granted at once, refused (its key's limits, queue full), or in
-        line. ``today``: the UTC day (days since the epoch) its tokens count on. Every
-        request admitted here ends with ``ended`` (granted) or ``leave``."""
+        line. Every request admitted here ends with ``ended`` (granted) or ``leave``."""
         self._rids += 1
         rid = self._rids
         use = self.keys.get(key.name)
         if use is None:
             use = self.keys[key.name] = KeyUse()
-        refused = _key_refusal(key, use, today)
+        refused = _key_refusal(key, use)
         if refused is not None:
             return rid, [Refuse(rid, refused)]
         line = self.line(model)
@@ -508,18 +490,6 @@ class Desk:
         self.asks[rid] = ask
         line.waiting.append(rid)
         return rid, [Tell(), *self._serve(line)]
-
-    def spent(self, key: str, day: int, tokens: int, *, total: bool = False) -> None:
-        """Tokens ``key`` used on ``day``: a request's (added), or the ledger's ``total``
-        for the day across frontends (taken when it is more than this desk counted)."""
-        use = self.keys.get(key)
-        if use is None:
-            use = self.keys[key] = KeyUse()
-        if day > use.day:
-            use.day, use.tokens = day, 0
-        elif day < use.day:
-            return  # yesterday's news
-        use.tokens = max(use.tokens, tokens) if total else use.tokens + tokens
 
     def leave(self, rid: int) -> list[DeskAction]:
         """A request gave up (client gone, or it took an answer): out of line."""
@@ -631,8 +601,8 @@ class Desk:
     def _inactive(self, key: str) -> None:
         use = self.keys[key]
         use.active -= 1
-        if not use.active and use.day < 0:
-            del self.keys[key]  # nothing to remember: no request, no tokens counted
+        if not use.active:
+            del self.keys[key]  # nothing to remember: no request here
 
     def _give_slot(self, ask: Ask, held: Held) -> list[DeskAction]:
         ask.slot = held

@@ -63,12 +63,14 @@ class Count:
     prompt: int = 0  # tokens, as the engine reported them
     completion: int = 0
     errors: int = 0  # requests answered with an error status (4xx but 499, 5xx)
+    cut: int = 0  # requests whose client went away before the answer ended (499)
 
     def add(self, other: Count) -> None:
         self.requests += other.requests
         self.prompt += other.prompt
         self.completion += other.completion
         self.errors += other.errors
+        self.cut += other.cut
 
     @property
     def tokens(self) -> int:
@@ -108,10 +110,12 @@ class Book:
         if self.sent is not None and seq >= self.sent.seq:
             self.sent = None
 
-    def unreported(self, day: str) -> dict[str, int]:
-        """Tokens per key on ``day`` that the ledger does not hold yet."""
+    def unreported(self, day: str, *, sent: bool = True) -> dict[str, int]:
+        """Tokens per key on ``day`` that the ledger does not hold yet (``sent`` False:
+        those not in the batch out either)."""
         out: dict[str, int] = {}
-        rows = [*self.pending.items(), *(self.sent.rows.items() if self.sent else ())]
+        batch = self.sent.rows.items() if self.sent and sent else ()
+        rows = [*self.pending.items(), *batch]
         for row, count in rows:
             if row.day == day:
                 out[row.key] = out.get(row.key, 0) + count.tokens
@@ -193,8 +197,9 @@ def to_wire(row: Row, count: Count) -> p.UsageCount:
         prompt=count.prompt,
         completion=count.completion,
         errors=count.errors,
+        cut=count.cut,
     )
 
 
 def from_wire(c: p.UsageCount) -> tuple[Row, Count]:
-    return Row(c.day, c.key, c.model), Count(c.requests, c.prompt, c.completion, c.errors)
+    return Row(c.day, c.key, c.model), Count(c.requests, c.prompt, c.completion, c.errors, c.cut)

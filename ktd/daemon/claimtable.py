@@ -290,6 +290,12 @@ class ClaimTable:
         if event is not None:
             event.set()
 
+    def wake_others(self, client: str) -> None:
+        """Every parked long poll but ``client``'s answers now (a key's holds changed)."""
+        for other, event in self._parked.items():
+            if other != client:
+                event.set()
+
     async def park(self, client: str, wait: float) -> None:
         """Hold a ``Sync`` reply until a recall for ``client`` or ``wait`` seconds.
 

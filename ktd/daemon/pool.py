@@ -268,12 +268,11 @@ class Pool:
 
     def engine_keys(self) -> dict[str, str]:
         """URL -> API key of every engine that has both (``EngineKeys``)."""
-        out: dict[str, str] = {}
-        for engine in self.engines.values():
-            run = engine.run
-            if run is not None and run.api_key:
-                out[engine.url_for(run)] = run.api_key
-        return out
+        return {
+            engine.url_for(run): run.api_key
+            for engine in self.engines.values()
+            if (run := engine.run) is not None and run.api_key
+        }
 
     def expected_load(self, alias: str) -> float | None:
         return self.load_history.expected(alias)
@@ -317,6 +316,7 @@ class Pool:
     def _expire(self, clients: frozenset[str]) -> None:
         self._gate.release_clients(clients)
         self._claims.expire(clients)
+        self.usage.holds.forget(clients)
 
     # ------------------------------------------------------------ state file
 
@@ -665,7 +665,8 @@ class Pool:
         socket); the reply now, or None to park it."""
         self.heartbeat(msg.client)
         self._claims.heard_from(msg.client, pid)
-        self.usage.report(msg.client, msg.usage_seq, msg.usage)
+        if self.usage.report(msg.client, msg.usage_seq, msg.usage, msg.reserved):
+            self._claims.wake_others(msg.client)  # its holds changed: the others reserve around
         self._claims.report(msg, self.engines)
         for e in self.engines.values():
             queued = self._claims.queued_for(e.alias)
@@ -683,8 +684,7 @@ class Pool:
             if e.spec.max_concurrent is not None or e.spec.max_queue is not None
         }
         reply = self._claims.sync_reply(client, limits)
-        reply.usage_seq = self.usage.acked(client)
-        reply.day, reply.spent = self.usage.spent()
+        self.usage.answer(client, reply)
         return reply
 
     def claim_reply(self, claim: str) -> p.ClaimReply:

@@ -35,6 +35,7 @@ import msgspec
 
 from ktd import foreign
 from ktd import protocol as p
+from ktd.core import budget
 from ktd.core import usage as u
 from ktd.daemon import statefile
 
@@ -79,6 +80,8 @@ class UsageStore:
         self.path = path
         self.journal = path.with_name(path.name + ".journal") if path is not None else None
         self.clock = clock
+        # What each frontend's requests hold of the keys' days (in memory: ``Sync.reserved``).
+        self.holds = budget.Holds()
         self.ledger, absorbed = self._read()
         self._journal_id = absorbed  # the journal on disk: what the next whole write absorbs
         self._lines = 0  # lines in it
@@ -196,14 +199,31 @@ class UsageStore:
         if self._lines >= COMPACT_EVERY:
             self._compact()
 
-    def report(self, client: str, seq: int, counts: list[p.UsageCount]) -> None:
-        """A frontend's batch (from its ``Sync``): added once and written before the reply."""
+    def report(
+        self,
+        client: str,
+        seq: int,
+        counts: list[p.UsageCount],
+        reserved: dict[str, int] | None = None,
+    ) -> bool:
+        """A frontend's batch (from its ``Sync``): added once and written before the reply;
+        and what its requests hold (``reserved``). True when what it holds changed: the
+        other frontends should hear at once."""
+        changed = self.holds.report(client, reserved or {})
         if not counts and seq == 0:
-            return
+            return changed
         today = self.today()
         if self.ledger.add(client, seq, (u.from_wire(c) for c in counts), today):
             self.ledger.forget(today, KEEP_DAYS)
             self._append(_Entry(client=client, seq=seq, day=today, counts=counts))
+        return changed
+
+    def answer(self, client: str, reply: p.SyncReply) -> None:
+        """What a ``Sync`` reply says of the ledger: the last batch of ``client``'s it holds,
+        today, each key's tokens today, and what the other frontends' requests hold."""
+        reply.usage_seq = self.ledger.acked(client)
+        reply.day, reply.spent = self.spent()
+        reply.held = self.holds.others(client)
 
     def acked(self, client: str) -> int:
         return self.ledger.acked(client)

@@ -80,6 +80,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     )
     app.asgi_app = Guard(router, policy)  # type: ignore[method-assign,assignment]
     state.metrics.add_pool_gauge(state.upstream.counts)
+    state.metrics.add_budget(state.broker.budget)
 
     @app.before_serving
     async def _start() -> None:

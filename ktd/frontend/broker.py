@@ -45,7 +45,7 @@ from ktd import protocol as p
 from ktd.control.aclient import AsyncClient, Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import admission as adm
-from ktd.core import usage
+from ktd.core import budget, usage
 from ktd.frontend import errors
 from ktd.frontend.tally import Tokens
 
@@ -72,12 +72,14 @@ def _error(reason: object) -> Exception:
     """The desk's refusal as the exception the request flow renders."""
     if isinstance(reason, adm.KeyBusy):
         return errors.make("key_busy", message=str(reason), retry_after=1)
-    if isinstance(reason, adm.KeyExhausted):
+    if isinstance(reason, budget.Exhausted):
         resets = reason.resets * 86400
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(resets))
         return errors.make(
             "key_tokens", message=str(reason), when=when, retry_after=resets - time.time()
         )
+    if isinstance(reason, budget.Crowded):
+        return errors.make("key_tokens_held", message=str(reason), retry_after=1)
     if isinstance(reason, adm.QueueFull):
         return ControlError(
             p.ErrorCode.QUEUE_FULL,
@@ -205,6 +207,8 @@ class ClaimBroker:
         self._returned = trio.Event()
         # What this frontend's requests used, until the daemon's ledger holds it.
         self.book = usage.Book(max_rows=p.MAX_REPORTED)
+        # Each key's day of tokens: reserved at admission, settled at the end.
+        self.budget = budget.Budget()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -278,17 +282,37 @@ class ClaimBroker:
     def ended(self, held: adm.Held, key: str = "") -> None:
         self._do(self.desk.ended(held, trio.current_time(), key))
 
-    def used(self, key: str, model: str, tokens: Tokens | None, *, error: bool) -> None:
-        """A request of ``key`` on ``model`` ended: into the book for the ledger, and its
-        tokens against the key's day."""
+    def used(
+        self, key: str, model: str, tokens: Tokens | None, *, error: bool, cut: bool = False
+    ) -> None:
+        """A request of ``key`` on ``model`` ended (``cut``: its client went away before
+        the end): into the book for the ledger, and its tokens against the key's day."""
         now = time.time()
         prompt, completion = (0, 0) if tokens is None else (tokens.prompt, tokens.completion)
-        self.book.record(
-            usage.Row(usage.day_of(now), key, model),
-            usage.Count(requests=1, prompt=prompt, completion=completion, errors=int(error)),
+        count = usage.Count(
+            requests=1, prompt=prompt, completion=completion, errors=int(error), cut=int(cut)
         )
+        self.book.record(usage.Row(usage.day_of(now), key, model), count)
         if prompt + completion:
-            self.desk.spent(key, utc_day(now), prompt + completion)
+            self.budget.spent(key, utc_day(now), prompt + completion)
+
+    def reserve(self, key: adm.KeyTerms, amount: int) -> budget.Reservation:
+        """``amount`` tokens of ``key``'s day for a request about to be admitted (its
+        ``tokens_per_day``: ``ktd.core.budget``); raises the 429 when they do not fit.
+        Every reservation ends with ``release`` (after ``used``)."""
+        try:
+            held = self.budget.reserve(key.name, key.tokens_per_day, amount, utc_day())
+        except (budget.Exhausted, budget.Crowded) as refused:
+            raise _error(refused) from None
+        if held.amount:
+            self._dirty.set()  # the other frontends reserve around it: report soon
+        return held
+
+    def release(self, reservation: budget.Reservation) -> None:
+        """A request ended: what it reserved goes back (what it used is ``used``'s)."""
+        self.budget.release(reservation)
+        if reservation.amount:
+            self._dirty.set()
 
     def leave(self, rid: int) -> None:
         self._asks.pop(rid, None)
@@ -369,7 +393,6 @@ class ClaimBroker:
             autoload=autoload,
             load_timeout=load_timeout,
             key=key,
-            today=utc_day(),
         )
         ask = PendingAsk(self, rid, model, load_timeout)
         self._asks[rid] = ask
@@ -458,12 +481,13 @@ class ClaimBroker:
         self._do(self.desk.limits(limits))
         self._first_reply.set()
         self.book.acked(reply.usage_seq)
+        self.budget.others = dict(reply.held)  # what the other frontends' requests hold
         if reply.day:  # each key's day, every frontend's use in it
             unreported = self.book.unreported(reply.day)
             day = usage.day_number(reply.day)
             for key in reply.spent.keys() | unreported.keys():
                 total = reply.spent.get(key, 0) + unreported.get(key, 0)
-                self.desk.spent(key, day, total, total=True)
+                self.budget.spent(key, day, total, total=True)
         now = trio.current_time()
         for claim in reply.dropped:
             self._do(self.desk.dropped(claim))
@@ -528,6 +552,9 @@ class ClaimBroker:
             seen=self.seen,
             usage=[] if batch is None else [usage.to_wire(r, c) for r, c in batch.rows.items()],
             usage_seq=0 if batch is None else batch.seq,
+            reserved=self.budget.holding(
+                self.book.unreported(usage.day_of(time.time()), sent=False)
+            ),
         )
 
     async def _poll_loop(self) -> None:

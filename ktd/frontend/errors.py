@@ -188,8 +188,14 @@ KINDS: dict[str, Kind] = {
         "ktd daemon is unreachable: {detail}",
         headers={"Retry-After": "5"},
     ),
+    # Always with Retry-After (README): the daemon's backoff when it gives one, else 1 s
+    # (a load an evict, a reload or a stop ended: the next request may load it again).
     "load_failed": Kind(
-        503, UNAVAILABLE, "engine_failed", "The engine for `{model}` failed: {reason}"
+        503,
+        UNAVAILABLE,
+        "engine_failed",
+        "The engine for `{model}` failed: {reason}",
+        headers={"Retry-After": "1"},
     ),
     "queue_full": Kind(
         429,
@@ -260,6 +266,8 @@ KINDS: dict[str, Kind] = {
     ),
     "key_busy": Kind(429, RATE_LIMIT, "key_concurrency", "{message}", headers={"Retry-After": "1"}),
     "key_tokens": Kind(429, RATE_LIMIT, "key_tokens_exhausted", "{message}; it resets at {when}"),
+    # The key's requests under way hold what is left of its day (``ktd.core.budget``).
+    "key_tokens_held": Kind(429, RATE_LIMIT, "key_tokens_reserved", "{message}"),
     "frontend_stopping": Kind(503, UNAVAILABLE, "shutting_down", "The frontend is stopping."),
     "internal": Kind(500, SERVER_ERROR, "internal", "{message}"),
     "unknown_route": Kind(

@@ -58,7 +58,7 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.admission import ANYONE, KeyTerms
-from ktd.frontend import catalog, errors, keepalive
+from ktd.frontend import catalog, errors, keepalive, reserve
 from ktd.frontend.body import check_declared_length, check_model, parse_head
 from ktd.frontend.broker import PendingAsk
 from ktd.frontend.errors import ApiError
@@ -126,12 +126,13 @@ class _Watch:
     server) a task waits on ``receive()`` for it (``run``).
     """
 
-    __slots__ = ("finished", "scope", "send")
+    __slots__ = ("finished", "left", "scope", "send")
 
     def __init__(self, send: Send, scope: trio.CancelScope) -> None:
         self.send = send
         self.scope = scope
         self.finished = False
+        self.left = False  # the client went away before the answer ended
 
     async def tracked_send(self, message: Any) -> None:
         if not message.get("more_body", False) and message["type"] == "http.response.body":
@@ -140,6 +141,7 @@ class _Watch:
 
     def gone(self) -> None:
         if not self.finished:
+            self.left = True
             self.scope.cancel()
 
     def hook(self, intake: Intake) -> None:
@@ -236,11 +238,18 @@ class Flow:
         if kind != "generate":
             await self._load_or_unload(base, route.path, kind, keep, key, send)
             return
+        try:
+            held = state.broker.reserve(key, reserve.of(key, endpoint, body))
+        except ApiError as err:  # its tokens_per_day: spent, or held by its requests
+            state.metrics.request_done(endpoint, NO_MODEL, err.status)
+            await send_error(send, err, ollama=ollama)
+            return
         ex = self._exchange_for(found, scope, model, body, stream, ctype, key, started)
         try:
             await self._watched(ex, base, stream, scope, receive, send, intake)
         finally:
-            ex.close()
+            ex.close()  # counts what it used (``_used``), then its reservation goes back
+            state.broker.release(held)
         if keep is not None:
             await self._keep_alive(base, keep)
 
@@ -308,7 +317,8 @@ class Flow:
         send: Send,
         intake: Intake | None,
     ) -> None:
-        """Answer ``ex``, cancelled if the client goes away before the answer ended."""
+        """Answer ``ex``, cancelled if the client goes away before the answer ended
+        (then its status is 499, and its usage says it was cut)."""
         if intake is not None:
             try:
                 with trio.CancelScope() as cancel:
@@ -317,12 +327,14 @@ class Flow:
                     await self._answer(ex, base, stream, watch.tracked_send, scope)
             finally:
                 intake.on_disconnect = None
-            return
-        async with trio.open_nursery() as nursery:
-            watch = _Watch(send, nursery.cancel_scope)
-            nursery.start_soon(watch.run, receive)
-            await self._answer(ex, base, stream, watch.tracked_send, scope)
-            nursery.cancel_scope.cancel()
+        else:
+            async with trio.open_nursery() as nursery:
+                watch = _Watch(send, nursery.cancel_scope)
+                nursery.start_soon(watch.run, receive)
+                await self._answer(ex, base, stream, watch.tracked_send, scope)
+                nursery.cancel_scope.cancel()
+        if watch.left:
+            ex.status = 499  # nginx's "client closed request", as for a deaf client
 
     async def _keep_alive(self, alias: str, seconds: float) -> None:
         """The client's keep-alive to the daemon, after its request (a failure to say it
@@ -446,9 +458,10 @@ class Flow:
     def _used(self, ex: Exchange) -> None:
         """A request for a known model ended: what it cost, for the ledger, the key's day
         and the per-key metrics. An error is any error status but the client's own
-        going away (499)."""
+        going away (499), which is counted as cut: it is charged what it received."""
         error = ex.status >= 400 and ex.status != 499
-        self.state.broker.used(ex.key.name, ex.label, ex.tokens, error=error)
+        cut = ex.status == 499
+        self.state.broker.used(ex.key.name, ex.label, ex.tokens, error=error, cut=cut)
         self.state.metrics.key_used(ex.key.name, ex.label, ex.tokens, error=error)
 
     async def _exchange(self, ex: Exchange, base: str, stream: bool, send: Send) -> None:

@@ -22,6 +22,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ktd.core import states as S
+from ktd.core.budget import Budget
 from ktd.frontend import promtable
 from ktd.frontend.promtable import Family
 from ktd.frontend.tally import Tokens
@@ -166,6 +167,10 @@ class Metrics:
         active.labels("active").set_function(lambda: count()[0])
         active.labels("idle").set_function(lambda: count()[1])
 
+    def add_budget(self, budget: Budget) -> None:
+        """Export what the keys' requests hold of their ``tokens_per_day``, read at scrape."""
+        self.registry.register(BudgetCollector(budget))
+
     def update_engines(self, engines: Sequence[Any]) -> None:
         """Feed the daemon's EngineInfo snapshot (taken just before a scrape)."""
         self.engines.snapshot = list(engines)
@@ -178,6 +183,30 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class BudgetCollector:
+    """``ktd_key_tokens_held{key, where}``: tokens of each limited key's day that requests
+    under way hold (``ktd.core.budget``): this frontend's (``here``) and, as the daemon
+    last said, the other frontends' (``others``)."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily(
+            "ktd_key_tokens_held",
+            "Tokens of a key's tokens_per_day held by its requests under way, by where.",
+            labels=["key", "where"],
+        )
+        b = self.budget
+        for key in sorted(b.limited | b.others.keys()):
+            held.add_metric([key or NO_KEY, "here"], float(b.held(key)))
+            held.add_metric([key or NO_KEY, "others"], float(b.others.get(key, 0)))
+        yield held
 
 
 ENGINE_STATES = tuple(S.ALL)

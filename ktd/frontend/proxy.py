@@ -340,7 +340,9 @@ class Exchange:
         self.metrics.in_flight.dec()
         self.metrics.request_done(self.endpoint, self.label, self.status)
         if self.on_usage is not None and self.label != UNKNOWN_MODEL:
-            if self.tally is not None and self.status == 200 and self.slot is not None:
+            # A stream that began (the engine's 200), ended or cut short: what it carried.
+            opened = self.response is not None and self.response.status == 200
+            if self.tally is not None and opened and self.slot is not None:
                 self.tokens = self.tally.tokens()
             self.on_usage(self)
 

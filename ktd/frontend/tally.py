@@ -13,6 +13,16 @@ per chunk is a few attribute stores (bench/proxy_stream.py measures it).
 An OpenAI stream whose client did not ask for usage gets it asked for
 (``stream_options.include_usage``) and its usage event taken out before the client sees
 it (``strip``): the one case where a chunk is looked at, for the usage chunk's marker.
+
+A stream the client hangs up on never reaches its usage chunk (issue 43: such streams
+cost nothing, and a key past its day was served on). So the relay also counts, per chunk
+(one ``bytes.count``), the events that carry tokens: SSE events (``\n\n``) less the
+role chunks that open OpenAI's chat and the ``[DONE]``, Anthropic's
+``content_block_delta`` events, Ollama's lines. SGLang sends one such event per token
+(its ``stream_interval`` is 1 by default), so a stream cut short is charged the
+completion tokens the client received; the engine's own figure wins wherever the kept
+chunks have one (a usage chunk, continuous usage stats, ``meta_info`` of ``/generate``,
+Anthropic's ``message_start`` for the prompt).
 """
 
 from __future__ import annotations
@@ -95,10 +105,12 @@ class StreamTally:
     """One stream's chunks as they pass: the first two and the last three are kept (by
     reference), and ``tokens()`` reads them once the stream has ended."""
 
-    __slots__ = ("_held", "api", "first", "last", "strip", "stripped")
+    __slots__ = ("_held", "_mark", "api", "events", "first", "last", "strip", "stripped")
 
     def __init__(self, api: Api, *, strip: bool = False) -> None:
         self.api = api
+        self.events = 0  # token-bearing events passed on (``_mark``s counted)
+        self._mark = _MARKS[api]
         self.strip = strip  # the usage event was asked for by ktd: the client never sees it
         self.first: list[bytes] = []  # Anthropic's message_start is in the first events
         self.last: list[bytes] = [b"", b"", b""]
@@ -107,6 +119,7 @@ class StreamTally:
 
     def pass_on(self, piece: bytes) -> bytes:
         """What of ``piece`` goes to the client (all of it, unless stripping)."""
+        self.events += piece.count(self._mark)
         if len(self.first) < 2:
             self.first.append(piece)
         last = self.last
@@ -133,7 +146,28 @@ class StreamTally:
         return held
 
     def tokens(self) -> Tokens | None:
-        """The stream's usage, read from its kept chunks (call once it has ended)."""
+        """The stream's usage (call once it has ended, or was cut short): the engine's
+        own figure from the kept chunks, else the token-bearing events counted."""
+        told = self._told()
+        if told is not None and (told.completion or not self.received()):
+            return told
+        got = self.received()
+        if not got and told is None:
+            return None
+        return Tokens(told.prompt if told is not None else 0, got)
+
+    def received(self) -> int:
+        """Completion tokens the client received, one per token-bearing event counted."""
+        if self.api != "openai":
+            return self.events
+        head = b"".join(self.first)
+        roles = head.count(b'"role":"assistant"') + head.count(b'"role": "assistant"')
+        done = b"".join(self.last).count(b"[DONE]")
+        usage = 1 if self.stripped or _usage_at(b"".join(self.last), last=True) >= 0 else 0
+        return max(0, self.events - roles - done - usage)
+
+    def _told(self) -> Tokens | None:
+        """The engine's own figure, where the kept chunks have one."""
         if self.api == "ollama":
             lines = b"".join(self.last).rstrip(b"\n").rsplit(b"\n", 1)
             return body_tokens("ollama", lines[-1]) if lines else None
@@ -147,8 +181,18 @@ class StreamTally:
             return Tokens(prompt.prompt if prompt else 0, done.completion if done else 0)
         data = self.stripped or b"".join(self.last)
         at = _usage_at(data, last=True)  # with continuous usage, every chunk has one
+        if at < 0:  # SGLang's /generate: every chunk's meta_info counts so far
+            at = data.rfind(b'"meta_info"')
         event = _event_at(data, at) if at >= 0 else None
         return _tokens("openai", event) if event else None
+
+
+#: What marks a token-bearing event in each API's stream (``StreamTally.received``).
+_MARKS: dict[Api, bytes] = {
+    "openai": b"\n\n",
+    "anthropic": b"event: content_block_delta",
+    "ollama": b"\n",
+}
 
 
 def _usage_at(data: bytes, *, last: bool = False) -> int:

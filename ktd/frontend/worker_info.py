@@ -9,6 +9,10 @@ SGLang's own shapes for the engines the frontend fronts: a ready engine's own
 answer passed through when there is one (nothing to imitate), else one built
 from the config, so a model that is not loaded yet still registers and loads on
 demand when the first request arrives.
+
+A key scoped to some models (``frontend.keys``' ``models``) sees only those here too:
+``X-Ktd-Model`` naming another is a 403 (``model_not_allowed``), and the engine or model
+chosen, and the engines ``/get_load`` sums, are the key's own (issue 43).
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
+from ktd.core.keys import Policy
 from ktd.frontend import errors
+from ktd.frontend.inbound import header
+from ktd.frontend.routes import MODEL_HEADER
 from ktd.frontend.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -125,10 +132,9 @@ class WorkerInfo:
         )
 
     async def get_load(self) -> Response:
-        """The ready engines' ``/v1/loads``, summed per DP rank (one engine that fails
-        to answer is left out)."""
-        self.state.keys.of(request.scope)  # 401 without a good key, keys set
-        ready, _ = await self._fronted()
+        """The ready engines' ``/v1/loads`` (the key's), summed per DP rank (one engine
+        that fails to answer is left out)."""
+        ready, _ = await self._fronted(self._policy())
         loads: list[list[dict[str, Any]]] = []
         for e in ready:
             try:
@@ -141,9 +147,16 @@ class WorkerInfo:
         return _reply(sum_loads(loads))
 
     async def _from_engine_or_config(self, path: str, build: Any) -> Response:
-        """A ready engine's own answer at ``path``, else one built from the config."""
-        self.state.keys.of(request.scope)  # 401 without a good key, keys set
-        ready, models = await self._fronted()
+        """A ready engine's own answer at ``path`` (the one ``X-Ktd-Model`` names, when it
+        does), else one built from the config."""
+        policy = self._policy()
+        named = _named(request.scope)
+        if named is not None and policy is not None and not policy.allows(named):
+            raise errors.make("model_forbidden", key=policy.name, model=named)
+        ready, models = await self._fronted(policy)
+        if named is not None:
+            ready = [e for e in ready if e.alias == named]
+            models = [m for m in models if m.alias == named] or models
         if ready:
             try:
                 return _reply(await self._engine_json(ready[0].url or "", path))
@@ -154,8 +167,13 @@ class WorkerInfo:
         m = next((m for m in models if any(e.alias == m.alias for e in ready)), models[0])
         return _reply(build(m.alias, m.path, m.state))
 
-    async def _fronted(self) -> tuple[list[p.EngineInfo], list[p.ModelInfo]]:
-        """The ready engines (with a URL) and the served models, from the daemon."""
+    def _policy(self) -> Policy | None:
+        """The request's key (401 without a good one, keys set; None: no keys)."""
+        return self.state.keys.of(request.scope)
+
+    async def _fronted(self, policy: Policy | None) -> tuple[list[p.EngineInfo], list[p.ModelInfo]]:
+        """The ready engines (with a URL) and the served models, from the daemon: those
+        ``policy``'s key may use."""
         broker = self.state.broker
         try:
             status = await broker.request(p.Status())
@@ -164,8 +182,9 @@ class WorkerInfo:
             raise errors.make("daemon_unreachable", detail=str(exc)) from None
         if not isinstance(status, p.StatusReply) or not isinstance(models, p.ModelsReply):
             raise errors.make("daemon_unreachable", detail="unexpected reply from the daemon")
-        ready = [e for e in status.engines if e.state == S.READY and e.url]
-        return ready, [m for m in models.models if m.served]
+        allows = (lambda alias: True) if policy is None else policy.allows
+        ready = [e for e in status.engines if e.state == S.READY and e.url and allows(e.alias)]
+        return ready, [m for m in models.models if m.served and allows(m.alias)]
 
     async def _engine_json(self, url: str, path: str) -> Any:
         resp = await self.state.upstream.request(url, path.encode(), [], b"", method=b"GET")
@@ -176,6 +195,13 @@ class WorkerInfo:
         if resp.status != 200:
             raise UpstreamError(f"{path}: HTTP {resp.status}")
         return without_keys(foreign.loads(body))
+
+
+def _named(scope: Any) -> str | None:
+    """The model ``X-Ktd-Model`` names, if it names one."""
+    value = header(scope, MODEL_HEADER)
+    text = value.strip().decode("utf-8", "replace") if value is not None else ""
+    return text or None
 
 
 def _reply(obj: Any) -> Response:

@@ -482,26 +482,6 @@ def test_a_key_past_max_concurrent_is_refused_and_its_end_lets_it_in() -> None:
     assert kinds(acts) == ["Grant"]
 
 
-def test_a_key_past_its_tokens_for_the_day_is_refused_until_the_next_day() -> None:
-    key = adm.KeyTerms("batch", tokens_per_day=100)
-    d = adm.Desk()
-    d.spent("batch", 20000, 60)
-    d.spent("batch", 20000, 50)
-    _, acts = d.arrive("m", 0.0, key=key, today=20000)
-    [refusal] = acts
-    assert isinstance(refusal, adm.Refuse) and isinstance(refusal.reason, adm.KeyExhausted)
-    assert refusal.reason.resets == 20001
-    _, acts = d.arrive("m", 0.0, key=key, today=20001)
-    assert kinds(acts) == ["Fetch"]  # a new day
-    d.spent("batch", 20000, 500)  # a late report of yesterday changes nothing today
-    d.spent("batch", 20001, 90, total=True)  # the ledger's total across frontends
-    d.spent("batch", 20001, 40, total=True)  # a smaller total is older news
-    assert d.keys["batch"].tokens == 90
-    d.spent("batch", 20001, 10)
-    _, acts = d.arrive("m", 0.0, key=key, today=20001)
-    assert isinstance(acts[0], adm.Refuse)
-
-
 def test_a_raised_limit_lets_waiters_in_at_once() -> None:
     d = adm.Desk()
     d.arrive("m", 0.0)
@@ -585,7 +565,7 @@ class DeskMachine(RuleBasedStateMachine):
     #: Keys as the config may give them: none, a capped one, a low one, a high one.
     KEYS = (
         adm.ANYONE,
-        adm.KeyTerms("capped", max_concurrent=1, tokens_per_day=50),
+        adm.KeyTerms("capped", max_concurrent=1),
         adm.KeyTerms("low", priority=-1),
         adm.KeyTerms("high", priority=5),
     )
@@ -595,7 +575,6 @@ class DeskMachine(RuleBasedStateMachine):
         self.desk = adm.Desk(overtake_limit=2)  # small: the bound is reached in a run
         self.key_of: dict[int, adm.KeyTerms] = {}  # every request admitted, not ended
         self.priority: dict[int, int] = {}  # rid -> its key's priority
-        self.spent: dict[str, int] = {}  # today's tokens per key
         self.now = 0.0
         self.fetching: dict[str, adm.Fetch] = {}
         self.running: dict[int, adm.Held] = {}  # granted requests in flight
@@ -646,24 +625,12 @@ class DeskMachine(RuleBasedStateMachine):
         refused = [a.reason for a in actions if isinstance(a, adm.Refuse) and a.rid == rid]
         if refused and isinstance(refused[0], adm.KeyBusy):
             assert key.max_concurrent is not None and active >= key.max_concurrent
-        elif refused and isinstance(refused[0], adm.KeyExhausted):
-            assert key.tokens_per_day is not None
-            assert self.spent.get(key.name, 0) >= key.tokens_per_day
         else:  # a key within its limits is never refused for them
             assert key.max_concurrent is None or active < key.max_concurrent
-            assert key.tokens_per_day is None or self.spent.get(key.name, 0) < key.tokens_per_day
         self.waiting[rid] = model
         self.key_of[rid] = key
         self.priority[rid] = key.priority
         self.apply(actions)
-
-    @precondition(lambda self: bool(self.running))
-    @rule(data=st.data(), tokens=st.sampled_from([10, 30]))
-    def tokens_are_counted(self, data: st.DataObject, tokens: int) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.running)))
-        name = self.key_of[rid].name
-        self.spent[name] = self.spent.get(name, 0) + tokens
-        self.desk.spent(name, 0, tokens)
 
     @precondition(lambda self: bool(self.fetching))
     @rule(data=st.data(), ok=st.booleans())

@@ -186,3 +186,33 @@ def test_after_a_failed_line_the_next_batch_writes_the_ledger_whole(
     again = store(path)
     assert again.rows() == [count(requests=3)] and again.acked("fe") == 3
     assert not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_an_older_ledger_without_cut_reads_and_cut_requests_add_up(tmp_path: Path) -> None:
+    """Issue 43: the ledger counts requests whose client went away (``cut``); a file an
+    older ktd wrote has no such field and reads as none cut."""
+    path = tmp_path / "usage.json"
+    old = {"version": 1, "rows": [{"day": DAY, "key": "alice", "model": "m1", "requests": 3}]}
+    path.write_text(json.dumps(old))
+    s = store(path)
+    s.report("fe-1", 1, [count(requests=2, completion=4, cut=1)])
+    s.report("fe-1", 2, [count(requests=1, completion=1, cut=1)])
+    assert s.rows() == [count(requests=6, completion=5, cut=2)]
+    assert store(path).rows() == s.rows()  # and after a restart
+
+
+def test_what_each_frontend_holds_is_told_to_the_others() -> None:
+    """``Sync.reserved`` in, ``SyncReply.held`` out: the others' sum, never one's own."""
+    s = UsageStore(None, clock=lambda: NOW)
+    assert s.report("fe-1", 0, [], {"alice": 280})  # changed: the others hear at once
+    assert not s.report("fe-1", 0, [], {"alice": 280})
+    assert s.report("fe-2", 0, [], {"alice": 20, "bob": 5})
+    reply = p.SyncReply()
+    s.answer("fe-2", reply)
+    assert (reply.held, reply.day) == ({"alice": 280}, DAY)
+    s.answer("fe-3", reply)
+    assert reply.held == {"alice": 300, "bob": 5}
+    assert s.report("fe-1", 0, [])  # an older frontend's report: nothing held
+    s.holds.forget(["fe-2"])
+    s.answer("fe-3", reply)
+    assert reply.held == {}

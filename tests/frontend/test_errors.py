@@ -83,8 +83,11 @@ def test_new_error_shapes() -> None:
     assert full.payload()["error"]["code"] == "queue_full"
     failed = errors.from_control("m", "load_failed", "x", {"reason": "boom", "retry_after": 12.5})
     assert failed.status == 503 and failed.headers["Retry-After"] == "13"
+    # A load an evict ended has no backoff: still a Retry-After (issue 43, item 5).
     plain = errors.from_control("m", "load_failed", "x", {"reason": "boom"})
-    assert "Retry-After" not in plain.headers
+    assert plain.headers["Retry-After"] == "1"
+    now = errors.from_control("m", "load_failed", "x", {"reason": "boom", "retry_after": 0.0})
+    assert now.headers["Retry-After"] == "1"
     assert (
         errors.make("model_required", path="/generate", why=errors.ready_engines(["b", "a"])).status
         == 400

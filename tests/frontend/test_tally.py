@@ -78,11 +78,74 @@ def test_usage_null_in_every_chunk_is_not_the_usage_chunk() -> None:
     assert tally.tokens() == Tokens(2, 1)
 
 
-def test_a_stream_without_usage_counts_nothing() -> None:
+def test_a_stream_without_usage_counts_the_tokens_it_passed_on() -> None:
     tally = StreamTally("openai")
     for piece in (CHUNK, DONE):
         tally.pass_on(piece)
-    assert tally.tokens() is None
+    assert tally.tokens() == Tokens(0, 1)
+    assert StreamTally("openai").tokens() is None  # nothing passed, nothing known
+
+
+ROLE = sse(
+    {
+        "id": "1",
+        "object": "chat.completion.chunk",
+        "choices": [{"delta": {"role": "assistant", "content": ""}}],
+    }
+)
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_an_openai_stream_cut_short_is_charged_the_tokens_it_passed_on(strip: bool) -> None:
+    """Issue 43, item 3: a client that hung up before the usage chunk cost nothing."""
+    tally = StreamTally("openai", strip=strip)
+    tally.pass_on(ROLE)
+    tally.pass_on(CHUNK * 3)  # three events in one read
+    for _ in range(4):
+        tally.pass_on(CHUNK)
+    assert tally.tokens() == Tokens(0, 7)  # the role chunk carries none
+
+
+def test_continuous_usage_and_generate_s_meta_info_are_the_engine_s_own_count() -> None:
+    running = sse(
+        {
+            "id": "1",
+            "choices": [{"delta": {"content": "x"}}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 9},
+        }
+    )
+    tally = StreamTally("openai")
+    for piece in (ROLE, CHUNK, running):
+        tally.pass_on(piece)
+    assert tally.tokens() == Tokens(4, 9)  # the engine's count, not the two events
+    native = StreamTally("openai")
+    for n in range(1, 6):
+        meta = {"prompt_tokens": 3, "completion_tokens": n}
+        native.pass_on(sse({"text": "x" * n, "meta_info": meta}))
+    assert native.tokens() == Tokens(3, 5)
+
+
+def test_anthropic_cut_short_keeps_its_input_and_counts_its_deltas() -> None:
+    def event(name: str, obj: object) -> bytes:
+        return f"event: {name}\n".encode() + sse(obj)
+
+    start = event(
+        "message_start",
+        {"type": "message_start", "message": {"usage": {"input_tokens": 11, "output_tokens": 1}}},
+    )
+    block = event("content_block_start", {"type": "content_block_start", "index": 0})
+    delta = event("content_block_delta", {"type": "content_block_delta", "delta": {"text": "x"}})
+    tally = StreamTally("anthropic")
+    for piece in (start, block, *([delta] * 6)):
+        tally.pass_on(piece)
+    assert tally.tokens() == Tokens(11, 6)
+
+
+def test_ollama_cut_short_counts_its_lines() -> None:
+    tally = StreamTally("ollama")
+    for _ in range(5):
+        tally.pass_on(b'{"done":false,"message":{"content":"a"}}\n')
+    assert tally.tokens() == Tokens(0, 5)
 
 
 def test_anthropic_reads_its_input_at_the_start_and_its_output_at_the_end() -> None:

@@ -833,21 +833,23 @@ def test_usage_table_csv_json_and_the_request_sent(
 ) -> None:
     rows = [
         p.UsageCount(day="2026-12-03", key="", model="m1", requests=1, prompt=2, completion=3),
-        p.UsageCount(day="2026-12-04", key="bob", model="m2", requests=2, completion=9, errors=1),
+        p.UsageCount(
+            day="2026-12-04", key="bob", model="m2", requests=2, completion=9, errors=1, cut=1
+        ),
     ]
     d = daemon(lambda req: [p.UsageReply(rows=rows)])
     code, out, _ = run(capsys, "usage", "--socket", str(d.path))
     assert code == 0
     assert out.splitlines() == [
-        "DAY         KEY  MODEL  REQUESTS  PROMPT  COMPLETION  ERRORS",
-        "2026-12-03  -    m1     1         2       3           0",
-        "2026-12-04  bob  m2     2         0       9           1",
-        "total                   3         2       12          1",
+        "DAY         KEY  MODEL  REQUESTS  PROMPT  COMPLETION  ERRORS  CUT",
+        "2026-12-03  -    m1     1         2       3           0       0",
+        "2026-12-04  bob  m2     2         0       9           1       1",
+        "total                   3         2       12          1       1",
     ]
     code, out, _ = run(capsys, "usage", "--csv", "--key", "-", "--socket", str(d.path))
     assert out.splitlines()[:2] == [
-        "day,key,model,requests,prompt,completion,errors",
-        "2026-12-03,,m1,1,2,3,0",
+        "day,key,model,requests,prompt,completion,errors,cut",
+        "2026-12-03,,m1,1,2,3,0,0",
     ]
     _, out, _ = run(capsys, "usage", "--json", "--since", "2026-12-04", "--socket", str(d.path))
     assert json.loads(out)["usage"][1]["key"] == "bob"
