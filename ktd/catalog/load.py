@@ -124,12 +124,18 @@ def _entry_problems(file: str, at: str, e: Entry) -> list[Problem]:
             out.append(Problem(file, f"{vat}.name", f"{v.name!r} is used twice"))
         if v.weights == "kt-weights" and e.source("kt-weights", v.kt_method) is None:
             out.append(
-                Problem(file, f"{vat}.weights", f'is "kt-weights" but no such source is for {v.kt_method}')
+                Problem(
+                    file,
+                    f"{vat}.weights",
+                    f'is "kt-weights" but no such source is for {v.kt_method}',
+                )
             )
         if v.weights == "convert" and not v.convert:
             out.append(Problem(file, f"{vat}.convert", "is empty: say how to convert"))
         if v.weights != "model" and v.kt_method is None:
-            out.append(Problem(file, f"{vat}.kt_method", "is null but the weights are not the model's"))
+            out.append(
+                Problem(file, f"{vat}.kt_method", "is null but the weights are not the model's")
+            )
     if e.name in e.aliases:
         out.append(Problem(file, f"{at}.aliases", f"repeats the name {e.name!r}"))
     return out
@@ -147,7 +153,9 @@ def _read(path: Path) -> bytes | str:
     return data
 
 
-def load(files: Sequence[str | Path] = (), *, base: Path | None = None, builtin: bool = True) -> Catalog:
+def load(
+    files: Sequence[str | Path] = (), *, base: Path | None = None, builtin: bool = True
+) -> Catalog:
     """The built-in catalog, then ``files`` (relative ones to ``base``: config.json's
     directory), later names replacing earlier ones. Never raises for a file's content or
     absence: that is a problem of the result."""
@@ -202,7 +210,9 @@ def _aliases(entries: list[Entry], origin: dict[str, str]) -> tuple[list[Entry],
             owner = taken.get(a)
             if owner is not None and owner != e.name:
                 problems.append(
-                    Problem(origin[e.name], f"{e.name}.aliases[{j}]", f"{a!r} already names {owner}")
+                    Problem(
+                        origin[e.name], f"{e.name}.aliases[{j}]", f"{a!r} already names {owner}"
+                    )
                 )
                 continue
             taken[a] = e.name

@@ -47,7 +47,7 @@ class _Struct(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
     pass
 
 
-class Source(_Struct, kw_only=True):
+class Source(_Struct, kw_only=True, frozen=True):
     """One hub repository an entry's files come from.
 
     ``role``: ``model`` (``--model-path``: what SGLang loads on the GPU, and for the
@@ -71,7 +71,7 @@ class Source(_Struct, kw_only=True):
     refs: list[Ref] = []
 
 
-class Variant(_Struct, kw_only=True):
+class Variant(_Struct, kw_only=True, frozen=True):
     """One way to run the entry: a ``--kt-method``, the CPU features it needs (every flag
     of ``cpu``, as ``/proc/cpuinfo`` spells them), and where its CPU weights come from:
     ``model`` (the native formats: the model's own files), ``kt-weights`` (a
@@ -91,7 +91,7 @@ class Variant(_Struct, kw_only=True):
     refs: list[Ref] = []
 
 
-class Defaults(_Struct, kw_only=True):
+class Defaults(_Struct, kw_only=True, frozen=True):
     """SGLang/kt flags the entry's sources give, passed as they are (origin ``catalog``;
     a user's flag wins), and the parsers (``--tool-call-parser``, ``--reasoning-parser``)."""
 
@@ -103,7 +103,7 @@ class Defaults(_Struct, kw_only=True):
     refs: list[Ref] = []
 
 
-class Needs(_Struct, kw_only=True):
+class Needs(_Struct, kw_only=True, frozen=True):
     """What the entry takes, as its sources state it (GB; ``null``: not sourced).
     ``experts``: how the expert sizes are read once the files are here (config.json's
     fields, the safetensors headers)."""
@@ -117,7 +117,7 @@ class Needs(_Struct, kw_only=True):
     refs: list[Ref] = []
 
 
-class Entry(_Struct, kw_only=True):
+class Entry(_Struct, kw_only=True, frozen=True):
     """One model the catalog knows: its names, sources, variants, defaults and needs."""
 
     name: Name
@@ -142,7 +142,7 @@ class Entry(_Struct, kw_only=True):
         return next((v for v in self.variants if v.name == name), None)
 
 
-class CatalogFile(_Struct, kw_only=True):
+class CatalogFile(_Struct, kw_only=True, frozen=True):
     """A whole catalog file."""
 
     catalog: int
