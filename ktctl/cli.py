@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from ktctl import configargs, render
+from ktctl import catalogcmd, configargs, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktd import __version__
 from ktd import protocol as p
@@ -420,6 +420,10 @@ def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_catalog(client: Client, args: argparse.Namespace) -> int:
+    return catalogcmd.run(client, args)
+
+
 def cmd_config(client: Client, args: argparse.Namespace) -> int:
     from ktctl import configcmd  # only when it runs: ktctl's start-up stays what it was
 
@@ -440,6 +444,7 @@ HANDLERS: dict[str, Handler] = {
     "doctor": cmd_doctor,
     "usage": cmd_usage,
     "config": cmd_config,
+    "catalog": cmd_catalog,
     "shutdown": cmd_shutdown,
     "schema": cmd_schema,
     "wait": cmd_wait,
@@ -593,6 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--csv", action="store_true", help="CSV with a header line")
 
     configargs.add_parser(add, common)
+    catalogcmd.add_parser(add)
 
     add("shutdown", "stop every engine and the daemon")
 

@@ -201,9 +201,7 @@ def gpu_experts(
                 * MIB
             )
             rule = "SGLang's own reserve for activations and CUDA graphs"
-        lines.append(
-            f"GPU {g.index}: {_gb(free)} free - {_gb(keep)} kept by SGLang ({rule})"
-        )
+        lines.append(f"GPU {g.index}: {_gb(free)} free - {_gb(keep)} kept by SGLang ({rule})")
         budget += max(0.0, free - keep)
     lines.append(f"= {_gb(budget)} for weights and KV cache")
     cfg = model_config or {}
