@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -41,7 +42,7 @@ def _sizes(model_path: str) -> Sizes | None:
     return None if split is None else Sizes(split.dense, split.replicated, split.experts)
 
 
-def report(config: Config, state_dir: Path, name: str | None) -> dict[str, object]:
+def report(config: Config, state_dir: Path, name: str | None) -> dict[str, Any]:
     """The report (blocking: reads files and runs nvidia-smi)."""
     cat = load(config.catalog.files, base=Path(config.path).parent)
     topo = weights.read_machine()

@@ -129,4 +129,3 @@ def test_an_unknown_name_is_unknown_model(box: Box, capsys: pytest.CaptureFixtur
     code, _, err = ktctl(capsys, box, "catalog", "no-such-model")
     assert code == 4
     assert "no catalog entry is called 'no-such-model'" in err and "deepseek-v4-flash" in err
-

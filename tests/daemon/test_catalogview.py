@@ -1,0 +1,51 @@
+"""The daemon's side of ``catalog``: where the models go, the files the config names
+(relative to config.json), the machine read as placement reads it, an unknown name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ktd import protocol as p
+from ktd.control.errors import ControlError
+from ktd.core.config import Config, load_config
+from ktd.daemon.catalogview import catalog_dir, report
+from tests.catalog.machines import AVX2_GPUS, avx2_machine, tree
+
+
+def config(tmp_path: Path, catalog: dict[str, object]) -> Config:
+    etc = tmp_path / "etc"
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "models.json").write_text("[]")
+    (etc / "config.json").write_text(json.dumps({"models_file": "models.json", "catalog": catalog}))
+    return load_config(str(etc / "config.json"))
+
+
+def test_where_pulled_models_go(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    assert catalog_dir(config(tmp_path, {}), state) == state / "models"
+    rel = config(tmp_path, {"dir": "models"})
+    assert catalog_dir(rel, state) == tmp_path / "etc" / "models"
+    absolute = config(tmp_path, {"dir": str(tmp_path / "big")})
+    assert catalog_dir(absolute, state) == tmp_path / "big"
+
+
+def test_the_report_reads_the_configs_files_and_the_fixture_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, smi = tree(tmp_path / "machine", avx2_machine(), AVX2_GPUS)
+    monkeypatch.setenv("KTD_SYSFS_ROOT", str(fs))
+    monkeypatch.setenv("KTD_NVIDIA_SMI", str(smi))
+    tiny = Path(__file__).parents[1] / "catalog" / "tiny.json"
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "mine.json").write_text("[]")
+    cfg = config(tmp_path, {"files": [str(tiny), "mine.json"]})
+    doc = report(cfg, tmp_path / "state", None)
+    assert doc["box"]["isa"] == "avx2"
+    assert [q["file"] for q in doc["problems"]] == [str(tmp_path / "etc" / "mine.json")]
+    assert any(m["name"] == "tiny-qwen2" for m in doc["models"])
+    with pytest.raises(ControlError) as err:
+        report(cfg, tmp_path / "state", "nope")
+    assert err.value.code == p.ErrorCode.UNKNOWN_MODEL and "tiny-qwen2" in err.value.detail["known"]
