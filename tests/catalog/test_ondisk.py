@@ -119,3 +119,26 @@ def test_the_sizes_walk_skips_what_vanishes(tmp_path: Path) -> None:
     d.mkdir(parents=True)
     os.symlink(tmp_path / "gone", d / "dangling")
     assert ondisk.on_disk(tmp_path, "a/b")[0].bytes == 0
+
+
+def test_what_a_pull_fetches_for_each_variant(tmp_path: Path) -> None:
+    from ktd.catalog.wanted import pull_specs
+
+    e = CAT.find("kimi-k2-thinking")
+    assert e is not None
+    amx, native = e.variant("amxint4"), e.variant("rawint4")
+    assert amx is not None and native is not None
+    [model] = pull_specs(e, native, tmp_path)
+    assert (model.role, model.repo, model.revision) == (
+        "model",
+        "moonshotai/Kimi-K2-Thinking",
+        "main",
+    )
+    assert (
+        model.dest == str(tmp_path / "moonshotai--Kimi-K2-Thinking")
+        and "*.safetensors" in model.patterns
+    )
+    both = pull_specs(e, amx, tmp_path)
+    assert [s.role for s in both] == ["model", "kt-weights"]
+    assert both[1].repo == "KVCache-ai/Kimi-K2-Thinking-CPU-weight" and both[1].patterns == ()
+    assert len({s.key for s in both}) == 2  # one job each
