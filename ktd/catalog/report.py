@@ -8,7 +8,7 @@ room does not import.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,13 @@ def _config(path: str) -> dict[str, Any] | None:
 
 
 def _model(
-    entry: Entry, topo: Topology, base: str, origin: str, sizes: SizeReader | None, full: bool
+    entry: Entry,
+    topo: Topology,
+    base: str,
+    origin: str,
+    sizes: SizeReader | None,
+    full: bool,
+    user_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     pulls = _pulled(entry, base)
     paths: dict[str, str] = {}
@@ -135,6 +141,7 @@ def _model(
             model_config=_config(model) if model else None,
             sizes=sizes(model) if (model and sizes) else None,
             weights_numa=numa.get(chosen.variant.name),
+            extra_args=user_args,
         )
         out["flags"] = d.to_dict()
     return out
@@ -147,8 +154,12 @@ def build(
     name: str | None = None,
     *,
     sizes: SizeReader | None = None,
+    user_args: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """The whole report, or (``name``) one entry's with its flags worked out."""
+    """The whole report, or (``name``) one entry's with its flags worked out.
+    ``user_args``: models.json's ``extra_args`` of a model already configured under the
+    entry's name or an alias (they win over the catalog's and the derived flags)."""
+    mine = user_args or {}
     if name is not None:
         entry = catalog.find(name)
         if entry is None:
@@ -165,7 +176,15 @@ def build(
         "dir": base,
         "box": box(topo),
         "models": [
-            _model(e, topo, base, catalog.origin.get(e.name, ""), sizes, name is not None)
+            _model(
+                e,
+                topo,
+                base,
+                catalog.origin.get(e.name, ""),
+                sizes,
+                name is not None,
+                next((mine[n] for n in (e.name, *e.aliases) if n in mine), ()),
+            )
             for e in entries
         ],
     }

@@ -48,7 +48,8 @@ def report(config: Config, state_dir: Path, name: str | None) -> dict[str, Any]:
     topo = weights.read_machine()
     base = str(catalog_dir(config, state_dir))
     try:
-        return build(cat, topo, base, name, sizes=_sizes)
+        user = {alias: list(spec.extra_args) for alias, spec in config.models.items()}
+        return build(cat, topo, base, name, sizes=_sizes, user_args=user)
     except UnknownName:
         known = sorted(e.name for e in cat.entries)
         raise ControlError(

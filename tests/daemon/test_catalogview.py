@@ -49,3 +49,27 @@ def test_the_report_reads_the_configs_files_and_the_fixture_machine(
     with pytest.raises(ControlError) as err:
         report(cfg, tmp_path / "state", "nope")
     assert err.value.code == p.ErrorCode.UNKNOWN_MODEL and "tiny-qwen2" in err.value.detail["known"]
+
+
+def test_a_configured_models_own_flags_win_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, smi = tree(tmp_path / "machine", avx2_machine(), AVX2_GPUS)
+    monkeypatch.setenv("KTD_SYSFS_ROOT", str(fs))
+    monkeypatch.setenv("KTD_NVIDIA_SMI", str(smi))
+    config(tmp_path, {})
+    mine = [
+        {
+            "path": str(tmp_path / "v4"),
+            "backend": "kt",
+            "alias": "deepseek-v4-kt",
+            "kt": {"extra_args": ["--kt-num-gpu-experts", "3"]},
+        }
+    ]
+    (tmp_path / "etc" / "models.json").write_text(json.dumps(mine))
+    cfg = load_config(str(tmp_path / "etc" / "config.json"))
+    [model] = report(cfg, tmp_path / "state", "deepseek-v4-flash")["models"]
+    flags = {f["flag"]: f for f in model["flags"]["flags"]}
+    assert flags["--kt-num-gpu-experts"]["values"] == ["3"]
+    assert flags["--kt-num-gpu-experts"]["origin"] == "user"
+    assert flags["--kt-method"]["origin"] == "derived"
