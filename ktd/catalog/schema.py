@@ -100,6 +100,7 @@ class Defaults(_Struct, kw_only=True, frozen=True):
     reasoning_parser: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     ctx: Annotated[int, msgspec.Meta(ge=0, le=1 << 24)] | None = None
     min_gpu_experts: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0
+    note: Text = ""
     refs: list[Ref] = []
 
 
