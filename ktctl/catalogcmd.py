@@ -68,11 +68,14 @@ def _disk(model: Mapping[str, Any]) -> str:
     pulls = model.get("on_disk") or []
     done = [d for d in pulls if d["complete"]]
     roles = sorted({d["role"] for d in done})
+    mine = "in models.json" if model.get("configured") else ""
     if done:
-        return ", ".join(roles) + f" ({_gb(sum(d['bytes'] for d in done))})"
-    if pulls:
-        return f"partial ({_gb(sum(d['bytes'] for d in pulls))})"
-    return "-"
+        text = ", ".join(roles) + f" ({_gb(sum(d['bytes'] for d in done))})"
+    elif pulls:
+        text = f"partial ({_gb(sum(d['bytes'] for d in pulls))})"
+    else:
+        return mine or "-"
+    return f"{text}; {mine}" if mine else text
 
 
 def problems_text(report: Mapping[str, Any]) -> list[str]:

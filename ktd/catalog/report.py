@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,12 @@ import msgspec
 
 from ktd.catalog import ondisk
 from ktd.catalog.choose import Choice, choose, gpu_memory, host_ram
-from ktd.catalog.flags import Sizes, derive
+from ktd.catalog.flags import AMX_METHODS, Sizes, derive
 from ktd.catalog.load import Catalog
 from ktd.catalog.schema import Entry
 from ktd.core.topology import Topology
 
-__all__ = ["UnknownName", "box", "build"]
+__all__ = ["Configured", "UnknownName", "box", "build"]
 
 SizeReader = Callable[[str], Sizes | None]
 
@@ -93,6 +94,24 @@ def _config(path: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+@dataclass(frozen=True)
+class Configured:
+    """A model models.json already has under the entry's name or an alias: its own flags
+    win, its directories and weights are what the flags are worked out for."""
+
+    path: str
+    kt_weight_path: str | None = None
+    extra_args: tuple[str, ...] = ()
+    numa: str | list[int] = "auto"
+    ctx: int = 0
+
+
+def _nodes(topo: Topology, numa: str | list[int]) -> tuple[int, ...] | None:
+    if isinstance(numa, list):
+        return tuple(n for n in numa if n in topo.node_ids)
+    return None  # auto, all, none: every node (placement may take fewer)
+
+
 def _model(
     entry: Entry,
     topo: Topology,
@@ -100,7 +119,7 @@ def _model(
     origin: str,
     sizes: SizeReader | None,
     full: bool,
-    user_args: Sequence[str] = (),
+    mine: Configured | None = None,
 ) -> dict[str, Any]:
     pulls = _pulled(entry, base)
     paths: dict[str, str] = {}
@@ -114,7 +133,16 @@ def _model(
             n = ondisk.numa_count(paths["kt-weights"])
             if n is not None:
                 numa[v.name] = n
-    c = choose(entry, topo, numa_counts=numa)
+    converted: list[str] = []
+    if mine is not None:
+        paths["model"] = mine.path
+        n = ondisk.numa_count(mine.kt_weight_path) if mine.kt_weight_path else None
+        if n is not None:  # AMX weights converted by hand: what the AMX variants run on
+            for v in entry.variants:
+                if v.kt_method in AMX_METHODS and v.weights != "model":
+                    numa[v.name] = n
+                    converted.append(v.name)
+    c = choose(entry, topo, converted=converted, numa_counts=numa)
     out: dict[str, Any] = {
         "name": entry.name,
         "aliases": list(entry.aliases),
@@ -126,6 +154,7 @@ def _model(
             {"role": key.split(":", 1)[0], **p.to_dict()} for key, ps in pulls.items() for p in ps
         ],
         "needs": msgspec.to_builtins(entry.needs),
+        "configured": mine is not None,
     }
     if not full:
         return out
@@ -141,7 +170,9 @@ def _model(
             model_config=_config(model) if model else None,
             sizes=sizes(model) if (model and sizes) else None,
             weights_numa=numa.get(chosen.variant.name),
-            extra_args=user_args,
+            extra_args=mine.extra_args if mine else (),
+            nodes=_nodes(topo, mine.numa) if mine else None,
+            ctx=mine.ctx if mine else 0,
         )
         out["flags"] = d.to_dict()
     return out
@@ -154,12 +185,12 @@ def build(
     name: str | None = None,
     *,
     sizes: SizeReader | None = None,
-    user_args: Mapping[str, Sequence[str]] | None = None,
+    configured: Mapping[str, Configured] | None = None,
 ) -> dict[str, Any]:
     """The whole report, or (``name``) one entry's with its flags worked out.
-    ``user_args``: models.json's ``extra_args`` of a model already configured under the
-    entry's name or an alias (they win over the catalog's and the derived flags)."""
-    mine = user_args or {}
+    ``configured``: models.json's models by alias; one under an entry's name or alias
+    has its flags worked out for its own directories, its own flags winning."""
+    mine = configured or {}
     if name is not None:
         entry = catalog.find(name)
         if entry is None:
@@ -183,7 +214,7 @@ def build(
                 catalog.origin.get(e.name, ""),
                 sizes,
                 name is not None,
-                next((mine[n] for n in (e.name, *e.aliases) if n in mine), ()),
+                next((mine[n] for n in (e.name, *e.aliases) if n in mine), None),
             )
             for e in entries
         ],

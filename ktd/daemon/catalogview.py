@@ -20,9 +20,9 @@ import trio
 from ktd import protocol as p
 from ktd.catalog.flags import Sizes
 from ktd.catalog.load import load
-from ktd.catalog.report import UnknownName, build
+from ktd.catalog.report import Configured, UnknownName, build
 from ktd.control.errors import ControlError
-from ktd.core.config import Config
+from ktd.core.config import BACKEND_KT, Config
 from ktd.daemon import weights
 
 __all__ = ["CatalogView", "catalog_dir"]
@@ -48,8 +48,18 @@ def report(config: Config, state_dir: Path, name: str | None) -> dict[str, Any]:
     topo = weights.read_machine()
     base = str(catalog_dir(config, state_dir))
     try:
-        user = {alias: list(spec.extra_args) for alias, spec in config.models.items()}
-        return build(cat, topo, base, name, sizes=_sizes, user_args=user)
+        mine = {
+            alias: Configured(
+                path=spec.path,
+                kt_weight_path=spec.kt_weight_path,
+                extra_args=spec.extra_args,
+                numa=spec.numa,
+                ctx=spec.ctx,
+            )
+            for alias, spec in config.models.items()
+            if spec.backend == BACKEND_KT
+        }
+        return build(cat, topo, base, name, sizes=_sizes, configured=mine)
     except UnknownName:
         known = sorted(e.name for e in cat.entries)
         raise ControlError(

@@ -73,3 +73,37 @@ def test_a_configured_models_own_flags_win_in_the_report(
     assert flags["--kt-num-gpu-experts"]["values"] == ["3"]
     assert flags["--kt-num-gpu-experts"]["origin"] == "user"
     assert flags["--kt-method"]["origin"] == "derived"
+
+
+@pytest.mark.parametrize(("numa", "refused"), [([0], True), ("all", False)])
+def test_hand_converted_amx_weights_are_read_and_checked_against_the_placement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, numa: object, refused: bool
+) -> None:
+    from tests.catalog.machines import AMX_GPUS, amx_machine
+    from tests.catalog.test_ondisk import amx_keys, safetensors
+
+    fs, smi = tree(tmp_path / "machine", amx_machine(), AMX_GPUS)
+    monkeypatch.setenv("KTD_SYSFS_ROOT", str(fs))
+    monkeypatch.setenv("KTD_NVIDIA_SMI", str(smi))
+    int4 = tmp_path / "v3.2-INT4"
+    int4.mkdir()
+    safetensors(int4 / "model-00001-of-00001.safetensors", amx_keys(2))
+    config(tmp_path, {})
+    mine = [
+        {
+            "path": str(tmp_path / "v3.2"),
+            "backend": "kt",
+            "alias": "deepseek-v3.2",
+            "numa": numa,
+            "kt": {"kt_weight_path": str(int4)},
+        }
+    ]
+    (tmp_path / "etc" / "models.json").write_text(json.dumps(mine))
+    cfg = load_config(str(tmp_path / "etc" / "config.json"))
+    [model] = report(cfg, tmp_path / "state", "deepseek-v3.2")["models"]
+    assert model["configured"] and model["choice"]["chosen"] == "amxint4"  # converted: runnable
+    assert model["numa_counts"] == {"amxint4": 2}
+    refusals = model["flags"]["refusals"]
+    assert bool(refusals) is refused
+    if refused:
+        assert "converted for 2 NUMA pools but the placement gives 1" in refusals[0]
