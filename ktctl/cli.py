@@ -420,10 +420,6 @@ def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_catalog(client: Client, args: argparse.Namespace) -> int:
-    return catalogcmd.run(client, args)
-
-
 def cmd_config(client: Client, args: argparse.Namespace) -> int:
     from ktctl import configcmd  # only when it runs: ktctl's start-up stays what it was
 
@@ -444,7 +440,7 @@ HANDLERS: dict[str, Handler] = {
     "doctor": cmd_doctor,
     "usage": cmd_usage,
     "config": cmd_config,
-    "catalog": cmd_catalog,
+    "catalog": catalogcmd.run,
     "shutdown": cmd_shutdown,
     "schema": cmd_schema,
     "wait": cmd_wait,
