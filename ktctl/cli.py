@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from ktctl import configargs, discover, planview, render
+from ktctl import catalogcmd, configargs, discover, planview, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktctl.progress import ProgressLine as _ProgressLine
 from ktd import __version__
@@ -405,6 +405,7 @@ HANDLERS: dict[str, Handler] = {
     "doctor": cmd_doctor,
     "usage": cmd_usage,
     "config": cmd_config,
+    "catalog": catalogcmd.run,
     "shutdown": cmd_shutdown,
     "schema": cmd_schema,
     "wait": cmd_wait,
@@ -559,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--csv", action="store_true", help="CSV with a header line")
 
     configargs.add_parser(add, common)
+    catalogcmd.add_parser(add)
 
     add("shutdown", "stop every engine and the daemon")
 

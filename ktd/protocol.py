@@ -62,8 +62,8 @@ class ProtocolVersion(msgspec.Struct, frozen=True, kw_only=True):
 
 #: The protocol this module speaks. 1.0 is the protocol as it was before it had a
 #: number (``Pong`` without ``protocol``); 1.1 added the number, the feature names,
-#: the ``schema`` request, and open vocabularies for states.
-PROTOCOL = ProtocolVersion(major=1, minor=1)
+#: the ``schema`` request, and open vocabularies for states; 1.2 the model catalog.
+PROTOCOL = ProtocolVersion(major=1, minor=2)
 PROTOCOL_1_0 = ProtocolVersion(major=1, minor=0)
 
 #: What this daemon can do, by name (``Pong.features``): a client tests for a feature
@@ -77,7 +77,9 @@ FEATURES_1_0: tuple[str, ...] = (
     "usage",  # the usage ledger (usage)
     "welcome",  # the events socket greets each subscription with WELCOME
 )
-FEATURES: tuple[str, ...] = tuple(sorted({*FEATURES_1_0, "schema", "config", "trust"}))
+FEATURES: tuple[str, ...] = tuple(
+    sorted({*FEATURES_1_0, "schema", "config", "trust", "catalog"})
+)
 
 #: Requests only ktd's own frontend sends: a tool that sends them takes part in the
 #: claim protocol (and its engines' keys) and can stall evictions or leak secrets.
@@ -397,6 +399,14 @@ class Schema(Request, tag="schema"):
     ``bad_request``)."""
 
 
+class Catalog(Request, tag="catalog"):
+    """The model catalog against this machine (issue 44, protocol 1.2): every entry, the
+    variant that fits and why each other does not, what is on disk; with ``name`` (a name
+    or an alias), that entry alone with its launch flags worked out (docs/catalog.md)."""
+
+    name: ModelName | None = None
+
+
 # The config, changed through the daemon (issue 39): read it with its version id, plan a
 # change (what each engine would do; what SGLang or the machine would refuse), apply it
 # against the version read (a stale base is refused), keep the versions, go back.
@@ -488,6 +498,7 @@ AnyRequest = (
     | ConfigApply
     | ConfigHistory
     | ConfigRollback
+    | Catalog
 )
 
 # ---------------------------------------------------------------- replies
@@ -896,6 +907,10 @@ class ConfigHistoryReply(Reply, tag="config_history"):
     disk: str = ""  # the version of the files on disk now
 
 
+class CatalogReply(Reply, tag="catalog"):
+    report: dict[str, Any]  # files, problems, box, dir, models (docs/catalog.md)
+
+
 class Ok(Reply, tag="ok"):
     message: str = ""
 
@@ -942,6 +957,7 @@ AnyReply = (
     | ConfigPlanReply
     | ConfigApplyReply
     | ConfigHistoryReply
+    | CatalogReply
     | Ok
     | Error
 )

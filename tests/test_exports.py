@@ -42,6 +42,7 @@ def _tags(union: object) -> set[str]:
 def test_protocol_request_and_reply_tags() -> None:
     assert _tags(p.AnyRequest) == {
         "acquire",
+        "catalog",
         "claim",
         "config_apply",
         "config_get",
@@ -72,6 +73,7 @@ def test_protocol_request_and_reply_tags() -> None:
     }
     assert _tags(p.AnyReply) == {
         "acquire",
+        "catalog",
         "claim",
         "config",
         "config_apply",

@@ -52,6 +52,11 @@ NEW_REPLIES_1_1 = {
 }
 
 
+#: Tags 1.2 added (the model catalog, issue 44).
+NEW_OPS_1_2 = {"catalog"}
+NEW_REPLIES_1_2 = {"catalog"}
+
+
 def tags(union: Any) -> set[str]:
     return {str(c.__struct_config__.tag) for c in typing.get_args(union)}
 
@@ -96,8 +101,8 @@ def same(sent: Any, got: Any, *, older: bool, at: str) -> None:
 
 def test_the_new_tags_are_exactly_1_1_s_additions() -> None:
     old = protocol_1_0()
-    assert tags(p.AnyRequest) - tags(old.AnyRequest) == NEW_OPS_1_1
-    assert tags(p.AnyReply) - tags(old.AnyReply) == NEW_REPLIES_1_1
+    assert tags(p.AnyRequest) - tags(old.AnyRequest) == NEW_OPS_1_1 | NEW_OPS_1_2
+    assert tags(p.AnyReply) - tags(old.AnyReply) == NEW_REPLIES_1_1 | NEW_REPLIES_1_2
     # Nothing is ever removed in a minor.
     assert tags(old.AnyRequest) <= tags(p.AnyRequest)
     assert tags(old.AnyReply) <= tags(p.AnyReply)

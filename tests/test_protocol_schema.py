@@ -32,6 +32,14 @@ def protocol_1_0() -> ModuleType:
     return ps.load_module(FROZEN_1_0, "ktd_protocol_1_0")
 
 
+#: ``git show 411aa56:ktd/protocol.py``, protocol 1.1 as it was before 1.2's additions.
+FROZEN_1_1 = REPO / "tests" / "fixtures" / "protocol_1_1.py"
+
+
+def protocol_1_1() -> ModuleType:
+    return ps.load_module(FROZEN_1_1, "ktd_protocol_1_1")
+
+
 def committed(version: str, what: str = "") -> Any:
     return msgspec.json.decode((ps.DOCS / f"ktd-control-{version}{what}.json").read_bytes())
 
@@ -74,9 +82,9 @@ def test_the_schema_covers_every_request_reply_and_event() -> None:
     jsonschema.Draft202012Validator.check_schema(doc)
 
 
-@pytest.mark.parametrize("version", ["1.0", "1.1"])
+@pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
 def test_every_example_is_valid_and_decodes_with_its_version_s_types(version: str) -> None:
-    module = p if version == "1.1" else protocol_1_0()
+    module = {"1.0": protocol_1_0, "1.1": protocol_1_1}.get(version, lambda: p)()
     doc = committed(version)
     validator = jsonschema.Draft202012Validator(doc)
     examples = committed(version, ".examples")

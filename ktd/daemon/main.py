@@ -28,6 +28,7 @@ from ktd.core.config import Config, ConfigError, ConfigTexts
 from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
 from ktd.daemon import configfiles, proctree, safedir, sdnotify, statefile, statelock, weights
+from ktd.daemon.catalogview import CatalogView
 from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.confighistory import History
 from ktd.daemon.doctor import daemon_report, dry_run_plan
@@ -268,6 +269,7 @@ class Daemon:
                 gateway=gateway.info,
                 machine=MachineReader(pool).reply,
                 config=desk,
+                catalog=CatalogView(lambda: self.config, self.setup.state_dir).reply,
             )
             self.server = server
             # Signal handlers first: a SIGHUP before them would kill the daemon.

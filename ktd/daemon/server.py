@@ -66,6 +66,7 @@ class ControlServer:
         gateway: Callable[[], p.GatewayInfo | None] = lambda: None,
         machine: Callable[[], Awaitable[p.MachineReply]] | None = None,
         config: ConfigDesk | None = None,
+        catalog: Callable[[str | None], Awaitable[p.CatalogReply]] | None = None,
     ) -> None:
         self.pool = pool
         # peers: who sent each request (the config history records it)
@@ -87,6 +88,7 @@ class ControlServer:
         self._gateway = gateway
         self._machine = machine
         self._config = config
+        self._catalog = catalog
         self._nursery: trio.Nursery | None = None
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -320,4 +322,6 @@ class ControlServer:
                 return p.DoctorReply(report=await self._doctor())
             case p.Machine() if self._machine is not None:
                 return await self._machine()
+            case p.Catalog(name=name) if self._catalog is not None:
+                return await self._catalog(name)
         raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")
