@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from ktctl import configargs, render
+from ktctl import configargs, pullcmd, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktd import __version__
 from ktd import protocol as p
@@ -420,6 +420,14 @@ def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_pull(client: Client, args: argparse.Namespace) -> int:
+    return pullcmd.cmd_pull(client, args)
+
+
+def cmd_pulls(client: Client, args: argparse.Namespace) -> int:
+    return pullcmd.cmd_pulls(client, args)
+
+
 def cmd_config(client: Client, args: argparse.Namespace) -> int:
     from ktctl import configcmd  # only when it runs: ktctl's start-up stays what it was
 
@@ -428,6 +436,8 @@ def cmd_config(client: Client, args: argparse.Namespace) -> int:
 
 HANDLERS: dict[str, Handler] = {
     "ping": cmd_ping,
+    "pull": cmd_pull,
+    "pulls": cmd_pulls,
     "status": cmd_status,
     "models": cmd_models,
     "load": cmd_load,
@@ -593,6 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--csv", action="store_true", help="CSV with a header line")
 
     configargs.add_parser(add, common)
+    pullcmd.add_parsers(add)
 
     add("shutdown", "stop every engine and the daemon")
 

@@ -19,6 +19,7 @@ import zmq
 
 from ktd import __version__, protocol_schema
 from ktd import protocol as p
+from ktd.catalog.pulls import Puller
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, Peer, TrioSocket
 from ktd.daemon.configdesk import ConfigDesk, Who
@@ -62,6 +63,7 @@ class ControlServer:
         gateway: Callable[[], p.GatewayInfo | None] = lambda: None,
         machine: Callable[[], Awaitable[p.MachineReply]] | None = None,
         config: ConfigDesk | None = None,
+        pulls: Puller | None = None,
     ) -> None:
         self.pool = pool
         # peers: who sent each request (the config history records it)
@@ -83,6 +85,7 @@ class ControlServer:
         self._gateway = gateway
         self._machine = machine
         self._config = config
+        self._pulls = pulls
         self._nursery: trio.Nursery | None = None
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -239,6 +242,12 @@ class ControlServer:
             case p.Shutdown():
                 self._shutdown()
                 return p.Ok(message="shutting down")
+            case p.Pulls() if self._pulls is not None:
+                return p.PullsReply(jobs=self._pulls.jobs())
+            case p.Pull(name=name, repo=repo, dry_run=False, force=force) if self._pulls:
+                return self._pulls.ask(name, repo, force=force)
+            case p.PullCancel(name=name, repo=repo) if self._pulls is not None:
+                return self._pulls.cancel(name, repo)
         return None
 
     async def _dispatch(self, req: p.Request, peer: Peer | None = None) -> p.Reply:
@@ -296,4 +305,6 @@ class ControlServer:
                 return p.DoctorReply(report=await self._doctor())
             case p.Machine() if self._machine is not None:
                 return await self._machine()
+            case p.Pull(name=name, repo=repo, dry_run=True) if self._pulls is not None:
+                return await self._pulls.dry_run(name, repo)
         raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")
