@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from ktctl import render
 from ktctl.client import Client
 from ktd import protocol as p
@@ -177,8 +179,8 @@ def follow(
     last_poll = time.monotonic()
 
     def show(job: PullInfo) -> None:
-        if as_json:
-            _out(render.dumps(job))
+        if as_json:  # JSON lines: one compact object a line
+            _out(msgspec.json.encode(job).decode())
             return
         if tty:
             end = "\n" if job.state in TERMINAL else ""
