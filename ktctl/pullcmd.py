@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import sys
 import time
@@ -217,19 +218,28 @@ def follow(
 
 
 def ask_leave() -> bool | None:
-    """Leave the job running (True) or cancel it (False); None: no terminal to ask on."""
+    """Leave the job running (True) or cancel it (False); None: no terminal to ask on.
+    The terminal is opened unbuffered and in bytes: a text-mode ``r+`` on a tty raises
+    ``UnsupportedOperation`` (it is not seekable)."""
     try:
-        tty = open("/dev/tty", "r+")  # noqa: SIM115
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
     except OSError:
         return None
-    with tty:
-        tty.write("\npull interrupted: leave it running in ktd, or cancel it? [L/c] ")
-        tty.flush()
-        try:
-            answer = tty.readline().strip().lower()
-        except KeyboardInterrupt:
-            return True
-    return not answer.startswith("c")
+    try:
+        os.write(fd, b"\npull interrupted: leave it running in ktd, or cancel it? [L/c] ")
+        answer = b""
+        while not answer.endswith(b"\n"):
+            piece = os.read(fd, 1)
+            if not piece:
+                break
+            answer += piece
+    except KeyboardInterrupt:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return not answer.strip().lower().startswith(b"c")
 
 
 def interrupted(client: Client, name: str, repo: str) -> int:

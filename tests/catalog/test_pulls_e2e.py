@@ -162,3 +162,75 @@ def test_a_gated_repo_fails_with_the_token_hint(daemon_factory: Any, write_confi
 
 _ = os
 _ = time
+
+
+class Pty:
+    """``ktctl`` on a real pseudo-terminal (its controlling terminal: Ctrl-C and the
+    question on /dev/tty as a person gets them)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        import pty
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: ktctl, nothing else
+            os.execve(argv[0], argv, env)
+        self.out = b""
+
+    def read_until(self, needle: bytes, timeout: float = 30) -> bytes:
+        import select
+
+        deadline = time.monotonic() + timeout
+        while needle not in self.out:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {needle!r} on the terminal: {self.out[-2000:]!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    self.out += os.read(self.fd, 65536)
+                except OSError:  # the child is gone: EIO
+                    break
+        assert needle in self.out, f"no {needle!r} on the terminal: {self.out[-2000:]!r}"
+        return self.out
+
+    def write(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+    def wait(self) -> int:
+        import contextlib
+
+        with contextlib.suppress(AssertionError):
+            self.read_until(b"\x00never", timeout=5)  # drain to EOF
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.fd)
+        return os.waitstatus_to_exitcode(status)
+
+
+def test_on_a_terminal_a_bar_is_drawn_and_ctrl_c_asks_then_cancels(daemon_factory: Any, write_config: Any, ktd_env: dict[str, str], hub: StandIn, tmp_path: Path) -> None:
+    import sys
+
+    d = start(daemon_factory, write_config, ktd_env, hub, tmp_path)
+    hub.rate = MiB  # four seconds: the bar is drawn while it runs
+    term = Pty([sys.executable, "-m", "ktctl", "--socket", str(d.socket), "pull", "--repo", "org/tiny"], d.env)
+    out = term.read_until(b"ETA")
+    term.read_until(b"/s ETA 00:0")  # a measured rate, an ETA in seconds
+    assert b"org/tiny [#" in out or b"org/tiny [-" in out, out
+    term.write(b"\x03")  # Ctrl-C, as the terminal sends it
+    term.read_until(b"leave it running in ktd, or cancel it? [L/c]")
+    term.write(b"c\n")
+    term.read_until(b"cancelled")
+    assert term.wait() == 130
+    assert wait_job(d, "org/tiny@main", lambda j: j["state"] != "running")["state"] == "cancelled"
+
+
+def test_ctrl_c_leaves_the_job_running_by_default(daemon_factory: Any, write_config: Any, ktd_env: dict[str, str], hub: StandIn, tmp_path: Path) -> None:
+    import sys
+
+    d = start(daemon_factory, write_config, ktd_env, hub, tmp_path)
+    hub.rate = 2 * MiB
+    term = Pty([sys.executable, "-m", "ktctl", "--socket", str(d.socket), "pull", "--repo", "org/tiny"], d.env)
+    term.read_until(b"ETA")
+    term.write(b"\x03")
+    term.read_until(b"[L/c]")
+    term.write(b"\n")
+    term.read_until(b"ktd goes on pulling org/tiny")
+    assert term.wait() == 130
+    assert wait_job(d, "org/tiny@main", lambda j: j["state"] != "running")["state"] == "done"
