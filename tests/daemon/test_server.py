@@ -186,7 +186,7 @@ async def test_ping_says_the_protocol_and_its_features(tmp_path: Path) -> None:
     async with serving(tmp_path, FakePool()) as client:
         pong = await client.request(p.Ping())
     assert isinstance(pong, p.Pong)
-    assert pong.protocol == p.PROTOCOL and str(pong.protocol) == "1.1"
+    assert pong.protocol == p.PROTOCOL and str(pong.protocol) == "1.2"
     assert pong.features == list(p.FEATURES)
     assert {"sleep", "usage", "keys", "schema"} <= set(pong.features)
 
@@ -207,7 +207,7 @@ async def test_an_unknown_op_is_a_bad_request_naming_it_and_the_protocol(tmp_pat
         frame = msgspec.msgpack.encode({"op": "plan_config", "id": 17, "changes": [1]})
         reply = await raw(endpoint, frame)
     assert isinstance(reply, p.Error) and reply.code == "bad_request" and reply.id == 17
-    assert reply.detail == {"unknown_op": "plan_config", "protocol": "1.1"}
+    assert reply.detail == {"unknown_op": "plan_config", "protocol": "1.2"}
     assert "unknown op 'plan_config'" in reply.message
 
 
