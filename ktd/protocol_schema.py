@@ -39,8 +39,8 @@ __all__ = [
     "examples",
     "files",
     "load_module",
-    "meta_of",
     "main",
+    "meta_of",
 ]
 
 #: Where the committed documents live (a source checkout's; not in the installed package).

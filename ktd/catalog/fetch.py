@@ -271,6 +271,11 @@ def run(
 ) -> int:
     dest = Path(args.dest)
     layout.check_source(args.repo, args.revision)
+    if args.plan:  # reads only: no lock (a dry run beside a running pull), no file
+        meta = read_meta(args.repo, args.revision, args.pattern)
+        have = plan.scan(meta, dest, verify.bad_files(dest))
+        out.emit("plan", plan=plan.make_plan(meta, dest, have, plan.free_bytes(dest)))
+        return EXIT_DONE
     dest.mkdir(parents=True, exist_ok=True)
     lock = take_lock(dest)
     try:
@@ -279,8 +284,6 @@ def run(
         have = plan.scan(meta, dest, verify.bad_files(dest))
         the_plan = plan.make_plan(meta, dest, have, plan.free_bytes(dest))
         out.emit("plan", plan=the_plan)
-        if args.plan:
-            return EXIT_DONE
         if the_plan.problems and not args.force:
             raise Failed("disk", "; ".join(the_plan.problems))
         for f, pf in zip(meta.files, the_plan.files, strict=True):

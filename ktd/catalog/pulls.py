@@ -129,15 +129,14 @@ class Puller:
             job, was = self.machine.ask(spec.key, name or repo, now, force=force)
             joined = joined or was
             jobs.append(job)
-        self._save()
-        self._wake.set()
+        self._act([])
         return p.PullReply(jobs=[self.info(j) for j in jobs], joined=joined)
 
     async def dry_run(self, name: str, repo: str) -> p.PullReply:
         """The plans of ``name``'s specs, read by plan-only workers; nothing is fetched."""
         plans = []
         for spec in self.specs(name, repo):
-            plan, kind, message = await self._plan_once(spec)
+            plan, kind, message = await self._plan_once(spec, job=False)
             if plan is None:
                 raise ControlError(
                     p.ErrorCode.LOAD_FAILED,
@@ -153,10 +152,7 @@ class Puller:
         if not keys:
             raise ControlError(p.ErrorCode.NOT_LOADED, f"no pull of {name or repo}")
         now = trio.current_time()
-        for key in keys:
-            self._act(self.machine.cancel(key, now))
-        self._save()
-        self._wake.set()
+        self._act([a for key in keys for a in self.machine.cancel(key, now)])
         return p.PullsReply(jobs=[self.info(self.machine.jobs[k]) for k in keys])
 
     def jobs(self) -> list[PullInfo]:
@@ -199,7 +195,9 @@ class Puller:
             self._restore()
             task_status.started()
             while True:
-                self._act(self.machine.tick(trio.current_time()))
+                actions = self.machine.tick(trio.current_time())
+                if actions:
+                    self._act(actions)
                 self._announce()
                 with trio.move_on_after(TICK):
                     await self._wake.wait()
@@ -219,9 +217,11 @@ class Puller:
                 case Check(key=key):
                     assert self._nursery is not None
                     self._nursery.start_soon(self._check_plan, key)
-        if actions:
-            self._save()
-            self._wake.set()
+        # Every call follows a change of some job (an ask, an exit, a plan, a cancel):
+        # the state file and the event stream learn it now, not at the next tick.
+        self._save()
+        self._announce()
+        self._wake.set()
 
     def _announce(self) -> None:
         """A ``pull.`` event for each job whose state or bytes moved since the last."""
@@ -273,6 +273,7 @@ class Puller:
         plan_only: bool,
         force: bool,
         on_line: Callable[[dict[str, Any]], None],
+        job: bool = True,
     ) -> tuple[str, str]:
         """One worker to its end: its lines to ``on_line``; (kind, message) of its end."""
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -287,7 +288,8 @@ class Puller:
                 env=self._env,
                 start_new_session=True,
             )
-            self._procs[spec.key] = proc
+            if job:  # a dry run's worker is no job's: a cancel never finds it
+                self._procs[spec.key] = proc
             try:
                 assert proc.stdout is not None
                 buf = b""
@@ -317,21 +319,26 @@ class Puller:
                     proc.kill()
                     with trio.CancelScope(shield=True):
                         await proc.wait()
-                self._procs.pop(spec.key, None)
+                if job:
+                    self._procs.pop(spec.key, None)
         if proc.returncode not in (0, 3) and kind == "":
             kind, message = "died", f"the worker exited with {proc.returncode}"
         if proc.returncode is not None and proc.returncode < 0 and kind != "":
             kind, message = "died", f"the worker was killed by signal {-proc.returncode}"
         return kind, message
 
-    async def _plan_once(self, spec: PullSpec) -> tuple[PullPlan | None, str, str]:
+    async def _plan_once(
+        self, spec: PullSpec, *, job: bool = True
+    ) -> tuple[PullPlan | None, str, str]:
         got: list[PullPlan] = []
 
         def on_line(obj: dict[str, Any]) -> None:
             if obj.get("ev") == "plan":
                 got.append(msgspec.convert(obj["plan"], PullPlan))
 
-        kind, message = await self._run_worker(spec, plan_only=True, force=False, on_line=on_line)
+        kind, message = await self._run_worker(
+            spec, plan_only=True, force=False, on_line=on_line, job=job
+        )
         return (got[-1] if got and not kind else None), kind, message
 
     async def _check(self, plan: PullPlan) -> list[str]:

@@ -114,3 +114,13 @@ def verified(dest: str | Path) -> tuple[bool, list[str]]:
         if size != f.size:
             problems.append(f"{f.name}: {size} bytes, {f.size} when it was checked")
     return not problems, problems
+
+
+def pull_problems(path: str | Path) -> list[str]:
+    """A load's check of a model path: nothing for a path ktd did not pull (no ``.ktd``
+    beside its files); for a pull's directory, what ``verified`` finds wrong with it."""
+    path = Path(path)
+    if not layout.ktd_dir(path).is_dir():
+        return []
+    ok, problems = verified(path)
+    return [] if ok else [f"the pull in {path} is not verified: {'; '.join(problems)}"]

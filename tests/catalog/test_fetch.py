@@ -24,7 +24,9 @@ pytestmark = pytest.mark.e2e
 
 def worker_env(hub: StandIn, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_ENDPOINT=hub.url, HF_HOME=str(Path(os.environ.get("TMPDIR", "/tmp")) / "ktd-test-hf"))
+    env.update(
+        HF_ENDPOINT=hub.url, HF_HOME=str(Path(os.environ.get("TMPDIR", "/tmp")) / "ktd-test-hf")
+    )
     env["PYTHONPATH"] = str(REPO)
     env.update(extra)
     return env
@@ -35,8 +37,12 @@ def argv(dest: Path, *more: str, repo: str = "org/tiny") -> list[str]:
             "--dest", str(dest), *more]  # fmt: skip
 
 
-def run(hub: StandIn, dest: Path, *more: str, repo: str = "org/tiny", **env: str) -> tuple[int, list[dict[str, Any]]]:
-    r = subprocess.run(argv(dest, *more, repo=repo), env=worker_env(hub, **env), capture_output=True, timeout=60)
+def run(
+    hub: StandIn, dest: Path, *more: str, repo: str = "org/tiny", **env: str
+) -> tuple[int, list[dict[str, Any]]]:
+    r = subprocess.run(
+        argv(dest, *more, repo=repo), env=worker_env(hub, **env), capture_output=True, timeout=60
+    )
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
     return r.returncode, lines
 
@@ -51,8 +57,14 @@ def test_a_pull_fetches_checks_and_marks_the_files(hub: StandIn, tmp_path: Path)
     assert code == 0, lines
     assert last(lines)["ev"] == "done"
     plan = lines[0]["plan"]
-    assert plan["to_fetch"] == plan["total"] == 4 * MiB + len(hub.repos["org/tiny"].files["config.json"])
-    assert (dest / "model.safetensors").read_bytes() == hub.repos["org/tiny"].files["model.safetensors"]
+    assert (
+        plan["to_fetch"]
+        == plan["total"]
+        == 4 * MiB + len(hub.repos["org/tiny"].files["config.json"])
+    )
+    assert (dest / "model.safetensors").read_bytes() == hub.repos["org/tiny"].files[
+        "model.safetensors"
+    ]
     assert verify.verified(dest) == (True, [])
     assert str(dest).endswith("org--tiny/main")
     # a second pull fetches nothing: every byte is here
@@ -78,7 +90,11 @@ def test_a_killed_worker_resumes_by_range(hub: StandIn, tmp_path: Path) -> None:
     code, lines = run(hub, dest)
     assert code == 0, lines
     assert any(ev["ev"] == "file" and ev.get("have") == kept for ev in lines)
-    assert ("GET", f"/cdn/{hub.repos['org/tiny'].sha('model.safetensors')}", f"bytes={kept}-") in hub.requests
+    assert (
+        "GET",
+        f"/cdn/{hub.repos['org/tiny'].sha('model.safetensors')}",
+        f"bytes={kept}-",
+    ) in hub.requests
     twice = hub.sent["model.safetensors"] - 4 * MiB
     assert 0 <= twice <= 1 * MiB, f"{twice} bytes served twice"
     assert verify.verified(dest) == (True, [])
@@ -128,11 +144,13 @@ def test_verified_refuses_a_changed_or_unfinished_pull(hub: StandIn, tmp_path: P
     assert not ok and "model.safetensors" in problems[0]
 
 
-def test_the_plan_counts_partial_bytes_and_refuses_a_short_disk(hub: StandIn, tmp_path: Path) -> None:
+def test_the_plan_counts_partial_bytes_and_refuses_a_short_disk(
+    hub: StandIn, tmp_path: Path
+) -> None:
     dest = tmp_path / "m"
     partial = layout.partial_path(dest, hub.repos["org/tiny"].sha("model.safetensors"))
     partial.parent.mkdir(parents=True)
-    partial.write_bytes(hub.repos["org/tiny"].files["model.safetensors"][: MiB])
+    partial.write_bytes(hub.repos["org/tiny"].files["model.safetensors"][:MiB])
     code, lines = run(hub, dest, "--plan")
     plan = lines[0]["plan"]
     assert code == 0 and plan["present"] == MiB and plan["to_fetch"] == plan["total"] - MiB
@@ -146,14 +164,18 @@ def small_fs(tmp_path: Path) -> Any:
         pytest.skip("mounting a small tmpfs needs root")
     mnt = tmp_path / "small"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)], capture_output=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)], capture_output=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_full_disk_is_refused_before_a_byte_and_forced_keeps_what_it_got(hub: StandIn, small_fs: Path) -> None:
+def test_a_full_disk_is_refused_before_a_byte_and_forced_keeps_what_it_got(
+    hub: StandIn, small_fs: Path
+) -> None:
     dest = small_fs / "m"
     code, lines = run(hub, dest)
     assert code == 3 and last(lines)["kind"] == "disk"

@@ -146,7 +146,8 @@ class Jobs(RuleBasedStateMachine):
     @rule(key=keys, problems=st.lists(st.just("disk"), max_size=1))
     def plan(self, key: tuple[str, str], problems: list[str]) -> None:
         job = self.m.jobs.get(key)
-        if key in self.workers and job is not None and job.phase == "plan" and key not in self.killed:
+        planning = job is not None and job.phase == "plan"
+        if key in self.workers and planning and key not in self.killed:
             self.workers.discard(key)  # the plan worker ends after its plan
             self.m.planned(key, {"f": (100, 0)}, self.now)
             self._do(list(self.m.checked(key, problems, self.now)))
