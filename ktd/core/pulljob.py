@@ -198,6 +198,7 @@ class PullMachine:
             return self.tick(now)
         job.phase = "fetch"
         job.last_byte = now
+        job.killing = ""  # a stall seen while the check ran had no worker to kill
         return [Start(key, "fetch", job.force)]
 
     def exited(self, key: Key, kind: str, message: str, now: float) -> list[Action]:

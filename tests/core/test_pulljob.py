@@ -183,3 +183,14 @@ class Jobs(RuleBasedStateMachine):
 
 Jobs.TestCase.settings = budget(200, stateful_step_count=40, deadline=None)
 test_jobs = Jobs.TestCase
+
+
+def test_a_slow_fit_check_is_no_stall_of_the_fetch() -> None:
+    m = PullMachine(max_pulls=1, stall_timeout=1)
+    m.ask(A, "a", 0.0)
+    m.tick(0.0)
+    m.planned(A, {"f": (100, 0)}, 0.0)
+    assert m.tick(5.0) == [Kill(A, "stall")]  # nothing to kill: the check runs in ktd
+    assert m.checked(A, [], 6.0) == [Start(A, "fetch", False)]
+    m.exited(A, "", "", 7.0)
+    assert m.jobs[A].state is JobState.DONE
