@@ -55,13 +55,14 @@ def git_oid_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_file(path: Path, want: HubFile) -> str | None:
-    """None when ``path`` is the hub's file ``want``; else the problem, with both sums."""
+def check_file(path: Path, want: HubFile, sha256: str | None = None) -> str | None:
+    """None when ``path`` is the hub's file ``want``; else the problem, with both sums.
+    ``sha256``: the file's sum taken as it was written (else it is read here)."""
     size = path.stat().st_size
     if size != want.size:
         return f"{want.name}: {size} bytes, the hub says {want.size}"
     if want.sha256:
-        got = sha256_of(path)
+        got = sha256 or sha256_of(path)
         if got != want.sha256.lower():
             return f"{want.name}: sha256 {got}, the hub says {want.sha256}"
     elif want.blob_id:

@@ -7,6 +7,7 @@ Routes (as the hub answers them; ``huggingface_hub`` 2.x's ``hf_api.model_info``
 * ``GET /api/models/{org}/{name}/revision/{rev}[?blobs=true]``: the repo's info, its
   ``sha`` and ``siblings`` (``rfilename``, and with ``blobs``: ``size``, ``blobId``, ``lfs``
   with ``sha256``);
+* ``GET /api/models/{org}/{name}/tree/{rev}``: the files (``snapshot_download``'s listing);
 * ``HEAD /{org}/{name}/resolve/{rev}/{file}``: a file kept in git answers 200 with its
   ``ETag`` (the git oid) and ``X-Repo-Commit``; an LFS file answers 302 to ``/cdn/…``
   with ``X-Linked-Etag`` (its sha256) and ``X-Linked-Size``, as the hub does;
@@ -34,6 +35,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 _INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/revision/(?P<rev>[^/]+)$")
+_TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)$")
 _CDN = re.compile(r"^/cdn/(?P<sha>[0-9a-f]{64})$")
 
 
@@ -156,7 +158,9 @@ class _Handler(BaseHTTPRequestHandler):
         hub.requests.append((self.command, path.path, self.headers.get("Range", "")))
         if self._refused():
             return
-        if m := _INFO.match(path.path):
+        if m := _TREE.match(path.path):
+            self._tree(unquote(m["repo"]))
+        elif m := _INFO.match(path.path):
             self._info(unquote(m["repo"]), "blobs" in parse_qs(path.query))
         elif m := _RESOLVE.match(path.path):
             repo = hub.repos.get(m["repo"])
@@ -199,6 +203,33 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.dumps(
             {"id": name, "modelId": name, "sha": COMMIT, "private": False, "siblings": siblings}
         ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _tree(self, name: str) -> None:
+        """``snapshot_download``'s listing (``list_repo_tree``, recursive, one page)."""
+        repo = self.hub.repos.get(name)
+        if repo is None:
+            self._error(404, "RepoNotFound", "Repository not found")
+            return
+        entries = []
+        for fname, data in repo.files.items():
+            entry: dict[str, object] = {
+                "type": "file",
+                "path": fname,
+                "size": len(data),
+                "oid": git_oid(data),
+            }
+            if fname in repo.lfs:
+                entry["lfs"] = {"oid": repo.sha(fname), "size": len(data), "pointerSize": 134}
+            entries.append(entry)
+        self._json(entries)
+
+    def _json(self, doc: object) -> None:
+        body = json.dumps(doc).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
