@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from ktctl import catalogcmd, configargs, discover, planview, render
+from ktctl import catalogcmd, configargs, discover, planview, pullcmd, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktctl.progress import ProgressLine as _ProgressLine
 from ktd import __version__
@@ -385,6 +385,14 @@ def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_pull(client: Client, args: argparse.Namespace) -> int:
+    return pullcmd.cmd_pull(client, args)
+
+
+def cmd_pulls(client: Client, args: argparse.Namespace) -> int:
+    return pullcmd.cmd_pulls(client, args)
+
+
 def cmd_config(client: Client, args: argparse.Namespace) -> int:
     from ktctl import configcmd  # only when it runs: ktctl's start-up stays what it was
 
@@ -393,6 +401,8 @@ def cmd_config(client: Client, args: argparse.Namespace) -> int:
 
 HANDLERS: dict[str, Handler] = {
     "ping": cmd_ping,
+    "pull": cmd_pull,
+    "pulls": cmd_pulls,
     "status": cmd_status,
     "models": cmd_models,
     "load": cmd_load,
@@ -561,6 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     configargs.add_parser(add, common)
     catalogcmd.add_parser(add)
+    pullcmd.add_parsers(add)
 
     add("shutdown", "stop every engine and the daemon")
 

@@ -30,6 +30,7 @@ from ktd import foreign
 # daemon will not decode, read in ktd.frameid.
 from ktd.frameid import peek_id as peek_id
 from ktd.frameid import skim_id as skim_id
+from ktd.pullwire import PullInfo, PullName, PullPlanView, RepoRef
 
 # Wire limits. MAX_FRAME is what the daemon decodes; bigger frames get a
 # bad_request without being parsed. zmq's MAXMSGSIZE (HARD_MAX_FRAME) drops
@@ -62,7 +63,8 @@ class ProtocolVersion(msgspec.Struct, frozen=True, kw_only=True):
 
 #: The protocol this module speaks. 1.0 is the protocol as it was before it had a
 #: number (``Pong`` without ``protocol``); 1.1 added the number, the feature names,
-#: the ``schema`` request, and open vocabularies for states; 1.2 the model catalog.
+#: the ``schema`` request, and open vocabularies for states; 1.2 the model catalog,
+#: the pull jobs and the trust rules.
 PROTOCOL = ProtocolVersion(major=1, minor=2)
 PROTOCOL_1_0 = ProtocolVersion(major=1, minor=0)
 
@@ -78,7 +80,7 @@ FEATURES_1_0: tuple[str, ...] = (
     "welcome",  # the events socket greets each subscription with WELCOME
 )
 FEATURES: tuple[str, ...] = tuple(
-    sorted({*FEATURES_1_0, "schema", "config", "trust", "catalog"})
+    sorted({*FEATURES_1_0, "schema", "config", "trust", "catalog", "pulls"})
 )
 
 #: Requests only ktd's own frontend sends: a tool that sends them takes part in the
@@ -469,6 +471,28 @@ class ConfigRollback(Request, tag="config_rollback"):
     delegated: bool = False
 
 
+# Pulls (protocol 1.2, issue 44): ktd's download jobs; the types are ktd.pullwire's.
+class Pull(Request, tag="pull"):
+    """Start (or join) the pull of a catalog ``name``, or of ``repo`` (``ORG/NAME[@REV]``);
+    ``dry_run``: only its plan; ``force``: fetch even if the plan refuses."""
+
+    name: PullName = ""
+    repo: RepoRef = ""
+    dry_run: bool = False
+    force: bool = False
+
+
+class Pulls(Request, tag="pulls"):
+    """The pull jobs, live and finished."""
+
+
+class PullCancel(Request, tag="pull_cancel"):
+    """End the pull jobs of ``name`` (or ``repo``); what was fetched stays."""
+
+    name: PullName = ""
+    repo: RepoRef = ""
+
+
 AnyRequest = (
     Ping
     | Status
@@ -499,6 +523,9 @@ AnyRequest = (
     | ConfigHistory
     | ConfigRollback
     | Catalog
+    | Pull
+    | Pulls
+    | PullCancel
 )
 
 # ---------------------------------------------------------------- replies
@@ -911,6 +938,19 @@ class CatalogReply(Reply, tag="catalog"):
     report: dict[str, Any]  # files, problems, box, dir, models (docs/catalog.md)
 
 
+class PullReply(Reply, tag="pull"):
+    """The jobs a ``pull`` started or joined (``joined``: already running for someone), or
+    with ``dry_run`` their plans."""
+
+    jobs: list[PullInfo] = []
+    plans: list[PullPlanView] = []
+    joined: bool = False
+
+
+class PullsReply(Reply, tag="pulls"):
+    jobs: list[PullInfo] = []
+
+
 class Ok(Reply, tag="ok"):
     message: str = ""
 
@@ -958,6 +998,8 @@ AnyReply = (
     | ConfigApplyReply
     | ConfigHistoryReply
     | CatalogReply
+    | PullReply
+    | PullsReply
     | Ok
     | Error
 )
@@ -969,7 +1011,8 @@ class Event(msgspec.Struct, kw_only=True):
     """Published on the PUB socket as ``[topic, msgpack(Event)]``.
 
     Topics: ``engine.<alias>`` (state changes), ``log.<alias>`` (log lines),
-    ``lease.<alias>`` (``in_flight`` changes), ``probe.<alias>`` (the engine's access
+    ``lease.<alias>`` (``in_flight`` changes), ``pull.<repo>@<revision>`` (a pull job's
+    progress and state, ``alias`` its first name), ``probe.<alias>`` (the engine's access
     lines for ktd's own health checks, kept off ``log.`` so they do not bury the rest).
     ``leases`` is the deprecated name of ``in_flight``, as in ``EngineInfo``.
     """
@@ -992,6 +1035,7 @@ class Event(msgspec.Struct, kw_only=True):
     load_eta: float | None = None
     step: str | None = None  # as ``EngineInfo.step``
     waiting_for: list[str] = []
+    pull: PullInfo | None = None  # ``pull.<repo>@<revision>`` events: the job (1.2)
 
     def __post_init__(self) -> None:
         # As ``EngineInfo``'s: both names carry the number, whichever the sender set.

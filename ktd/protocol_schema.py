@@ -40,6 +40,7 @@ __all__ = [
     "files",
     "load_module",
     "main",
+    "meta_of",
 ]
 
 #: Where the committed documents live (a source checkout's; not in the installed package).
@@ -85,6 +86,21 @@ META_1_0 = Meta(
     ),
     frontend_only=p.FRONTEND_ONLY,
 )
+
+
+def meta_of(module: ModuleType) -> Meta:
+    """The metadata of a frozen protocol module: 1.0 had none (``META_1_0``); from 1.1 on
+    the module says its version, features and codes itself."""
+    version = getattr(module, "PROTOCOL", None)
+    if version is None:
+        return META_1_0
+    return Meta(
+        major=version.major,
+        minor=version.minor,
+        features=module.FEATURES,
+        error_codes=module.ERROR_CODES,
+        frontend_only=module.FRONTEND_ONLY,
+    )
 
 
 def current_meta() -> Meta:
@@ -298,11 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--module",
         type=Path,
         metavar="PATH",
-        help="an older version's frozen protocol.py (only 1.0: tests/fixtures/protocol_1_0.py)",
+        help="an older version's frozen protocol.py (tests/fixtures/protocol_1_<minor>.py)",
     )
     args = parser.parse_args(argv)
     if args.module is not None:
-        wanted = files(load_module(args.module, "ktd_protocol_frozen"), META_1_0)
+        module = load_module(args.module, "ktd_protocol_frozen")
+        wanted = files(module, meta_of(module))
     else:
         wanted = files()
     if args.write:

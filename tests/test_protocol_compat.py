@@ -29,7 +29,7 @@ import pytest
 
 from ktd import protocol as p
 from ktd.frameid import peek_id
-from tests.test_protocol_schema import committed, protocol_1_0
+from tests.test_protocol_schema import committed, protocol_1_0, protocol_1_1
 
 #: Tags 1.1 added: a new client sends these ops only to a daemon whose ``Pong`` says
 #: 1.1 or later (or whose features name them), and only those replies answer them.
@@ -52,9 +52,9 @@ NEW_REPLIES_1_1 = {
 }
 
 
-#: Tags 1.2 added (the model catalog, issue 44).
-NEW_OPS_1_2 = {"catalog"}
-NEW_REPLIES_1_2 = {"catalog"}
+#: Tags 1.2 added (the model catalog and the pull jobs, issue 44); the event gained ``pull``.
+NEW_OPS_1_2 = {"catalog", "pull", "pulls", "pull_cancel"}
+NEW_REPLIES_1_2 = {"catalog", "pull", "pulls"}
 
 
 def tags(union: Any) -> set[str]:
@@ -99,10 +99,14 @@ def same(sent: Any, got: Any, *, older: bool, at: str) -> None:
         assert got == sent, (at, got, sent)
 
 
-def test_the_new_tags_are_exactly_1_1_s_additions() -> None:
-    old = protocol_1_0()
-    assert tags(p.AnyRequest) - tags(old.AnyRequest) == NEW_OPS_1_1 | NEW_OPS_1_2
-    assert tags(p.AnyReply) - tags(old.AnyReply) == NEW_REPLIES_1_1 | NEW_REPLIES_1_2
+def test_the_new_tags_are_exactly_1_1_s_and_1_2_s_additions() -> None:
+    old, mid = protocol_1_0(), protocol_1_1()
+    assert tags(mid.AnyRequest) - tags(old.AnyRequest) == NEW_OPS_1_1
+    assert tags(mid.AnyReply) - tags(old.AnyReply) == NEW_REPLIES_1_1
+    assert tags(p.AnyRequest) - tags(mid.AnyRequest) == NEW_OPS_1_2
+    assert tags(p.AnyReply) - tags(mid.AnyReply) == NEW_REPLIES_1_2
+    assert tags(mid.AnyRequest) <= tags(p.AnyRequest)
+    assert tags(mid.AnyReply) <= tags(p.AnyReply)
     # Nothing is ever removed in a minor.
     assert tags(old.AnyRequest) <= tags(p.AnyRequest)
     assert tags(old.AnyReply) <= tags(p.AnyReply)
@@ -143,6 +147,36 @@ def test_every_1_1_message_an_old_peer_knows_decodes_with_1_0_s_types(kind: str)
         kept(ex["message"], decoded, older=True)
         checked += 1
     assert checked > 0
+
+
+@pytest.mark.parametrize("kind", ["request", "reply", "event"])
+def test_every_1_2_message_a_1_1_peer_knows_decodes_with_1_1_s_types(kind: str) -> None:
+    """1.2 against 1.1 as 1.1 against 1.0: the old peer's own decoder and schema."""
+    old = decoder(protocol_1_1(), kind)
+    old_schema = jsonschema.Draft202012Validator(committed("1.1"))
+    new = NEW_OPS_1_2 if kind == "request" else NEW_REPLIES_1_2 if kind == "reply" else set()
+    checked = 0
+    for ex in corpus("1.2", kind):
+        if tag_of(ex) in new:
+            continue
+        message = {k: v for k, v in ex["message"].items() if k != "pull"}  # the event's new field
+        old_schema.validate(message)
+        decoded = old.decode(msgspec.msgpack.encode(ex["message"]))
+        assert type(decoded).__name__ == ex["name"].split(" ")[0]
+        kept(ex["message"], decoded, older=True)
+        checked += 1
+    assert checked > 0
+
+
+def test_a_pull_sent_to_a_1_1_daemon_is_refused_with_its_id() -> None:
+    old = protocol_1_1()
+    for ex in corpus("1.2", "request"):
+        if tag_of(ex) not in NEW_OPS_1_2:
+            continue
+        data = msgspec.msgpack.encode(ex["message"])
+        with pytest.raises(msgspec.ValidationError, match=r"\$\.op"):
+            old.decode_request(data)
+        assert peek_id(data) == ex["message"].get("id", 0)
 
 
 def test_a_new_op_sent_to_a_1_0_daemon_is_refused_with_its_id() -> None:

@@ -1,6 +1,6 @@
 """The control protocol's committed JSON Schema and examples are the types' own.
 
-``docs/protocol/ktd-control-1.1.json`` (and its examples) must be what
+``docs/protocol/ktd-control-1.2.json`` (and its examples) must be what
 ``ktd.protocol_schema`` makes of ``ktd.protocol`` today: a change to a message that
 is not written there too fails here, with the command that writes it. The 1.0 files
 are frozen: made from ``tests/fixtures/protocol_1_0.py``, the protocol module of
@@ -28,12 +28,13 @@ FROZEN_1_0 = REPO / "tests" / "fixtures" / "protocol_1_0.py"
 FROZEN_1_0_SHA256 = "8e61be2ab64c4c302c7c16acfbe8e91a89620eb5eade01da83c230b54e127402"
 
 
+FROZEN_1_1 = REPO / "tests" / "fixtures" / "protocol_1_1.py"
+# sha256 of ``git show 411aa56:ktd/protocol.py``, the last 1.1 (1.2 added the pulls).
+FROZEN_1_1_SHA256 = "316c5a1db6fb09c3ec4bd5d5b514b9378e3bec00060a07ec6781534162b3a57d"
+
+
 def protocol_1_0() -> ModuleType:
     return ps.load_module(FROZEN_1_0, "ktd_protocol_1_0")
-
-
-#: ``git show 411aa56:ktd/protocol.py``, protocol 1.1 as it was before 1.2's additions.
-FROZEN_1_1 = REPO / "tests" / "fixtures" / "protocol_1_1.py"
 
 
 def protocol_1_1() -> ModuleType:
@@ -82,9 +83,16 @@ def test_the_schema_covers_every_request_reply_and_event() -> None:
     jsonschema.Draft202012Validator.check_schema(doc)
 
 
+def test_the_1_1_files_are_411aa56_s_protocol() -> None:
+    assert hashlib.sha256(FROZEN_1_1.read_bytes()).hexdigest() == FROZEN_1_1_SHA256
+    module = protocol_1_1()
+    stale = ps.stale(ps.files(module, ps.meta_of(module)))
+    assert not stale, f"{stale}: the 1.1 files are frozen; never regenerate them"
+
+
 @pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
 def test_every_example_is_valid_and_decodes_with_its_version_s_types(version: str) -> None:
-    module = {"1.0": protocol_1_0, "1.1": protocol_1_1}.get(version, lambda: p)()
+    module = {"1.0": protocol_1_0, "1.1": protocol_1_1, "1.2": lambda: p}[version]()
     doc = committed(version)
     validator = jsonschema.Draft202012Validator(doc)
     examples = committed(version, ".examples")

@@ -21,13 +21,23 @@ import trio
 import zmq
 
 from ktd import paths
+from ktd.catalog.pulls import Puller, Resolver, models_dir, no_catalog
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.command import LaunchError
 from ktd.core.config import Config, ConfigError, ConfigTexts
 from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
-from ktd.daemon import configfiles, proctree, safedir, sdnotify, statefile, statelock, weights
+from ktd.daemon import (
+    configfiles,
+    offload,
+    proctree,
+    safedir,
+    sdnotify,
+    statefile,
+    statelock,
+    weights,
+)
 from ktd.daemon.catalogview import CatalogView
 from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.confighistory import History
@@ -171,8 +181,15 @@ def bind_sockets(setup: Setup) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
 
 
 class Daemon:
-    def __init__(self, config: Config, setup: Setup, texts: ConfigTexts | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        setup: Setup,
+        texts: ConfigTexts | None = None,
+        resolve: Resolver = no_catalog,
+    ) -> None:
         self.config = config
+        self.resolve = resolve  # the catalog: a name's PullSpecs (issue 44)
         self.texts = texts  # the files ``config`` was read from (None: read them at run)
         self.setup = setup
         self.stop_requested = trio.Event()
@@ -258,6 +275,16 @@ class Daemon:
             )
             self.desk = desk
             await desk.record_start()
+            section = self.config.catalog
+            pulls = Puller(
+                section,
+                root=models_dir(section, self.setup.state_dir),
+                state_path=self.setup.state_dir / "pulls.json",
+                publish=self._publish,
+                resolve=self.resolve,
+                offload=offload.to_thread,
+                log_dir=self.setup.log_dir / "pulls",
+            )
             server = ControlServer(
                 pool,
                 control,
@@ -270,6 +297,7 @@ class Daemon:
                 machine=MachineReader(pool).reply,
                 config=desk,
                 catalog=CatalogView(lambda: self.config, self.setup.state_dir).reply,
+                pulls=pulls,
             )
             self.server = server
             # Signal handlers first: a SIGHUP before them would kill the daemon.
@@ -277,6 +305,7 @@ class Daemon:
             await nursery.start(server.run)
             await nursery.start(pool.run)
             await nursery.start(gateway.run)
+            await nursery.start(pulls.run)
             # Watching its socket files before it says it is ready: one replaced before
             # the watch took them for ours would never be bound again.
             await nursery.start(self._keep_sockets, server)

@@ -2,7 +2,8 @@
 
 A load that evicts a ready 600 GB model and then dies of a typo costs the
 operator a 5-10 minute reload. So every cheap, certain check runs first:
-the paths exist and are readable, the model's ``config.json`` parses, the
+the paths exist and are readable (and, for a directory ktd pulled, its pull finished
+and every checksum matched: ``ktd.catalog.verify``), the model's ``config.json`` parses, the
 installed SGLang accepts every flag (its option catalogue, from the probe), a
 fixed port is free. The checks are a
 pure function of gathered :class:`Facts`; :func:`gather` is the thin I/O.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ktd import foreign
+from ktd.catalog.verify import pull_problems
 from ktd.core.command import LaunchError, build_launch
 from ktd.core.config import ModelSpec
 from ktd.core.sglang_options import Catalog
@@ -52,6 +54,8 @@ class Facts:
     kt_weight_path: PathFacts | None
     config_error: str | None  # None: config.json parsed (or model_path is a file)
     port_free: bool | None  # None: no fixed port
+    # a path ktd pulled that is unfinished, or whose checksums did not match (issue 44)
+    pulls: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- flags vs the installed SGLang
@@ -108,6 +112,7 @@ def problems(spec: ModelSpec, facts: Facts, capabilities: Catalog | None) -> lis
         out.append(flags)
     if facts.port_free is False:
         out.append(f"port {spec.host}:{spec.port} (fixed in the config) is already in use")
+    out.extend(facts.pulls)
     return out
 
 
@@ -156,7 +161,13 @@ def gather(spec: ModelSpec) -> Facts:
         _, config_error = read_model_config(spec.path)
     weights = _path_facts(spec.kt_weight_path) if spec.kt_weight_path else None
     port_free = proctree.port_free(spec.host, spec.port) if spec.port else None
-    return Facts(model, weights, config_error, port_free)
+    pulls = [
+        problem
+        for path, facts in ((spec.path, model), (spec.kt_weight_path, weights))
+        if path and facts is not None and facts.is_dir and facts.readable
+        for problem in pull_problems(path)
+    ]
+    return Facts(model, weights, config_error, port_free, tuple(pulls))
 
 
 async def run(spec: ModelSpec, probe: Any) -> str | None:

@@ -19,6 +19,7 @@ import zmq
 
 from ktd import __version__, foreign, protocol_schema
 from ktd import protocol as p
+from ktd.catalog.pulls import Puller
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, Peer, TrioSocket
 from ktd.core import trust
@@ -67,6 +68,7 @@ class ControlServer:
         machine: Callable[[], Awaitable[p.MachineReply]] | None = None,
         config: ConfigDesk | None = None,
         catalog: Callable[[str | None], Awaitable[p.CatalogReply]] | None = None,
+        pulls: Puller | None = None,
     ) -> None:
         self.pool = pool
         # peers: who sent each request (the config history records it)
@@ -89,6 +91,7 @@ class ControlServer:
         self._machine = machine
         self._config = config
         self._catalog = catalog
+        self._pulls = pulls
         self._nursery: trio.Nursery | None = None
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -259,6 +262,12 @@ class ControlServer:
             case p.Shutdown():
                 self._shutdown()
                 return p.Ok(message="shutting down")
+            case p.Pulls() if self._pulls is not None:
+                return p.PullsReply(jobs=self._pulls.jobs())
+            case p.Pull(name=name, repo=repo, dry_run=False, force=force) if self._pulls:
+                return self._pulls.ask(name, repo, force=force)
+            case p.PullCancel(name=name, repo=repo) if self._pulls is not None:
+                return self._pulls.cancel(name, repo)
         return None
 
     async def _dispatch(self, req: p.Request, peer: Peer | None = None) -> p.Reply:
@@ -324,4 +333,6 @@ class ControlServer:
                 return await self._machine()
             case p.Catalog(name=name) if self._catalog is not None:
                 return await self._catalog(name)
+            case p.Pull(name=name, repo=repo, dry_run=True) if self._pulls is not None:
+                return await self._pulls.dry_run(name, repo)
         raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")

@@ -141,7 +141,7 @@ def test_ping_and_schema_as_ktctl_sees_them(node: Node, daemon: DaemonProc) -> N
     assert daemon.proc is not None
     assert pong == {k: v for k, v in theirs.items() if k != "socket"}
     assert pong["pid"] == daemon.proc.pid
-    assert pong["protocol"] == theirs["protocol"] == {"major": 1, "minor": 2}
+    assert pong["protocol"] == theirs["protocol"] == msgspec.to_builtins(p.PROTOCOL)
     assert pong["features"] == theirs["features"] == list(p.FEATURES)
     schema = node.run("schema")
     assert schema.code == 0, schema.err

@@ -293,6 +293,8 @@ async def test_a_rollback_after_a_start_at_another_path_writes_the_file_ktd_runs
     (etc_b / "models.json").write_text(json.dumps(doc))
     assert "updated in place: a" in await desk.reload(Who(uid=0))
     assert a.pool.engines["a"].spec.ttl == 77
+
+
 async def test_a_plan_of_texts_nested_too_deeply_is_a_config_error_naming_the_file(
     tmp_path: Path,
 ) -> None:

@@ -75,3 +75,26 @@ def test_gather_reads_the_real_files(tmp_path: Path) -> None:
     assert facts.model_path.exists and facts.config_error and "not valid JSON" in facts.config_error
     (model / "config.json").write_text('{"num_hidden_layers": 2}')
     assert preflight.gather(spec(path=str(model))).config_error is None
+
+
+def test_a_pulled_directory_must_be_verified(tmp_path: Path) -> None:
+    """A path ktd pulled (``.ktd`` beside its files) loads only once its pull finished
+    with every checksum matching; a path ktd did not pull is not asked."""
+    from ktd.catalog import verify
+
+    model = tmp_path / "org--m" / "main"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"num_hidden_layers": 2}')
+    assert preflight.gather(spec(path=str(model))).pulls == ()  # not a pull
+    (model / ".ktd").mkdir()
+    found = preflight.problems(spec(path=str(model)), preflight.gather(spec(path=str(model))), None)
+    assert len(found) == 1 and "is not verified" in found[0] and "no verified pull" in found[0]
+    checked = (verify.Checked(name="config.json", size=24),)
+    bad = verify.Marker(repo="org/m", revision="main", commit="c", files=checked,
+                        problems=("model.safetensors: sha256 aa, the hub says bb",))  # fmt: skip
+    verify.write_marker(model, bad)
+    found = preflight.problems(spec(path=str(model)), preflight.gather(spec(path=str(model))), None)
+    assert "model.safetensors: sha256 aa, the hub says bb" in found[0]
+    good = verify.Marker(repo="org/m", revision="main", commit="c", files=checked)
+    verify.write_marker(model, good)
+    assert preflight.gather(spec(path=str(model))).pulls == ()
