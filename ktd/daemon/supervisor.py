@@ -375,6 +375,7 @@ class Supervisor:
         """The launch pipeline: probe, preflight, place, spawn. None: the engine runs."""
         e = self.e
         e.stats.load_started = time.time()
+        e.stats.load_percent = None
         e.stats.made_room, e.stats.owed = (), False
         probe = await self._probed()
         if isinstance(probe, Outcome):
@@ -586,7 +587,11 @@ class Supervisor:
         for line in shown:
             text = loglines.phase_of(line)
             if text and (e.phase is None or text != e.phase.text):
+                e.stats.load_percent = None  # a new step: its own bar, if any
                 e.set_phase(Phase.of(Step.LOADING, text))
+            percent = loglines.percent_of(line)
+            if percent is not None and e.state == S.STARTING:
+                e.stats.load_percent = percent
 
     async def _pump_pipe(self, stream: trio.abc.ReceiveStream) -> None:
         """The fallback when the log file cannot be opened: ktd drains the engine's pipe."""

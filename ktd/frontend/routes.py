@@ -164,6 +164,9 @@ TABLE: tuple[Route, ...] = (
     _app("/model_info", "model_info"),
     _app("/get_model_info", "get_model_info"),
     _app("/get_load", "get_load"),
+    # Requests waiting for their engine (waitroutes.py, issue 46).
+    _app("/v1/ktd/requests", "waiting_requests"),
+    _app("/v1/ktd/requests/<request_id>", "waiting_request"),
 )
 
 # Exact paths -> their rows; paths with a variable part as one regex each, tried in turn.
