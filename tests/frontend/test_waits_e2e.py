@@ -253,3 +253,256 @@ def test_the_load_eta_is_within_twice_what_happened(stack: Stack) -> None:
     happened = time.monotonic() - told_at
     s.join(30)
     assert happened / 2 <= predicted <= happened * 2, (predicted, happened)
+
+
+# ---------------------------------------------------------------- the official clients
+
+
+def tee(http: Any) -> Any:
+    """A transport of ``http`` (httpx, or anthropic's httpx2) that keeps the bytes an
+    official client received, as it received them (the SDK reads the same stream: what
+    it makes of the progress events is the SDK's own code)."""
+
+    class Tee(http.HTTPTransport):  # type: ignore[misc,name-defined]
+        seen = b""
+
+        def handle_request(self, request: Any) -> Any:
+            response = super().handle_request(request)
+            inner, kept = response.stream, self
+
+            class Stream(http.SyncByteStream):  # type: ignore[misc,name-defined]
+                def __iter__(self) -> Any:
+                    for chunk in inner:
+                        kept.seen += chunk
+                        yield chunk
+
+                def close(self) -> None:
+                    inner.close()
+
+            response.stream = Stream()
+            return response
+
+    return Tee()
+
+
+def hold_q(stack: Stack) -> Streamer:
+    """``q`` loaded and its one slot held: whatever comes next waits in its line."""
+    with stack.daemon.client() as c:
+        c.load("q")
+    holder = Streamer(stack.url, "q", "ka")
+    holder.start()
+    wait_for(lambda: "data: {" in holder.raw, what="the held stream's first token")
+    return holder
+
+
+def test_the_python_clients_stream_through_progress_events(stack: Stack) -> None:
+    import anthropic
+    import httpx2
+    import ollama
+    import openai
+
+    holder = hold_q(stack)
+    tees = {name: tee(httpx) for name in ("chat", "helper", "completions", "ollama")}
+    tees.update({name: tee(httpx2) for name in ("messages", "mhelper")})
+
+    def oa(name: str) -> openai.OpenAI:
+        http = httpx.Client(transport=tees[name], timeout=60)
+        return openai.OpenAI(base_url=stack.url + "/v1", api_key="ka", max_retries=0,
+                             http_client=http)  # fmt: skip
+
+    def an(name: str) -> anthropic.Anthropic:
+        http = httpx2.Client(transport=tees[name], timeout=60)
+        return anthropic.Anthropic(base_url=stack.url, api_key="ka", max_retries=0,
+                                   http_client=http)  # fmt: skip
+
+    def chat() -> str:
+        stream = oa("chat").chat.completions.create(
+            model="q", messages=CHAT, max_tokens=3, stream=True
+        )
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    def helper() -> str:
+        # No max_tokens: the helper refuses an answer cut by the length limit.
+        with oa("helper").chat.completions.stream(model="q", messages=CHAT) as s:
+            for _ in s:
+                pass
+            return s.get_final_completion().choices[0].message.content or ""
+
+    def completions() -> str:
+        stream = oa("completions").completions.create(
+            model="q", prompt="hi", max_tokens=3, stream=True
+        )
+        return "".join(c.choices[0].text for c in stream if c.choices)
+
+    def messages() -> str:
+        stream = an("messages").messages.create(
+            model="q", messages=CHAT, max_tokens=3, stream=True
+        )
+        return "".join(e.delta.text for e in stream if e.type == "content_block_delta"
+                       and e.delta.type == "text_delta")  # fmt: skip
+
+    def mhelper() -> str:
+        with an("mhelper").messages.stream(model="q", messages=CHAT, max_tokens=3) as s:
+            block = s.get_final_message().content[0]
+            return block.text if block.type == "text" else ""
+
+    def chat_ollama() -> str:
+        client = ollama.Client(host=stack.url, transport=tees["ollama"],
+                               headers=auth("ka"))  # fmt: skip
+        parts = client.chat(model="q", messages=CHAT, stream=True, options={"num_predict": 3})
+        return "".join(p.message.content or "" for p in parts)
+
+    calls = {"chat": chat, "helper": helper, "completions": completions, "messages": messages,
+             "mhelper": mhelper, "ollama": chat_ollama}  # fmt: skip
+    results: dict[str, Any] = {}
+
+    def run(name: str) -> None:
+        try:
+            results[name] = calls[name]()
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in calls]
+    for t in threads:
+        t.start()
+    sse = ("chat", "helper", "completions", "messages", "mhelper")
+    try:
+        wait_for(lambda: all(b"ktd_progress" in tees[n].seen for n in sse), what="progress")
+    except AssertionError:
+        raise AssertionError(f"{[(n, tees[n].seen[:300]) for n in sse]} {results}") from None
+    wait_for(lambda: len(waiting(stack)) == len(calls), what="every client waiting")
+    open_gate(stack, "q")
+    for t in threads:
+        t.join(60)
+    holder.join(30)
+    bad = {k: r for k, r in results.items() if not (isinstance(r, str) and r)}
+    assert not bad, bad
+    for name in ("chat", "helper", "completions"):
+        assert b"event: ktd.progress\ndata: {" in tees[name].seen
+    for name in ("messages", "mhelper"):
+        assert b'event: ping\ndata: {"type":"ping","ktd_progress":' in tees[name].seen
+    assert b"ktd_progress" not in tees["ollama"].seen  # NDJSON: nothing of ktd's
+
+
+NODE_PACKAGES = ("openai@6.49.0", "ollama@0.6.4", "@anthropic-ai/sdk@1.17.0")
+
+NODE_SCRIPT = r"""
+const OpenAI = require("openai");
+const Anthropic = require("@anthropic-ai/sdk");
+const { Ollama } = require("ollama");
+const [url, gate] = process.argv.slice(1);
+const seen = { chat: "", helper: "", messages: "", mhelper: "", ollama: "" };
+function tee(name) {
+  return async (u, init) => {
+    const r = await fetch(u, init);
+    if (!r.body) return r;
+    const [a, b] = r.body.tee();
+    (async () => {
+      const rd = b.getReader(), dec = new TextDecoder();
+      for (;;) {
+        const { done, value } = await rd.read();
+        if (done) break;
+        seen[name] += dec.decode(value, { stream: true });
+      }
+    })();
+    return new Response(a, { status: r.status, statusText: r.statusText, headers: r.headers });
+  };
+}
+const msgs = [{ role: "user", content: "hi" }];
+const oa = (n) => new OpenAI({ baseURL: url + "/v1", apiKey: "ka", maxRetries: 0, fetch: tee(n) });
+const an = (n) => new Anthropic({ baseURL: url, apiKey: "ka", maxRetries: 0, fetch: tee(n) });
+const jobs = {
+  chat: async () => {
+    let t = "";
+    const s = await oa("chat").chat.completions.create(
+      { model: "q", messages: msgs, max_tokens: 3, stream: true });
+    for await (const c of s) if (c.choices.length) t += c.choices[0].delta.content ?? "";
+    return t;
+  },
+  helper: async () => {
+    const s = oa("helper").chat.completions.stream({ model: "q", messages: msgs });
+    return (await s.finalChatCompletion()).choices[0].message.content;
+  },
+  messages: async () => {
+    let t = "";
+    const s = await an("messages").messages.create(
+      { model: "q", messages: msgs, max_tokens: 3, stream: true });
+    for await (const e of s) if (e.type === "content_block_delta") t += e.delta.text;
+    return t;
+  },
+  mhelper: async () => {
+    const m = await an("mhelper").messages.stream(
+      { model: "q", messages: msgs, max_tokens: 3 }).finalMessage();
+    return m.content[0].text;
+  },
+  ollama: async () => {
+    let t = "";
+    const o = new Ollama({ host: url, fetch: tee("ollama"), headers: { Authorization: "Bearer ka" } });
+    const s = await o.chat({ model: "q", messages: msgs, stream: true, options: { num_predict: 3 } });
+    for await (const p of s) t += p.message.content;
+    return t;
+  },
+};
+(async () => {
+  const running = {};
+  for (const [k, f] of Object.entries(jobs))
+    running[k] = f().then((v) => ({ ok: true, text: v }), (e) => ({ ok: false, error: String(e && e.stack || e) }));
+  const sse = ["chat", "helper", "messages", "mhelper"];
+  const deadline = Date.now() + 30000;
+  while (!sse.every((n) => seen[n].includes("ktd_progress")) && Date.now() < deadline)
+    await new Promise((r) => setTimeout(r, 50));
+  await fetch(gate, { method: "POST", body: JSON.stringify({ open: true }),
+                      headers: { "content-type": "application/json" } });
+  const out = { seen };
+  for (const k of Object.keys(running)) out[k] = await running[k];
+  console.log(JSON.stringify(out));
+})();
+"""
+
+
+@pytest.fixture(scope="module")
+def node_modules() -> Path:
+    import shutil
+    import subprocess
+
+    node, npm = shutil.which("node"), shutil.which("npm")
+    assert node and npm, "node and npm are needed (apt-get install -y nodejs npm)"
+    root = Path(os.environ.get("KTD_NODE_CACHE", Path.home() / ".cache" / "ktd-node"))
+    prefix = root / "-".join(p.replace("@", "").replace("/", "-") for p in NODE_PACKAGES)
+    if not (prefix / "node_modules" / "@anthropic-ai" / "sdk" / "package.json").exists():
+        prefix.mkdir(parents=True, exist_ok=True)
+        flags = ("--no-audit", "--no-fund")
+        subprocess.run(
+            [npm, "install", "--prefix", str(prefix), *flags, *NODE_PACKAGES],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    return prefix / "node_modules"
+
+
+def test_the_node_clients_stream_through_progress_events(
+    stack: Stack, node_modules: Path
+) -> None:
+    import subprocess
+
+    holder = hold_q(stack)
+    port = stack.daemon.engines()["q"]["port"]
+    ran = subprocess.run(
+        ["node", "-e", NODE_SCRIPT, stack.url, f"http://127.0.0.1:{port}/sim/gate"],
+        env={**os.environ, "NODE_PATH": str(node_modules)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    holder.join(30)
+    assert ran.returncode == 0, ran.stderr
+    got = json.loads(ran.stdout)
+    seen = got.pop("seen")
+    for name, result in got.items():
+        assert result["ok"] and result["text"], (name, result)
+    for name in ("chat", "helper"):
+        assert "event: ktd.progress\ndata: {" in seen[name], seen[name]
+    for name in ("messages", "mhelper"):
+        assert 'event: ping\ndata: {"type":"ping","ktd_progress":' in seen[name], seen[name]
+    assert "ktd_progress" not in seen["ollama"]
