@@ -149,6 +149,7 @@ TABLE: tuple[Route, ...] = (
     _ui("/ui/api/logs", "logs", "GET"),
     _ui("/ui/api/plan", "plan", "GET"),
     _ui("/ui/api/usage", "usage", "GET"),
+    _ui("/ui/api/waiting", "waiting", "GET"),
     _ui("/ui/api/action", "action", "POST"),
     _ui("/ui/api/config", "config", "GET"),
     _ui("/ui/api/config/plan", "config_plan", "POST"),

@@ -100,15 +100,18 @@ class Streamer(threading.Thread):
     def run(self) -> None:
         body = {"model": self.model, "messages": CHAT, "max_tokens": 3, "stream": True}
         try:
-            with httpx.Client(timeout=60) as c, c.stream(
-                "POST", self.url + "/v1/chat/completions", json=body, headers=self.headers
-            ) as r:
+            with (
+                httpx.Client(timeout=60) as c,
+                c.stream(
+                    "POST", self.url + "/v1/chat/completions", json=body, headers=self.headers
+                ) as r,
+            ):
                 self.status = r.status_code
                 for chunk in r.iter_text():
                     self.raw += chunk
                     if self.hang_up.is_set():
                         return
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:
             self.error = exc
 
 
@@ -164,9 +167,7 @@ def test_positions_move_up_when_a_waiting_client_hangs_up(stack: Stack) -> None:
     wait_for(lambda: len(waiting(stack)) == 2, what="the hung-up client out of the line")
     by_id = {w["request_id"]: w for w in waiting(stack)}
     assert {k: w["position"] for k, w in by_id.items()} == {"r0": 1, "r2": 2}
-    wait_for(
-        lambda: progress_of(line[2].raw)[-1]["position"] == 2, what="r2 told it moved up"
-    )
+    wait_for(lambda: progress_of(line[2].raw)[-1]["position"] == 2, what="r2 told it moved up")
     open_gate(stack, "q")
     for s in (holder, line[0], line[2]):
         s.join(30)
@@ -186,8 +187,9 @@ def test_a_request_that_is_not_streamed_is_looked_up_by_its_id(stack: Stack) -> 
 
     def plain() -> None:
         headers = {**auth("kb"), "X-Request-Id": "bob-1"}
-        out.append(httpx.post(stack.url + "/v1/chat/completions", json=body, headers=headers,
-                              timeout=60))
+        out.append(
+            httpx.post(stack.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+        )
 
     t = threading.Thread(target=plain, daemon=True)
     t.start()
@@ -254,8 +256,10 @@ def test_the_load_eta_is_within_twice_what_happened(stack: Stack) -> None:
     s.join(30)
     keep("load.txt", s.raw)
     assert happened / 2 <= predicted <= happened * 2, (predicted, happened)
-    print(f"ETA {predicted:.1f}s told at {seen[0]['waited']:.1f}s; the first token came "
-          f"{happened:.2f}s later")
+    print(
+        f"ETA {predicted:.1f}s told at {seen[0]['waited']:.1f}s; the first token came "
+        f"{happened:.2f}s later"
+    )
 
 
 # ---------------------------------------------------------------- the official clients
@@ -310,13 +314,15 @@ def test_the_python_clients_stream_through_progress_events(stack: Stack) -> None
 
     def oa(name: str) -> openai.OpenAI:
         http = httpx.Client(transport=tees[name], timeout=60)
-        return openai.OpenAI(base_url=stack.url + "/v1", api_key="ka", max_retries=0,
-                             http_client=http)  # fmt: skip
+        return openai.OpenAI(
+            base_url=stack.url + "/v1", api_key="ka", max_retries=0, http_client=http
+        )
 
     def an(name: str) -> anthropic.Anthropic:
         http = httpx2.Client(transport=tees[name], timeout=60)
-        return anthropic.Anthropic(base_url=stack.url, api_key="ka", max_retries=0,
-                                   http_client=http)  # fmt: skip
+        return anthropic.Anthropic(
+            base_url=stack.url, api_key="ka", max_retries=0, http_client=http
+        )
 
     def chat() -> str:
         stream = oa("chat").chat.completions.create(
@@ -338,11 +344,12 @@ def test_the_python_clients_stream_through_progress_events(stack: Stack) -> None
         return "".join(c.choices[0].text for c in stream if c.choices)
 
     def messages() -> str:
-        stream = an("messages").messages.create(
-            model="q", messages=CHAT, max_tokens=3, stream=True
+        stream = an("messages").messages.create(model="q", messages=CHAT, max_tokens=3, stream=True)
+        return "".join(
+            e.delta.text
+            for e in stream
+            if e.type == "content_block_delta" and e.delta.type == "text_delta"
         )
-        return "".join(e.delta.text for e in stream if e.type == "content_block_delta"
-                       and e.delta.type == "text_delta")  # fmt: skip
 
     def mhelper() -> str:
         with an("mhelper").messages.stream(model="q", messages=CHAT, max_tokens=3) as s:
@@ -350,19 +357,24 @@ def test_the_python_clients_stream_through_progress_events(stack: Stack) -> None
             return block.text if block.type == "text" else ""
 
     def chat_ollama() -> str:
-        client = ollama.Client(host=stack.url, transport=tees["ollama"],
-                               headers=auth("ka"))  # fmt: skip
+        client = ollama.Client(host=stack.url, transport=tees["ollama"], headers=auth("ka"))
         parts = client.chat(model="q", messages=CHAT, stream=True, options={"num_predict": 3})
         return "".join(p.message.content or "" for p in parts)
 
-    calls = {"chat": chat, "helper": helper, "completions": completions, "messages": messages,
-             "mhelper": mhelper, "ollama": chat_ollama}  # fmt: skip
+    calls = {
+        "chat": chat,
+        "helper": helper,
+        "completions": completions,
+        "messages": messages,
+        "mhelper": mhelper,
+        "ollama": chat_ollama,
+    }
     results: dict[str, Any] = {}
 
     def run(name: str) -> None:
         try:
             results[name] = calls[name]()
-        except BaseException as exc:  # noqa: BLE001 - the test reports it
+        except BaseException as exc:
             results[name] = exc
 
     threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in calls]
@@ -440,8 +452,10 @@ const jobs = {
   },
   ollama: async () => {
     let t = "";
-    const o = new Ollama({ host: url, fetch: tee("ollama"), headers: { Authorization: "Bearer ka" } });
-    const s = await o.chat({ model: "q", messages: msgs, stream: true, options: { num_predict: 3 } });
+    const o = new Ollama(
+      { host: url, fetch: tee("ollama"), headers: { Authorization: "Bearer ka" } });
+    const s = await o.chat(
+      { model: "q", messages: msgs, stream: true, options: { num_predict: 3 } });
     for await (const p of s) t += p.message.content;
     return t;
   },
@@ -449,7 +463,9 @@ const jobs = {
 (async () => {
   const running = {};
   for (const [k, f] of Object.entries(jobs))
-    running[k] = f().then((v) => ({ ok: true, text: v }), (e) => ({ ok: false, error: String(e && e.stack || e) }));
+    running[k] = f().then(
+      (v) => ({ ok: true, text: v }),
+      (e) => ({ ok: false, error: String((e && e.stack) || e) }));
   const sse = ["chat", "helper", "messages", "mhelper"];
   const deadline = Date.now() + 30000;
   while (!sse.every((n) => seen[n].includes("ktd_progress")) && Date.now() < deadline)
@@ -484,9 +500,7 @@ def node_modules() -> Path:
     return prefix / "node_modules"
 
 
-def test_the_node_clients_stream_through_progress_events(
-    stack: Stack, node_modules: Path
-) -> None:
+def test_the_node_clients_stream_through_progress_events(stack: Stack, node_modules: Path) -> None:
     import subprocess
 
     holder = hold_q(stack)
