@@ -145,9 +145,10 @@ class Progress:
         return out
 
     def key(self) -> tuple[object, ...]:
-        """What makes a new event worth sending (time alone does not)."""
+        """What makes a new event worth sending: its phase first. Time alone does not,
+        nor do arrivals behind it (``queued``): a burst would tell every waiter of each."""
         pct = None if self.percent is None else int(self.percent)
-        return (self.phase, self.position, self.queued, self.detail, pct, self.waiting_for)
+        return (self.phase, self.position, self.detail, pct, self.waiting_for)
 
     def text(self) -> str:
         """For people: what a chat UI shows as reasoning (``X-Ktd-Progress: reasoning``)."""

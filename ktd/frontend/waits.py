@@ -5,12 +5,15 @@ Each proxied request gets a ``Ticket`` (``Exchange.watch``). A request that has 
 for its slot goes on the board (``arrived``); its slot takes it out of the model's line
 (``sent``: prefill), its first byte or its end off the board. While anything waits, one
 task asks the daemon for every engine's status every ``refresh`` seconds (one
-``Status`` for all, however many wait), works out each waiter's progress, and pokes the
-streams whose progress changed (a new phase, a place in the line, a percentage): they
-send an event at once, not at their next comment.
+``Status`` for all, however many wait), and after each look or change of the board
+works out each waiter's progress and pokes the streams whose progress moved: they send
+an event then, not at their next comment (a new phase at once; a new place in the line
+or percentage at most every ``EVENT_GAP``, so that the head of a long line leaving does
+not cost an event per waiter per grant). The cost is one pass over the waiters per
+change, at most every ``PASS_GAP``, never one per waiter per change.
 
 What a stream carries, by API (each checked against the official clients, Python and
-Node: see ``docs/frontend.md``, "Waiting requests"):
+Node: README, "Waiting requests know why"):
 
 * OpenAI's chat and completions: ``event: ktd.progress`` with an empty chunk for data
   (``choices: []``, as OpenAI's own usage chunk) and the progress in ``ktd_progress``.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -57,6 +61,10 @@ REQUEST_ID_HEADER = b"x-request-id"
 #: Progress modes: events only, or also as ``reasoning_content`` deltas.
 MODES = ("events", "reasoning")
 _MAX_ID = 200
+#: At most one pass over the waiting requests per this many seconds (a burst: one pass).
+PASS_GAP = 0.1
+#: A stream is told of a new place in the line at most this often (a new phase: at once).
+EVENT_GAP = 1.0
 
 
 def look_of(info: p.EngineInfo, now_wall: float) -> EngineLook:
@@ -97,6 +105,7 @@ class Ticket:
     phase: Phase | None = None  # the phase it is in (timed for the metrics)
     phase_since: float = 0.0
     sent_at: float | None = None
+    told: float = -math.inf  # when its stream was last sent an event
 
     # ------------------------------------------------------------ the flow's events
 
@@ -108,7 +117,7 @@ class Ticket:
         self.sent_at = trio.current_time()
         if self.on_board:
             self.waits.board.sent(self.rid, self.sent_at)
-            self.waits.changed(self.model)
+            self.waits.nudge()
             self._enter(Phase.PREFILL, self.sent_at)
 
     def first_token(self) -> None:
@@ -149,6 +158,7 @@ class Ticket:
         if found is None or (not force and found.key() == self.shown):
             return b""
         self.shown = found.key()
+        self.told = trio.current_time()
         return sse_event(self.endpoint, found, self.model, reasoning=self.reasoning)
 
     def poke(self) -> None:
@@ -224,7 +234,7 @@ class Waits:
         self.looks: dict[str, EngineLook] = {}  # model -> its engine, while anything waits
         self.timed: dict[int, dict[Phase, float]] = {}  # rid -> seconds per phase
         self._rids = itertools.count(1)
-        self._arrival = trio.Event()
+        self._nudge = trio.Event()
 
     def ticket(
         self,
@@ -263,19 +273,17 @@ class Waits:
         ticket.sent_at = None
         self.tickets[ticket.rid] = ticket
         ticket.progress(known=False)
-        self.changed(ticket.model)
-        self._arrival.set()
+        self.nudge()
 
     def off(self, ticket: Ticket) -> None:
         ticket.on_board = False
         if self.tickets.pop(ticket.rid, None) is not None:
-            self.changed(ticket.model)
+            self.nudge()
 
-    def changed(self, model: str) -> None:
-        """The model's line changed: the streams waiting on it tell their clients now."""
-        for t in self.tickets.values():
-            if t.model == model and t.stream:
-                t.poke()
+    def nudge(self) -> None:
+        """The board changed: the refresh task tells the streams whose progress moved
+        (soon, and once for a burst of changes: ``PASS_GAP``)."""
+        self._nudge.set()
 
     # ------------------------------------------------------------ queries
 
@@ -310,17 +318,26 @@ class Waits:
     # ------------------------------------------------------------ the refresh task
 
     async def run(self) -> None:
-        """While anything waits: the engines' status every ``refresh`` seconds, and the
-        streams whose progress changed told at once."""
+        """While anything waits: the engines' status every ``refresh`` seconds, and after
+        each look or change of the board the streams whose progress moved told (at most
+        one pass per ``PASS_GAP``: a burst of arrivals or grants costs one pass)."""
+        next_look = -math.inf
         while True:
             if not self.tickets:
                 self.looks.clear()
-                self._arrival = trio.Event()
-                await self._arrival.wait()
-            await self.look_once()
-            await trio.sleep(self.refresh)
+                self._nudge = trio.Event()
+                await self._nudge.wait()
+            if trio.current_time() >= next_look:
+                await self.look_once()
+                next_look = trio.current_time() + self.refresh
+            self._nudge = trio.Event()
+            self.tell(trio.current_time())
+            with trio.move_on_at(next_look):
+                await self._nudge.wait()
+            await trio.sleep(PASS_GAP)
 
     async def look_once(self) -> None:
+        """One ``Status`` for every engine a request waits for."""
         try:
             reply = await self.broker.request(p.Status(), timeout=2.0)
         except (Unreachable, ControlError) as exc:
@@ -330,14 +347,17 @@ class Waits:
             return
         wall, now = time.time(), trio.current_time()
         waiting = set(self.board.models())
-        looks = {e.alias: look_of(e, wall) for e in reply.engines if e.alias in waiting}
-        self.looks = looks
-        for model, look in looks.items():
+        self.looks = {e.alias: look_of(e, wall) for e in reply.engines if e.alias in waiting}
+        for model, look in self.looks.items():
             self.board.saw(model, look, now)
+
+    def tell(self, now: float) -> None:
+        """Poke the streams whose progress moved: at once for a new phase, at most every
+        ``EVENT_GAP`` for a place in the line or a percentage (when the head of a long
+        line goes, everyone behind it moves: one event each per gap, not per grant)."""
         for t in list(self.tickets.values()):
-            if t.stream:
-                found = t.progress()
-                if found is not None and found.key() != t.shown:
-                    t.poke()
-            else:
-                t.progress()  # its phases timed for the metrics
+            found = t.progress()  # a request not streamed: its phases timed for the metrics
+            if not t.stream or found is None or found.key() == t.shown:
+                continue
+            if t.shown is None or found.phase != t.shown[0] or now - t.told >= EVENT_GAP:
+                t.poke()
