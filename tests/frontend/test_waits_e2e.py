@@ -161,7 +161,7 @@ def test_positions_move_up_when_a_waiting_client_hangs_up(stack: Stack) -> None:
     # ktctl status: the model's queue and its oldest wait.
     shown = stack.daemon.ktctl("status").stdout
     row = next(ln for ln in shown.splitlines() if ln.startswith("q "))
-    assert "3, " in row, shown
+    assert "3, " in row, shown  # three waiting, and for how long
     # The second hangs up: it leaves the line at once, the third moves up.
     line[1].hang_up.set()
     wait_for(lambda: len(waiting(stack)) == 2, what="the hung-up client out of the line")
