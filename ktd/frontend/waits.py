@@ -60,7 +60,8 @@ PROGRESS_HEADER = b"x-ktd-progress"
 REQUEST_ID_HEADER = b"x-request-id"
 #: Progress modes: events only, or also as ``reasoning_content`` deltas.
 MODES = ("events", "reasoning")
-_MAX_ID = 200
+_MAX_ID = 200  # the status route's ids: routes.py's ``_ID``
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 #: At most one pass over the waiting requests per this many seconds (a burst: one pass).
 PASS_GAP = 0.1
 #: A stream is told of a new place in the line at most this often (a new phase: at once).
@@ -209,7 +210,7 @@ def request_id_of(value: bytes | None) -> str | None:
     if value is None:
         return None
     text = value.decode("latin-1").strip()
-    if not text or len(text) > _MAX_ID or not all(c.isalnum() or c in "-_" for c in text):
+    if not text or len(text) > _MAX_ID or not all(c in _ID_CHARS for c in text):
         return None
     return text
 
@@ -246,16 +247,15 @@ class Waits:
         stream: bool,
     ) -> Ticket:
         """A request's ticket (it goes on the board only if it has to wait)."""
-        rid = request = wanted = None
+        request = wanted = None
         for name, value in headers:
             if name == REQUEST_ID_HEADER:
                 request = value
             elif name == PROGRESS_HEADER:
                 wanted = value
-        rid = next(self._rids)
         return Ticket(
             self,
-            rid,
+            next(self._rids),
             model,
             key,
             endpoint,
