@@ -200,6 +200,15 @@ def phase_cell(e: p.EngineInfo, now: float) -> str:
     return "-"
 
 
+def queued_cell(e: p.EngineInfo, now: float) -> str:
+    """``3, 12s``: requests waiting for it, and how long the oldest has waited."""
+    if not e.queued:
+        return "-"
+    if e.queued_since is None:
+        return str(e.queued)
+    return f"{e.queued}, {duration(max(0.0, now - e.queued_since))}"
+
+
 def until_cell(e: p.EngineInfo, now: float) -> str:
     """When the idle TTL evicts it (``ollama ps``'s UNTIL); asleep: when ``sleep_ttl``
     stops it."""
@@ -253,6 +262,10 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
         headers.insert(-1, "SLEEP")
         for e, row in zip(engines, rows, strict=True):
             row.insert(-1, e.sleep if e.sleep in SLEEP_SHOWN else "-")
+    if any(e.queued for e in engines):  # only while requests wait (issue 46)
+        headers.insert(-1, "QUEUED")
+        for e, row in zip(engines, rows, strict=True):
+            row.insert(-1, queued_cell(e, now))
     if any(e.gateway for e in engines):  # only when ktd registers with a gateway
         headers.insert(-1, "GATEWAY")
         for e, row in zip(engines, rows, strict=True):

@@ -326,6 +326,8 @@ class Sync(Request, tag="sync"):
         dict[ModelName, Annotated[int, msgspec.Meta(ge=0)]],
         msgspec.Meta(max_length=MAX_REPORTED),
     ] = {}  # alias -> requests waiting
+    # alias -> seconds the oldest request waiting for it here has waited (issue 46)
+    oldest: Annotated[dict[ModelName, Seconds], msgspec.Meta(max_length=MAX_REPORTED)] = {}
     wait: Seconds = 0.0
     daemon: Id = ""  # the daemon run whose grants ``seen`` counts
     seen: Annotated[int, msgspec.Meta(ge=0)] = 0  # highest grant number received from it
@@ -612,6 +614,7 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     expires_at: float | None = None  # when the idle TTL evicts it (None: never / busy)
     load_started: float | None = None  # this load's start, while starting
     load_eta: float | None = None  # expected load duration (median of recent loads)
+    load_percent: float | None = None  # how far the engine's own log says the load is
     last_log: str | None = None  # the engine's last log line (never in ``state``/``phase``)
     claims: int = 0  # frontends' standing claims on it (issue 15)
     # The phase as data (``phase`` is its text): programs act on these, never on prose.
@@ -624,6 +627,8 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     asleep_since: float | None = None  # wall clock: when it fell asleep (state "asleep")
     sleep_ttl: float = 0.0  # seconds asleep before it is stopped (0: never)
     host_bytes: int | None = None  # host RAM it holds on its NUMA nodes while asleep (estimate)
+    # Wall clock: when the oldest request the frontends say wait for it came (issue 46).
+    queued_since: float | None = None
 
     def __post_init__(self) -> None:
         # One number under two names, whichever the sender set: an older daemon sends
@@ -1033,6 +1038,7 @@ class Event(msgspec.Struct, kw_only=True):
     phase: str | None = None
     load_started: float | None = None
     load_eta: float | None = None
+    load_percent: float | None = None  # as ``EngineInfo.load_percent``
     step: str | None = None  # as ``EngineInfo.step``
     waiting_for: list[str] = []
     pull: PullInfo | None = None  # ``pull.<repo>@<revision>`` events: the job (1.2)

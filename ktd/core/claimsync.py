@@ -166,3 +166,9 @@ def stronger(new: p.Recall, old: p.Recall | None) -> bool:
 def queued_for(alias: str, reports: Iterable[Mapping[str, int]]) -> int:
     """Requests the frontends say wait for ``alias`` (admission, load, swap)."""
     return sum(r.get(alias, 0) for r in reports)
+
+
+def queued_since(alias: str, reports: Iterable[Mapping[str, float]]) -> float | None:
+    """When the oldest request the frontends say wait for ``alias`` came (their
+    ``Sync.oldest``, made wall-clock times on arrival), or None."""
+    return min((r[alias] for r in reports if alias in r), default=None)

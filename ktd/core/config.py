@@ -149,6 +149,7 @@ class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_concurrent: int | None = None
     tokens_per_day: int | None = None
     priority: int = 0
+    progress: Literal["", "events", "reasoning"] = ""  # waiting streams: reasoning deltas too
 
 
 class FrontendSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -17,6 +17,7 @@ __all__ = [
     "Seam",
     "is_probe_access",
     "overlap",
+    "percent_of",
     "phase_of",
     "probe_path",
     "split_probe_access",
@@ -52,6 +53,22 @@ def phase_of(line: str) -> str | None:
         if marker in line:
             return phase
     return None
+
+
+#: A progress bar's percentage as SGLang's tqdm bars print it: its own format
+#: (``sglang.srt.utils.common.BAR_FORMAT``, "Loading safetensors checkpoint shards:  50%
+#: Completed | 1/2 [...]") or tqdm's default ("Capturing batches (bs=8 ...):  50%|###  |").
+_PERCENT = re.compile(r"(\d{1,3})% ?(?:Completed \||\|)")
+
+
+def percent_of(line: str) -> float | None:
+    """How far the load step ``line`` reports is (0-100), or None. A tqdm bar redraws
+    itself with carriage returns on one line: its last drawing counts."""
+    found = _PERCENT.findall(line)
+    if not found:
+        return None
+    value = float(found[-1])
+    return value if value <= 100 else None
 
 
 def is_probe_access(line: str) -> bool:

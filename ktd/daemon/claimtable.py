@@ -57,6 +57,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Literal
 
@@ -93,6 +94,7 @@ class ClaimTable:
         self._on_change = on_change
         self.by_id: dict[str, tuple[Engine, ClaimRec]] = {}
         self.queued: dict[str, dict[str, int]] = {}  # client -> alias -> waiting requests
+        self.since: dict[str, dict[str, float]] = {}  # client -> alias -> oldest came (wall)
         self._tell: dict[str, set[str]] = {}  # client -> claims to tell it to drop
         self._parked: dict[str, trio.Event] = {}  # client -> its parked Sync's wake-up
         self.holders: dict[str, Holder] = {}  # client -> its process (claims keep it)
@@ -114,6 +116,10 @@ class ClaimTable:
 
     def queued_for(self, alias: str) -> int:
         return policy.queued_for(alias, self.queued.values())
+
+    def queued_since(self, alias: str) -> float | None:
+        """When the oldest request a frontend says waits for ``alias`` came (wall clock)."""
+        return policy.queued_since(alias, self.since.values())
 
     def reply_for(self, claim_id: str) -> p.ClaimReply:
         engine, rec = self.by_id[claim_id]
@@ -188,6 +194,8 @@ class ClaimTable:
         sides = {alias: claim_side(e) for alias, e in engines.items()}
         result = policy.reconcile(msg, self.of_client(msg.client), sides, self.run)
         self.queued[msg.client] = {a: n for a, n in msg.queued.items() if n}
+        wall = time.time()
+        self.since[msg.client] = {a: wall - s for a, s in msg.oldest.items()}
         changed: set[str] = set()
         for rec, st in result.confirm:
             engine = self.by_id[rec.id][0]
@@ -256,6 +264,7 @@ class ClaimTable:
                 self._remove(engine, rec)
         for client in dead:
             self.queued.pop(client, None)
+            self.since.pop(client, None)
             self._tell.pop(client, None)
             self.holders.pop(client, None)
 

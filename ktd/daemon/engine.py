@@ -131,6 +131,7 @@ class Stats:
     failures: int = 0  # consecutive failed loads
     failed_at: float = 0.0  # trio clock of the last failure
     load_started: float | None = None  # wall clock: when this load began
+    load_percent: float | None = None  # how far the engine's log says this load's step is
     last_log: str | None = None
     made_room: tuple[str, ...] = ()  # engines this run's load stopped to make room
     owed: bool = False  # made_room is to be brought back if this load fails before ready
@@ -178,6 +179,7 @@ class Engine:
         self.claims: dict[str, ClaimRec] = {}  # frontends' standing claims (claimtable.py)
         self.gate = Gate()
         self.remote_queued = 0  # requests the frontends say wait for this engine
+        self.remote_since: float | None = None  # wall clock: the oldest of them came
         self.idle_since: float | None = None  # end of its last request (monotonic); None: never
         #                                      used nor ready
         self.stats = Stats()
@@ -359,6 +361,7 @@ class Engine:
             "waiting_for": list(phase.waiting_for()) if phase else [],
             "load_started": self.stats.load_started if starting else None,
             "load_eta": self.host.expected_load(self.alias) if starting else None,
+            "load_percent": self.stats.load_percent if starting else None,
         }
 
     def info(self, *, tail: int = 0) -> EngineInfo:
@@ -404,6 +407,7 @@ class Engine:
             asleep_since=self.asleep_since if self.state == S.ASLEEP else None,
             sleep_ttl=self.spec.sleep_ttl,
             host_bytes=self.host_bytes if self.state == S.ASLEEP else None,
+            queued_since=self.remote_since if self.remote_queued else None,
         )
 
     # ------------------------------------------------------------ requests (any task)

@@ -373,6 +373,12 @@ class EngineLog:
         lines = [c.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1] for c in complete]
         return self._add(lines)
 
+    def drawing(self) -> str:
+        """The line being written now, not ended yet: a progress bar's last frame (tqdm
+        redraws with ``\r`` and ends the line only when the bar closes)."""
+        frames = [f for f in self._partial.split(b"\r") if f.strip()]
+        return frames[-1].decode(errors="replace") if frames else ""
+
     def note(self, line: str) -> None:
         """A line of ktd's own about this engine (spawn, signals, exit status), in file and tail.
         Written through the followed fd when there is one: into the engine's own file, in

@@ -670,6 +670,7 @@ class Pool:
         self._claims.report(msg, self.engines)
         for e in self.engines.values():
             queued = self._claims.queued_for(e.alias)
+            e.remote_since = self._claims.queued_since(e.alias)
             if queued != e.remote_queued:
                 e.remote_queued = queued
                 e.notify_changed()

@@ -373,6 +373,7 @@ class Supervisor:
         """The launch pipeline: probe, preflight, place, spawn. None: the engine runs."""
         e = self.e
         e.stats.load_started = time.time()
+        e.stats.load_percent = None
         e.stats.made_room, e.stats.owed = (), False
         probe = await self._probed()
         if isinstance(probe, Outcome):
@@ -564,6 +565,8 @@ class Supervisor:
                     if any(READY_LINE in line for line in lines):
                         self._health.ready_line.set()
                     self._note_progress(lines)
+                if e.state == S.STARTING:  # a bar being drawn: its percentage
+                    self._note_percent(e.log.drawing())
                 if watch is None:
                     await trio.sleep(0.05 if e.state == S.STARTING else 1.0)
                     continue
@@ -584,7 +587,15 @@ class Supervisor:
         for line in shown:
             text = loglines.phase_of(line)
             if text and (e.phase is None or text != e.phase.text):
+                e.stats.load_percent = None  # a new step: its own bar, if any
                 e.set_phase(Phase.of(Step.LOADING, text))
+            self._note_percent(line)
+
+    def _note_percent(self, line: str) -> None:
+        """The load step's percentage, where the engine's progress bar gives one."""
+        percent = loglines.percent_of(line)
+        if percent is not None and self.e.state == S.STARTING:
+            self.e.stats.load_percent = percent
 
     async def _pump_pipe(self, stream: trio.abc.ReceiveStream) -> None:
         """The fallback when the log file cannot be opened: ktd drains the engine's pipe."""

@@ -28,7 +28,7 @@ from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core.keys import Policy
-from ktd.frontend import catalog, errors, gateway_metrics, patches, ui, worker_info
+from ktd.frontend import catalog, errors, gateway_metrics, patches, ui, waitroutes, worker_info
 from ktd.frontend.errors import ApiError
 from ktd.frontend.flow import Flow
 from ktd.frontend.ollama import OllamaRoutes
@@ -86,6 +86,7 @@ def create_app(options: FrontendOptions) -> QuartTrio:
     async def _start() -> None:
         await app.nursery.start(state.broker.run)
         app.nursery.start_soon(state.upstream.watchdog)
+        app.nursery.start_soon(state.waits.run)
 
     @app.after_serving
     async def _stop() -> None:
@@ -93,7 +94,8 @@ def create_app(options: FrontendOptions) -> QuartTrio:
         await state.upstream.aclose()
 
     _install_error_handlers(app)
-    _install_app_routes(app, {**_own_views(state), **worker_info.views(state)})
+    views = {**_own_views(state), **worker_info.views(state), **waitroutes.views(state)}
+    _install_app_routes(app, views)
     gateway_metrics.install(app, state, interval=options.heartbeat_interval)
     return app
 

@@ -203,6 +203,9 @@ class ClaimBroker:
         self._on_unreachable = on_unreachable  # each time the daemon stops answering
         # Each claim's engine key goes to the engine hop (State wires it; issue 32).
         self.on_engine_key: Callable[[str, str | None], None] = lambda url, key: None
+        # Per model, how long its oldest waiting request has waited (State wires the
+        # board of waiting requests: ``ktd.frontend.waits``; issue 46).
+        self.oldest: Callable[[], dict[str, float]] = dict
         self._returning = 0
         self._returned = trio.Event()
         # What this frontend's requests used, until the daemon's ledger holds it.
@@ -547,6 +550,7 @@ class ClaimBroker:
                 for h in self.desk.claims.values()
             ],
             queued=self.desk.queued(),
+            oldest=self.oldest(),
             wait=wait,
             daemon=self.daemon_run,
             seen=self.seen,

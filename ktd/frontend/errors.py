@@ -282,6 +282,15 @@ KINDS: dict[str, Kind] = {
     ),
     "disconnected": Kind(400, INVALID_REQUEST, "disconnected", "client went away"),
     "forbidden": Kind(403, INVALID_REQUEST, "forbidden", "{message}"),
+    # GET /v1/ktd/requests/{id}: not waiting (never came, began its answer, ended), or
+    # another key's (issue 46).
+    "request_not_waiting": Kind(
+        404,
+        INVALID_REQUEST,
+        "request_not_waiting",
+        "No request `{request_id}` waits here for this key (it began its answer, ended, "
+        "or never came).",
+    ),
     "conflict": Kind(409, INVALID_REQUEST, None, "{message}"),
     "key_needed": Kind(401, INVALID_REQUEST, "missing_api_key", "This dashboard needs a key."),
     # Ollama's own words for a name it does not know (its clients match on them).

@@ -297,6 +297,9 @@ class Flow:
             framing="ndjson" if ollama else "sse",
             remember=self._remember if route.remember else None,
             progress=self._progress_for(base),
+            watch=state.waits.ticket(
+                base, key.name, endpoint, scope["headers"], stream=stream and not ollama
+            ),
         )
 
     async def _acquire(self, alias: str, key: KeyTerms) -> PendingAsk:

@@ -84,6 +84,14 @@ class Metrics:
             buckets=_LOAD_BUCKETS,
             registry=r,
         )
+        self.phase_wait = Histogram(
+            "ktd_frontend_wait_seconds",
+            "Time a request waited before its answer began, by what it waited for "
+            "(queued, room, pulling, loading, waking, prefill; ktd.core.waiting).",
+            ["model", "phase"],
+            buckets=_LOAD_BUCKETS,
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "ktd_frontend_upstream_errors",
             "Engine HTTP failures: connect, timeout, or broken mid-response.",
@@ -155,6 +163,9 @@ class Metrics:
 
     def waited(self, model: str, seconds: float) -> None:
         _child(self._waited, model, self.load_wait, model).observe(seconds)
+
+    def phase_waited(self, model: str, phase: str, seconds: float) -> None:
+        self.phase_wait.labels(model, phase).observe(seconds)
 
     def add_pool_gauge(self, count: Callable[[], tuple[int, int]]) -> None:
         """Export upstream connection-pool occupancy, read at scrape time only."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -41,6 +41,9 @@ from ktd.frontend.upstream import (
     UpstreamPool,
     UpstreamTimeout,
 )
+
+if TYPE_CHECKING:
+    from ktd.frontend.waits import Ticket
 
 log = logging.getLogger("ktd.frontend")
 
@@ -185,6 +188,7 @@ class Exchange:
         "tally",
         "target",
         "tokens",
+        "watch",
     )
 
     def __init__(
@@ -209,6 +213,7 @@ class Exchange:
         framing: str = "sse",
         remember: Callable[[str, bytes], None] | None = None,
         progress: Callable[[float], Awaitable[bytes]] | None = None,
+        watch: Ticket | None = None,
     ) -> None:
         self.broker = broker
         self.acquire = acquire  # asks for a slot on the flow's terms (``admit``)
@@ -237,6 +242,7 @@ class Exchange:
         self.progress = progress  # the comments a stream waits in
         self.retry = True  # a held claim that proved stale may be asked for again, once
         self.framing = framing  # a stream's: "sse", or "ndjson" (Ollama's API)
+        self.watch = watch  # its place on the board of waiting requests (waits.py)
         metrics.in_flight.inc()
 
     # ------------------------------------------------------------ steps
@@ -248,12 +254,16 @@ class Exchange:
             self.handle = await self.acquire()
         except (ControlError, Unreachable) as exc:
             raise self.failed(control_error(self.model, exc)) from None
+        if self.watch is not None and not self.handle.answered:
+            self.watch.arrived()  # it waits: on the board
         return self.handle
 
     def got_slot(self, slot: Slot, waited: float) -> None:
         self.slot = slot
         self.label = slot.alias
         self.metrics.waited(slot.alias, waited)
+        if self.watch is not None:
+            self.watch.sent()
 
     def failed(self, err: ApiError) -> ApiError:
         """Record an error's status (and a bounded model label) and return it."""
@@ -314,6 +324,8 @@ class Exchange:
 
     def first_byte(self) -> None:
         self.metrics.first_byte(self.label, trio.current_time() - self.started)
+        if self.watch is not None:
+            self.watch.first_token()
 
     def client_deaf(self) -> None:
         """The client stopped reading (``frontend.send_timeout``; the transport said so and
@@ -339,6 +351,8 @@ class Exchange:
             self.slot.leave()
         self.metrics.in_flight.dec()
         self.metrics.request_done(self.endpoint, self.label, self.status)
+        if self.watch is not None:
+            self.watch.closed(self.label)
         if self.on_usage is not None and self.label != UNKNOWN_MODEL:
             # A stream that began (the engine's 200), ended or cut short: what it carried.
             opened = self.response is not None and self.response.status == 200
@@ -393,7 +407,7 @@ async def _relay(ex: Exchange, give: Give, interval: float) -> None:
     tail = b""
     try:
         if ex.response is None:
-            await give(await _comment(ex), True)
+            await give(await _comment(ex, first=True), True)
             while True:
                 slot = await _next_slot(ex, give, interval)
                 ex.got_slot(slot, trio.current_time() - ex.started)
@@ -452,16 +466,30 @@ def _rest(tally: StreamTally | None) -> bytes:
 
 
 async def _next_slot(ex: Exchange, give: Give, interval: float) -> Slot:
-    """Wait for the exchange's slot, a ``: loading`` comment every ``interval`` seconds."""
+    """Wait for the exchange's slot, a ``: loading`` comment every ``interval`` seconds,
+    and a progress event as soon as its progress changes (its ticket is poked)."""
     assert ex.handle is not None
+    due = trio.current_time() + interval
     while True:
-        try:
-            slot = await ex.handle.wait(interval)
-        except (ControlError, Unreachable) as exc:
-            raise ex.failed(control_error(ex.model, exc)) from None
+        slot = None
+        with trio.CancelScope() as poked:
+            if ex.watch is not None:
+                ex.watch.poke_scope = poked
+            try:
+                slot = await ex.handle.wait(max(0.0, due - trio.current_time()))
+            except (ControlError, Unreachable) as exc:
+                raise ex.failed(control_error(ex.model, exc)) from None
+        if ex.watch is not None:
+            ex.watch.poke_scope = None
         if slot is not None:
             return slot
-        await give(await _comment(ex), True)
+        if poked.cancelled_caught and ex.handle.answered:
+            continue  # the slot came as we were poked: take it
+        if trio.current_time() >= due:
+            due = trio.current_time() + interval
+            await give(await _comment(ex), True)
+        elif ex.watch is not None and (event := ex.watch.event()):
+            await give(event, True)
 
 
 def _error_tail(ex: Exchange, err: ApiError, last: bytes) -> bytes:
@@ -475,11 +503,16 @@ def _error_tail(ex: Exchange, err: ApiError, last: bytes) -> bytes:
     return (b"" if last.endswith(b"\n\n") else b"\n\n") + err.sse() + SSE_DONE
 
 
-async def _comment(ex: Exchange) -> bytes:
+async def _comment(ex: Exchange, *, first: bool = False) -> bytes:
+    """The ``: loading`` comment, and the progress event (``waits.py``) after it."""
     elapsed = trio.current_time() - ex.started
     if ex.progress is not None:
-        return await ex.progress(elapsed)
-    return loading_comment(ex.model, elapsed)
+        comment = await ex.progress(elapsed)
+    else:
+        comment = loading_comment(ex.model, elapsed)
+    if ex.watch is None:
+        return comment
+    return comment + ex.watch.event(force=True, first=first)
 
 
 def waiting_comment(what: str, elapsed: float) -> bytes:

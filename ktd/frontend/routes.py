@@ -149,6 +149,7 @@ TABLE: tuple[Route, ...] = (
     _ui("/ui/api/logs", "logs", "GET"),
     _ui("/ui/api/plan", "plan", "GET"),
     _ui("/ui/api/usage", "usage", "GET"),
+    _ui("/ui/api/waiting", "waiting", "GET"),
     _ui("/ui/api/action", "action", "POST"),
     _ui("/ui/api/config", "config", "GET"),
     _ui("/ui/api/config/plan", "config_plan", "POST"),
@@ -164,6 +165,9 @@ TABLE: tuple[Route, ...] = (
     _app("/model_info", "model_info"),
     _app("/get_model_info", "get_model_info"),
     _app("/get_load", "get_load"),
+    # Requests waiting for their engine (waitroutes.py, issue 46).
+    _app("/v1/ktd/requests", "waiting_requests"),
+    _app("/v1/ktd/requests/<request_id>", "waiting_request"),
 )
 
 # Exact paths -> their rows; paths with a variable part as one regex each, tried in turn.

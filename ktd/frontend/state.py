@@ -15,6 +15,7 @@ from ktd.frontend.catalog import ResponseBook
 from ktd.frontend.enginekeys import KeyCache
 from ktd.frontend.metrics import Metrics
 from ktd.frontend.upstream import UpstreamPool
+from ktd.frontend.waits import Waits
 
 
 @dataclass
@@ -61,6 +62,10 @@ class State:
         )
         self.created = int(time.time())
         self.responses = ResponseBook()
+        # Requests waiting for their engine (issue 46): what they are told, and ktd.
+        modes = {k.name: k.progress for k in options.frontend.keys if k.progress}
+        self.waits = Waits(self.broker, self.metrics, key_modes=modes)
+        self.broker.oldest = self.waits.oldest
 
     async def _ask_engine_keys(self) -> dict[str, str]:
         reply = await self.broker.request(p.EngineKeys())

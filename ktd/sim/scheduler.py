@@ -113,7 +113,20 @@ def _load_weights(seconds: float, crash: bool) -> None:
             "CUDA out of memory while loading weights "
             "(simulated failure: KTD_SIM_CRASH_DURING_LOAD=1)"
         )
-    time.sleep(seconds)
+    # SGLang's bar (``sglang.srt.utils.common.BAR_FORMAT``), drawn as tqdm draws it on
+    # stderr: each frame after a carriage return, the line ended when the bar closes.
+    shards = 4
+    for done in range(shards + 1):
+        pct = 100 * done // shards
+        sys.stderr.write(
+            f"\rLoading safetensors checkpoint shards: {pct:3d}% Completed | "
+            f"{done}/{shards} [00:00<00:00, 1.00it/s]"
+        )
+        sys.stderr.flush()
+        if done < shards:
+            time.sleep(seconds / shards)
+    sys.stderr.write("\n")
+    sys.stderr.flush()
 
 
 def _init_model_runner(args: argparse.Namespace, knobs: Knobs) -> dict[str, object]:

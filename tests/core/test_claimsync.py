@@ -99,6 +99,11 @@ def test_queued_adds_up_the_frontends_reports() -> None:
     assert c.queued_for("m", [{"m": 2}, {"m": 1, "n": 4}, {}]) == 3
 
 
+def test_the_oldest_wait_is_the_earliest_of_the_frontends() -> None:
+    assert c.queued_since("m", [{"m": 20.0}, {"m": 10.0, "n": 5.0}, {}]) == 10.0
+    assert c.queued_since("x", [{"m": 20.0}]) is None
+
+
 def test_an_unconfirmed_claim_counts_as_busy() -> None:
     assert rec("a", confirmed=False).counts_as == 1
     assert rec("a", confirmed=False, in_flight=3).counts_as == 3

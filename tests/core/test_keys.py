@@ -64,6 +64,7 @@ def _load(tmp_path: Path, keys: object, **frontend: object) -> None:
         ([{"name": "a", "key": "k", "max_concurrent": 0}], "keys[0].max_concurrent", ">= 1"),
         ([{"name": "a", "key": "k", "tokens_per_day": -5}], "keys[0].tokens_per_day", ">= 1"),
         ([{"name": "a", "key": "k", "priority": 10**6}], "keys[0].priority", "-1000..1000"),
+        ([{"name": "a", "key": "k", "progress": "think"}], "keys[0].progress", "Invalid enum"),
     ],
 )
 def test_bad_keys_are_named_by_file_and_field(

@@ -7,7 +7,14 @@ from pathlib import Path
 
 from ktctl import render
 from ktd import protocol as p
-from ktd.core.loglines import Seam, is_probe_access, overlap, phase_of, split_probe_access
+from ktd.core.loglines import (
+    Seam,
+    is_probe_access,
+    overlap,
+    percent_of,
+    phase_of,
+    split_probe_access,
+)
 from ktd.daemon.loadhistory import LoadHistory
 
 HEALTH = '[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /health?ktd=probe HTTP/1.1" 200 OK'
@@ -20,6 +27,17 @@ def test_milestones_become_phases() -> None:
     assert phase_of("[2026 TP0] Load weight begin. avail mem=70.00 GB") == "loading weights"
     assert phase_of("[2026] Uvicorn running on http://127.0.0.1:30000") == "warming up"
     assert phase_of("[2026 TP0] Prefill batch. #new-seq: 1") is None
+
+
+def test_a_progress_bars_percentage_as_sglang_prints_it() -> None:
+    # SGLang's own BAR_FORMAT (sglang/srt/utils/common.py), and tqdm's default (the CUDA
+    # graph capture's bar); a redrawn line's last frame counts.
+    bar = "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01, 1.2it/s]"
+    assert percent_of(bar) == 50.0
+    assert percent_of("Capturing batches (bs=8 avail_mem=3.10 GB):  25%|##5  | 1/4 [00:01<]") == 25
+    assert percent_of("x:   0% Completed | 0/9\rx: 100% Completed | 9/9") == 100.0
+    assert percent_of("Load weight begin. avail mem=20% free") is None
+    assert percent_of("nonsense 900% Completed | 1/1") is None
 
 
 def test_probe_access_lines_are_told_apart() -> None:

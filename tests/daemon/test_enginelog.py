@@ -30,6 +30,25 @@ def test_follow_lines_partial_and_carriage_returns(tmp_path: Path) -> None:
     os.close(fd)
 
 
+def test_the_bar_being_drawn_is_read_before_its_line_ends(tmp_path: Path) -> None:
+    """tqdm ends a bar's line only when it closes: its frames so far are ``drawing()``."""
+    log = EngineLog(tmp_path / "a.log")
+    fd = log.open_for_engine()
+    assert fd is not None
+    log.start_following(from_end=True)
+    assert log.drawing() == ""
+    os.write(fd, b"done\n\rLoading safetensors checkpoint shards:   0% Completed | 0/4")
+    assert log.poll() == ["done"]
+    assert log.drawing().endswith("0% Completed | 0/4")
+    os.write(fd, b"\rLoading safetensors checkpoint shards:  50% Completed | 2/4\r")
+    assert log.poll() == []
+    assert "50% Completed" in log.drawing()
+    os.write(fd, b"Loading safetensors checkpoint shards: 100% Completed | 4/4\n")
+    assert log.poll() == ["Loading safetensors checkpoint shards: 100% Completed | 4/4"]
+    assert log.drawing() == ""
+    os.close(fd)
+
+
 def test_each_published_batch_carries_the_count_the_tail_is_read_at(tmp_path: Path) -> None:
     """``Event.upto`` and ``LogsReply.upto``: a follower's seam is a count, not text."""
     counts: list[tuple[int, list[str]]] = []

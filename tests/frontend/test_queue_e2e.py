@@ -31,8 +31,15 @@ def start(
 
 
 async def first_event(lines: Any) -> str:
+    """The stream's first line of the engine's: the load's progress (comments, and the
+    ``ktd.progress`` events with their data lines) passed over."""
+    progress = False
     async for line in lines:
-        if line.strip() and not line.startswith(":"):  # comments: the load's progress
+        if line.startswith("event: ktd.progress"):
+            progress = True
+        elif progress and line.startswith("data: "):
+            progress = False
+        elif line.strip() and not line.startswith(":"):
             return str(line)
     raise AssertionError("stream ended")
 

@@ -35,3 +35,13 @@ def test_gateway_text() -> None:
     text = render.gateway_text(info, now=10.0)
     assert "http://r:1: up, 1 of 3 worker(s) ours" in text
     assert "http://r:2: DOWN (2 failure(s), retry in 5.0s): refused" in text
+
+
+def test_status_table_gains_a_queued_column_while_requests_wait() -> None:
+    idle = p.EngineInfo(alias="m", state="ready")
+    assert "QUEUED" not in render.status_table([idle], 100.0)
+    busy = p.EngineInfo(alias="m", state="ready", queued=3, queued_since=88.0)
+    text = render.status_table([busy, idle], 100.0)
+    assert "QUEUED" in text and "3, 12.0s" in text
+    assert render.queued_cell(idle, 100.0) == "-"
+    assert render.queued_cell(p.EngineInfo(alias="m", state="ready", queued=2), 0) == "2"

@@ -44,7 +44,11 @@ def install(app: QuartTrio, state: State) -> Dashboard:
     )
     access = Access(state.keys.ring, control=options.frontend.ui_control)
     dashboard = Dashboard(
-        hub, access, load(), heartbeat=heartbeat_interval(options.frontend.idle_timeout)
+        hub,
+        access,
+        load(),
+        heartbeat=heartbeat_interval(options.frontend.idle_timeout),
+        waits=state.waits,
     )
     app.extensions[_KEY] = hub
 

@@ -60,6 +60,7 @@ from ktd.frontend.ui import configedit, wire
 from ktd.frontend.ui.access import CONTROL_HEADER, Access, cookie_value, set_cookie
 from ktd.frontend.ui.hub import SUBSCRIBE_WAIT, Hub, Item, LogLines, Viewer
 from ktd.frontend.ui.page import Page
+from ktd.frontend.waits import Waits
 
 log = logging.getLogger("ktd.frontend.ui")
 
@@ -145,8 +146,11 @@ class UiRequest:
 class Dashboard:
     """The ``owner="ui"`` rows of routes.py: ``/ui`` and below (router.py hands them over)."""
 
-    def __init__(self, hub: Hub, access: Access, page: Page, *, heartbeat: float):
+    def __init__(
+        self, hub: Hub, access: Access, page: Page, *, heartbeat: float, waits: Waits | None = None
+    ):
         self.hub = hub
+        self.waits = waits  # the requests waiting at this frontend (issue 46)
         self.access = access
         self.page = page
         self.heartbeat = heartbeat
@@ -163,6 +167,7 @@ class Dashboard:
             "logs": self.logs,
             "plan": self.plan,
             "usage": self.usage,
+            "waiting": self.waiting,
             "action": self.action,
             "config": self.config,
             "config_plan": self.config_plan,
@@ -265,6 +270,13 @@ class Dashboard:
             raise control_error("", exc) from None
         rows = reply.rows if isinstance(reply, p.UsageReply) else []
         await req.json_reply({"since": since, "days": USAGE_DAYS, "rows": rows})
+
+    async def waiting(self, req: UiRequest) -> None:
+        """The requests waiting here (``ktd.frontend.waits``): every key's for an admin
+        key (or a frontend without keys), else only the viewer's own key's."""
+        who = req.who
+        key = who.name if self.access.required and who is not None and not who.admin else None
+        await req.json_reply({"data": self.waits.listing(key=key) if self.waits else []})
 
     async def action(self, req: UiRequest) -> None:
         if not self.access.may_act(req.who, req.header(CONTROL_HEADER)):

@@ -16,7 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-SCRIPTS = ("util.js", "plots.js", "usage.js", "machine.js", "cards.js", "config.js", "app.js")
+SCRIPTS = (
+    "util.js",
+    "plots.js",
+    "usage.js",
+    "waiting.js",
+    "machine.js",
+    "cards.js",
+    "config.js",
+    "app.js",
+)
 
 
 @dataclass(frozen=True)

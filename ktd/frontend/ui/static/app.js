@@ -84,6 +84,7 @@ function start(session) {
   $("config-panel").hidden = !session.control;
   connect();
   fetchUsage();
+  fetchWaiting();
 }
 
 function heard() { UI.lastHeard = Date.now() / 1000; }
@@ -219,6 +220,13 @@ async function fetchUsage() {
   K.usage.render($("usage"), UI.usage);
 }
 setInterval(() => { if (UI.session && !$("dash").hidden) fetchUsage(); }, 60000);
+
+// Waiting requests come and go by the second: read each second while the page shows.
+async function fetchWaiting() {
+  const res = await K.getJSON("api/waiting");
+  if (res.ok) K.waiting.render($("waiting"), res.body);
+}
+setInterval(() => { if (UI.session && !$("dash").hidden) fetchWaiting(); }, 1000);
 
 function appendLog(lines) {
   const pre = $("logs");
