@@ -7,7 +7,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from ktd.daemon.sdnotify import notify, watchdog_interval
+from ktd.sdnotify import notify, watchdog_interval
 
 
 def test_notify_sends_a_datagram() -> None:

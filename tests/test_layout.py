@@ -1,0 +1,161 @@
+"""The layout's rules, read from the code itself (``ast``), so a change that breaks one fails here.
+
+``docs/architecture.md`` states them: the frontend and ktctl never import the daemon
+(they are other processes, and ktctl must start fast), the pure core imports none of
+the processes' code, no module grows over 600 lines, a class name means one thing.
+Every import counts, those inside functions and ``TYPE_CHECKING`` blocks and
+``importlib.import_module("...")`` with a literal name too: a lazy import is still an
+arrow. ``tests/test_exports.py`` checks what importing really loads; this reads every
+path, the ones no test runs included.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from functools import cache
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("ktd", "ktctl")
+MAX_LINES = 600
+
+# Modules still over MAX_LINES, each with the line count it may not exceed (issue 45).
+# A module leaves the list when it is split; the list only shrinks, and a count only
+# goes down: a change that grows one of these splits it first.
+OVER_MAX_LINES = {
+    "ktd/protocol.py": 1078,
+    "ktd/core/config.py": 859,
+    "ktctl/client.py": 784,
+    "ktd/core/lifecycle.py": 758,
+    "ktd/daemon/pool.py": 700,
+    "ktd/core/admission.py": 679,
+    "ktctl/cli.py": 671,
+    "ktd/daemon/supervisor.py": 642,
+    "ktd/core/doctor.py": 631,
+    "ktd/frontend/broker.py": 611,
+}
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of ktd and ktctl by its dotted name (a package by its own)."""
+    out: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+@cache
+def imports(module: str) -> frozenset[str]:
+    """The modules of ktd and ktctl that ``module`` imports, wherever in it."""
+    known = modules()
+    path = known[module]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node, path.name == "__init__.py")
+            subs = [f"{base}.{a.name}" for a in node.names]
+            names = [s for s in subs if s in known]
+            if len(names) < len(subs):  # a name defined in the module itself
+                names.append(base)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names = [node.args[0].value]
+        found.update(n for n in names if n in known and n != module)
+    return frozenset(found)
+
+
+def reached(module: str) -> set[str]:
+    """Everything ``module`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for m in imports(todo.pop()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def _within(module: str, *roots: str) -> bool:
+    return any(module == r or module.startswith(r + ".") for r in roots)
+
+
+def wall_breaks(sources: tuple[str, ...], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for m in modules():
+        if _within(m, *sources):
+            bad = sorted(r for r in reached(m) if _within(r, *forbidden))
+            if bad:
+                out[m] = bad
+    return out
+
+
+def test_the_graph_sees_every_kind_of_import() -> None:
+    """The reader itself: a graph that missed imports would let every wall pass."""
+    assert "ktd.daemon.pool" in imports("ktd.daemon.main")  # from ktd.daemon.pool import ...
+    assert "ktd.protocol" in imports("ktctl.client")  # from ktd import protocol as p
+    assert "ktd.checkup" in imports("ktctl.cli")  # importlib.import_module("ktd.checkup")
+    assert "ktd.daemon.pool" in imports("ktd.daemon.doctor")  # under TYPE_CHECKING
+    assert "ktd.daemon.proctree" in reached("ktd.daemon.main")  # through others
+
+
+def test_frontend_and_ktctl_never_import_the_daemon() -> None:
+    assert wall_breaks(("ktd.frontend", "ktctl"), ("ktd.daemon",)) == {}
+
+
+def test_the_core_imports_no_process_code() -> None:
+    forbidden = ("ktd.daemon", "ktd.frontend", "ktctl", "ktd.gateway", "ktd.catalog", "ktd.sim")
+    assert wall_breaks(("ktd.core",), forbidden) == {}
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_no_module_over_600_lines_but_the_listed() -> None:
+    over = {
+        str(path.relative_to(REPO)): n
+        for path in modules().values()
+        if (n := _lines(path)) > MAX_LINES
+    }
+    grown = {
+        name: f"{n} lines, more than {OVER_MAX_LINES.get(name, MAX_LINES)}"
+        for name, n in over.items()
+        if n > OVER_MAX_LINES.get(name, MAX_LINES)
+    }
+    assert grown == {}, "split the module along a seam before adding to it"
+    gone = sorted(set(OVER_MAX_LINES) - set(over))
+    assert gone == [], "under 600 lines now (or gone): take it off OVER_MAX_LINES"
+
+
+def class_names() -> dict[str, list[str]]:
+    """Every class name defined in ktd and ktctl, with where (module:line)."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                out[node.name].append(f"{name}:{node.lineno}")
+    return out
