@@ -27,7 +27,6 @@ OVER_MAX_LINES = {
     "ktd/protocol.py": 1078,
     "ktd/core/config.py": 859,
     "ktctl/client.py": 784,
-    "ktd/core/lifecycle.py": 758,
     "ktd/daemon/pool.py": 700,
     "ktd/core/admission.py": 679,
     "ktctl/cli.py": 671,
