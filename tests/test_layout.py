@@ -24,7 +24,6 @@ MAX_LINES = 600
 # A module leaves the list when it is split; the list only shrinks, and a count only
 # goes down: a change that grows one of these splits it first.
 OVER_MAX_LINES = {
-    "ktd/protocol.py": 1078,
     "ktd/core/config.py": 859,
     "ktctl/client.py": 784,
     "ktd/daemon/pool.py": 700,
