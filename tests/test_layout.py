@@ -27,7 +27,6 @@ OVER_MAX_LINES = {
     "ktd/core/config.py": 859,
     "ktctl/client.py": 784,
     "ktd/daemon/pool.py": 700,
-    "ktd/core/admission.py": 679,
     "ktctl/cli.py": 671,
     "ktd/daemon/supervisor.py": 642,
     "ktd/core/doctor.py": 631,
