@@ -25,7 +25,6 @@ MAX_LINES = 600
 # goes down: a change that grows one of these splits it first.
 OVER_MAX_LINES = {
     "ktd/core/config.py": 859,
-    "ktctl/client.py": 784,
     "ktd/daemon/pool.py": 700,
     "ktctl/cli.py": 671,
     "ktd/daemon/supervisor.py": 642,
