@@ -13,7 +13,7 @@ from enum import StrEnum
 from ktd.core.limits import QueueLimits
 from ktd.core.states import ASLEEP, FAILED, READY, STARTING, STOPPED, WAKING, State
 
-__all__ = ["Answer", "EngineView", "Gate", "GateAction", "WaitEnd", "Waiter", "WantUp"]
+__all__ = ["Answer", "EngineView", "Gate", "GateAction", "GateWaiter", "WaitEnd", "WantUp"]
 
 
 class WaitEnd(StrEnum):
@@ -43,7 +43,7 @@ class EngineView:
 
 
 @dataclass
-class Waiter:
+class GateWaiter:
     """One waiting acquire (``claim`` False: it needs a slot) or claim request."""
 
     ticket: int
@@ -75,7 +75,7 @@ class Gate:
     """
 
     def __init__(self) -> None:
-        self.line: list[Waiter] = []
+        self.line: list[GateWaiter] = []
         self.cutoff: int | None = None
 
     def leases_waiting(self) -> int:
@@ -98,7 +98,7 @@ class Gate:
         )
 
     def arrive(
-        self, w: Waiter, view: EngineView, limits: QueueLimits, now: float
+        self, w: GateWaiter, view: EngineView, limits: QueueLimits, now: float
     ) -> list[GateAction]:
         if view.closing:
             return [Answer(w.ticket, WaitEnd.CLOSED)]
@@ -135,7 +135,7 @@ class Gate:
         """Everything the line can decide now (call on every change of the engine,
         a lease's end, a yield's end, and at the next deadline)."""
         out: list[GateAction] = []
-        keep: list[Waiter] = []
+        keep: list[GateWaiter] = []
         for w in self.line:
             if w.deadline <= now:
                 out.append(Answer(w.ticket, WaitEnd.TIMEOUT))
@@ -178,7 +178,7 @@ class Gate:
     def _settle(self, view: EngineView) -> list[GateAction]:
         """Stopped (or failed) and nobody wants it up: each waiter's fate."""
         out: list[GateAction] = []
-        keep: list[Waiter] = []
+        keep: list[GateWaiter] = []
         launched = False
         for w in self.line:
             if w.riding:
