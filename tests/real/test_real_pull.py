@@ -166,7 +166,9 @@ def test_the_pulled_tiny_model_loads_on_the_real_server_and_answers(stack: PullS
     src = Path(engine_env.model_dir())
     for f in src.iterdir():
         assert (dest / f.name).read_bytes() == f.read_bytes(), f.name
-    assert stack.hub.sent["model.safetensors"] - before == (src / "model.safetensors").stat().st_size
+    assert (
+        stack.hub.sent["model.safetensors"] - before == (src / "model.safetensors").stat().st_size
+    )
     t1 = time.monotonic()
     r = stack.daemon.ktctl("load", "tiny", "--timeout", "600", timeout=660)
     loaded = time.monotonic() - t1
