@@ -96,7 +96,7 @@ def test_a_pull_moves_its_bar_to_the_end_and_a_failed_one_says_why(
         assert b.visible(GONE + " .pull-error")
         error = b.text(GONE + " .pull-error")
         assert error.startswith("missing: ") and "404" in error, error
-        assert "failed (missing)" in b.text(GONE)
+        assert "failed (missing)" in b.text(GONE) and "nothing fetched" in b.text(GONE)
         assert b.count("#pulls .pull") == 2
 
         # A page opened afterwards gets the jobs from the daemon's `pulls`, not only events.

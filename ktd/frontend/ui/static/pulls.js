@@ -11,7 +11,10 @@ K.pulls.stateText = function (j) {
 };
 
 K.pulls.bytesText = function (j) {
-  if (!j.total) return j.state === "queued" ? "queued" : "reading the hub's metadata";
+  if (!j.total) {
+    if (j.state === "queued") return "waiting for a free slot";
+    return j.state === "running" ? "reading the hub's metadata" : "nothing fetched";
+  }
   const pct = j.fraction === null ? "" : ` (${(100 * j.fraction).toFixed(1)}%)`;
   return `${K.fmtBytes(j.done)} of ${K.fmtBytes(j.total)}${pct}`;
 };
