@@ -11,13 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.frontend.ui.conftest import Browser
 from tests.frontend.ui.uienv import box_models
 from tests.hub.standin import Repo, StandIn
-
-pytestmark = pytest.mark.e2e
 
 MiB = 1 << 20
 KEY, OTHER = "sk-pulls-ops", "sk-pulls-viewer"
