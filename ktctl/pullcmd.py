@@ -100,6 +100,8 @@ def job_line(job: PullInfo) -> str:
         text += f" {size(job.total)} in {job.dest}"
     if job.kind and job.state != "done":
         text += f": {job.kind}: {job.message}"
+        if job.kind == "refused":
+            text += " (--force fetches it anyway)"
     if job.restarts:
         text += f" (restarted {job.restarts}x)"
     return text

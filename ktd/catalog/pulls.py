@@ -53,11 +53,6 @@ def no_catalog(name: str) -> list[PullSpec]:
     )
 
 
-def models_dir(section: CatalogSection, state_dir: Path) -> Path:
-    """Where pulls put models: the config's ``catalog.dir``, else ``<state_dir>/models``."""
-    return Path(section.dir).expanduser() if section.dir else state_dir / "models"
-
-
 def spec_of_repo(ref: str) -> PullSpec:
     """``ORG/NAME[@REV]`` as a spec (the revision defaults to ``main``)."""
     repo, _, revision = ref.partition("@")
