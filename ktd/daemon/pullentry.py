@@ -30,7 +30,7 @@ from ktd.catalog.flags import Sizes, derive
 from ktd.catalog.modelsentry import EntryError, models_entry
 from ktd.control.errors import ControlError
 from ktd.core.config import ConfigTexts
-from ktd.core.pulljob import Job, JobState, Key
+from ktd.core.pulljob import LIVE, Job, JobState, Key
 from ktd.daemon import weights
 from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.pullcatalog import CatalogPulls, Resolution
@@ -117,12 +117,18 @@ class PullEntries:
     async def write(self, name: str, jobs: Mapping[Key, Job]) -> None:
         res: Resolution = await self._offload(self._catalog.resolution, name)
         r = res.resolved
-        if any((j := jobs.get(s.key)) is None or j.state is not JobState.DONE for s in r.specs):
+        states = [jobs.get(s.key) for s in r.specs]
+        if any(j is not None and j.state in LIVE for j in states):
             return  # another of its jobs is still going: the last one writes the entry
+        if any(j is None or j.state is not JobState.DONE for j in states):
+            raise EntryError(
+                f"not every repository of {r.entry.name} {r.variant.name} was pulled "
+                "(the catalog changed, or a job failed): pull it again"
+            )
         entry: dict[str, Any] = await self._offload(build_entry, res)
         desk = self._desk()
         if desk is None:
-            return
+            raise EntryError("ktd's config desk is not up yet")
         outcome: dict[str, Any] = {}
 
         def edit(disk: ConfigTexts) -> str | None:

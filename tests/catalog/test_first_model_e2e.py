@@ -139,3 +139,18 @@ def test_pull_a_catalog_name_then_load_it_and_chat(
             fe.stop()
         assert reply.choices[0].message.content
         assert reply.usage is not None and reply.usage.completion_tokens == 4
+
+        # The user sets a flag of their own; a pull again merges, their flag winning.
+        model["kt"]["extra_args"] = ["--chunked-prefill-size", "4096"]
+        (path.parent / "models.json").write_text(json.dumps([model]))
+        assert d.ktctl("reload").returncode == 0
+        sent = dict(hub.sent)
+        r = d.ktctl("pull", NAME)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"{NAME} merged into models.json" in r.stdout, r.stdout
+        assert "your --chunked-prefill-size 4096 kept (the pull's: 2048)" in r.stdout
+        [model] = json.loads((path.parent / "models.json").read_text())
+        assert model["kt"]["extra_args"] == [
+            "--chunked-prefill-size", "4096", "--tool-call-parser", "qwen25",
+        ]  # fmt: skip
+        assert dict(hub.sent) == sent  # nothing fetched twice
