@@ -3,7 +3,8 @@
 A user's entry is never overwritten: **a user's flag always wins**. When models.json has
 no model under the entry's alias, the pull's entry is added. When it has one (written by
 hand, or by an earlier pull: the two are not told apart, so an earlier pull's values are
-kept as the user's), the two are merged, the user's side winning at every level:
+kept as the user's; a model under another of the catalog entry's names counts too), the
+two are merged, the user's side winning at every level:
 
 * every field the user's entry has stays as it is (``path``, ``numa``, ``kt.kt_weight_path``,
   ``kt.ctx``, ...); the pull's fills only the fields it lacks. A ``path`` that is not the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from ktd.core.userflags import is_flag, user_flags
@@ -79,17 +81,30 @@ def _merge(mine: dict[str, Any], pulled: dict[str, Any], notes: list[str]) -> di
     return out
 
 
-def merge_entry(models: list[Any], entry: dict[str, Any]) -> tuple[list[Any], str, list[str]]:
-    """``models`` (models.json's list) with ``entry`` added or merged into the user's model
-    of that alias: (the new list, ``added``/``merged``/``unchanged``, notes)."""
-    alias = entry.get("alias")
-    for i, mine in enumerate(models):
-        if isinstance(mine, dict) and mine.get("alias") == alias:
-            notes: list[str] = []
-            merged = _merge(mine, entry, notes)
-            if merged == mine:
-                return list(models), "unchanged", notes
-            out = list(models)
-            out[i] = merged
-            return out, "merged", notes
-    return [*models, copy.deepcopy(entry)], "added", []
+def _find(models: list[Any], names: Sequence[str]) -> int | None:
+    for name in names:
+        for i, mine in enumerate(models):
+            if isinstance(mine, dict) and mine.get("alias") == name:
+                return i
+    return None
+
+
+def merge_entry(
+    models: list[Any], entry: dict[str, Any], names: Sequence[str] = ()
+) -> tuple[list[Any], str, list[str], str]:
+    """``models`` (models.json's list) with ``entry`` added, or merged into the user's
+    model of its alias, else of one of ``names`` (the catalog entry's other names: a pull
+    by another alias of a model models.json has does not add it twice; the model keeps
+    its alias): (the new list, ``added``/``merged``/``unchanged``, notes, the alias)."""
+    i = _find(models, [str(entry.get("alias")), *names])
+    if i is None:
+        return [*models, copy.deepcopy(entry)], "added", [], str(entry.get("alias"))
+    mine = models[i]
+    alias = str(mine["alias"])
+    notes: list[str] = []
+    merged = _merge(mine, {**entry, "alias": mine["alias"]}, notes)
+    if merged == mine:
+        return list(models), "unchanged", notes, alias
+    out = list(models)
+    out[i] = merged
+    return out, "merged", notes, alias

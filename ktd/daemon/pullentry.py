@@ -84,7 +84,8 @@ def build_entry(res: Resolution) -> dict[str, Any]:
     )
     # TODO(wt-o): the models.json field ``catalog`` (the entry's name) is set in
     # models_entry once config.py has it; nothing here marks the entry.
-    return models_entry(r.entry, r.variant, paths, d, topo, weights_numa=numa)
+    # The alias is the name the pull was asked by: `ktctl pull X` then `ktctl load X`.
+    return models_entry(r.entry, r.variant, paths, d, topo, alias=r.name, weights_numa=numa)
 
 
 class PullEntries:
@@ -138,14 +139,15 @@ class PullEntries:
                 raise EntryError(f"{disk.models_name} is not JSON ({exc}): left as it is") from None
             if not isinstance(current, list):
                 raise EntryError(f"{disk.models_name} is not a list of models: left as it is")
-            models, how, notes = merge_entry(current, entry)
-            outcome.update(how=how, notes=notes)
+            names = [r.entry.name, *r.entry.aliases]
+            models, how, notes, alias = merge_entry(current, entry, names)
+            outcome.update(how=how, notes=notes, alias=alias)
             return None if how == "unchanged" else json.dumps(models, indent=2) + "\n"
 
         who = Who(claimed=f"ktctl pull {name}")
         reply = await desk.apply_edit(edit, who, "pull")
         how, notes = str(outcome.get("how", "")), list(outcome.get("notes", []))
-        alias = str(entry["alias"])
+        alias = str(outcome.get("alias", entry["alias"]))
         if reply is None:
             self._say(name, alias, "unchanged", f"models.json already has {alias} as pulled", notes)
             return

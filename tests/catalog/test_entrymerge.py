@@ -20,8 +20,8 @@ PULLED: dict[str, Any] = {
 
 def test_a_new_alias_is_added() -> None:
     other = {"path": "/x", "backend": "kt", "alias": "other"}
-    out, how, notes = merge_entry([other], PULLED)
-    assert how == "added" and out == [other, PULLED] and notes == []
+    out, how, notes, alias = merge_entry([other], PULLED)
+    assert alias == "m" and how == "added" and out == [other, PULLED] and notes == []
 
 
 def test_a_users_flag_wins_and_the_rest_is_filled_in() -> None:
@@ -32,7 +32,7 @@ def test_a_users_flag_wins_and_the_rest_is_filled_in() -> None:
         "numa": [1],
         "kt": {"extra_args": ["--kt-num-gpu-experts", "12"], "ctx": 8192},
     }
-    out, how, notes = merge_entry([mine], PULLED)
+    out, how, notes, _ = merge_entry([mine], PULLED)
     assert how == "merged"
     [got] = out
     assert got["numa"] == [1] and got["kt"]["ctx"] == 8192
@@ -46,7 +46,7 @@ def test_a_users_flag_wins_and_the_rest_is_filled_in() -> None:
 
 def test_a_users_own_path_is_kept_and_said() -> None:
     mine = {"path": "/srv/my-m", "backend": "kt", "alias": "m", "kt": {"extra_args": "--enable-x"}}
-    out, how, notes = merge_entry([mine], PULLED)
+    out, how, notes, _ = merge_entry([mine], PULLED)
     [got] = out
     assert got["path"] == "/srv/my-m" and how == "merged"
     assert got["kt"]["extra_args"] == "--enable-x --kt-method MXFP4 --kt-num-gpu-experts 23"
@@ -54,5 +54,11 @@ def test_a_users_own_path_is_kept_and_said() -> None:
 
 
 def test_the_same_entry_again_is_unchanged() -> None:
-    out, how, _ = merge_entry([PULLED], PULLED)
+    out, how, _, _ = merge_entry([PULLED], PULLED)
     assert how == "unchanged" and out == [PULLED]
+
+
+def test_a_pull_by_another_name_of_a_model_merges_into_it() -> None:
+    mine = {**PULLED, "alias": "m-kt"}
+    out, how, _, alias = merge_entry([mine], {**PULLED, "alias": "m"}, ["m-entry", "m-kt"])
+    assert (how, alias, out) == ("unchanged", "m-kt", [mine])  # not added twice

@@ -25,6 +25,7 @@ from tests.hub.standin import Repo, StandIn
 pytestmark = pytest.mark.e2e
 
 NAME = "tiny-sim"
+ALIAS = f"{NAME}-kt"
 SOURCE = "ktd-tests/tiny-sim"
 
 
@@ -106,33 +107,34 @@ def test_pull_a_catalog_name_then_load_it_and_chat(
         assert "--tool-call-parser qwen25" in r.stdout and "catalog" in r.stdout
         assert not hub.sent
 
-        # The pull, by an alias, to its end: the entry is written through the config desk.
-        r = d.ktctl("pull", f"{NAME}-kt")
+        # The pull, by an alias, to its end: the entry is written through the config desk,
+        # under the name it was pulled by (``ktctl pull X`` then ``ktctl load X``).
+        r = d.ktctl("pull", ALIAS)
         assert r.returncode == 0, r.stdout + r.stderr
         dest = layout.dest_for(tmp_path / "models", SOURCE, "main")
         assert verify.verified(dest) == (True, [])
-        assert f"{NAME} added to models.json" in r.stdout and "how: pull" in r.stdout
+        assert f"{ALIAS} added to models.json" in r.stdout and "how: pull" in r.stdout
         [model] = json.loads((path.parent / "models.json").read_text())
-        assert model["alias"] == NAME and model["path"] == str(dest)
+        assert model["alias"] == ALIAS and model["path"] == str(dest)
         assert model["kt"]["extra_args"] == [
             "--chunked-prefill-size", "2048", "--tool-call-parser", "qwen25",
         ]  # fmt: skip
         r = d.ktctl("config", "history", "--json")
         assert r.returncode == 0, r.stderr
         latest = max(json.loads(r.stdout)["versions"], key=lambda v: v["seq"])
-        assert latest["how"] == "pull" and latest["claimed"] == f"ktctl pull {NAME}-kt", latest
+        assert latest["how"] == "pull" and latest["claimed"] == f"ktctl pull {ALIAS}", latest
         # ktctl catalog: on disk now, and in models.json.
         r = d.ktctl("catalog")
         row = next(x for x in r.stdout.splitlines() if x.startswith(NAME + " "))
         assert "model (" in row and "in models.json" in row, row
 
-        r = d.ktctl("load", NAME)
+        r = d.ktctl("load", ALIAS)
         assert r.returncode == 0, r.stdout + r.stderr
         fe = launch_frontend(path, env, tmp_path / "frontend.log")
         client = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0)
         try:
             reply = client.chat.completions.create(
-                model=NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=4
+                model=ALIAS, messages=[{"role": "user", "content": "hello"}], max_tokens=4
             )
         finally:
             client.close()
@@ -140,14 +142,15 @@ def test_pull_a_catalog_name_then_load_it_and_chat(
         assert reply.choices[0].message.content
         assert reply.usage is not None and reply.usage.completion_tokens == 4
 
-        # The user sets a flag of their own; a pull again merges, their flag winning.
+        # The user sets a flag of their own; a pull again (by the entry's own name) merges
+        # into their model, their flag winning; nothing is added twice.
         model["kt"]["extra_args"] = ["--chunked-prefill-size", "4096"]
         (path.parent / "models.json").write_text(json.dumps([model]))
         assert d.ktctl("reload").returncode == 0
         sent = dict(hub.sent)
         r = d.ktctl("pull", NAME)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert f"{NAME} merged into models.json" in r.stdout, r.stdout
+        assert f"{ALIAS} merged into models.json" in r.stdout, r.stdout
         assert "your --chunked-prefill-size 4096 kept (the pull's: 2048)" in r.stdout
         [model] = json.loads((path.parent / "models.json").read_text())
         assert model["kt"]["extra_args"] == [
