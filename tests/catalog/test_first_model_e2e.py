@@ -1,4 +1,4 @@
-"""Issue 44's headline, as a fresh user goes: a config with an operator's catalog file
+"""Issue 44's headline, as a fresh user goes: ``ktd init``'s config with an operator's catalog file
 naming a tiny model whose repo the hub stand-in serves, a real daemon (the sim as the
 engine), ``ktctl pull NAME`` to done, the models.json entry written by the pull (history
 ``how: pull``), ``ktctl load NAME``, and a chat answered through the real frontend with
@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +73,6 @@ def entry(name: str, **needs: Any) -> dict[str, Any]:
 
 def test_pull_a_catalog_name_then_load_it_and_chat(
     daemon_factory: Any,
-    write_config: Any,
     ktd_env: dict[str, str],
     tmp_path: Path,
 ) -> None:
@@ -82,14 +83,23 @@ def test_pull_a_catalog_name_then_load_it_and_chat(
     with hub:
         # The engine is the sim, through the sglang shim: the global kt section's env, so
         # the entry the pull writes is what a real box's would be (no test's own knobs).
-        sim_env = {"PYTHONPATH": os.pathsep.join((str(SHIM), str(REPO))), **SIM_TIMES}
-        path = write_config([], ktransformers={"extra_env": sim_env})
+        # ``ktd init``'s config, as a fresh user has it (its placeholder model included),
+        # plus the operator's catalog file.
+        path = tmp_path / "etc" / "config.json"
+        init = subprocess.run(
+            [sys.executable, "-m", "ktd", "init", "--config", str(path)],
+            env=ktd_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert init.returncode == 0, init.stderr
+        placeholder = json.loads((path.parent / "models.json").read_text())
         site = path.parent / "catalog.d" / "site.json"
         site.parent.mkdir()
         huge = entry("tiny-huge", host_ram_gb=900_000)
         site.write_text(json.dumps({"catalog": 1, "models": [entry(NAME), huge]}))
         cfg = json.loads(path.read_text())
         cfg["catalog"] = {"files": ["catalog.d/site.json"], "dir": str(tmp_path / "models")}
+        sim_env = {"PYTHONPATH": os.pathsep.join((str(SHIM), str(REPO))), **SIM_TIMES}
+        cfg["ktransformers"]["extra_env"] = sim_env
         path.write_text(json.dumps(cfg))
         env = {**ktd_env, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf")}
         d = daemon_factory(path, env=env)
@@ -114,7 +124,8 @@ def test_pull_a_catalog_name_then_load_it_and_chat(
         dest = layout.dest_for(tmp_path / "models", SOURCE, "main")
         assert verify.verified(dest) == (True, [])
         assert f"{ALIAS} added to models.json" in r.stdout and "how: pull" in r.stdout
-        [model] = json.loads((path.parent / "models.json").read_text())
+        [*kept, model] = json.loads((path.parent / "models.json").read_text())
+        assert kept == placeholder  # the user's models stay as they were
         assert model["alias"] == ALIAS and model["path"] == str(dest)
         assert model["kt"]["extra_args"] == [
             "--chunked-prefill-size", "2048", "--tool-call-parser", "qwen25",
@@ -145,14 +156,14 @@ def test_pull_a_catalog_name_then_load_it_and_chat(
         # The user sets a flag of their own; a pull again (by the entry's own name) merges
         # into their model, their flag winning; nothing is added twice.
         model["kt"]["extra_args"] = ["--chunked-prefill-size", "4096"]
-        (path.parent / "models.json").write_text(json.dumps([model]))
+        (path.parent / "models.json").write_text(json.dumps([*kept, model]))
         assert d.ktctl("reload").returncode == 0
         sent = dict(hub.sent)
         r = d.ktctl("pull", NAME)
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"{ALIAS} merged into models.json" in r.stdout, r.stdout
         assert "your --chunked-prefill-size 4096 kept (the pull's: 2048)" in r.stdout
-        [model] = json.loads((path.parent / "models.json").read_text())
+        [*_, model] = json.loads((path.parent / "models.json").read_text())
         assert model["kt"]["extra_args"] == [
             "--chunked-prefill-size", "4096", "--tool-call-parser", "qwen25",
         ]  # fmt: skip
