@@ -45,11 +45,12 @@ class Resolved:
 
 
 def _cannot(entry: Entry, choice: Choice) -> tuple[str, ...]:
-    return tuple(
-        f"this box cannot run {entry.name} {v.variant.name}"
-        f" ({v.variant.kt_method or 'plain SGLang'}): {'; '.join(v.reasons)}"
+    """One problem: every variant's reasons, the variants apart by `` | ``."""
+    each = " | ".join(
+        f"{v.variant.name} ({v.variant.kt_method or 'plain SGLang'}): {'; '.join(v.reasons)}"
         for v in choice.verdicts
     )
+    return (f"this box cannot run {entry.name}: {each}",)
 
 
 def resolve(catalog: Catalog, topo: Topology, base: str | Path, name: str) -> Resolved:

@@ -40,10 +40,11 @@ def test_a_box_that_cannot_run_it_gets_every_variants_reasons_with_numbers(
 ) -> None:
     r = resolve(CAT, avx2_box(tmp_path / "box"), tmp_path / "m", "kimi-k2-thinking")
     assert not r.fits
-    text = "\n".join(r.problems)
-    assert (
-        "this box cannot run kimi-k2-thinking amxint4 (AMXINT4): --kt-method AMXINT4 needs" in text
+    [text] = r.problems
+    assert text.startswith(
+        "this box cannot run kimi-k2-thinking: amxint4 (AMXINT4): --kt-method AMXINT4 needs"
     )
+    assert " | rawint4 (RAWINT4): --kt-method RAWINT4 needs avx512f, avx512bw;" in text
     assert "needs 650 GB of RAM; this box has 275 GB" in text
     # forced, it fetches the first variant: what a box that can run it would get
     assert r.variant.name == "amxint4" and len(r.specs) == 2
