@@ -185,7 +185,10 @@ def entry_word(sub: Any, name: str, as_json: bool, wait: float = ENTRY_WAIT) -> 
     the config desk did (added, merged, unchanged, refused), its plan and notes."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        ev = sub.get(timeout=0.5)
+        try:
+            ev = sub.get(timeout=0.5)
+        except KeyboardInterrupt:  # the pull is done: nothing to leave running or cancel
+            break
         if ev is None or ev.topic != f"models.{name}":
             continue
         if as_json:
