@@ -20,6 +20,7 @@ import pytest
 
 from ktd.catalog import layout, verify
 from ktd.sim.model import SIM_CONFIG
+from tests.catalog.test_pulls_e2e import Pty
 from tests.conftest import REPO, SHIM, SIM_TIMES
 from tests.frontend.conftest import launch_frontend
 from tests.hub.standin import Repo, StandIn
@@ -120,11 +121,18 @@ def test_pull_a_catalog_name_then_load_it_and_chat(
 
         # The pull, by an alias, to its end: the entry is written through the config desk,
         # under the name it was pulled by (``ktctl pull X`` then ``ktctl load X``).
-        r = d.ktctl("pull", ALIAS)
-        assert r.returncode == 0, r.stdout + r.stderr
+        # On a terminal, as a person runs it: the bar, the end, what the desk did.
+        argv = [sys.executable, "-m", "ktctl", "--socket", str(d.socket), "pull", ALIAS]
+        term = Pty(argv, d.env)
+        out = term.read_until(b"starts it")
+        assert term.wait() == 0, out
+        text = out.decode()
+        assert f"\r\x1b[K{ALIAS} [" in text  # the bar, redrawn in place
+        assert f"{ALIAS} ({SOURCE}@main) done" in text
         dest = layout.dest_for(tmp_path / "models", SOURCE, "main")
         assert verify.verified(dest) == (True, [])
-        assert f"{ALIAS} added to models.json" in r.stdout and "how: pull" in r.stdout
+        assert f"{ALIAS} added to models.json (version 2, how: pull): add: {ALIAS}" in text
+        assert f"`ktctl load {ALIAS}` starts it" in text
         [*kept, model] = json.loads((path.parent / "models.json").read_text())
         assert kept == placeholder  # the user's models stay as they were
         assert model["alias"] == ALIAS and model["path"] == str(dest)
