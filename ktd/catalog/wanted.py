@@ -5,7 +5,8 @@ The model's repository always (``--model-path``; the native formats' CPU experts
 for a ``kt-weights`` variant, the upload of converted CPU weights made for its
 ``--kt-method`` as well. ``revision`` is the pinned commit where the catalog has one,
 else the ref (``main``), which the job resolves through the hub's API to a commit before
-the first byte. ``dest`` is the pull's directory under ``catalog.dir``,
+the first byte (recorded in the verified marker; the directory keeps the ref's name).
+``dest`` is the pull's directory under ``catalog.dir``,
 ``<org>--<name>/<revision>/`` (``ktd.catalog.layout``): the job writes the files there and
 ``.ktd/verified.json`` last (``ktd.catalog.ondisk`` reads it back).
 """
