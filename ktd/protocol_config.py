@@ -146,7 +146,7 @@ class ConfigVersion(msgspec.Struct, kw_only=True):
     seq: int
     version: str
     time: float  # wall clock
-    how: str  # "start", "reload" (a hand edit seen), "apply", "rollback"
+    how: str  # "start", "reload" (a hand edit seen), "apply", "rollback", "pull"
     uid: int | None = None  # read off the control socket (SO_PEERCRED): who really asked
     user: str | None = None  # that uid's name
     claimed: str = ""  # who the client said it was (not verified)
