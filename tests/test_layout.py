@@ -2,7 +2,9 @@
 
 ``docs/architecture.md`` states them: the frontend and ktctl never import the daemon
 (they are other processes, and ktctl must start fast), the pure core imports none of
-the processes' code, no module grows over 600 lines, a class name means one thing.
+the processes' code, no module grows over 600 lines, a class name means one thing, an
+error code is ``ErrorCode``'s name. What still breaks a rule is listed here, by name,
+and the lists only shrink.
 Every import counts, those inside functions and ``TYPE_CHECKING`` blocks and
 ``importlib.import_module("...")`` with a literal name too: a lazy import is still an
 arrow. ``tests/test_exports.py`` checks what importing really loads; this reads every
@@ -46,6 +48,13 @@ def modules() -> dict[str, Path]:
     return out
 
 
+@cache
+def tree(module: str) -> ast.Module:
+    """The module's syntax tree, parsed once for every test here."""
+    path = modules()[module]
+    return ast.parse(path.read_text(), str(path))
+
+
 def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
     if not node.level:
         return node.module or ""
@@ -60,7 +69,7 @@ def imports(module: str) -> frozenset[str]:
     known = modules()
     path = known[module]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree(module)):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -150,8 +159,8 @@ def test_no_module_over_600_lines_but_the_listed() -> None:
 def class_names() -> dict[str, list[str]]:
     """Every class name defined in ktd and ktctl, with where (module:line)."""
     out: dict[str, list[str]] = defaultdict(list)
-    for name, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for name in modules():
+        for node in ast.walk(tree(name)):
             if isinstance(node, ast.ClassDef):
                 out[node.name].append(f"{name}:{node.lineno}")
     return out
@@ -175,11 +184,11 @@ def untyped_codes() -> list[tuple[str, int, str]]:
     ``error_code=``/``code=`` arguments and defaults, ``x.error_code = ...``."""
     codes = _codes()
     out: list[tuple[str, int, str]] = []
-    for path in modules().values():
+    for name, path in modules().items():
         rel = str(path.relative_to(REPO))
-        if rel in ("ktd/protocol.py", "ktd/protocol_schema.py"):
+        if rel in ("ktd/protocol_base.py", "ktd/protocol_schema.py"):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(tree(name)):
             values: list[ast.expr] = []
             if isinstance(node, ast.keyword) and node.arg in ("code", "error_code"):
                 values = [node.value]
