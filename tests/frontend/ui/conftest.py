@@ -1,8 +1,8 @@
 """Fixtures for the dashboard: the two-node box (a real daemon and frontend), a real browser.
 
 The browser is Debian's chromium driven through its own chromedriver (both from apt:
-``tests/ui_install.sh``; how it is started: chrome.py), one per module (a start and a
-quit cost a second), put back before and after each test: a blank page, the other
+``tests/ui_install.sh``; how it is started: chrome.py), one per pytest process (a start
+and a quit cost a second), put back before and after each test: a blank page, the other
 windows closed, no cookie, an empty cache, the console's lines dropped, so that
 nothing leaks from one test to the next.
 """
@@ -186,12 +186,12 @@ class Browser:
         self.driver.quit()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shared_browser(
-    tmp_path_factory: pytest.TempPathFactory, shared_marker: str
+    tmp_path_factory: pytest.TempPathFactory, session_marker: str
 ) -> Iterator[Browser]:
-    """The module's Chromium, under the shared processes' leak-check marker."""
-    b = Browser(tmp_path_factory.mktemp("chrome"), env={**os.environ, MARK: shared_marker})
+    """The session's Chromium, under the session's leak-check marker."""
+    b = Browser(tmp_path_factory.mktemp("chrome"), env={**os.environ, MARK: session_marker})
     yield b
     b.quit()
 
