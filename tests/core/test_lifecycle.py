@@ -566,8 +566,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         """Requests in the engine that neither a holder nor ``/v1/loads`` shows yet: a
         router's sent after the daemon's last reading, a stream whose client left during
         a long kt prefill. Without SGLang's door they show within its republish interval
-        (or no fence could hold); behind a door, however long their prefill."""
-        if self.w.alive and self.m.state in (S.READY, S.SLEEPING) and not self.w.released:
+        (or no fence could hold); behind a door, however long their prefill. Without a
+        door they are sent only while the engine is on traffic: once every router has
+        confirmed its deregistration nothing sends it more, and requests that kept coming
+        after the zero readings are what no fence without a door can catch."""
+        late = self.m.off_traffic and not self.w.has_door
+        if (
+            self.w.alive
+            and self.m.state in (S.READY, S.SLEEPING)
+            and not self.w.released
+            and not late
+        ):
             shows_in = 40.0 if long_prefill and self.w.has_door else L.REPUBLISH * 0.75
             self.w.traffic(self.w.engine_busy, busy, shows_in=shows_in)
         self._drive()
