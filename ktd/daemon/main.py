@@ -21,7 +21,7 @@ import trio
 import zmq
 
 from ktd import paths
-from ktd.catalog.pulls import Puller, Resolver, models_dir, no_catalog
+from ktd.catalog.pulls import Puller, Resolver, models_dir
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.command import LaunchError
@@ -45,6 +45,7 @@ from ktd.daemon.doctor import daemon_report, dry_run_plan
 from ktd.daemon.inotify import DIR_CHANGES, FileWatch
 from ktd.daemon.machine import MachineReader
 from ktd.daemon.pool import Pool
+from ktd.daemon.pullresolve import catalog_resolver
 from ktd.daemon.server import ControlServer
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
@@ -186,10 +187,11 @@ class Daemon:
         config: Config,
         setup: Setup,
         texts: ConfigTexts | None = None,
-        resolve: Resolver = no_catalog,
+        resolve: Resolver | None = None,
     ) -> None:
         self.config = config
-        self.resolve = resolve  # the catalog: a name's PullSpecs (issue 44)
+        # the catalog: a name's PullSpecs (issue 44); by default the config's catalog
+        self.resolve = resolve or catalog_resolver(lambda: self.config)
         self.texts = texts  # the files ``config`` was read from (None: read them at run)
         self.setup = setup
         self.stop_requested = trio.Event()
