@@ -10,8 +10,9 @@ request does, and is used only when the daemon is not given a resolver of its ow
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
+
+from msgspec.structs import replace
 
 from ktd import protocol as p
 from ktd.catalog.choose import choose
