@@ -19,7 +19,7 @@ from ktd.core.command import (
     with_key_file,
 )
 from ktd.core.config import Config, ModelSpec, load_config
-from ktd.daemon import proctree, weights
+from ktd.daemon import gpuexperts, proctree, weights
 from ktd.daemon.probe import PROBE_CODE, ProbeResult, parse_probe_output
 from ktd.topology import Topology, read_topology
 
@@ -151,6 +151,8 @@ async def daemon_report(
     import trio
 
     extra = await gateway.doctor_checks() if gateway is not None else []
+    keeper = gpuexperts.keeper_of(pool)
+    extra += keeper.checks(config.models) if keeper is not None else []
     topo = await trio.to_thread.run_sync(weights.read_machine)  # the one the pool places on
     pool.refresh_topology(topo)
     running = {e.alias: e.run.port for e in pool.engines.values() if e.run is not None}

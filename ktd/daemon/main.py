@@ -30,6 +30,7 @@ from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
 from ktd.daemon import (
     configfiles,
+    gpuexperts,
     offload,
     proctree,
     safedir,
@@ -252,6 +253,7 @@ class Daemon:
                 state_path=self.setup.state_dir / "engines.json",
             )
             self.pool = pool
+            pool.observers.append(gpuexperts.ExpertsKeeper(self.setup.state_dir / gpuexperts.FILE))
             adopted, killed = pool.adopt()
             if adopted:
                 log.info("re-adopted running engine(s): %s", ", ".join(adopted))
