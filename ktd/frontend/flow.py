@@ -357,7 +357,11 @@ class Flow:
         try:
             if kind == "load":
                 handle = await self._acquire(alias, key)
-                slot = await handle.wait()
+                try:
+                    slot = await handle.wait()
+                except ControlError as exc:  # a catalog name not pulled (notpulled.py)
+                    await self.state.not_pulled.settle(alias, exc)
+                    slot = await (await self._acquire(alias, key)).wait()
                 if slot is not None:
                     slot.leave()
         except (ControlError, Unreachable) as exc:

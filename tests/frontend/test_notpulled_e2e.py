@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import ollama
 import openai
 import pytest
@@ -80,6 +81,9 @@ def test_a_catalog_name_not_pulled_is_a_404_that_says_so_and_pulls_nothing(
     assert "but not pulled" in caught.value.error and "ktctl load tiny-alias --pull" in (
         caught.value.error
     )
+    # Ollama's load (an empty generate): the same 404, in its shape.
+    r = httpx.post(fe.url + "/api/generate", json={"model": NAME}, timeout=30)
+    assert r.status_code == 404 and "but not pulled" in r.json()["error"], r.text
     # A name no catalog knows keeps OpenAI's own words.
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="nowhere", messages=[{"role": "user", "content": "x"}])
