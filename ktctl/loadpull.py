@@ -1,4 +1,5 @@
-"""``ktctl load NAME`` for a catalog name not pulled yet (issue 44 item 5).
+"""``ktctl load NAME`` for a catalog name not pulled yet (issue 44 item 5): not in
+models.json, or there with a model directory that is not on disk.
 
 Without ``--pull`` the load is refused as before (``unknown_model``, a non-zero exit),
 but the message says the name is in ktd's catalog, what a pull of it would fetch (the
@@ -13,6 +14,7 @@ entry through the config desk) the load runs as any other.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +34,8 @@ DRY_RUN_TIMEOUT = 20.0
 #: Seconds to wait, after the pull is done, for ktd to know the name (its entry written).
 ENTRY_WAIT = 30.0
 GB = 1_000_000_000
+#: Preflight's words for a model directory that is not there (``ktd.daemon.preflight``).
+MISSING = re.compile(r"preflight: .*model_path \S+ does not exist")
 
 
 def add_arguments(sp: argparse.ArgumentParser) -> None:
@@ -83,7 +87,9 @@ def fetch_size(client: Client, name: str, entry: dict[str, Any]) -> tuple[int | 
     return None, ""
 
 
-def not_pulled(client: Client, alias: str, entry: dict[str, Any]) -> KtdError:
+def not_pulled(
+    client: Client, alias: str, entry: dict[str, Any], code: str = p.ErrorCode.UNKNOWN_MODEL
+) -> KtdError:
     """The refusal of a load of a catalog name not pulled: size, time, command."""
     size, source = fetch_size(client, alias, entry)
     rate_doc = entry.get("pull_rate") or {}
@@ -108,7 +114,7 @@ def not_pulled(client: Client, alias: str, entry: dict[str, Any]) -> KtdError:
             what += "; no pull has finished here yet to time it"
     command = f"ktctl load {alias} --pull"
     return KtdError(
-        p.ErrorCode.UNKNOWN_MODEL,
+        code,
         f"{what}. Run: {command} (or `ktctl pull {alias}`, then `ktctl load {alias}`)",
         {
             "alias": alias,
@@ -137,6 +143,11 @@ def _pull(client: Client, alias: str, as_json: bool) -> bool:
     return all(j.state == "done" for j in jobs.values())
 
 
+def _not_on_disk(exc: KtdError) -> bool:
+    """A models.json entry whose model directory is not there (preflight's refusal)."""
+    return exc.code == p.ErrorCode.LOAD_FAILED and bool(MISSING.search(exc.message))
+
+
 def _known(client: Client, alias: str) -> bool:
     return any(m.alias == alias for m in client.models())
 
@@ -148,13 +159,13 @@ def cmd_load(client: Client, args: argparse.Namespace, load: Handler) -> int:
     try:
         return load(client, args)
     except KtdError as exc:
-        if exc.code != p.ErrorCode.UNKNOWN_MODEL:
+        if exc.code != p.ErrorCode.UNKNOWN_MODEL and not _not_on_disk(exc):
             raise
         entry = catalog_entry(client, alias)
         if entry is None:
             raise
         if not args.pull or args.dry_run or args.estimate:
-            raise not_pulled(client, alias, entry) from None
+            raise not_pulled(client, alias, entry, exc.code) from None
     as_json = bool(getattr(args, "json", False))
     if not _pull(client, alias, as_json):
         raise KtdError(

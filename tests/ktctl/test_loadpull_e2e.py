@@ -97,6 +97,13 @@ def test_a_load_of_a_catalog_name_not_pulled_says_what_a_pull_takes(
     )
     assert detail["command"] == "ktctl load tiny-alias --pull"
     assert re.search(r"about \d\d:\d\d at this box's last pull rate \(", doc["message"]), doc
+    # An entry written before its files are here (its directory not on disk): the same.
+    entry = sim_model(NAME, path=str(tmp_path / "models" / "not-yet"))
+    (d.config.parent / "models.json").write_text(json.dumps([entry]))
+    assert d.ktctl("reload").returncode == 0
+    r = d.ktctl("load", NAME)
+    assert r.returncode != 0 and r.stderr.startswith("ktctl: load_failed: "), r.stderr
+    assert "but not pulled" in r.stderr and f"ktctl load {NAME} --pull" in r.stderr, r.stderr
 
 
 def test_load_pull_draws_the_bar_on_a_terminal_then_loads(
