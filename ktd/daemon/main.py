@@ -28,6 +28,7 @@ from ktd.core.command import LaunchError
 from ktd.core.config import Config, ConfigError, ConfigTexts
 from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
+from ktd.core.topology import Topology
 from ktd.daemon import (
     configfiles,
     gpuexperts,
@@ -192,7 +193,7 @@ class Daemon:
     ) -> None:
         self.config = config
         # the catalog: a name's PullSpecs (issue 44); by default the config's catalog
-        self.resolve = resolve or catalog_resolver(lambda: self.config)
+        self.resolve = resolve or catalog_resolver(lambda: self.config, self._machine)
         self.texts = texts  # the files ``config`` was read from (None: read them at run)
         self.setup = setup
         self.stop_requested = trio.Event()
@@ -201,6 +202,9 @@ class Daemon:
         self.pool: Pool | None = None
         self.gateway: GatewaySync | None = None
         self.desk: ConfigDesk | None = None
+
+    def _machine(self) -> Topology:
+        return self.pool.topology if self.pool is not None else weights.read_machine()
 
     def request_stop(self) -> None:
         if self.stop_requested.is_set():
