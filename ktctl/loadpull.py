@@ -162,8 +162,8 @@ def cmd_load(client: Client, args: argparse.Namespace, load: Handler) -> int:
         if exc.code != p.ErrorCode.UNKNOWN_MODEL and not _not_on_disk(exc):
             raise
         entry = catalog_entry(client, alias)
-        if entry is None:
-            raise
+        if entry is None or (exc.code == p.ErrorCode.UNKNOWN_MODEL and entry.get("configured")):
+            raise  # not a catalog name, or one models.json has under another of its names
         if not args.pull or args.dry_run or args.estimate:
             raise not_pulled(client, alias, entry, exc.code) from None
     as_json = bool(getattr(args, "json", False))

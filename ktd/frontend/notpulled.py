@@ -18,7 +18,7 @@ reads its config once at start, and the catalog is part of it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 
 import trio
@@ -55,14 +55,17 @@ class NotPulled:
                 self._catalog = await trio.to_thread.run_sync(lambda: load(files, base=base))
             return self._catalog
 
-    async def entry(self, model: str) -> str | None:
-        """The catalog entry ``model`` names (a name or an alias), or None."""
+    async def entry(self, model: str, served: Collection[str] = ()) -> str | None:
+        """The catalog entry ``model`` names (a name or an alias), or None; None too when
+        ktd serves that entry under another of its names (``served``): it is pulled."""
         try:
             found = (await self.catalog()).find(model)
         except (OSError, ValueError) as exc:  # the loader keeps problems; never fail a 404
             log.warning("catalog not read: %s", exc)
             return None
-        return None if found is None else found.name
+        if found is None or any(n in served for n in (found.name, *found.aliases)):
+            return None
+        return found.name
 
     def refusal(self, model: str, name: str, exc: ControlError) -> ControlError:
         command = f"ktctl load {model} --pull"
@@ -99,7 +102,9 @@ class NotPulled:
         this request pull, pull and return once ktd knows the name (ask again, once)."""
         if not isinstance(exc, ControlError) or exc.code != p.ErrorCode.UNKNOWN_MODEL:
             raise exc
-        name = await self.entry(model)
+        models = exc.detail.get("models")
+        served = [m for m in models if isinstance(m, str)] if isinstance(models, list) else []
+        name = await self.entry(model, served)
         if name is None:
             raise exc
         if not self.section.http_pulls:

@@ -104,6 +104,9 @@ def test_a_load_of_a_catalog_name_not_pulled_says_what_a_pull_takes(
     r = d.ktctl("load", NAME)
     assert r.returncode != 0 and r.stderr.startswith("ktctl: load_failed: "), r.stderr
     assert "but not pulled" in r.stderr and f"ktctl load {NAME} --pull" in r.stderr, r.stderr
+    # Another name of an entry models.json has: not "not pulled", the plain refusal.
+    r = d.ktctl("load", "tiny-alias")
+    assert r.returncode == EXIT_UNKNOWN_MODEL and "catalog" not in r.stderr, r.stderr
 
 
 def test_load_pull_draws_the_bar_on_a_terminal_then_loads(
