@@ -56,13 +56,12 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
 
 
 def catalog_entry(client: Client, name: str) -> dict[str, Any] | None:
-    """The catalog report's entry for ``name`` (a name or an alias), or None."""
+    """The catalog report's entry for ``name`` (a name or an alias), or None (none is
+    called so, or the catalog could not be asked: the load's own error is then said)."""
     try:
         reply = client.request(p.Catalog(name=name), timeout=max(client.timeout, 30.0))
-    except KtdError as exc:
-        if exc.code == p.ErrorCode.UNKNOWN_MODEL:
-            return None
-        raise
+    except KtdError:
+        return None
     assert isinstance(reply, p.CatalogReply)
     models = reply.report.get("models") or []
     if not models:
@@ -87,10 +86,9 @@ def fetch_size(client: Client, name: str, entry: dict[str, Any]) -> tuple[int | 
     return None, ""
 
 
-def not_pulled(
-    client: Client, alias: str, entry: dict[str, Any], code: str = p.ErrorCode.UNKNOWN_MODEL
-) -> KtdError:
-    """The refusal of a load of a catalog name not pulled: size, time, command."""
+def not_pulled(client: Client, alias: str, entry: dict[str, Any], exc: KtdError) -> KtdError:
+    """The refusal (``exc``'s code) of a load of a catalog name not pulled: size, time,
+    the command, and what ktd serves instead (as the plain refusal says)."""
     size, source = fetch_size(client, alias, entry)
     rate_doc = entry.get("pull_rate") or {}
     rate = rate_doc.get("bytes_per_second") if isinstance(rate_doc, dict) else None
@@ -113,10 +111,15 @@ def not_pulled(
         else:
             what += "; no pull has finished here yet to time it"
     command = f"ktctl load {alias} --pull"
+    served = exc.detail.get("models")
+    serves = ""
+    if isinstance(served, list) and exc.code == p.ErrorCode.UNKNOWN_MODEL:
+        serves = f"; ktd serves: {', '.join(str(m) for m in served) or 'nothing'}"
     return KtdError(
-        code,
-        f"{what}. Run: {command} (or `ktctl pull {alias}`, then `ktctl load {alias}`)",
+        exc.code,
+        f"{what}. Run: {command} (or `ktctl pull {alias}`, then `ktctl load {alias}`){serves}",
         {
+            **exc.detail,
             "alias": alias,
             "catalog": entry.get("name", alias),
             "pulled": False,
@@ -165,7 +168,7 @@ def cmd_load(client: Client, args: argparse.Namespace, load: Handler) -> int:
         if entry is None or (exc.code == p.ErrorCode.UNKNOWN_MODEL and entry.get("configured")):
             raise  # not a catalog name, or one models.json has under another of its names
         if not args.pull or args.dry_run or args.estimate:
-            raise not_pulled(client, alias, entry, exc.code) from None
+            raise not_pulled(client, alias, entry, exc) from None
     as_json = bool(getattr(args, "json", False))
     if not _pull(client, alias, as_json):
         raise KtdError(
