@@ -56,7 +56,7 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
     (listed in ``notes``), and a flag it would refuse reported as ``error``.
     """
     engine = pool.engine(alias)
-    spec = engine.spec
+    spec = engine.launch_spec()  # a derived GPU-experts count as the next launch has it
     catalog = probe.catalog if probe else None
     sglang = probe.sglang_label if probe and probe.sglang else None
     missing_note = _no_sglang(spec.python, probe)

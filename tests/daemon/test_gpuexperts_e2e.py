@@ -51,6 +51,8 @@ def test_a_derived_count_out_of_memory_loads_with_fewer_and_is_kept(
     r = d.ktctl("doctor")
     assert f"gpu experts {ALIAS}: --kt-num-gpu-experts 40 derived from the catalog" in r.stdout
     assert "30 kept on" in r.stdout, r.stdout
+    r = d.ktctl("load", ALIAS, "--dry-run")  # the plan shows what the next launch runs
+    assert r.returncode == 0 and "--kt-num-gpu-experts 30" in r.stdout, r.stdout
     state = json.loads((Path(ktd_env["KTD_STATE_DIR"]) / FILE).read_text())
     assert [m[ALIAS]["kept"] for m in state["hosts"].values()] == [30]  # this host's
     # A restarted ktd launches with the kept count at once: no out-of-memory load first.
