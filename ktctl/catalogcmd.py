@@ -142,7 +142,8 @@ def _needs(needs: Mapping[str, Any]) -> str:
     return "needs: " + ", ".join(parts)
 
 
-def _flags(flags: Mapping[str, Any]) -> list[str]:
+def flags_lines(flags: Mapping[str, Any]) -> list[str]:
+    """The flags with their origins, and the arithmetic (``ktctl pull --dry-run`` too)."""
     rows = [
         [
             f["flag"] + ("" if not f["values"] else " " + " ".join(f["values"])),
@@ -176,7 +177,7 @@ def entry_text(report: Mapping[str, Any]) -> str:
         _needs(model.get("needs") or {}),
     ]
     if model.get("flags"):
-        lines += ["", *_flags(model["flags"])]
+        lines += ["", *flags_lines(model["flags"])]
     lines += [f"note: {n}" for n in _all_notes(entry)]
     lines += problems_text(report)
     return "\n".join(lines)

@@ -333,7 +333,7 @@ def cmd_reload(client: Client, args: argparse.Namespace) -> int:
 def _local_doctor(args: argparse.Namespace, why: DaemonUnreachable) -> dict[str, Any]:
     """Run the checks in this process when the daemon cannot (it may be why it is down).
 
-    ``ktd.daemon.doctor`` is imported only here: it may pull in heavier modules,
+    ``ktd.checkup`` is imported only here: it may pull in heavier modules,
     and ktctl's other commands must not pay for them.
     """
     import importlib
@@ -341,7 +341,7 @@ def _local_doctor(args: argparse.Namespace, why: DaemonUnreachable) -> dict[str,
     from ktd.paths import default_config_path
 
     try:
-        module = importlib.import_module("ktd.daemon.doctor")
+        module = importlib.import_module("ktd.checkup")
         local_report = module.local_report
     except (ImportError, AttributeError) as exc:
         raise DaemonUnreachable(

@@ -29,7 +29,7 @@ SYSTEM_SOCKET = Path("/run/ktd/control.sock")
 
 
 @dataclass(frozen=True)
-class Found:
+class SocketChoice:
     path: Path
     note: str | None = None  # said on stderr: the socket is not the one asked for
 
@@ -43,21 +43,21 @@ def _is_socket(path: Path) -> bool:
 
 def control_socket(
     given: str | None, env: Mapping[str, str] = os.environ, *, root: bool | None = None
-) -> Found:
+) -> SocketChoice:
     """The control socket ktctl uses (the rules in the module's docstring)."""
     if given is not None or env.get("KTD_SOCKET") or env.get("KTD_RUNTIME_DIR"):
-        return Found(control_path(given, env))
+        return SocketChoice(control_path(given, env))
     default = paths.control_path(env)
     if _is_socket(default):
-        return Found(default)
+        return SocketChoice(default)
     up = uprecord.read(uprecord.record_path(env))
     if up is not None:
         note = f"ktctl: no ktd at {default}; using the `ktd up` (pid {up.pid}) at {up.socket}"
-        return Found(up.socket, note)
+        return SocketChoice(up.socket, note)
     root = os.geteuid() == 0 if root is None else root
     if not root and default != SYSTEM_SOCKET and _is_socket(SYSTEM_SOCKET):
-        return Found(SYSTEM_SOCKET)
-    return Found(default)
+        return SocketChoice(SYSTEM_SOCKET)
+    return SocketChoice(default)
 
 
 def socket_for(given: str | None, *, quiet: bool) -> Path:

@@ -32,6 +32,9 @@ EXIT_INTERRUPTED = 130
 TERMINAL = frozenset({"done", "failed", "cancelled"})
 #: Seconds without an event after which the jobs are read afresh (a missed event).
 POLL = 2.0
+#: Seconds a finished pull of a catalog name waits for ktd's word on its models.json
+#: entry (the desk plans it: the new model's flags are checked by the engine's probe).
+ENTRY_WAIT = 120.0
 
 
 def add_parsers(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -97,6 +100,8 @@ def job_line(job: PullInfo) -> str:
         text += f" {size(job.total)} in {job.dest}"
     if job.kind and job.state != "done":
         text += f": {job.kind}: {job.message}"
+        if job.kind == "refused":
+            text += " (--force fetches it anyway)"
     if job.restarts:
         text += f" (restarted {job.restarts}x)"
     return text
@@ -144,13 +149,16 @@ def cmd_pull(client: Client, args: argparse.Namespace) -> int:
     if args.dry_run:
         reply = client.request(p.Pull(name=name, repo=repo, dry_run=True), timeout=math.inf)
         assert isinstance(reply, p.PullReply)
-        _out(
-            render.dumps({"plans": reply.plans})
-            if as_json
-            else "\n\n".join(plan_text(x) for x in reply.plans)
-        )
+        flags = _flags_of(client, name) if name else None
+        if as_json:
+            _out(render.dumps({"plans": reply.plans, **({"catalog": flags} if flags else {})}))
+        else:
+            _out("\n\n".join(plan_text(x) for x in reply.plans))
+            if flags:
+                _out("\n" + flags_text(flags))
         return EXIT_FAILED if any(x.problems for x in reply.plans) else EXIT_OK
-    with client.subscribe(["pull."]) as sub:
+    topics = ["pull.", f"models.{name}"] if name else ["pull."]
+    with client.subscribe(topics) as sub:
         reply = client.request(p.Pull(name=name, repo=repo, force=args.force))
         assert isinstance(reply, p.PullReply)
         if args.detach:
@@ -166,8 +174,70 @@ def cmd_pull(client: Client, args: argparse.Namespace) -> int:
             jobs = follow(client, sub, {j.key: j for j in reply.jobs}, as_json)
         except KeyboardInterrupt:
             return interrupted(client, name, repo)
-    failed = [j for j in jobs.values() if j.state != "done"]
+        failed = [j for j in jobs.values() if j.state != "done"]
+        if name and not failed:
+            entry_word(sub, name, as_json)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def entry_word(sub: Any, name: str, as_json: bool, wait: float = ENTRY_WAIT) -> None:
+    """ktd's word on the models.json entry of the pulled name (``models.<name>``): what
+    the config desk did (added, merged, unchanged, refused), its plan and notes."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            ev = sub.get(timeout=0.5)
+        except KeyboardInterrupt:  # the pull is done: nothing to leave running or cancel
+            break
+        if ev is None or ev.topic != f"models.{name}":
+            continue
+        if as_json:
+            _out(
+                render.dumps(
+                    {
+                        "models_entry": {
+                            "state": ev.state,
+                            "alias": ev.alias,
+                            "summary": ev.reason,
+                            "lines": ev.lines,
+                        }
+                    }
+                )
+            )
+        else:
+            _out(ev.reason or "")
+            for line in ev.lines:
+                _out(f"  {line}")
+            if ev.state != "refused":
+                _out(f"`ktctl load {ev.alias}` starts it")
+        return
+    print(
+        f"ktctl: no word from ktd on {name}'s models.json entry yet "
+        "(`ktctl config history` shows it when it is written)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _flags_of(client: Client, name: str) -> dict[str, Any] | None:
+    """The catalog's view of ``name`` for this box: the variant and the flags, each with
+    its origin, and the ``--kt-num-gpu-experts`` arithmetic."""
+    reply = client.request(p.Catalog(name=name))
+    assert isinstance(reply, p.CatalogReply)
+    models = reply.report.get("models") or []
+    if not models:
+        return None
+    model = models[0]
+    return {"choice": model.get("choice") or {}, "flags": model.get("flags") or {}}
+
+
+def flags_text(catalog: dict[str, Any]) -> str:
+    from ktctl.catalogcmd import flags_lines
+
+    lines = [f"variant: {catalog['choice'].get('why', '')}"]
+    if catalog["flags"]:
+        lines += flags_lines(catalog["flags"])
+    return "\n".join(lines)
 
 
 def follow(

@@ -71,7 +71,9 @@ show these too).
 {fields}
 
 Next steps:
-  1. Edit the paths in models.json (the starter ones are placeholders).
+  1. Edit the paths in models.json (the starter ones are placeholders), or let ktd
+     fetch a model of its catalog and write its entry: `ktctl catalog`, then
+     `ktctl pull NAME` (ktd must be running: step 3).
   2. ktctl doctor --config {config}       (checks machine, SGLang, kt-kernel, paths)
   3. ktd up --config {config}             (daemon + frontend), or `ktd serve` under systemd
   4. ktctl load --estimate deepseek-v3-kt  (memory needed vs free), then ktctl load ...

@@ -43,6 +43,9 @@ MARK = "KTD_TEST_RUN"
 RUN_ID = f"{uuid.uuid4().hex}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 #: The marker of processes a whole module shares (``tests/stack.py``).
 SHARED = f"{RUN_ID}/shared"
+#: The marker of what one pytest process shares across modules (the dashboard's Chromium):
+#: checked once, when the session ends.
+SESSION = f"{RUN_ID}/session"
 os.environ[MARK] = RUN_ID
 #: ``stack_factory``: one daemon (and frontend) shared by a module's tests.
 pytest_plugins = ("tests.stack",)
@@ -51,10 +54,11 @@ for _var in ("KTD_SOCKET", "KTD_CONFIG", "KTD_RUNTIME_DIR", "KTD_STATE_DIR", "NO
     os.environ.pop(_var, None)
 
 
-def marked_processes(*, shared: bool = False) -> list[tuple[int, list[str]]]:
+def marked_processes(*, shared: bool = False, session: bool = False) -> list[tuple[int, list[str]]]:
     """Live processes of this test run, except pytest itself and its ancestors: those of
-    the tests (``RUN_ID``), and with ``shared`` those of the modules' shared stacks too."""
-    values = {RUN_ID, SHARED} if shared else {RUN_ID}
+    the tests (``RUN_ID``), with ``shared`` those of the modules' shared stacks too, and
+    with ``session`` also those the whole session shares (``SESSION``)."""
+    values = {RUN_ID, SHARED, SESSION} if session else {RUN_ID, SHARED} if shared else {RUN_ID}
     me = os.getpid()
     ancestors = {me}
     info = proctree.read_stat(me)
@@ -82,24 +86,24 @@ def engine_auth(port: int | None) -> dict[str, str]:
     return {}
 
 
-def kill_marked(*, shared: bool = False) -> None:
-    for pid, _ in marked_processes(shared=shared):
+def kill_marked(*, shared: bool = False, session: bool = False) -> None:
+    for pid, _ in marked_processes(shared=shared, session=session):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
 
-def fail_on_leaks(what: str, grace: float, *, shared: bool = False) -> None:
+def fail_on_leaks(what: str, grace: float, *, shared: bool = False, session: bool = False) -> None:
     """Fail ``what`` (and kill the survivors) if a process of this run outlives ``grace``
-    (with ``shared``: the modules' shared processes count too)."""
+    (with ``shared``: the modules' shared processes count too; with ``session``: all)."""
     deadline = time.monotonic() + grace
-    left = marked_processes(shared=shared)
+    left = marked_processes(shared=shared, session=session)
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = marked_processes(shared=shared)
+        left = marked_processes(shared=shared, session=session)
     if left:
-        kill_marked(shared=shared)
+        kill_marked(shared=shared, session=session)
         lines = "\n".join(f"  pid {pid}: {' '.join(cmd)[:200]}" for pid, cmd in left)
         pytest.fail(f"{what} leaked {len(left)} process(es):\n{lines}", pytrace=False)
 
@@ -188,6 +192,15 @@ def shared_marker() -> Iterator[str]:
     them outlives the fixtures that asked for it (torn down before this one)."""
     yield SHARED
     fail_on_leaks("module's shared processes", 10.0, shared=True)
+
+
+@pytest.fixture(scope="session")
+def session_marker() -> Iterator[str]:
+    """The leak-check marker for processes one pytest process shares across modules
+    (``SESSION``: the per-test and per-module checks leave them alone). The session fails
+    if one of them outlives the fixtures that asked for it."""
+    yield SESSION
+    fail_on_leaks("session's shared processes", 10.0, session=True)
 
 
 def wait_for(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:

@@ -1,13 +1,19 @@
 """Where pulled models live, what of them is on disk, and what converted weights say.
 
-The layout (shared with the pull jobs, which write it):
+One layout, the pull jobs' (``ktd.catalog.layout``, which writes it):
 
-    <catalog.dir>/<owner>--<name>/<commit>/...      the repository's files at that commit
-    <catalog.dir>/<owner>--<name>/<commit>/.ktd-complete   written last, when every file
-                                                    is whole and its checksum checked
+    <catalog.dir>/<org>--<name>/<revision>/...      the repository's files at that revision
+                                                    (the pinned commit, or the ref: ``main``)
+    <catalog.dir>/<org>--<name>/<revision>/.ktd/    ktd's bookkeeping: the hub's metadata,
+                                                    partial files, the lock, and
+                                                    ``verified.json``, written last, with
+                                                    the commit and every file's checksum
 
-``catalog.dir`` defaults to ``<state_dir>/models``. A commit directory without the marker
-is a pull under way or cut short (``complete: false``); only a complete one is loaded.
+``catalog.dir`` defaults to ``<state_dir>/models``. A revision directory is complete when
+``ktd.catalog.verify.verified`` says so (the marker, no flagged file, every file the size
+it was checked at): the same gate a load's preflight uses. One with a ``.ktd/`` and no
+such marker is a pull under way or cut short (``complete: false``, with the bytes fetched
+so far, partial files included); a directory without ``.ktd/`` is no pull and not listed.
 
 AMX weights (kt-kernel's ``convert_cpu_weights.py``) are split per NUMA pool at
 conversion, and the split is in the tensor names: merged into safetensors, the keys
@@ -26,8 +32,9 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ktd.catalog import layout, verify
+
 __all__ = [
-    "COMPLETE",
     "Pulled",
     "numa_count",
     "on_disk",
@@ -35,7 +42,6 @@ __all__ = [
     "revision_dir",
 ]
 
-COMPLETE = ".ktd-complete"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _NUMA_KEY = re.compile(r"\.numa\.(\d+)\.(?:weight|scale)$")
 _NUMA_DIR = re.compile(r"^_numa_(\d+)$")
@@ -44,64 +50,90 @@ _MAX_INDEX = 64 << 20
 
 
 def repo_dir(base: str | Path, repo: str) -> Path:
-    """``owner/name`` -> ``<base>/owner--name`` (the hub's own cache spells it so)."""
+    """``org/name`` -> ``<base>/org--name`` (the hub's own cache spells it so)."""
     return Path(base) / repo.replace("/", "--")
 
 
-def revision_dir(base: str | Path, repo: str, commit: str) -> Path:
-    return repo_dir(base, repo) / commit
+def revision_dir(base: str | Path, repo: str, revision: str) -> Path:
+    """Where a pull of ``repo`` at ``revision`` lives: ``layout.dest_for``'s directory."""
+    return layout.dest_for(Path(base), repo, revision)
 
 
 @dataclass(frozen=True)
 class Pulled:
-    """One commit of one repository under ``catalog.dir``."""
+    """One revision of one repository under ``catalog.dir``. ``commit``: the commit the
+    verified marker records (else the directory's name when it is one, else empty)."""
 
     repo: str
+    revision: str
     commit: str
     path: str
     complete: bool
     bytes: int
+    problems: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {
             "repo": self.repo,
+            "revision": self.revision,
             "commit": self.commit,
             "path": self.path,
             "complete": self.complete,
             "bytes": self.bytes,
+            "problems": list(self.problems),
         }
 
 
 def _size(path: Path) -> int:
+    """The bytes of the repository's files here, and of the partial files being fetched
+    (``.ktd/partial``); not ktd's other bookkeeping."""
     total = 0
-    for dirpath, _dirs, files in os.walk(path):
+    for dirpath, dirs, files in os.walk(path):
+        if Path(dirpath) == path and ".ktd" in dirs:
+            dirs.remove(".ktd")
         for name in files:
             try:
                 total += os.stat(os.path.join(dirpath, name)).st_size
             except OSError:
                 continue
+    try:
+        for part in (layout.ktd_dir(path) / "partial").iterdir():
+            total += part.stat().st_size
+    except OSError:
+        pass
     return total
 
 
+def _pulled(repo: str, c: Path) -> Pulled:
+    marker = verify.read_marker(c)
+    ok, problems = verify.verified(c)
+    commit = marker.commit if marker else (c.name if _COMMIT.match(c.name) else "")
+    return Pulled(repo, c.name, commit, str(c), ok, _size(c), tuple(problems) if marker else ())
+
+
 def on_disk(base: str | Path, repo: str) -> list[Pulled]:
-    """Every commit of ``repo`` under ``base``, complete ones first, newest first."""
+    """Every pulled revision of ``repo`` under ``base``, complete ones first, the latest
+    verified first."""
     root = repo_dir(base, repo)
     try:
-        children = [c for c in root.iterdir() if c.is_dir() and _COMMIT.match(c.name)]
+        children = [c for c in root.iterdir() if c.is_dir() and layout.ktd_dir(c).is_dir()]
     except OSError:
         return []
     out = []
     for c in children:
-        marker = c / COMPLETE
-        out.append(Pulled(repo, c.name, str(c), marker.is_file(), _size(c)))
+        try:
+            layout.check_source(repo, c.name)
+        except layout.BadSource:
+            continue
+        out.append(_pulled(repo, c))
 
     def when(p: Pulled) -> float:
         try:
-            return os.stat(Path(p.path) / COMPLETE).st_mtime if p.complete else 0.0
+            return layout.marker_path(Path(p.path)).stat().st_mtime if p.complete else 0.0
         except OSError:
             return 0.0
 
-    return sorted(out, key=lambda p: (not p.complete, -when(p), p.commit))
+    return sorted(out, key=lambda p: (not p.complete, -when(p), p.revision))
 
 
 def _header_keys(path: Path) -> list[str]:

@@ -35,6 +35,9 @@ from ktd.pullwire import PullFile, PullInfo, PullPlanView
 log = logging.getLogger("ktd.pulls")
 
 Resolver = Callable[[str], list[PullSpec]]
+#: Told of each job that finished (``done``), with every job: the catalog side writes the
+#: models.json entry of a name whose jobs are all done (``ktd.daemon.pullentry``).
+Finished = Callable[[Job, Mapping[Key, Job]], Awaitable[None]]
 Publish = Callable[[str, p.Event], None]
 Offload = Callable[..., Awaitable[Any]]
 
@@ -48,11 +51,6 @@ def no_catalog(name: str) -> list[PullSpec]:
     raise ControlError(
         p.ErrorCode.UNKNOWN_MODEL, f"no catalog entry {name!r}: pull --repo ORG/NAME[@REV]"
     )
-
-
-def models_dir(section: CatalogSection, state_dir: Path) -> Path:
-    """Where pulls put models: the config's ``catalog.dir``, else ``<state_dir>/models``."""
-    return Path(section.dir).expanduser() if section.dir else state_dir / "models"
 
 
 def spec_of_repo(ref: str) -> PullSpec:
@@ -75,6 +73,7 @@ class Puller:
         publish: Publish,
         resolve: Resolver = no_catalog,
         fit: FitCheck = no_fit_check,
+        finished: Finished | None = None,
         offload: Offload | None = None,
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
@@ -87,6 +86,7 @@ class Puller:
         self._publish = publish
         self._resolve = resolve
         self._fit = fit
+        self._finished = finished
         self._offload = offload
         self._env = dict(os.environ if env is None else env)
         self._python = python
@@ -101,13 +101,24 @@ class Puller:
 
     # ------------------------------------------------------------ the control API
 
-    def specs(self, name: str, repo: str) -> list[PullSpec]:
+    async def resolve(self, name: str, repo: str) -> list[PullSpec]:
+        """The specs of ``name`` (the catalog's resolver reads files and the machine: run
+        through the offload) or of ``repo``."""
+        if name and not repo and self._offload is not None:
+            specs: list[PullSpec] = await self._offload(self._resolve, name)
+            return self.specs(name, repo, specs)
+        return self.specs(name, repo)
+
+    def specs(self, name: str, repo: str, resolved: list[PullSpec] | None = None) -> list[PullSpec]:
         if bool(name) == bool(repo):
             raise ControlError(
                 p.ErrorCode.BAD_REQUEST,
                 "a pull names a catalog entry or --repo ORG/NAME[@REV], one of them",
             )
-        specs = [spec_of_repo(repo)] if repo else self._resolve(name)
+        if repo:
+            specs = [spec_of_repo(repo)]
+        else:
+            specs = resolved if resolved is not None else self._resolve(name)
         for s in specs:
             try:
                 layout.check_source(s.repo, s.revision)
@@ -120,9 +131,20 @@ class Puller:
             Path(spec.dest) if spec.dest else layout.dest_for(self.root, spec.repo, spec.revision)
         )
 
-    def ask(self, name: str, repo: str, *, force: bool = False) -> p.PullReply:
+    async def request(self, name: str, repo: str, *, force: bool = False) -> p.PullReply:
+        """``ask``, the name resolved off the event loop first."""
+        return self.ask(name, repo, force=force, specs=await self.resolve(name, repo))
+
+    def ask(
+        self,
+        name: str,
+        repo: str,
+        *,
+        force: bool = False,
+        specs: list[PullSpec] | None = None,
+    ) -> p.PullReply:
         """Start or join the job of each spec of ``name`` (or of ``repo``)."""
-        specs = self.specs(name, repo)
+        specs = specs if specs is not None else self.specs(name, repo)
         now = trio.current_time()
         joined = False
         jobs = []
@@ -137,7 +159,7 @@ class Puller:
     async def dry_run(self, name: str, repo: str) -> p.PullReply:
         """The plans of ``name``'s specs, read by plan-only workers; nothing is fetched."""
         plans = []
-        for spec in self.specs(name, repo):
+        for spec in await self.resolve(name, repo):
             plan, kind, message = await self._plan_once(spec, job=False)
             if plan is None:
                 raise ControlError(
@@ -378,6 +400,8 @@ class Puller:
         job = machine.jobs.get(key)
         if job is not None and job.state is JobState.DONE:
             self._measured(job.done - before, now - began)
+            if self._finished is not None:
+                await self._finished(job, dict(machine.jobs))
 
     def _measured(self, fetched: int, seconds: float) -> None:
         """A finished fetch's bytes over its time: this box's pull rate (``pullrate``)."""

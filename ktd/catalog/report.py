@@ -81,7 +81,7 @@ def _pulled(entry: Entry, base: str) -> dict[str, list[ondisk.Pulled]]:
 
 def _complete(pulls: Sequence[ondisk.Pulled], pinned: str | None) -> ondisk.Pulled | None:
     for p in pulls:
-        if p.complete and (pinned is None or p.commit == pinned):
+        if p.complete and (pinned is None or pinned in (p.commit, p.revision)):
             return p
     return None
 

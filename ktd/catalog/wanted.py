@@ -5,16 +5,17 @@ The model's repository always (``--model-path``; the native formats' CPU experts
 for a ``kt-weights`` variant, the upload of converted CPU weights made for its
 ``--kt-method`` as well. ``revision`` is the pinned commit where the catalog has one,
 else the ref (``main``), which the job resolves through the hub's API to a commit before
-the first byte. ``dest`` is the repository's directory under ``catalog.dir``
-(``ktd.catalog.ondisk``): the job writes the files under ``<dest>/<commit>/`` and the
-``.ktd-complete`` marker last.
+the first byte (recorded in the verified marker; the directory keeps the ref's name).
+``dest`` is the pull's directory under ``catalog.dir``,
+``<org>--<name>/<revision>/`` (``ktd.catalog.layout``): the job writes the files there and
+``.ktd/verified.json`` last (``ktd.catalog.ondisk`` reads it back).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ktd.catalog.ondisk import repo_dir
+from ktd.catalog.layout import dest_for
 from ktd.catalog.schema import Entry, Source, Variant
 from ktd.catalog.spec import PullSpec
 
@@ -22,12 +23,13 @@ __all__ = ["pull_specs"]
 
 
 def _spec(source: Source, base: str | Path) -> PullSpec:
+    revision = source.revision or source.ref
     return PullSpec(
         role=source.role,
         repo=source.repo,
-        revision=source.revision or source.ref,
+        revision=revision,
         patterns=tuple(source.patterns),
-        dest=str(repo_dir(base, source.repo)),
+        dest=str(dest_for(Path(base), source.repo, revision)),
     )
 
 

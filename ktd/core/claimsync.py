@@ -26,7 +26,7 @@ from ktd.core import states as S
 
 
 @dataclass(frozen=True)
-class Holder:
+class FrontendProcess:
     """The frontend process behind a client id: its pid, as the kernel gave it when it
     sent its claims (``SO_PEERCRED``), and that process's start time (clock ticks since
     boot, ``/proc/PID/stat``), which tells it from a later process given the same pid."""
@@ -36,10 +36,10 @@ class Holder:
 
 
 #: A claim as the state file gives it back: (claim id, client, its frontend's process).
-Restored = tuple[str, str, Holder | None]
+Restored = tuple[str, str, FrontendProcess | None]
 
 
-def void_at_restore(holder: Holder | None, start_now: int | None) -> bool:
+def void_at_restore(holder: FrontendProcess | None, start_now: int | None) -> bool:
     """A claim a previous daemon run persisted is void at once when its frontend is gone:
     no process has its pid now (``start_now`` None; a zombie is none) or another one does
     (another start time). Its holder cannot report or give it back, and it held the
@@ -63,7 +63,7 @@ class ClaimRec:
     routing: bool = True
     recall: p.Recall | None = None  # outstanding until the claim goes or a report answers it
     told: bool = False  # the recall went out in a reply at least once (then it is not news)
-    holder: Holder | None = None  # its frontend's process, when the socket showed it
+    holder: FrontendProcess | None = None  # its frontend's process, when the socket showed it
 
     @property
     def counts_as(self) -> int:

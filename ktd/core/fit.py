@@ -41,7 +41,7 @@ __all__ = [
     "Estimate",
     "Fit",
     "Freed",
-    "Holder",
+    "Resident",
     "check",
     "estimate",
     "freed_by",
@@ -253,7 +253,7 @@ def host_held(est: Estimate, *, backed_up: bool) -> int | None:
 
 
 @dataclass(frozen=True)
-class Holder:
+class Resident:
     """An engine whose memory a fit counts as freed or taken: its estimate, where it
     runs, whether it holds the host copy already (``backed_up``) and what it keeps on
     each GPU asleep (``residue``: measured, else ``RESIDUE_GUESS``)."""
@@ -276,7 +276,7 @@ class Holder:
         return g // len(self.gpus) if g and self.gpus else 0
 
 
-def freed_by(victims: Sequence[Holder], sleepers: Sequence[Holder] = ()) -> Freed:
+def freed_by(victims: Sequence[Resident], sleepers: Sequence[Resident] = ()) -> Freed:
     """Sum what evicting ``victims`` frees, split like loads: their GPU memory, their
     experts and (if they have one) the host copy of their GPU weights. ``sleepers`` go
     to sleep instead: they free their GPU memory but their residue, and *take* host RAM
@@ -309,7 +309,7 @@ def freed_by(victims: Sequence[Holder], sleepers: Sequence[Holder] = ()) -> Free
     return Freed(host, anywhere, gpu)
 
 
-def to_wake(waker: Holder) -> Estimate:
+def to_wake(waker: Resident) -> Estimate:
     """What a wake asks of the machine: GPU memory for what its residue does not cover;
     no host memory (its experts and host copy are held already)."""
     est = waker.est

@@ -23,7 +23,7 @@ TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
 
 
 @dataclass(frozen=True)
-class Flag:
+class KtFlag:
     """A kt placement flag and who decided its value."""
 
     name: str
@@ -86,14 +86,16 @@ def flags_for(
     cpuinfer: int,
     node_cores: int,
     notes: list[str],
-) -> tuple[Flag, ...]:
+) -> tuple[KtFlag, ...]:
     derived = {
         NUMA_FLAG: tuple(str(n) for n in nodes),
         POOL_FLAG: (str(len(nodes)),),
         CPUINFER_FLAG: (str(cpuinfer),),
     }
     flags = tuple(
-        Flag(name, uflags[name], "user") if name in uflags else Flag(name, derived[name], "derived")
+        KtFlag(name, uflags[name], "user")
+        if name in uflags
+        else KtFlag(name, derived[name], "derived")
         for name in PLACEMENT_FLAGS
     )
     by_name = {f.name: f for f in flags}

@@ -7,29 +7,8 @@ action the machine answers, as ``ktd.daemon.kill`` does for ``ktd.core.stop``.
 Every decision over time lives here: the readiness deadline, the hang kill, the
 drain and its one budget, the crash restart loop, and sleep.
 
-Sleep is SGLang's memory API (``docs/sglang.md``, "Sleep"): ``/release_memory_occupation``
-frees the engine's GPU memory, ``/resume_memory_occupation`` takes it back; the kt
-experts stay in host RAM throughout. SGLang asserts that nothing runs when it
-releases (a release with a request in flight takes the server down), and a released
-server would still run a generation sent to it, on freed memory. So:
-
-* a release is asked only once the engine is drained to zero and fenced: nobody holds it
-  (ktd's leases and the frontends' claims, which were recalled first) and its own
-  ``/v1/loads`` counts nothing, read after the last holder left; then SGLang's door is
-  closed (``/pause_generation`` in ``abort`` mode: every new generation, ``/health``'s
-  included, waits in the tokenizer; what ktd could not see is aborted) and the engine
-  proves itself idle: ``/flush_cache`` succeeds (the scheduler answers it after
-  everything sent before) and a ``/v1/loads`` reading taken after the door closed counts
-  nothing. One zero reading is no proof: ``/v1/loads`` misses a request while it is
-  tokenized and in its first prefill (``ktd.core.loads``). An SGLang without the pause
-  route gets the best ktd can do without it: zero readings for longer than SGLang's
-  republish interval;
-* from the release on, nothing that generates is sent (no ``/health`` probe, which
-  generates a token) until the resume has answered and the door is open again; then one
-  readiness check;
-* an asleep engine is stopped without a wake, and a dead one is never woken; one whose
-  memory ktd cannot know (a restart of ktd between the fence and the record of the
-  release) is stopped and loaded afresh when wanted, never resumed.
+Sleep is SGLang's memory API (``docs/sglang.md``, "Sleep"); why its actions come
+in the order this machine asks them is told with them, in ``ktd.core.lifecycle_io``.
 
 A drain has one budget (``drain_timeout``, or the evict's own) shared by the gateway's
 deregistration and the wait for holders and the engine's load. A sleep whose drain
@@ -46,179 +25,33 @@ from enum import StrEnum
 
 from ktd.core import states as S
 from ktd.core.exits import RETRIED, Outcome
+from ktd.core.lifecycle_io import *  # noqa: F403  (the machine's words are its names too)
+from ktd.core.lifecycle_io import (
+    LOAD_POLL,
+    Action,
+    CheckHealth,
+    CheckLoad,
+    Continue,
+    Deregister,
+    Flush,
+    Idle,
+    Kill,
+    Launch,
+    Look,
+    MakeRoom,
+    Pause,
+    ReleaseMemory,
+    Resume,
+    Settings,
+    Wait,
+    Want,
+)
 from ktd.core.loads import EngineLoad
 from ktd.core.restart import GiveUp, RestartBudget
-from ktd.core.sleepcost import REPUBLISH, Fence  # the fence's kinds; sleep or reload
+from ktd.core.sleepcost import REPUBLISH as REPUBLISH  # re-exported: the drivers' names
+from ktd.core.sleepcost import Fence as Fence  # the fence's kinds; sleep or reload
 from ktd.core.states import Phase, State, Step
-
-__all__ = [
-    "LOAD_POLL",
-    "REPUBLISH",
-    "Action",
-    "CheckHealth",
-    "CheckLoad",
-    "Continue",
-    "Deregister",
-    "Fence",
-    "Flush",
-    "Idle",
-    "Kill",
-    "Launch",
-    "Lifecycle",
-    "Look",
-    "MakeRoom",
-    "Pause",
-    "ReleaseMemory",
-    "Resume",
-    "Settings",
-    "Wait",
-    "Want",
-]
-
-#: Seconds between two reads of the engine's ``/v1/loads`` while it drains, and between
-#: two readiness checks after a resume.
-LOAD_POLL = 0.2
-
-
-class Want(StrEnum):
-    """What the engine's users want of it (set by anyone; read only by the machine)."""
-
-    UP = "up"
-    DOWN = "down"
-    ASLEEP = "asleep"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The daemon's and the model's bounds the machine decides with."""
-
-    stop_grace: float = 30.0
-    drain_timeout: float = 60.0
-    hang_timeout: float = 60.0
-    health_timeout: float = 1800.0  # the model's (the deadline itself comes with launched)
-    memory_timeout: float = 120.0
-    restart: bool = True  # the model's restart policy is on-failure
-    restart_backoff: float = 2.0
-    restart_max: int = 5
-    restart_window: float = 600.0
-    drain_engine: bool = False  # a stop waits for /v1/loads too (the gateway routes to it)
-
-
-@dataclass(frozen=True)
-class Look:
-    """One observation. ``held``: leases and claims on the engine (someone may still send
-    it requests). ``exited``: the process's exit, classified by the driver (with
-    ``Lifecycle.was_ready``); None while it runs. ``drain``: the evict's own drain
-    budget, else the daemon's."""
-
-    now: float
-    want: Want
-    force: bool = False
-    held: int = 0
-    healthy: bool = False  # a starting engine answered as ready
-    hung: bool = False  # a ready engine stopped answering /health for hang_timeout
-    exited: Outcome | None = None
-    drain: float | None = None
-
-
-# ---------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True)
-class Idle:
-    """No process and nothing wanted: wait for a change of want."""
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Look again at ``until`` at the latest (or at any change)."""
-
-    until: float
-
-
-@dataclass(frozen=True)
-class Launch:
-    """The launch pipeline: probe, preflight, place, spawn. Report with ``launched``."""
-
-
-@dataclass(frozen=True)
-class Deregister:
-    """Stop the traffic: recall the frontends' claims, leave the gateway. Report with
-    ``deregistered``."""
-
-
-@dataclass(frozen=True)
-class CheckLoad:
-    """Read the engine's ``/v1/loads``. Report with ``load``."""
-
-
-@dataclass(frozen=True)
-class Pause:
-    """Close SGLang's door: ``POST /pause_generation`` in ``abort`` mode, bounded by
-    ``memory_timeout`` and the drain's budget (``until``). Report with ``paused``."""
-
-    until: float
-
-
-@dataclass(frozen=True)
-class Flush:
-    """``POST /flush_cache`` (bounded like ``Pause``): succeeds only on an idle
-    scheduler. Report with ``flushed``."""
-
-    until: float
-
-
-@dataclass(frozen=True)
-class Continue:
-    """Open SGLang's door again after a resume: ``POST /continue_generation``. Report
-    with ``continued``."""
-
-
-@dataclass(frozen=True)
-class ReleaseMemory:
-    """``POST /release_memory_occupation`` (bounded by ``memory_timeout``). Report with
-    ``released``."""
-
-
-@dataclass(frozen=True)
-class MakeRoom:
-    """Free the engine's own CPUs and GPUs of awake engines (a wake's swap). Report with
-    ``room``."""
-
-
-@dataclass(frozen=True)
-class Resume:
-    """``POST /resume_memory_occupation`` (bounded). Report with ``resumed``."""
-
-
-@dataclass(frozen=True)
-class CheckHealth:
-    """One readiness check (``/v1/models`` and a ``/health`` generation). Report with
-    ``checked``."""
-
-
-@dataclass(frozen=True)
-class Kill:
-    """The stop sequence with ``grace`` (``ktd.core.stop``). Report with ``killed``."""
-
-    grace: float
-
-
-Action = (
-    Idle
-    | Wait
-    | Launch
-    | Deregister
-    | CheckLoad
-    | Pause
-    | Flush
-    | ReleaseMemory
-    | MakeRoom
-    | Resume
-    | Continue
-    | CheckHealth
-    | Kill
-)
+from ktd.protocol import ErrorCode
 
 
 class _End(StrEnum):
@@ -581,12 +414,14 @@ class Lifecycle:
             self.phase = Phase.of(Step.LOADING)
         elif failure.kind == "busy":
             self.settle_want = Want.DOWN
-            self._move(S.STOPPED, reason=failure.reason, error_code="busy")
+            self._move(S.STOPPED, reason=failure.reason, error_code=ErrorCode.BUSY)
         elif failure.kind == "stopped":
             self._move(S.STOPPED, reason=failure.reason or "stopped before launch")
         else:
             self.settle_want = Want.DOWN
-            self._move(S.FAILED, reason=failure.reason or failure.kind, error_code="load_failed")
+            self._move(
+                S.FAILED, reason=failure.reason or failure.kind, error_code=ErrorCode.LOAD_FAILED
+            )
 
     def deregistered(self, confirmed: bool = True) -> None:
         """Traffic is off; ``confirmed``: every router has said it no longer lists the
@@ -656,7 +491,7 @@ class Lifecycle:
         self._move(S.ASLEEP)
         return None
 
-    def room(self, ok: bool, why: str | None = None, *, code: str = "busy") -> None:
+    def room(self, ok: bool, why: str | None = None, *, code: str = ErrorCode.BUSY) -> None:
         """``MakeRoom``'s end: the wake may resume, or it cannot now (it stays asleep)."""
         if self.state != S.WAKING:
             return
@@ -710,7 +545,7 @@ class Lifecycle:
             self._move(S.STOPPED, reason=why or self.down_reason)
         elif end == _End.DROPPED:
             self.settle_want = Want.DOWN
-            self._move(S.STOPPED, reason=why, error_code="load_failed")
+            self._move(S.STOPPED, reason=why, error_code=ErrorCode.LOAD_FAILED)
         elif end == _End.RETRY:
             self.note = why
             self.ready_seen = False
@@ -722,7 +557,7 @@ class Lifecycle:
             self._move(S.STARTING, Phase.of(Step.PROBING), reason=why)
         elif end == _End.FAILED or not self.settings.restart:
             self.settle_want = Want.DOWN
-            self._move(S.FAILED, reason=why or end.value, error_code="load_failed")
+            self._move(S.FAILED, reason=why or end.value, error_code=ErrorCode.LOAD_FAILED)
         else:
             s = self.settings
             step = self.budget.on_crash(
@@ -734,7 +569,7 @@ class Lifecycle:
             )
             if isinstance(step, GiveUp):
                 self.settle_want = Want.DOWN
-                self._move(S.FAILED, reason=step.reason, error_code="load_failed")
+                self._move(S.FAILED, reason=step.reason, error_code=ErrorCode.LOAD_FAILED)
                 return
             self.ready_seen = False
             self.backoff_until = now + step.delay

@@ -30,7 +30,7 @@ from ktd.core.ktflags import (
     PLACEMENT_FLAGS,
     POOL_FLAG,
     TP_FLAGS,
-    Flag,
+    KtFlag,
     cpus_for,
     flags_for,
     gpu_env,
@@ -43,8 +43,8 @@ from ktd.core.userflags import user_flags
 
 __all__ = [
     "PLACEMENT_FLAGS",
-    "Flag",
     "Holding",
+    "KtFlag",
     "Plan",
     "plan",
     "user_flags",
@@ -99,7 +99,7 @@ class Plan:
     numa_nodes: tuple[int, ...] = ()
     cpus: tuple[int, ...] = ()
     gpus: tuple[int, ...] = ()
-    flags: tuple[Flag, ...] = ()
+    flags: tuple[KtFlag, ...] = ()
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     evict: tuple[str, ...] = ()
     sleeps: tuple[str, ...] = ()  # those of ``evict`` put to sleep rather than stopped
@@ -119,7 +119,7 @@ class Plan:
                 out.extend(f.values)
         return out
 
-    def flag(self, name: str) -> Flag | None:
+    def flag(self, name: str) -> KtFlag | None:
         for f in self.flags:
             if f.name == name:
                 return f

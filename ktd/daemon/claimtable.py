@@ -66,7 +66,7 @@ import trio
 from ktd import protocol as p
 from ktd.core import claimsync as policy
 from ktd.core import states as S
-from ktd.core.claimsync import ClaimRec, Holder, Restored
+from ktd.core.claimsync import ClaimRec, FrontendProcess, Restored
 from ktd.daemon import proctree
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class ClaimTable:
         self.since: dict[str, dict[str, float]] = {}  # client -> alias -> oldest came (wall)
         self._tell: dict[str, set[str]] = {}  # client -> claims to tell it to drop
         self._parked: dict[str, trio.Event] = {}  # client -> its parked Sync's wake-up
-        self.holders: dict[str, Holder] = {}  # client -> its process (claims keep it)
+        self.holders: dict[str, FrontendProcess] = {}  # client -> its process (claims keep it)
         self._start_of = start_of
 
     # ------------------------------------------------------------ queries
@@ -150,7 +150,7 @@ class ClaimTable:
             return
         start = self._start_of(pid)
         if start is not None:
-            self.holders[client] = Holder(pid, start)
+            self.holders[client] = FrontendProcess(pid, start)
 
     def grant(self, engine: Engine, client: str) -> str:
         """The client's claim on ``engine``: its routing one if it has it, else a new one."""

@@ -403,6 +403,20 @@ class ConfigDesk:
             new_texts = await self._merged(disk, config, models)
             return await self._apply(disk, new_texts, who, how="apply", limited=limited)
 
+    async def apply_edit(
+        self, edit: Callable[[ConfigTexts], str | None], who: Who, how: str
+    ) -> p.ConfigApplyReply | None:
+        """A change ktd makes itself (a pull's models.json entry: ``how`` ``pull``), planned
+        and applied as any: ``edit`` turns the files on disk, read under the lock, into
+        the new models.json text (None: nothing to change)."""
+        async with self._lock:
+            disk = await self._disk()
+            models = edit(disk)
+            if models is None:
+                return None
+            new_texts = await self._merged(disk, None, models)
+            return await self._apply(disk, new_texts, who, how=how)
+
     async def rollback(
         self, seq: int | None, base: str, who: Who, *, dry_run: bool
     ) -> p.ConfigApplyReply | p.ConfigPlanReply:
@@ -476,7 +490,9 @@ class ConfigDesk:
             return p.ConfigApplyReply(plan=plan, version=plan.version, summary="no change")
         new = parse_config(new_texts)  # validated by the plan
         latest = self.history.latest()
-        what = plan.summary if how == "apply" else f"back to version {rollback_of}: {plan.summary}"
+        what = (
+            f"back to version {rollback_of}: {plan.summary}" if how == "rollback" else plan.summary
+        )
         record = await self._new_record(new_texts, how, who, what, latest, rollback_of)
         seq = record.info.seq
         try:

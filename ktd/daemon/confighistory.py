@@ -2,7 +2,7 @@
 
 One file per version, ``config-history/<seq>.json``: both files' texts as they were, who
 made it (the uid the control socket showed, and who the client said it was, kept as
-claimed), when, how (``start``, ``reload`` of a hand edit, ``apply``, ``rollback``) and
+claimed), when, how (``start``, ``reload`` of a hand edit, ``apply``, ``rollback``, ``pull``) and
 what changed. Each is written whole or not at all (``statefile.write_bytes``); the
 newest ``keep`` stay. A file is read as a version only when it is one (``_check``): it
 decodes, its name is its own ``seq``'s (``000042.json`` holds seq 42), and its

@@ -1,37 +1,29 @@
-"""The I/O around ``ktd.core.doctor`` and ``ktd.core.placement``: probing, dry-run plans, reports.
+"""Doctor in the daemon: the dry-run plan of a load, and the report with the pool's engines.
 
 Doctor runs in the daemon when there is one (it sees the machine and the
-environment the engines will get), locally otherwise.
+environment the engines will get), locally otherwise: the checks themselves are
+``ktd.checkup``'s, which ktctl runs in its own process when the daemon is down.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 from typing import TYPE_CHECKING, Any
 
+from ktd.checkup import build_report, one_line
 from ktd.core import doctor
 from ktd.core.command import (
     LaunchError,
-    build_env,
     env_additions,
     keyed_launch,
     with_key_file,
 )
-from ktd.core.config import Config, ModelSpec, load_config
-from ktd.daemon import gpuexperts, proctree, weights
-from ktd.daemon.probe import PROBE_CODE, ProbeResult, parse_probe_output
-from ktd.topology import Topology, read_topology
+from ktd.core.config import Config
+from ktd.daemon import gpuexperts, weights
+from ktd.daemon.probe import ProbeResult
 
 if TYPE_CHECKING:
     from ktd.daemon.pool import Pool
     from ktd.gateway.sync import GatewaySync
-
-
-def one_line(text: str) -> str:
-    """The last line of an error (a traceback's is what it says), cut to 200 characters."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else "")[:200]
 
 
 def _no_sglang(python: str, probe: ProbeResult | None) -> str | None:
@@ -96,55 +88,6 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
     return out
 
 
-def probe_python(spec: ModelSpec, *, timeout: float = 120.0) -> ProbeResult:
-    """Imports, real versions and SGLang's option list in the engine's interpreter."""
-    env = build_env(spec, os.environ)
-    try:
-        r = subprocess.run(
-            [spec.python, "-c", PROBE_CODE],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return ProbeResult(python=spec.python, ok_python=False, error=str(exc))
-    return parse_probe_output(spec.python, r.returncode, r.stdout + r.stderr)
-
-
-def build_report(
-    config: Config,
-    topo: Topology,
-    *,
-    running: dict[str, int] | None = None,
-    where: str,
-    extra_checks: list[doctor.Check] | None = None,
-) -> dict[str, Any]:
-    served = config.served()
-    probe = probe_python(served[0]) if served else None
-    summary = probe.summary() if probe else None
-    running = running or {}
-
-    def port_free(host: str, port: int) -> bool:
-        return proctree.port_free(host, port)
-
-    checks = doctor.collect(
-        topo,
-        served,
-        summary,
-        port_free=port_free,
-        running=running.keys(),
-        catalog=probe.catalog if probe else None,
-    )
-    checks += extra_checks or []
-    return doctor.report(
-        checks,
-        {"where": where, "config": config.path, "topology": topo.to_dict(), "probe": summary or {}},
-    )
-
-
 async def daemon_report(
     config: Config, pool: Pool, gateway: GatewaySync | None = None
 ) -> dict[str, Any]:
@@ -159,33 +102,3 @@ async def daemon_report(
     return await trio.to_thread.run_sync(
         lambda: build_report(config, topo, running=running, where="daemon", extra_checks=extra)
     )
-
-
-def local_report(config_path: str | None = None) -> dict[str, Any]:
-    """``ktctl doctor`` with no daemon: the same checks, run in this process."""
-    from ktd import paths
-
-    path = config_path or str(paths.default_config_path())
-    where = "local (ktd is not running)"
-    if not os.path.exists(path):
-        # No config yet is the first-day state: the machine checks matter most then.
-        topo = read_topology()
-        checks = doctor.collect(topo, (), None, port_free=proctree.port_free)
-        checks.append(
-            doctor.Check(
-                "config",
-                "warn",
-                f"no config at {path}: only the machine was checked",
-                "`ktd init` writes a starter config; `ktd up --demo` runs the simulated engine",
-            )
-        )
-        return doctor.report(checks, {"where": where, "config": None, "topology": topo.to_dict()})
-    config = load_config(path)
-    extra: list[doctor.Check] = []
-    if config.gateway.routers:
-        from ktd.gateway import doctor as gw_doctor
-
-        extra = gw_doctor.checks(
-            config.gateway, gw_doctor.probe_sync(config.gateway), instance=None
-        )
-    return build_report(config, read_topology(), where=where, extra_checks=extra)

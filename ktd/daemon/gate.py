@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ktd.control.errors import ControlError
-from ktd.core.admission import Answer, WaitEnd, Waiter, WantUp
+from ktd.core.admission import Answer, GateWaiter, WaitEnd, WantUp
 from ktd.daemon.engine import Engine, Lease
 from ktd.protocol import ErrorCode
 
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class _PendingWaiter:
-    """The driver's side of the gate's ``Waiter``: what its task waits on."""
+    """The driver's side of a ``GateWaiter``: what its task waits on."""
 
-    waiter: Waiter
+    waiter: GateWaiter
     client: str
     done: trio.Event = field(default_factory=trio.Event)
     outcome: WaitEnd | None = None
@@ -88,7 +88,7 @@ class Gatekeeper:
         """
         self._heard(client)
         limit = math.inf if timeout is None or timeout <= 0 else timeout
-        waiter = Waiter(
+        waiter = GateWaiter(
             ticket=self.ticket(),
             claim=claim,
             autoload=autoload,

@@ -21,7 +21,7 @@ import trio
 import zmq
 
 from ktd import paths
-from ktd.catalog.pulls import Puller, Resolver, models_dir
+from ktd.catalog.pulls import Puller
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.command import LaunchError
@@ -40,14 +40,15 @@ from ktd.daemon import (
     statelock,
     weights,
 )
-from ktd.daemon.catalogview import CatalogView
+from ktd.daemon.catalogview import CatalogView, catalog_dir
 from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.confighistory import History
 from ktd.daemon.doctor import daemon_report, dry_run_plan
 from ktd.daemon.inotify import DIR_CHANGES, FileWatch
 from ktd.daemon.machine import MachineReader
 from ktd.daemon.pool import Pool
-from ktd.daemon.pullresolve import catalog_resolver
+from ktd.daemon.pullcatalog import CatalogPulls
+from ktd.daemon.pullentry import PullEntries
 from ktd.daemon.server import ControlServer
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
@@ -189,11 +190,8 @@ class Daemon:
         config: Config,
         setup: Setup,
         texts: ConfigTexts | None = None,
-        resolve: Resolver | None = None,
     ) -> None:
         self.config = config
-        # the catalog: a name's PullSpecs (issue 44); by default the config's catalog
-        self.resolve = resolve or catalog_resolver(lambda: self.config, self._machine)
         self.texts = texts  # the files ``config`` was read from (None: read them at run)
         self.setup = setup
         self.stop_requested = trio.Event()
@@ -283,13 +281,18 @@ class Daemon:
             )
             self.desk = desk
             await desk.record_start()
-            section = self.config.catalog
+            # The catalog as the pulls see it: the running config's files, re-read at
+            # each pull (a reload's new files count from the next one).
+            cat = CatalogPulls(lambda: self.config, self.setup.state_dir, machine=self._machine)
+            entries = PullEntries(cat, lambda: self.desk, self._publish, offload.to_thread)
             pulls = Puller(
-                section,
-                root=models_dir(section, self.setup.state_dir),
+                self.config.catalog,
+                root=catalog_dir(self.config, self.setup.state_dir),
                 state_path=self.setup.state_dir / "pulls.json",
                 publish=self._publish,
-                resolve=self.resolve,
+                resolve=cat.resolve,
+                fit=cat.fit,
+                finished=entries.finished,
                 offload=offload.to_thread,
                 log_dir=self.setup.log_dir / "pulls",
             )

@@ -16,7 +16,7 @@ read in one place:
 * ``GET /v1/loads`` counts the requests running and waiting over the DP ranks
   (``ktd.core.loads``).
 
-A route this SGLang lacks answers 404 (``Outcome.absent``). The engine's API key goes
+A route this SGLang lacks answers 404 (``CallOutcome.absent``). The engine's API key goes
 with every call (the admin key, for the routes SGLang reserves to it, when the user set
 one).
 """
@@ -33,14 +33,14 @@ from ktd.core import loglines
 from ktd.core.loads import EngineLoad, parse
 from ktd.daemon.enginekey import auth_headers
 
-__all__ = ["Outcome", "cont", "flush", "pause", "read_load", "read_memory", "release", "resume"]
+__all__ = ["CallOutcome", "cont", "flush", "pause", "read_load", "read_memory", "release", "resume"]
 
 #: Every tag SGLang's memory saver knows; ktd releases and resumes them all.
 TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CallOutcome:
     """How one of SGLang's control calls ended: done (``ok``), not a route of this
     SGLang (``absent``), or why not; ``at``: the wall clock when the answer came."""
 
@@ -95,24 +95,24 @@ async def _call(
     timeout: float,
     key: str | None,
     body: object,
-) -> Outcome:
+) -> CallOutcome:
     try:
         r = await http.post(url, json=body, timeout=timeout, headers=auth_headers(key))
     except httpx.TimeoutException:
-        return Outcome(False, why=f"no answer within {timeout:g}s")
+        return CallOutcome(False, why=f"no answer within {timeout:g}s")
     except (httpx.HTTPError, OSError) as exc:
-        return Outcome(False, why=f"{type(exc).__name__}: {exc}")
+        return CallOutcome(False, why=f"{type(exc).__name__}: {exc}")
     at = time.time()
     if r.status_code == 404:
-        return Outcome(False, absent=True, why="HTTP 404: not a route of this SGLang", at=at)
+        return CallOutcome(False, absent=True, why="HTTP 404: not a route of this SGLang", at=at)
     if r.status_code != 200:
-        return Outcome(False, why=f"HTTP {r.status_code}: {r.text[:200]}", at=at)
-    return Outcome(True, at=at)
+        return CallOutcome(False, why=f"HTTP {r.status_code}: {r.text[:200]}", at=at)
+    return CallOutcome(True, at=at)
 
 
 async def release(
     http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
-) -> Outcome:
+) -> CallOutcome:
     """Release the engine's GPU memory."""
     url = base + "/release_memory_occupation"
     return await _call(http, url, timeout, key, {"tags": list(TAGS)})
@@ -120,7 +120,7 @@ async def release(
 
 async def resume(
     http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
-) -> Outcome:
+) -> CallOutcome:
     """Take the GPU memory back."""
     url = base + "/resume_memory_occupation"
     return await _call(http, url, timeout, key, {"tags": list(TAGS)})
@@ -128,20 +128,20 @@ async def resume(
 
 async def pause(
     http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
-) -> Outcome:
+) -> CallOutcome:
     """Hold new requests at the tokenizer, abort what is left in flight (the fence)."""
     return await _call(http, base + "/pause_generation", timeout, key, {"mode": "abort"})
 
 
 async def cont(
     http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
-) -> Outcome:
+) -> CallOutcome:
     """Let held requests reach the scheduler again (after a resume)."""
     return await _call(http, base + "/continue_generation", timeout, key, {})
 
 
 async def flush(
     http: httpx.AsyncClient, base: str, *, timeout: float, key: str | None = None
-) -> Outcome:
+) -> CallOutcome:
     """Ask the scheduler, in order after everything sent before, whether it is idle."""
     return await _call(http, base + "/flush_cache", timeout, key, None)

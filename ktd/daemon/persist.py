@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ktd.core import states as S
-from ktd.core.claimsync import ClaimRec, Holder, Restored
+from ktd.core.claimsync import ClaimRec, FrontendProcess, Restored
 from ktd.core.command import ENGINE_MARK, SAVER
 from ktd.daemon import adoption, proctree, statefile
 from ktd.daemon.engine import Engine, Running
@@ -96,8 +96,8 @@ def _claim_record(c: ClaimRec) -> statefile.ClaimRecord:
     )
 
 
-def _holder(c: statefile.ClaimRecord) -> Holder | None:
-    return Holder(c.pid, c.start) if c.pid > 0 else None
+def _holder(c: statefile.ClaimRecord) -> FrontendProcess | None:
+    return FrontendProcess(c.pid, c.start) if c.pid > 0 else None
 
 
 class Persister:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ktd.ports import pick_port as pick_port  # the daemon's modules find them here
+from ktd.ports import port_free as port_free
 
 PROC = Path("/proc")
 PR_SET_CHILD_SUBREAPER = 36
@@ -157,25 +159,6 @@ def reap(pids: Iterable[int]) -> None:
         except OSError as exc:
             if exc.errno != errno.ECHILD:
                 raise
-
-
-def port_free(host: str, port: int) -> bool:
-    """Can the port be bound again? (SO_REUSEADDR, as SGLang's uvicorn binds.)"""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def pidfd_of(ident: tuple[int, int]) -> int | None:

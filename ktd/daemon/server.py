@@ -264,8 +264,6 @@ class ControlServer:
                 return p.Ok(message="shutting down")
             case p.Pulls() if self._pulls is not None:
                 return p.PullsReply(jobs=self._pulls.jobs())
-            case p.Pull(name=name, repo=repo, dry_run=False, force=force) if self._pulls:
-                return self._pulls.ask(name, repo, force=force)
             case p.PullCancel(name=name, repo=repo) if self._pulls is not None:
                 return self._pulls.cancel(name, repo)
         return None
@@ -335,4 +333,7 @@ class ControlServer:
                 return await self._catalog(name)
             case p.Pull(name=name, repo=repo, dry_run=True) if self._pulls is not None:
                 return await self._pulls.dry_run(name, repo)
+            case p.Pull(name=name, repo=repo, force=force) if self._pulls is not None:
+                # async: a catalog name is resolved off the event loop (files, nvidia-smi)
+                return await self._pulls.request(name, repo, force=force)
         raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")

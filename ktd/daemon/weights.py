@@ -206,9 +206,9 @@ class Occupant:
     residue: Mapping[int, int] | None = None
     asleep: bool = False
 
-    def holder(self) -> fit.Holder:
+    def holder(self) -> fit.Resident:
         est = estimate_spec(self.spec)
-        return fit.Holder(est, self.nodes, self.gpus, self.backed_up, self.residue, self.asleep)
+        return fit.Resident(est, self.nodes, self.gpus, self.backed_up, self.residue, self.asleep)
 
 
 def verdict(

@@ -131,7 +131,7 @@ def _freeze_startup_objects() -> None:
 
 def _notify(message: str) -> None:
     try:
-        from ktd.daemon import sdnotify
+        from ktd import sdnotify
     except ImportError:  # pragma: no cover
         return
     sdnotify.notify(message)

@@ -30,7 +30,7 @@ from typing import Any
 
 from ktd.sim import flags, gen
 from ktd.sim.api import OpenAIServing, Pacer
-from ktd.sim.httpd import SSE, Reply, Request
+from ktd.sim.httpd import SSE, HttpReply, HttpRequest
 from ktd.sim.shapes import (
     STOP_REASONS,
     anthropic_error,
@@ -87,12 +87,12 @@ class AgentServing:
 
     # ------------------------------------------------------------ /v1/responses
 
-    async def responses(self, req: Request) -> Reply:
+    async def responses(self, req: HttpRequest) -> HttpReply:
         return await self.o._run(req, lambda rid: self._responses(req, rid))
 
-    async def _responses(self, req: Request, rid: str) -> Reply:
+    async def _responses(self, req: HttpRequest, rid: str) -> HttpReply:
         f = self.o._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         raw_input = f.required("input")
         model = f.str_("model", self.o.args.served_model_name)
@@ -201,7 +201,7 @@ class AgentServing:
             self._store(done)
             yield ev("response.completed", response=done)
 
-        return Reply(200, content_type=SSE, stream=events())
+        return HttpReply(200, content_type=SSE, stream=events())
 
     def _store(self, obj: dict[str, Any]) -> None:
         if not self.keep:
@@ -210,10 +210,10 @@ class AgentServing:
         while len(self.stored) > _STORED:
             self.stored.popitem(last=False)
 
-    def _not_found(self, response_id: str) -> Reply:
+    def _not_found(self, response_id: str) -> HttpReply:
         return error_reply(f"Response with id '{response_id}' not found.", "NotFoundError", 404)
 
-    def _store_disabled(self) -> Reply:
+    def _store_disabled(self) -> HttpReply:
         """Upstream 0.5.23 without ``--enable-response-store``: nothing is kept."""
         message = (
             "Response store is disabled. Stateful Responses require --enable-response-store "
@@ -222,13 +222,13 @@ class AgentServing:
         err = {"message": message, "type": "invalid_request_error", "param": "response_id"}
         return json_reply({"error": {**err, "code": 400}}, 400)
 
-    async def retrieve(self, req: Request, response_id: str) -> Reply:
+    async def retrieve(self, req: HttpRequest, response_id: str) -> HttpReply:
         if not self.keep:
             return self._store_disabled()
         obj = self.stored.get(response_id)
         return self._not_found(response_id) if obj is None else json_reply(obj)
 
-    async def cancel(self, req: Request, response_id: str) -> Reply:
+    async def cancel(self, req: HttpRequest, response_id: str) -> HttpReply:
         """A finished response: the fork refuses (400), upstream answers it as it is."""
         if not self.keep:
             return self._store_disabled()
@@ -241,9 +241,9 @@ class AgentServing:
 
     # ------------------------------------------------------------ /v1/messages
 
-    def _anthropic_body(self, req: Request) -> dict[str, Any] | Reply:
+    def _anthropic_body(self, req: HttpRequest) -> dict[str, Any] | HttpReply:
         body = parse_body(req)
-        if isinstance(body, Reply):
+        if isinstance(body, HttpReply):
             return body
         errors = []
         if not isinstance(body.get("model"), str):
@@ -259,12 +259,12 @@ class AgentServing:
             return validation_reply(errors)
         return body
 
-    async def messages(self, req: Request) -> Reply:
+    async def messages(self, req: HttpRequest) -> HttpReply:
         return await self.o._run(req, lambda rid: self._messages(req, rid))
 
-    async def _messages(self, req: Request, rid: str) -> Reply:
+    async def _messages(self, req: HttpRequest, rid: str) -> HttpReply:
         body = self._anthropic_body(req)
-        if isinstance(body, Reply):
+        if isinstance(body, HttpReply):
             return body
         max_tokens = body.get("max_tokens")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -331,10 +331,10 @@ class AgentServing:
             )
             yield named_event("message_stop", {"type": "message_stop"})
 
-        return Reply(200, content_type=SSE, stream=events())
+        return HttpReply(200, content_type=SSE, stream=events())
 
-    async def count_tokens(self, req: Request) -> Reply:
+    async def count_tokens(self, req: HttpRequest) -> HttpReply:
         body = self._anthropic_body(req)
-        if isinstance(body, Reply):
+        if isinstance(body, HttpReply):
             return body
         return json_reply({"input_tokens": _anthropic_tokens(body)})

@@ -24,7 +24,7 @@ import trio
 
 from ktd.sim import gen
 from ktd.sim.cli import SimArgs
-from ktd.sim.httpd import SSE, Reply, Request
+from ktd.sim.httpd import SSE, HttpReply, HttpRequest
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import log
 from ktd.sim.shapes import (
@@ -113,7 +113,9 @@ class OpenAIServing:
         self.lora_on = False
 
     # -- common
-    async def _run(self, req: Request, body: Callable[[str], Awaitable[Reply]]) -> Reply:
+    async def _run(
+        self, req: HttpRequest, body: Callable[[str], Awaitable[HttpReply]]
+    ) -> HttpReply:
         """Count the request and make sure ``finish`` runs once, whatever happens."""
         rid = uuid.uuid4().hex
         self.state.begin()
@@ -163,11 +165,11 @@ class OpenAIServing:
 
         return on_chunk
 
-    def _fields(self, req: Request) -> Fields | Reply:
+    def _fields(self, req: HttpRequest) -> Fields | HttpReply:
         """Every generation endpoint starts alike: a JSON object. (While draining SGLang
         still accepts new requests; only ``/health`` turns 503.)"""
         body = parse_body(req)
-        if isinstance(body, Reply):
+        if isinstance(body, HttpReply):
             return body
         return Fields(body)
 
@@ -226,13 +228,13 @@ class OpenAIServing:
         self.state.tokens(prompt, n_tokens * choices)
 
     # -- /v1/chat/completions
-    async def chat(self, req: Request) -> Reply:
+    async def chat(self, req: HttpRequest) -> HttpReply:
         return await self._run(req, lambda rid: self._chat(req, rid))
 
-    async def _chat(self, req: Request, rid: str) -> Reply:
+    async def _chat(self, req: HttpRequest, rid: str) -> HttpReply:
         started = trio.current_time()
         f = self._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         messages = f.required("messages")
         if messages is not None and not (
@@ -272,7 +274,7 @@ class OpenAIServing:
                 bool(options.get("continuous_usage_stats")),
                 started,
             )
-            return Reply(200, content_type=SSE, stream=events)
+            return HttpReply(200, content_type=SSE, stream=events)
         await self._generate(plan.n_tokens, started=started, prompt=prompt_tokens, choices=n)
         text = plan.text()
         choices = [chat_choice(i, text, plan.finish_reason, plan.matched_stop) for i in range(n)]
@@ -286,7 +288,7 @@ class OpenAIServing:
         rid: str,
         model: str,
         n: int,
-        plan: gen.Plan,
+        plan: gen.ChoicePlan,
         prompt_tokens: int,
         include_usage: bool,
         continuous_usage: bool,
@@ -323,13 +325,13 @@ class OpenAIServing:
         yield DONE
 
     # -- /v1/completions
-    async def completions(self, req: Request) -> Reply:
+    async def completions(self, req: HttpRequest) -> HttpReply:
         return await self._run(req, lambda rid: self._completions(req, rid))
 
-    async def _completions(self, req: Request, rid: str) -> Reply:
+    async def _completions(self, req: HttpRequest, rid: str) -> HttpReply:
         started = trio.current_time()
         f = self._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         raw_prompt = f.required("prompt")
         prompts = items_of(raw_prompt) if raw_prompt is not None else []
@@ -372,7 +374,7 @@ class OpenAIServing:
                 bool(options.get("include_usage")),
                 started,
             )
-            return Reply(200, content_type=SSE, stream=events)
+            return HttpReply(200, content_type=SSE, stream=events)
         await self._generate(
             plan.n_tokens, started=started, prompt=prompt_tokens, choices=len(echoes)
         )
@@ -396,7 +398,7 @@ class OpenAIServing:
         rid: str,
         model: str,
         echoes: list[str],
-        plan: gen.Plan,
+        plan: gen.ChoicePlan,
         prompt_tokens: int,
         include_usage: bool,
         started: float,
@@ -428,12 +430,12 @@ class OpenAIServing:
         yield DONE
 
     # -- /v1/embeddings
-    async def embeddings(self, req: Request) -> Reply:
+    async def embeddings(self, req: HttpRequest) -> HttpReply:
         return await self._run(req, lambda rid: self._embeddings(req, rid))
 
-    async def _embeddings(self, req: Request, rid: str) -> Reply:
+    async def _embeddings(self, req: HttpRequest, rid: str) -> HttpReply:
         f = self._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         raw = f.required("input")
         items = items_of(raw) if raw is not None else []

@@ -81,7 +81,7 @@ def install_handlers(signums: Iterable[int], callback: Callable[[int], None]) ->
         signal.signal(signum, handler)
 
 
-class Lifecycle:
+class SimLifecycle:
     def __init__(self, args: SimArgs, knobs: Knobs, sched: Scheduler, rec: Recorder) -> None:
         self.args = args
         self.knobs = knobs
@@ -270,7 +270,7 @@ class Lifecycle:
 
 
 async def _amain(args: SimArgs, knobs: Knobs, sched: Scheduler, rec: Recorder) -> int:
-    return await Lifecycle(args, knobs, sched, rec).run()
+    return await SimLifecycle(args, knobs, sched, rec).run()
 
 
 def raise_nofile_limit(target: int = 65535) -> None:

@@ -33,7 +33,7 @@ import msgspec
 import trio
 
 from ktd.sim import flags
-from ktd.sim.httpd import Reply, Request
+from ktd.sim.httpd import HttpReply, HttpRequest
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import log
 from ktd.sim.shapes import json_reply, validation_reply
@@ -50,7 +50,7 @@ _FLUSHED = (
 _decode = msgspec.json.Decoder().decode
 
 
-def _body(req: Request) -> dict[str, Any] | Reply:
+def _body(req: HttpRequest) -> dict[str, Any] | HttpReply:
     """The required JSON object body of both routes, or FastAPI's 400."""
     if not req.body:
         return validation_reply(
@@ -97,9 +97,9 @@ class Door:
         finally:
             self.waiting -= 1
 
-    async def pause(self, req: Request) -> Reply:
+    async def pause(self, req: HttpRequest) -> HttpReply:
         body = _body(req)
-        if isinstance(body, Reply):
+        if isinstance(body, HttpReply):
             return body
         mode = body.get("mode", "abort")
         if mode not in MODES:
@@ -125,21 +125,21 @@ class Door:
         log(f"sim: pause_generation mode={mode}: new requests wait at the door")
         return json_reply({"message": "Generation paused successfully.", "status": "ok"})
 
-    async def cont(self, req: Request) -> Reply:
+    async def cont(self, req: HttpRequest) -> HttpReply:
         body = _body(req)
-        if isinstance(body, Reply):
+        if isinstance(body, HttpReply):
             return body
         self.closed = self.scheduler_paused = False
         self._open.set()
         log("sim: continue_generation: the door is open")
         return json_reply({"message": "Generation continued successfully.", "status": "ok"})
 
-    async def flush(self, req: Request) -> Reply:
+    async def flush(self, req: HttpRequest) -> HttpReply:
         if self.state.in_scheduler():
             n = self.state.in_scheduler()
             log(f"Cache not flushed because there are pending requests. #running-req: {n}")
             # Upstream answers its own failure text; the fork the success text, with 400.
             failed = b"Flush cache failed.\n" if flags.flavor() == "upstream" else _FLUSHED
-            return Reply(400, failed, None)
+            return HttpReply(400, failed, None)
         log("Cache flushed successfully!")
-        return Reply(200, _FLUSHED, None)
+        return HttpReply(200, _FLUSHED, None)

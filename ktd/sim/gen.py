@@ -55,7 +55,7 @@ def count_prompt(prompt: object) -> int:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ChoicePlan:
     """What one choice generates, known before the first token is sent."""
 
     n_tokens: int  # completion tokens (usage)
@@ -77,10 +77,12 @@ class Plan:
         return "".join(self.pieces())
 
 
-def plan(max_tokens: int | None, stop: Sequence[str] = ()) -> Plan:
+def plan(max_tokens: int | None, stop: Sequence[str] = ()) -> ChoicePlan:
     n = NATURAL_TOKENS if max_tokens is None else max_tokens
     # Without max_tokens the "model" ends on EOS; with it, it runs out of budget.
-    base = Plan(n, "stop", EOS_TOKEN_ID) if max_tokens is None else Plan(n, "length", None)
+    base = (
+        ChoicePlan(n, "stop", EOS_TOKEN_ID) if max_tokens is None else ChoicePlan(n, "length", None)
+    )
     stops = [s for s in stop if s]
     if not stops or n == 0:
         return base
@@ -101,7 +103,7 @@ def plan(max_tokens: int | None, stop: Sequence[str] = ()) -> Plan:
         if pos >= end:
             used = i + 1
             break
-    return Plan(used, "stop", s, cut=idx)
+    return ChoicePlan(used, "stop", s, cut=idx)
 
 
 def embedding(item: object, dim: int = EMBEDDING_DIM) -> list[float]:

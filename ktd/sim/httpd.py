@@ -35,7 +35,7 @@ SSE = "text/event-stream; charset=utf-8"
 
 
 @dataclass
-class Request:
+class HttpRequest:
     method: str
     target: str  # path + query, as sent
     path: str
@@ -47,7 +47,7 @@ class Request:
 
 
 @dataclass
-class Reply:
+class HttpReply:
     status: int = 200
     body: bytes = b""
     content_type: str | None = JSON
@@ -60,7 +60,7 @@ class Reply:
     on_chunk: Callable[[], None] | None = None
 
 
-Handler = Callable[[Request], Awaitable[Reply]]
+Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
 
 _date: tuple[int, str] = (0, "")
 _phrases: dict[int, str] = {}
@@ -167,7 +167,7 @@ class _Connection:
                 await self._send(h11.InformationalResponse(status_code=100, headers=[]))
             self.h.receive_data(await self._receive())
 
-    async def _read_request(self, event: h11.Request) -> Request | None:
+    async def _read_request(self, event: h11.Request) -> HttpRequest | None:
         parts: list[bytes] = []
         size = 0
         while True:
@@ -182,7 +182,7 @@ class _Connection:
             else:
                 return None
         target = event.target.decode("latin-1")
-        return Request(
+        return HttpRequest(
             method=event.method.decode("ascii"),
             target=target,
             path=target.split("?", 1)[0],
@@ -198,7 +198,7 @@ class _Connection:
         if data:
             await self.stream.send_all(data)
 
-    def _head(self, request: Request, reply: Reply, length: int | None) -> h11.Response:
+    def _head(self, request: HttpRequest, reply: HttpReply, length: int | None) -> h11.Response:
         headers: list[tuple[str, str]] = [("date", http_date()), ("server", "uvicorn")]
         if length is not None:
             headers.append(("content-length", str(length)))
@@ -233,7 +233,7 @@ class _Connection:
             pass
 
     # -- one request/response exchange
-    async def _exchange(self, request: Request) -> None:
+    async def _exchange(self, request: HttpRequest) -> None:
         if request.method != "POST":
             await self._respond(request)
             return
@@ -242,7 +242,7 @@ class _Connection:
             await self._respond(request)
             nursery.cancel_scope.cancel()
 
-    async def _watch_peer(self, scope: trio.CancelScope, request: Request) -> None:
+    async def _watch_peer(self, scope: trio.CancelScope, request: HttpRequest) -> None:
         """EOF from the client while we answer = it went away: cancel the answer."""
         buffered = 0
         while buffered < MAX_PIPELINED:
@@ -255,15 +255,15 @@ class _Connection:
             buffered += len(data)
             self.h.receive_data(data)  # a pipelined next request: h11 keeps it
 
-    async def _respond(self, request: Request) -> None:
-        reply: Reply | None = None
+    async def _respond(self, request: HttpRequest) -> None:
+        reply: HttpReply | None = None
         aborted = True
         try:
             try:
                 reply = await self.server.handler(request)
             except Exception:
                 uvicorn("ERROR", "Exception in ASGI application\n" + traceback.format_exc())
-                reply = Reply(500, b"Internal Server Error", "text/plain; charset=utf-8")
+                reply = HttpReply(500, b"Internal Server Error", "text/plain; charset=utf-8")
             if reply.stream is None:
                 data = self.h.send(self._head(request, reply, len(reply.body))) or b""
                 if reply.body and request.method != "HEAD":  # HEAD: the length, no body

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs
 
-from ktd.sim.httpd import Reply, Request
+from ktd.sim.httpd import HttpReply, HttpRequest
 from ktd.sim.shapes import json_reply, validation_reply
 
 SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
@@ -111,7 +111,7 @@ def _prometheus(loads: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reply(req: Request, load: dict[str, Any], version: str) -> Reply:
+def reply(req: HttpRequest, load: dict[str, Any], version: str) -> HttpReply:
     query = parse_qs(req.target.partition("?")[2])
     rank_arg = query.get("dp_rank", [None])[-1]
     if rank_arg is not None:
@@ -131,10 +131,10 @@ def reply(req: Request, load: dict[str, Any], version: str) -> Reply:
     include = {s.strip() for s in inc.split(",")} if inc else None
     if include is not None and not include <= SECTIONS:
         # SGLang's ValueError is raised outside its handler's try: uvicorn's bare 500.
-        return Reply(500, b"Internal Server Error", "text/plain; charset=utf-8")
+        return HttpReply(500, b"Internal Server Error", "text/plain; charset=utf-8")
     loads = [_filtered(load, include)] if rank in (None, load["dp_rank"]) else []
     if query.get("format", [None])[-1] == "prometheus":
-        return Reply(200, _prometheus(loads).encode(), _PROMETHEUS)
+        return HttpReply(200, _prometheus(loads).encode(), _PROMETHEUS)
     return json_reply(
         {
             "timestamp": datetime.now(UTC).isoformat(),

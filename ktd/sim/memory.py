@@ -69,7 +69,7 @@ import msgspec
 import trio
 
 from ktd.sim import flags
-from ktd.sim.httpd import Reply, Request
+from ktd.sim.httpd import HttpReply, HttpRequest
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import log
 from ktd.sim.shapes import anthropic_error, error_reply, json_reply, validation_reply
@@ -123,14 +123,16 @@ _CUDA_ERROR = "CUDA error: an illegal memory access was encountered"
 _decode = msgspec.json.Decoder().decode
 
 
-def _is_json(req: Request) -> bool:
+def _is_json(req: HttpRequest) -> bool:
     """FastAPI parses a body as JSON only for ``application/json`` or ``application/*+json``."""
     ctype = req.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     main, _, sub = ctype.partition("/")
     return main == "application" and (sub == "json" or sub.endswith("+json"))
 
 
-def parse_tags(req: Request, call: str, which: str | None = None) -> list[str] | Reply | None:
+def parse_tags(
+    req: HttpRequest, call: str, which: str | None = None
+) -> list[str] | HttpReply | None:
     """The body's ``tags`` (None: absent or null), or the 400 SGLang answers.
 
     The body is FastAPI's required body parameter: upstream 0.5.23 declares it as a
@@ -152,7 +154,7 @@ def parse_tags(req: Request, call: str, which: str | None = None) -> list[str] |
         except msgspec.DecodeError:
             return validation_reply([json_invalid(req.body)])
 
-    def failed(*errors: dict[str, Any]) -> Reply:
+    def failed(*errors: dict[str, Any]) -> HttpReply:
         if not upstream:
             return validation_reply(list(errors))
         first = {
@@ -201,11 +203,11 @@ def parse_tags(req: Request, call: str, which: str | None = None) -> list[str] |
     return list(tags)
 
 
-def _refusal(path: str) -> Reply:
+def _refusal(path: str) -> HttpReply:
     """What a generation on released memory gets: the error each route family answers an
     internal failure with (see the module docstring)."""
     if path in ("/generate", "/api/chat", "/api/generate"):
-        return Reply(500, b"Internal Server Error", "text/plain; charset=utf-8")
+        return HttpReply(500, b"Internal Server Error", "text/plain; charset=utf-8")
     if path == "/v1/messages":
         return anthropic_error("Internal server error", "api_error", 500)
     return error_reply(f"Internal server error: {_CUDA_ERROR}", "InternalServerError", 500)
@@ -295,13 +297,13 @@ class MemoryApi:
                     self._changed()
 
     # -- generations
-    def _count(self, req: Request) -> None:
+    def _count(self, req: HttpRequest) -> None:
         self.generations_while_released += 1
         n = self.generations_while_released
         log(f"sim: {req.method} {req.path} reached released GPU memory ({n} so far): failed")
         self._changed()
 
-    async def admit(self, req: Request) -> Reply | None:
+    async def admit(self, req: HttpRequest) -> HttpReply | None:
         """Gate a generating route: wait out a running call, then fail and count a
         generation on released memory. None: go ahead."""
         if req.path not in GENERATING:
@@ -312,7 +314,7 @@ class MemoryApi:
         self._count(req)
         return _refusal(req.path)
 
-    async def health_refused(self, req: Request) -> bool:
+    async def health_refused(self, req: HttpRequest) -> bool:
         """The same gate for ``/health``'s one token: True when it is failed (503)."""
         await self.settled()
         if not self.released:
@@ -334,9 +336,9 @@ class MemoryApi:
         self._die(output, exit_code)
         await trio.sleep_forever()
 
-    async def release(self, req: Request) -> Reply:
+    async def release(self, req: HttpRequest) -> HttpReply:
         tags = parse_tags(req, "release", self.flavor)
-        if isinstance(tags, Reply):
+        if isinstance(tags, HttpReply):
             return tags
         todo = tags or list(ALL_TAGS)
         async with self._call("releasing"):
@@ -360,9 +362,9 @@ class MemoryApi:
             log(f"sim: release_memory_occupation tags={todo}: GPU memory {what}")
         return json_reply(None)
 
-    async def resume(self, req: Request) -> Reply:
+    async def resume(self, req: HttpRequest) -> HttpReply:
         tags = parse_tags(req, "resume", self.flavor)
-        if isinstance(tags, Reply):
+        if isinstance(tags, HttpReply):
             return tags
         todo = tags or list(ALL_TAGS)
         async with self._call("resuming"):

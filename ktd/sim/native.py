@@ -31,7 +31,7 @@ from typing import Any
 from ktd import multipart
 from ktd.sim import gen
 from ktd.sim.api import OpenAIServing, Pacer
-from ktd.sim.httpd import SSE, Reply, Request
+from ktd.sim.httpd import SSE, HttpReply, HttpRequest
 from ktd.sim.shapes import (
     DONE,
     NOT_EMBEDDING,
@@ -60,12 +60,12 @@ class NativeServing:
 
     # ------------------------------------------------------------ /generate
 
-    async def generate(self, req: Request) -> Reply:
+    async def generate(self, req: HttpRequest) -> HttpReply:
         return await self.o._run(req, lambda rid: self._generate(req, rid))
 
-    async def _generate(self, req: Request, rid: str) -> Reply:
+    async def _generate(self, req: HttpRequest, rid: str) -> HttpReply:
         f = self.o._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         text = f.body.get("text")
         ids = f.body.get("input_ids")
@@ -117,13 +117,13 @@ class NativeServing:
                 yield sse(obj(so_far, n, n == len(pieces)))
             yield DONE
 
-        return Reply(200, content_type=SSE, stream=events())
+        return HttpReply(200, content_type=SSE, stream=events())
 
     # ------------------------------------------------------------ tokenize
 
-    async def tokenize(self, req: Request) -> Reply:
+    async def tokenize(self, req: HttpRequest) -> HttpReply:
         f = self.o._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         prompt = f.required("prompt")
         if f.errors:
@@ -141,9 +141,9 @@ class NativeServing:
             [field_error("string_type", ("prompt",), "Input should be a valid string", prompt)]
         )
 
-    async def detokenize(self, req: Request) -> Reply:
+    async def detokenize(self, req: HttpRequest) -> HttpReply:
         f = self.o._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         tokens = f.required("tokens")
         if f.errors:
@@ -158,12 +158,12 @@ class NativeServing:
 
     # ------------------------------------------------------------ scoring
 
-    async def rerank(self, req: Request) -> Reply:
+    async def rerank(self, req: HttpRequest) -> HttpReply:
         return await self.o._run(req, lambda rid: self._rerank(req))
 
-    async def _rerank(self, req: Request) -> Reply:
+    async def _rerank(self, req: HttpRequest) -> HttpReply:
         f = self.o._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         query = f.required("query")
         docs = f.required("documents")
@@ -191,12 +191,12 @@ class NativeServing:
             rows = rows[:top_n]
         return json_reply(rows)
 
-    async def score(self, req: Request) -> Reply:
+    async def score(self, req: HttpRequest) -> HttpReply:
         return await self.o._run(req, lambda rid: self._score(req))
 
-    async def _score(self, req: Request) -> Reply:
+    async def _score(self, req: HttpRequest) -> HttpReply:
         f = self.o._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         query = f.body.get("query")
         items = f.body.get("items")
@@ -230,12 +230,12 @@ class NativeServing:
             }
         )
 
-    async def classify(self, req: Request) -> Reply:
+    async def classify(self, req: HttpRequest) -> HttpReply:
         return await self.o._run(req, lambda rid: self._classify(req, rid))
 
-    async def _classify(self, req: Request, rid: str) -> Reply:
+    async def _classify(self, req: HttpRequest, rid: str) -> HttpReply:
         f = self.o._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         raw = f.required("input")
         model = f.str_("model", self.o.args.served_model_name)
@@ -269,10 +269,10 @@ class NativeServing:
 
     # ------------------------------------------------------------ audio
 
-    async def transcriptions(self, req: Request) -> Reply:
+    async def transcriptions(self, req: HttpRequest) -> HttpReply:
         return await self.o._run(req, lambda rid: self._transcriptions(req))
 
-    async def _transcriptions(self, req: Request) -> Reply:
+    async def _transcriptions(self, req: HttpRequest) -> HttpReply:
         ctype = req.headers.get("content-type", "")
         try:
             fields = {p.name: p for p in multipart.parts(req.body, ctype)}
@@ -289,5 +289,5 @@ class NativeServing:
         text = f"sim heard {len(audio.data)} bytes of {audio.content_type or 'audio'}"
         fmt = fields.get("response_format")
         if fmt is not None and fmt.data == b"text":
-            return Reply(200, text.encode(), "text/plain; charset=utf-8")
+            return HttpReply(200, text.encode(), "text/plain; charset=utf-8")
         return json_reply({"text": text, "usage": {"type": "duration", "seconds": 1}})

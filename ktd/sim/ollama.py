@@ -35,7 +35,7 @@ from ktd import ollama_shapes
 from ktd.ollama_shapes import timestamp
 from ktd.sim import gen
 from ktd.sim.api import OpenAIServing, Pacer
-from ktd.sim.httpd import Reply, Request
+from ktd.sim.httpd import HttpReply, HttpRequest
 from ktd.sim.logfmt import uvicorn
 from ktd.sim.shapes import dumps, field_error, json_reply, validation_reply
 from ktd.sim.validate import Fields, parse_body
@@ -94,7 +94,7 @@ class OllamaServing:
     def _name(self) -> str:
         return self.o.args.served_model_name
 
-    def _fields(self, req: Request) -> Fields | Reply:
+    def _fields(self, req: HttpRequest) -> Fields | HttpReply:
         ctype = req.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype and ctype != "application/json":
             msg = "Input should be a valid dictionary or object to extract fields from"
@@ -102,7 +102,7 @@ class OllamaServing:
         if not ctype:
             req.headers["content-type"] = "application/json"  # FastAPI reads it as JSON
         body = parse_body(req)
-        return body if isinstance(body, Reply) else Fields(body)
+        return body if isinstance(body, HttpReply) else Fields(body)
 
     def _sampling(self, f: Fields) -> tuple[int | None, list[str]]:
         """``options`` -> (max_new_tokens or None for "until EOS", stop strings)."""
@@ -120,7 +120,7 @@ class OllamaServing:
             return min(limit, DEFAULT_MAX_NEW_TOKENS), stops
         return None, stops
 
-    def _too_long(self, prompt_tokens: int, limit: int | None) -> Reply | None:
+    def _too_long(self, prompt_tokens: int, limit: int | None) -> HttpReply | None:
         """A non-streaming request over the context: SGLang's uncaught ValueError, a bare 500.
 
         Its tokenizer manager counts the prompt and the whole ``max_new_tokens`` budget
@@ -130,16 +130,16 @@ class OllamaServing:
         if message is None:
             return None
         uvicorn("ERROR", f"Exception in ASGI application\nValueError: {message}")
-        return Reply(500, b"Internal Server Error", "text/plain; charset=utf-8")
+        return HttpReply(500, b"Internal Server Error", "text/plain; charset=utf-8")
 
     # ------------------------------------------------------------ /api/chat
 
-    async def chat(self, req: Request) -> Reply:
+    async def chat(self, req: HttpRequest) -> HttpReply:
         return await self.o._run(req, lambda rid: self._chat(req))
 
-    async def _chat(self, req: Request) -> Reply:
+    async def _chat(self, req: HttpRequest) -> HttpReply:
         f = self._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         _required_str(f, "model")
         messages = f.required("messages")
@@ -187,12 +187,12 @@ class OllamaServing:
 
     # ------------------------------------------------------------ /api/generate
 
-    async def generate(self, req: Request) -> Reply:
+    async def generate(self, req: HttpRequest) -> HttpReply:
         return await self.o._run(req, lambda rid: self._generate(req))
 
-    async def _generate(self, req: Request) -> Reply:
+    async def _generate(self, req: HttpRequest) -> HttpReply:
         f = self._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         _required_str(f, "model")
         text = _required_str(f, "prompt")
@@ -206,7 +206,7 @@ class OllamaServing:
         if not text.strip():
             done = self._generate_obj("", None, None, None)
             if stream:
-                return Reply(200, content_type=NDJSON, stream=_once(dumps(done) + b"\n"))
+                return HttpReply(200, content_type=NDJSON, stream=_once(dumps(done) + b"\n"))
             return json_reply(done)
         prompt = gen.count_text(text)
         failed = None if stream else self._too_long(prompt, limit)
@@ -238,11 +238,11 @@ class OllamaServing:
             "eval_duration": None,
         }
 
-    def _ndjson(self, plan: gen.Plan, prompt: int, limit: int | None, kind: str) -> Reply:
-        return Reply(200, content_type=NDJSON, stream=self._lines(plan, prompt, limit, kind))
+    def _ndjson(self, plan: gen.ChoicePlan, prompt: int, limit: int | None, kind: str) -> HttpReply:
+        return HttpReply(200, content_type=NDJSON, stream=self._lines(plan, prompt, limit, kind))
 
     async def _lines(
-        self, plan: gen.Plan, prompt: int, limit: int | None, kind: str
+        self, plan: gen.ChoicePlan, prompt: int, limit: int | None, kind: str
     ) -> AsyncGenerator[bytes, None]:
         message = self.o._context_error(prompt, limit or DEFAULT_MAX_NEW_TOKENS)
         if message is not None:  # raised in the generator: uvicorn cuts the response
@@ -264,7 +264,7 @@ class OllamaServing:
 
     # ------------------------------------------------------------ tags, show, root
 
-    async def tags(self, req: Request) -> Reply:
+    async def tags(self, req: HttpRequest) -> HttpReply:
         name = self._name
         family = name.split("/")[-1]
         model = {
@@ -277,16 +277,16 @@ class OllamaServing:
         }
         return json_reply({"models": [model]})
 
-    async def show(self, req: Request) -> Reply:
+    async def show(self, req: HttpRequest) -> HttpReply:
         f = self._fields(req)
-        if isinstance(f, Reply):
+        if isinstance(f, HttpReply):
             return f
         model = _required_str(f, "model")
         if f.errors:
             return validation_reply(f.errors)
         return json_reply(ollama_shapes.show(model, self.o.args.context_length))
 
-    async def root(self, req: Request) -> Reply:
+    async def root(self, req: HttpRequest) -> HttpReply:
         return json_reply("SGLang is running")
 
 

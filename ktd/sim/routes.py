@@ -37,7 +37,7 @@ from ktd.sim.agents import AgentServing
 from ktd.sim.api import OpenAIServing
 from ktd.sim.cli import SimArgs
 from ktd.sim.door import Door
-from ktd.sim.httpd import Reply, Request
+from ktd.sim.httpd import HttpReply, HttpRequest
 from ktd.sim.knobs import Knobs
 from ktd.sim.logfmt import log
 from ktd.sim.memory import GENERATING, MemoryApi
@@ -48,7 +48,7 @@ from ktd.sim.state import DRAINING, UP, ServerState
 
 SIM_VERSION = "0.0.0-sim"
 
-Route = Callable[[Request], Awaitable[Reply]]
+Route = Callable[[HttpRequest], Awaitable[HttpReply]]
 
 
 def _hf_config(model_path: str) -> dict[str, Any]:
@@ -149,7 +149,7 @@ class SimApp:
         if knobs.no_door:  # an SGLang from before the door (KTD_SIM_NO_DOOR)
             del self.routes["/pause_generation"], self.routes["/continue_generation"]
 
-    async def handle(self, req: Request) -> Reply:
+    async def handle(self, req: HttpRequest) -> HttpReply:
         if self.state.hung and not req.path.startswith(("/health", "/v1/models")):
             await self.state.wait_unhung()
         if not self._authorized(req):
@@ -177,7 +177,7 @@ class SimApp:
             return refused
         return await route(req)
 
-    def _authorized(self, req: Request) -> bool:
+    def _authorized(self, req: HttpRequest) -> bool:
         """SGLang's ``decide_request_auth``: the admin-level routes want the admin key
         when one is set (else the API key), every other route the API key; health,
         readiness and metrics stay open."""
@@ -190,7 +190,7 @@ class SimApp:
         scheme, _, token = (req.headers.get("authorization") or "").partition(" ")
         return scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode())
 
-    async def health(self, req: Request) -> Reply:
+    async def health(self, req: HttpRequest) -> HttpReply:
         """SGLang's ``/health`` is a one-token generation through the scheduler: it costs a
         token's time, and a scheduler that gives no output answers 503 after
         ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) while the HTTP server itself stays up.
@@ -198,15 +198,15 @@ class SimApp:
         released GPU memory it fails (memory.py)."""
         if self.state.status == DRAINING:
             log("Health check request received during shutdown. Returning 503.")
-            return Reply(503, content_type=None)
+            return HttpReply(503, content_type=None)
         if self.knobs.never_healthy or self.state.status != UP:
-            return Reply(503, content_type=None)
+            return HttpReply(503, content_type=None)
         self.state.drain_handler = True
         with trio.move_on_after(self.knobs.health_timeout):
             await self.state.wait_unhung()
             await self.door.wait_open()  # its token waits at a closed door like any other
             if await self.memory.health_refused(req):
-                return Reply(503, content_type=None)
+                return HttpReply(503, content_type=None)
             self.state.health_active += 1
             try:
                 await trio.sleep(self.knobs.token_time())
@@ -215,10 +215,10 @@ class SimApp:
                 self.state.health_active -= 1
                 if not self.state.in_scheduler():
                     self.state.publish()
-            return Reply(200, content_type=None)
+            return HttpReply(200, content_type=None)
         log(f"Health check failed. Server couldn't get a response from detokenizer for last "
             f"{self.knobs.health_timeout:g} seconds.")  # fmt: skip
-        return Reply(503, content_type=None)
+        return HttpReply(503, content_type=None)
 
     def _card(self) -> dict[str, Any]:
         a = self.args
@@ -235,16 +235,16 @@ class SimApp:
             cards.append(card)
         return cards
 
-    async def models(self, req: Request) -> Reply:
+    async def models(self, req: HttpRequest) -> HttpReply:
         return json_reply({"object": "list", "data": [self._card(), *self._adapter_cards()]})
 
-    async def metrics(self, req: Request) -> Reply:
+    async def metrics(self, req: HttpRequest) -> HttpReply:
         if not self.args.server_args.get("enable_metrics"):
             return json_reply({"detail": "Not Found"}, 404)
         body = metrics.render(self.args.served_model_name, self.state)
-        return Reply(200, body, metrics.CONTENT_TYPE)
+        return HttpReply(200, body, metrics.CONTENT_TYPE)
 
-    def retrieve_model(self, model: str) -> Reply:
+    def retrieve_model(self, model: str) -> HttpReply:
         for card in self._adapter_cards():
             if card["id"] == model:
                 return json_reply(card)
@@ -258,10 +258,10 @@ class SimApp:
             return json_reply({"error": err}, 404)
         return json_reply(self._card())
 
-    async def model_info(self, req: Request) -> Reply:
+    async def model_info(self, req: HttpRequest) -> HttpReply:
         return json_reply(self._model_info)
 
-    async def server_info(self, req: Request) -> Reply:
+    async def server_info(self, req: HttpRequest) -> HttpReply:
         info: dict[str, Any] = dict(self.args.server_args)
         info.update(self.scheduler_info)
         info["internal_states"] = [{"last_gen_throughput": 0.0, "status": self.state.status}]
@@ -270,7 +270,7 @@ class SimApp:
         info.update(self.door.info())
         return json_reply(info)
 
-    async def v1_loads(self, req: Request) -> Reply:
+    async def v1_loads(self, req: HttpRequest) -> HttpReply:
         """SGLang's per-DP-rank load: upstream's published snapshot, which a request is in
         only from the end of its prefill on; the fork's count, asked between batches."""
         sa = self.args.server_args
@@ -285,10 +285,10 @@ class SimApp:
         )
         return loads.reply(req, load, SIM_VERSION)
 
-    async def stats(self, req: Request) -> Reply:
+    async def stats(self, req: HttpRequest) -> HttpReply:
         return json_reply(self.state.stats.as_dict())
 
-    async def gate(self, req: Request) -> Reply:
+    async def gate(self, req: HttpRequest) -> HttpReply:
         """The test's gate (``KTD_SIM_HOLD``): ``{"open": true}`` lets every held
         generation go on, ``false`` holds the next tokens again. Not SGLang's: ``/sim/``."""
         try:

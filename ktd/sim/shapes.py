@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from ktd.sim.httpd import JSON, Reply
+from ktd.sim.httpd import JSON, HttpReply
 
 _encode = msgspec.json.Encoder().encode
 
@@ -38,8 +38,8 @@ def dumps(obj: object) -> bytes:
     return _encode(obj)
 
 
-def json_reply(obj: object, status: int = 200) -> Reply:
-    return Reply(status, _encode(obj), JSON)
+def json_reply(obj: object, status: int = 200) -> HttpReply:
+    return HttpReply(status, _encode(obj), JSON)
 
 
 def sse(obj: object) -> bytes:
@@ -55,7 +55,7 @@ def error_obj(
 
 def error_reply(
     message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None
-) -> Reply:
+) -> HttpReply:
     return json_reply(error_obj(message, err_type, code, param), code)
 
 
@@ -68,7 +68,7 @@ def field_error(kind: str, loc: Sequence[str | int], msg: str, value: object) ->
     return {"type": kind, "loc": ("body", *loc), "msg": msg, "input": value}
 
 
-def validation_reply(errors: Sequence[Mapping[str, Any]]) -> Reply:
+def validation_reply(errors: Sequence[Mapping[str, Any]]) -> HttpReply:
     """FastAPI's RequestValidationError as SGLang rewrites it: 400, ``type`` "Bad Request"."""
     plural = "s" if len(errors) != 1 else ""
     text = f"{len(errors)} validation error{plural}:\n" + "".join(f"  {e}\n" for e in errors)
@@ -322,5 +322,5 @@ def anthropic_message(
 
 def anthropic_error(
     message: str, err_type: str = "invalid_request_error", code: int = 400
-) -> Reply:
+) -> HttpReply:
     return json_reply({"type": "error", "error": {"type": err_type, "message": message}}, code)

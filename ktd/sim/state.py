@@ -22,7 +22,7 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 
 
 @dataclass
-class Stats:
+class SimStats:
     """``GET /sim/stats``. Always ``requests == active + completed + aborted``."""
 
     requests: int = 0  # generation requests received (chat, completions, embeddings)
@@ -60,7 +60,7 @@ REQUEST_TOKENS = 32
 class ServerState:
     def __init__(self, *, hold: bool = False) -> None:
         self.status = STARTING
-        self.stats = Stats()
+        self.stats = SimStats()
         self.hung = False
         # SGLang installs its SIGTERM drain handler with the tokenizer manager's loop, at
         # the first request that goes through it (a generation, or /health's one token).

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from ktd.sim.httpd import Reply, Request
+from ktd.sim.httpd import HttpReply, HttpRequest
 from ktd.sim.shapes import field_error, validation_reply
 
 _decode = msgspec.json.Decoder().decode
@@ -36,7 +36,7 @@ def json_invalid(raw: bytes) -> dict[str, Any]:
     }
 
 
-def parse_body(req: Request) -> dict[str, Any] | Reply:
+def parse_body(req: HttpRequest) -> dict[str, Any] | HttpReply:
     """The JSON object of a request, or SGLang's 400 for what FastAPI would reject."""
     ctype = req.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if ctype != "application/json":

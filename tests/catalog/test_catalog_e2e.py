@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from ktctl.cli import main
-from ktd.catalog.ondisk import COMPLETE, revision_dir
+from ktd.catalog.ondisk import revision_dir
+from ktd.catalog.verify import Checked, Marker, write_marker
 from tests.catalog.machines import AMX_GPUS, amx_machine, tree
 from tests.conftest import MARK, DaemonProc, own_env
 
@@ -50,7 +51,15 @@ def box(shared_marker: str) -> Iterator[Box]:
     done = revision_dir(root / "models", "deepseek-ai/DeepSeek-V4-Flash", COMMIT)
     done.mkdir(parents=True)
     (done / "config.json").write_text("{}")
-    (done / COMPLETE).write_text("")
+    write_marker(  # as a finished pull leaves it
+        done,
+        Marker(
+            repo="deepseek-ai/DeepSeek-V4-Flash",
+            revision=COMMIT,
+            commit=COMMIT,
+            files=(Checked(name="config.json", size=2),),
+        ),
+    )
     fs, smi = tree(root / "machine", amx_machine(), AMX_GPUS)
     env = own_env()
     env.update(

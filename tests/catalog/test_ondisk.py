@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ktd.catalog import ondisk
+from ktd.catalog import layout, ondisk, verify
 from ktd.catalog.flags import derive
 from ktd.catalog.load import load
 from ktd.catalog.modelsentry import EntryError, models_entry
@@ -39,23 +39,53 @@ def amx_keys(pools: int) -> list[str]:
     ]
 
 
+def finished(dest: Path, repo: str, commit: str, files: dict[str, bytes]) -> None:
+    """A pull's directory as the pull jobs leave it: the files and the verified marker."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (dest / name).write_bytes(data)
+    checked = tuple(verify.Checked(name=n, size=len(d)) for n, d in files.items())
+    verify.write_marker(
+        dest, verify.Marker(repo=repo, revision=dest.name, commit=commit, files=checked)
+    )
+
+
 def test_layout_and_what_is_on_disk(tmp_path: Path) -> None:
+    """The pull jobs' layout is the one read: a finished pull (``.ktd/verified.json``) is
+    on disk with the commit its marker records; one under way is partial with its bytes,
+    partial files included; a directory that is no pull is not listed."""
     base = tmp_path / "models"
-    done = ondisk.revision_dir(base, "deepseek-ai/DeepSeek-V4-Flash", COMMIT_A)
-    assert done == base / "deepseek-ai--DeepSeek-V4-Flash" / COMMIT_A
-    done.mkdir(parents=True)
-    (done / "config.json").write_text("{}")
-    (done / ondisk.COMPLETE).write_text("")
-    partial = ondisk.revision_dir(base, "deepseek-ai/DeepSeek-V4-Flash", COMMIT_B)
+    repo = "deepseek-ai/DeepSeek-V4-Flash"
+    done = ondisk.revision_dir(base, repo, "main")
+    assert done == layout.dest_for(base, repo, "main")
+    assert done == base / "deepseek-ai--DeepSeek-V4-Flash" / "main"
+    finished(done, repo, COMMIT_A, {"config.json": b"{}"})
+    partial = ondisk.revision_dir(base, repo, COMMIT_B)
     partial.mkdir()
-    (partial / "model-00001.safetensors.incomplete").write_bytes(b"x" * 10)
-    (base / "deepseek-ai--DeepSeek-V4-Flash" / "not-a-commit").mkdir()
-    got = ondisk.on_disk(base, "deepseek-ai/DeepSeek-V4-Flash")
-    assert [(p.commit, p.complete, p.bytes) for p in got] == [
-        (COMMIT_A, True, 2),
-        (COMMIT_B, False, 10),
+    (partial / "config.json").write_bytes(b"{}")
+    part = layout.partial_path(partial, "e" * 64)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"x" * 10)
+    (base / "deepseek-ai--DeepSeek-V4-Flash" / "not-a-pull").mkdir()
+    got = ondisk.on_disk(base, repo)
+    assert [(p.revision, p.commit, p.complete, p.bytes) for p in got] == [
+        ("main", COMMIT_A, True, 2),
+        (COMMIT_B, COMMIT_B, False, 12),
     ]
     assert ondisk.on_disk(base, "nobody/nothing") == []
+
+
+def test_a_pull_whose_file_changed_since_it_was_checked_is_not_complete(
+    tmp_path: Path,
+) -> None:
+    dest = ondisk.revision_dir(tmp_path, "a/b", "main")
+    finished(dest, "a/b", COMMIT_A, {"model.safetensors": b"12345"})
+    [ok] = ondisk.on_disk(tmp_path, "a/b")
+    assert ok.complete and ok.problems == ()
+    (dest / "model.safetensors").write_bytes(b"123")
+    [bad] = ondisk.on_disk(tmp_path, "a/b")
+    assert not bad.complete
+    assert bad.problems == ("model.safetensors: 3 bytes, 5 when it was checked",)
 
 
 @pytest.mark.parametrize("pools", [1, 2, 4])
@@ -117,7 +147,7 @@ def test_models_entry_for_an_amx_upload_asks_for_its_numa_count(tmp_path: Path) 
 
 def test_the_sizes_walk_skips_what_vanishes(tmp_path: Path) -> None:
     d = ondisk.revision_dir(tmp_path, "a/b", COMMIT_A)
-    d.mkdir(parents=True)
+    layout.ktd_dir(d).mkdir(parents=True)
     os.symlink(tmp_path / "gone", d / "dangling")
     assert ondisk.on_disk(tmp_path, "a/b")[0].bytes == 0
 
@@ -136,7 +166,7 @@ def test_what_a_pull_fetches_for_each_variant(tmp_path: Path) -> None:
         "main",
     )
     assert (
-        model.dest == str(tmp_path / "moonshotai--Kimi-K2-Thinking")
+        model.dest == str(tmp_path / "moonshotai--Kimi-K2-Thinking" / "main")
         and "*.safetensors" in model.patterns
     )
     both = pull_specs(e, amx, tmp_path)

@@ -139,3 +139,34 @@ async def test_a_live_job_comes_back_from_the_state_file(hub: StandIn, tmp_path:
         nursery.cancel_scope.cancel()
     assert msgspec.json.decode((tmp_path / "pulls.json").read_bytes()) == {"jobs": []}
     assert hub.sent["model.safetensors"] - 4 * MiB <= MiB
+
+
+@pytest.mark.trio
+async def test_a_names_resolution_is_offloaded_and_its_done_job_told(
+    hub: StandIn, tmp_path: Path
+) -> None:
+    """``request`` resolves a catalog name through the offload (it reads files and runs
+    nvidia-smi: never on the event loop); a job done is told to ``finished`` (the
+    models.json entry's writer) with every job, once; a failed one is not."""
+    offloaded: list[Any] = []
+    told: list[tuple[str, str, list[str]]] = []
+
+    async def offload(fn: Any, *args: Any) -> Any:
+        offloaded.append((fn, args))
+        return await trio.to_thread.run_sync(fn, *args)
+
+    async def finished(job: Any, jobs: Any) -> None:
+        told.append((str(job.state), f"{job.key[0]}@{job.key[1]}", list(jobs[job.key].names)))
+
+    pulls = puller(hub, tmp_path, [], offload=offload, finished=finished)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pulls.run)
+        reply = await pulls.request("tiny", "")
+        assert [j.key for j in reply.jobs] == ["org/tiny@main"]
+        assert (resolve, ("tiny",)) in offloaded
+        await until(lambda: pulls.jobs()[0].state == "done")
+        await until(lambda: bool(told))
+        with pytest.raises(ControlError, match="no catalog entry"):
+            await pulls.request("nothing", "")
+        nursery.cancel_scope.cancel()
+    assert told == [("done", "org/tiny@main", ["tiny"])]

@@ -16,7 +16,7 @@ from hypothesis.stateful import (
 
 from ktd.core import admission as adm
 from ktd.core import states as S
-from ktd.core.admission import EngineView, Gate, QueueLimits, WaitEnd, Waiter
+from ktd.core.admission import EngineView, Gate, GateWaiter, QueueLimits, WaitEnd
 from tests.hypo import budget
 
 # ---------------------------------------------------------------- limits
@@ -58,14 +58,14 @@ def test_a_ready_engine_with_room_grants_at_once() -> None:
     assert g.may_pass(
         claim=True, view=ready(1), limits=QueueLimits(max_concurrent=1)
     )  # claims count
-    acts = g.arrive(Waiter(1), ready(), QueueLimits(), now=0)
+    acts = g.arrive(GateWaiter(1), ready(), QueueLimits(), now=0)
     assert outcomes(acts) == [(1, WaitEnd.GRANTED)] and not g.line
 
 
 def test_leases_wait_in_arrival_order_for_slots_and_claims_do_not_overtake() -> None:
     g, lim = Gate(), QueueLimits(max_concurrent=1)
-    assert g.arrive(Waiter(1), ready(1), lim, now=0) == []
-    assert g.arrive(Waiter(2, claim=True), ready(1), lim, now=0) == []  # behind the lease
+    assert g.arrive(GateWaiter(1), ready(1), lim, now=0) == []
+    assert g.arrive(GateWaiter(2, claim=True), ready(1), lim, now=0) == []  # behind the lease
     assert g.update(ready(1), lim, now=1) == []
     assert outcomes(g.update(ready(0), lim, now=2)) == [(1, WaitEnd.GRANTED), (2, WaitEnd.GRANTED)]
 
@@ -73,22 +73,24 @@ def test_leases_wait_in_arrival_order_for_slots_and_claims_do_not_overtake() -> 
 def test_a_cold_engine_is_launched_once_and_its_end_answers_every_rider() -> None:
     g = Gate()
     stopped = EngineView(state=S.STOPPED, want_up=False)
-    assert outcomes(g.arrive(Waiter(1), stopped, QueueLimits(), now=0)) == ["launch"]
+    assert outcomes(g.arrive(GateWaiter(1), stopped, QueueLimits(), now=0)) == ["launch"]
     starting = EngineView(state=S.STARTING, want_up=True)
-    assert g.arrive(Waiter(2), starting, QueueLimits(), now=0) == []
+    assert g.arrive(GateWaiter(2), starting, QueueLimits(), now=0) == []
     failed = EngineView(state=S.FAILED, want_up=False, retry_in=30)
     assert outcomes(g.update(failed, QueueLimits(), now=5)) == [
         (1, WaitEnd.ATTEMPT_ENDED),
         (2, WaitEnd.ATTEMPT_ENDED),
     ]
     # A request after the failure, inside the backoff: told to retry later, nothing launched.
-    assert outcomes(g.arrive(Waiter(3), failed, QueueLimits(), now=6)) == [(3, WaitEnd.RETRY_LATER)]
+    assert outcomes(g.arrive(GateWaiter(3), failed, QueueLimits(), now=6)) == [
+        (3, WaitEnd.RETRY_LATER)
+    ]
 
 
 def test_requests_that_waited_through_an_evict_bring_the_engine_back_with_one_load() -> None:
     g, lim = Gate(), QueueLimits(max_concurrent=1)
-    g.arrive(Waiter(1), ready(1), lim, now=0)
-    g.arrive(Waiter(2), ready(1), lim, now=0)
+    g.arrive(GateWaiter(1), ready(1), lim, now=0)
+    g.arrive(GateWaiter(2), ready(1), lim, now=0)
     draining = EngineView(state=S.DRAINING, want_up=False, in_flight=1)
     assert g.update(draining, lim, now=1) == []
     stopped = EngineView(state=S.STOPPED, want_up=False)
@@ -102,17 +104,17 @@ def test_requests_waiting_for_a_load_ride_through_a_reloads_restart() -> None:
     not the load's end: they ride the new load; an evict during the restart ends it."""
     g = Gate()
     starting = EngineView(state=S.STARTING, want_up=True)
-    g.arrive(Waiter(1), starting, QueueLimits(), now=0)
+    g.arrive(GateWaiter(1), starting, QueueLimits(), now=0)
     for state in (S.STOPPING, S.STOPPED):
         restart = EngineView(state=state, want_up=False, restarting=True)
         assert g.update(restart, QueueLimits(), now=1) == []
-    assert g.arrive(Waiter(2), restart, QueueLimits(), now=1) == []  # a late one rides too
+    assert g.arrive(GateWaiter(2), restart, QueueLimits(), now=1) == []  # a late one rides too
     assert all(w.riding for w in g.line)
     assert outcomes(g.update(ready(), QueueLimits(), now=2)) == [
         (1, WaitEnd.GRANTED),
         (2, WaitEnd.GRANTED),
     ]
-    g.arrive(Waiter(3), starting, QueueLimits(), now=3)
+    g.arrive(GateWaiter(3), starting, QueueLimits(), now=3)
     assert g.update(restart, QueueLimits(), now=3) == []
     evicted = EngineView(state=S.STOPPED, want_up=False)  # the evict won over the restart
     assert outcomes(g.update(evicted, QueueLimits(), now=4)) == [(3, WaitEnd.ATTEMPT_ENDED)]
@@ -121,20 +123,20 @@ def test_requests_waiting_for_a_load_ride_through_a_reloads_restart() -> None:
 def test_no_autoload_means_not_loaded_and_deadlines_time_out() -> None:
     g = Gate()
     stopped = EngineView(state=S.STOPPED, want_up=False)
-    assert outcomes(g.arrive(Waiter(1, autoload=False), stopped, QueueLimits(), now=0)) == [
+    assert outcomes(g.arrive(GateWaiter(1, autoload=False), stopped, QueueLimits(), now=0)) == [
         (1, WaitEnd.NOT_LOADED)
     ]
     starting = EngineView(state=S.STARTING, want_up=True)
-    g.arrive(Waiter(2, deadline=10), starting, QueueLimits(), now=0)
+    g.arrive(GateWaiter(2, deadline=10), starting, QueueLimits(), now=0)
     assert g.update(starting, QueueLimits(), now=9.9) == []
     assert outcomes(g.update(starting, QueueLimits(), now=10)) == [(2, WaitEnd.TIMEOUT)]
 
 
 def test_a_yielding_engine_serves_the_earlier_requests_and_holds_back_the_later() -> None:
     g, lim = Gate(), QueueLimits(max_concurrent=1)
-    g.arrive(Waiter(1), ready(1), lim, now=0)
+    g.arrive(GateWaiter(1), ready(1), lim, now=0)
     assert g.hold_back(5) and not g.hold_back(7)  # the first cut stands
-    g.arrive(Waiter(6), ready(1), lim, now=0)
+    g.arrive(GateWaiter(6), ready(1), lim, now=0)
     assert g.waits_before(5)
     assert outcomes(g.update(ready(0), lim, now=1)) == [(1, WaitEnd.GRANTED)]
     assert not g.waits_before(5) and g.update(ready(0), lim, now=1) == []
@@ -151,8 +153,8 @@ def test_who_waits_on_past_a_load_that_ended_ready_is_loaded_again_not_failed() 
     asleep it asks for the engine again (issue 40: it was answered "attempt ended")."""
     g, lim = Gate(), QueueLimits(max_concurrent=1)
     starting = EngineView(state=S.STARTING, want_up=True)
-    g.arrive(Waiter(1), starting, lim, now=0)
-    g.arrive(Waiter(2), starting, lim, now=0)
+    g.arrive(GateWaiter(1), starting, lim, now=0)
+    g.arrive(GateWaiter(2), starting, lim, now=0)
     assert outcomes(g.update(ready(), lim, now=1)) == [(1, WaitEnd.GRANTED)]
     asleep = EngineView(state=S.ASLEEP, want_up=False)  # put to sleep for another's swap
     assert outcomes(g.update(asleep, lim, now=2)) == ["launch"]
@@ -160,22 +162,22 @@ def test_who_waits_on_past_a_load_that_ended_ready_is_loaded_again_not_failed() 
 
 def test_leases_past_max_queue_are_refused_claims_never() -> None:
     g, lim = Gate(), QueueLimits(max_concurrent=1, max_queue=1)
-    g.arrive(Waiter(1), ready(1), lim, now=0)
-    assert outcomes(g.arrive(Waiter(2), ready(1), lim, now=0)) == [(2, WaitEnd.QUEUE_FULL)]
-    assert g.arrive(Waiter(3, claim=True), ready(1), lim, now=0) == []  # its frontend counts
+    g.arrive(GateWaiter(1), ready(1), lim, now=0)
+    assert outcomes(g.arrive(GateWaiter(2), ready(1), lim, now=0)) == [(2, WaitEnd.QUEUE_FULL)]
+    assert g.arrive(GateWaiter(3, claim=True), ready(1), lim, now=0) == []  # its frontend counts
 
 
 def test_shutdown_and_removal_answer_everyone() -> None:
     g = Gate()
-    g.arrive(Waiter(1), EngineView(state=S.STARTING, want_up=True), QueueLimits(), now=0)
-    g.arrive(Waiter(2), EngineView(state=S.STARTING, want_up=True), QueueLimits(), now=0)
+    g.arrive(GateWaiter(1), EngineView(state=S.STARTING, want_up=True), QueueLimits(), now=0)
+    g.arrive(GateWaiter(2), EngineView(state=S.STARTING, want_up=True), QueueLimits(), now=0)
     gone = EngineView(state=S.STARTING, want_up=True, retired=True)
     assert outcomes(g.update(gone, QueueLimits(), now=1)) == [
         (1, WaitEnd.REMOVED),
         (2, WaitEnd.REMOVED),
     ]
     closing = EngineView(state=S.READY, want_up=True, closing=True)
-    assert outcomes(g.arrive(Waiter(3), closing, QueueLimits(), now=1)) == [(3, WaitEnd.CLOSED)]
+    assert outcomes(g.arrive(GateWaiter(3), closing, QueueLimits(), now=1)) == [(3, WaitEnd.CLOSED)]
 
 
 class GateMachine(RuleBasedStateMachine):
@@ -195,7 +197,7 @@ class GateMachine(RuleBasedStateMachine):
         self.leases = 0  # granted leases in flight
         self.claims = 0  # granted claims (reported busy: 0, they count nothing here)
         self.answered: dict[int, WaitEnd] = {}
-        self.waiting: dict[int, Waiter] = {}
+        self.waiting: dict[int, GateWaiter] = {}
         self.granted_order: list[int] = []
         self.saw_ready: set[int] = set()  # waiters that saw the engine ready while waiting
 
@@ -245,7 +247,7 @@ class GateMachine(RuleBasedStateMachine):
     )
     def arrive(self, claim: bool, autoload: bool, patience: float) -> None:
         self.ticket += 1
-        w = Waiter(self.ticket, claim=claim, autoload=autoload, deadline=self.now + patience)
+        w = GateWaiter(self.ticket, claim=claim, autoload=autoload, deadline=self.now + patience)
         self.waiting[w.ticket] = w
         self.apply(self.gate.arrive(w, self.view(), self.limits, self.now))
 

@@ -113,7 +113,7 @@ def test_an_unconfirmed_claim_counts_as_busy() -> None:
 def test_a_restored_claim_whose_frontend_is_gone_is_void_at_once() -> None:
     """Issue 43, item 11: the frontend's process, recorded with its claims (pid from
     SO_PEERCRED, start time from /proc), decides at a restart of ktd."""
-    fe = c.Holder(pid=4242, start=1000)
+    fe = c.FrontendProcess(pid=4242, start=1000)
     assert not c.void_at_restore(fe, 1000)  # still running: it will report
     assert c.void_at_restore(fe, None)  # no such process (or a zombie): gone
     assert c.void_at_restore(fe, 2000)  # its pid given to another process: gone

@@ -81,7 +81,7 @@ def test_evictions_count_as_freed(tmp_path: Path) -> None:
     alone = fit.check(est, node_free=free, numa_nodes=(2,), gpu_free=None, gpus=())
     assert not alone.ok
     victim = fit.Estimate(host_bytes=100 * GIB, gpu_weights_bytes=None, kv_bytes=None)
-    freed = fit.freed_by([fit.Holder(victim, (2,), ())])
+    freed = fit.freed_by([fit.Resident(victim, (2,), ())])
     after = fit.check(
         est, node_free=free, numa_nodes=(2,), gpu_free=None, gpus=(), freed=freed,
         evicting=("old",),
@@ -156,9 +156,9 @@ def test_estimate_without_weights_or_config(tmp_path: Path) -> None:
 
 def test_a_victim_that_sleeps_frees_its_gpu_and_takes_host_ram_for_its_weights_copy() -> None:
     est = fit.Estimate(host_bytes=100, gpu_weights_bytes=10, kv_bytes=30)
-    stopped = fit.freed_by([fit.Holder(est, (0, 1), (0,))])
+    stopped = fit.freed_by([fit.Resident(est, (0, 1), (0,))])
     assert stopped.host_by_node == {0: 50, 1: 50} and stopped.gpu_by_index == {0: 40}
-    asleep = fit.freed_by([], [fit.Holder(est, (0, 1), (0,), residue={0: 5})])
+    asleep = fit.freed_by([], [fit.Resident(est, (0, 1), (0,), residue={0: 5})])
     assert asleep.host_by_node == {0: -5, 1: -5} and asleep.gpu_by_index == {0: 35}
     assert fit.host_held(est, backed_up=True) == 110 and fit.host_held(est, backed_up=False) == 100
     assert fit.host_held(fit.Estimate(None, None, None), backed_up=True) is None
@@ -170,7 +170,7 @@ def test_an_engine_that_slept_once_holds_its_host_copy_awake_and_frees_it_stoppe
     takes no more host memory when put to sleep again; an asleep engine keeps its
     residue on the GPU (measured, else ``RESIDUE_GUESS``)."""
     est = fit.Estimate(host_bytes=100 * GIB, gpu_weights_bytes=20 * GIB, kv_bytes=10 * GIB)
-    slept = fit.Holder(est, (0,), (0,), backed_up=True)
+    slept = fit.Resident(est, (0,), (0,), backed_up=True)
     assert fit.freed_by([slept]).host_by_node == {0: 120 * GIB}
     again = fit.freed_by([], [slept])
     assert again.host_by_node == {} and again.gpu_by_index == {0: 30 * GIB - fit.RESIDUE_GUESS}
@@ -178,7 +178,7 @@ def test_an_engine_that_slept_once_holds_its_host_copy_awake_and_frees_it_stoppe
 
 def test_a_wake_asks_only_the_gpu_memory_its_residue_does_not_cover() -> None:
     est = fit.Estimate(host_bytes=100 * GIB, gpu_weights_bytes=20 * GIB, kv_bytes=20 * GIB)
-    waker = fit.Holder(est, (0,), (0, 1), backed_up=True, residue={0: 2 * GIB, 1: 3 * GIB})
+    waker = fit.Resident(est, (0,), (0, 1), backed_up=True, residue={0: 2 * GIB, 1: 3 * GIB})
     need = fit.to_wake(waker)
     assert need.host_bytes is None and need.gpu_bytes == 35 * GIB
     short = fit.check(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ktd.core.placement import Flag, Holding, Plan, plan, user_flags
+from ktd.core.placement import Holding, KtFlag, Plan, plan, user_flags
 from ktd.topology import Gpu, NumaNode, Topology, read_topology
 from tests.fixtures.topology import (
     FOUR_L40S,
@@ -371,7 +371,7 @@ def test_user_cpuinfer_kept(xeon: Topology) -> None:
     extra = ["--kt-cpuinfer", "12", "--kt-num-gpu-experts", "0"]
     p = plan("m", "auto", "auto", extra, xeon, [])
     assert p.ok
-    assert p.flag("--kt-cpuinfer") == Flag("--kt-cpuinfer", ("12",), "user")
+    assert p.flag("--kt-cpuinfer") == KtFlag("--kt-cpuinfer", ("12",), "user")
     assert p.argv_flags() == ["--kt-numa-nodes", "1", "--kt-threadpool-count", "1"]
     assert "--kt-cpuinfer" not in p.argv_flags()
     assert p.notes == (
@@ -379,14 +379,14 @@ def test_user_cpuinfer_kept(xeon: Topology) -> None:
         "expert threads will share cores",
     )
     p = plan("m", "all", "auto", extra, xeon, [])
-    assert p.flag("--kt-cpuinfer") == Flag("--kt-cpuinfer", ("12",), "user")
+    assert p.flag("--kt-cpuinfer") == KtFlag("--kt-cpuinfer", ("12",), "user")
     assert p.argv_flags() == ["--kt-numa-nodes", "0", "1", "--kt-threadpool-count", "2"]
     assert not p.notes
 
 
 def test_user_cpuinfer_equals_form(xeon: Topology) -> None:
     p = plan("m", "auto", "auto", ["--kt-cpuinfer=12"], xeon, [])
-    assert p.flag("--kt-cpuinfer") == Flag("--kt-cpuinfer", ("12",), "user")
+    assert p.flag("--kt-cpuinfer") == KtFlag("--kt-cpuinfer", ("12",), "user")
     assert "--kt-cpuinfer" not in p.argv_flags()
 
 
@@ -398,7 +398,7 @@ def test_user_cpuinfer_too_big_noted(xeon: Topology) -> None:
 def test_user_numa_nodes_decide_placement(xeon: Topology) -> None:
     p = plan("m", "auto", 0, ["--kt-numa-nodes", "0", "1"], xeon, [])
     assert p.ok and p.numa_nodes == (0, 1)
-    assert p.flag("--kt-numa-nodes") == Flag("--kt-numa-nodes", ("0", "1"), "user")
+    assert p.flag("--kt-numa-nodes") == KtFlag("--kt-numa-nodes", ("0", "1"), "user")
     assert p.argv_flags() == ["--kt-threadpool-count", "2", "--kt-cpuinfer", "16"]
     assert not p.notes
     # ...so they are owned exclusively, like any planned node
@@ -417,7 +417,7 @@ def test_user_numa_nodes_decide_placement(xeon: Topology) -> None:
 def test_user_pool_count_mismatch_noted(xeon: Topology) -> None:
     p = plan("m", [0], 0, ["--kt-threadpool-count", "2"], xeon, [])
     assert p.ok
-    assert p.flag("--kt-threadpool-count") == Flag("--kt-threadpool-count", ("2",), "user")
+    assert p.flag("--kt-threadpool-count") == KtFlag("--kt-threadpool-count", ("2",), "user")
     assert p.argv_flags() == ["--kt-numa-nodes", "0", "--kt-cpuinfer", "8"]
     assert any("kt-kernel requires them to be equal" in n for n in p.notes)
     p = plan("m", "auto", 0, ["--kt-numa-nodes=0", "--kt-threadpool-count", "2"], xeon, [])
@@ -634,7 +634,7 @@ def test_plans_never_overlap_holdings(
         assert not q.ok, (keep, p)
     # the plan is internally consistent
     assert set(p.cpus) == set(topo.node_cpus(p.numa_nodes))
-    assert p.flag("--kt-threadpool-count") == Flag(
+    assert p.flag("--kt-threadpool-count") == KtFlag(
         "--kt-threadpool-count", (str(len(p.numa_nodes)),), "derived"
     )
     if p.gpus:

@@ -199,13 +199,13 @@ async def test_restored_claims_of_a_frontend_that_is_gone_are_void_at_once(daemo
     move(e, S.READY, want_up=True)
     d.claims.heard_from("fe-live", 100)
     d.claims.heard_from("fe-dead", 200)  # not running when first heard: not recorded
-    assert d.claims.holders == {"fe-live": c.Holder(100, 7)}
+    assert d.claims.holders == {"fe-live": c.FrontendProcess(100, 7)}
     records = [
-        ("c1", "fe-live", c.Holder(100, 7)),  # running: kept until it reports
-        ("c2", "fe-gone", c.Holder(300, 5)),  # no such process now
-        ("c3", "fe-reused", c.Holder(100, 6)),  # its pid is another process's now
+        ("c1", "fe-live", c.FrontendProcess(100, 7)),  # running: kept until it reports
+        ("c2", "fe-gone", c.FrontendProcess(300, 5)),  # no such process now
+        ("c3", "fe-reused", c.FrontendProcess(100, 6)),  # its pid is another process's now
         ("c4", "fe-old", None),  # a state file from before: lease_ttl, as ever
     ]
     assert d.claims.restore(e, records) == ["fe-live", "fe-old"]
     assert sorted(e.claims) == ["c1", "c4"]
-    assert e.claims["c1"].holder == c.Holder(100, 7) and not e.claims["c1"].confirmed
+    assert e.claims["c1"].holder == c.FrontendProcess(100, 7) and not e.claims["c1"].confirmed

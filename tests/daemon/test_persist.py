@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ktd.core import states as S
-from ktd.core.claimsync import Holder
+from ktd.core.claimsync import FrontendProcess
 from ktd.core.command import DIGEST_MARK, ENGINE_MARK
 from ktd.daemon import proctree, statefile
 from ktd.daemon.engine import Engine, Running
@@ -69,7 +69,7 @@ async def test_the_snapshot_holds_running_engines_with_their_claims(daemon: Any)
     run = Running(digest="x", pid=11, start=7, engine_id="test/up@1", port=4321, argv=["a"])
     up.run = run
     move(up, S.READY, want_up=True)
-    d.claims.holders["fe-1"] = Holder(pid=4242, start=99)  # its process, from the socket
+    d.claims.holders["fe-1"] = FrontendProcess(pid=4242, start=99)  # its process, from the socket
     d.claims.grant(up, "fe-1")
     d.claims.grant(up, "fe-2")  # one whose process the socket did not show
     state = persister(d, None, []).snapshot()
@@ -115,7 +115,7 @@ async def test_adoption_takes_over_recorded_engines_and_kills_strays(
     assert sorted(adopted) == ["changed", "kept"]
     assert killed == [p_stray.pid] and p_stray.wait(10) is not None
     assert isinstance(kept.adopt, Running) and kept.adopt.pid == p_kept.pid
-    assert restored == [("kept", [("c1", "fe-1", None), ("c2", "fe-2", Holder(4242, 99))])]
+    assert restored == [("kept", [("c1", "fe-1", None), ("c2", "fe-2", FrontendProcess(4242, 99))])]
     # Started with another launch while no ktd watched: restarted when idle, as a reload.
     assert per.restart_later == [changed] and changed.stale
     assert not kept.stale

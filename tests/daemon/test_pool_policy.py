@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -181,8 +182,30 @@ def test_reload_with_a_request_in_flight_marks_stale_then_restarts(
         c.evict(all=True)
 
 
+class Lines:
+    """A subprocess's stdout read line by line in a thread, so a test can wait for a
+    line instead of sleeping for it."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        assert proc.stdout is not None
+        self._thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _read(self, out: Any) -> None:
+        for line in out:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def join(self) -> str:
+        self._thread.join(10)
+        return self.text()
+
+
 def test_events_and_logs_follow(write_config: ConfigWriter, daemon_factory: Any) -> None:
-    d = daemon_factory(write_config([sim_model("e-kt")]))
+    d = daemon_factory(write_config([sim_model("e-kt"), sim_model("w-kt")]))
     ev = subprocess.Popen(
         [sys.executable, "-m", "ktctl", "--socket", str(d.socket), "events", "--json"],
         stdout=subprocess.PIPE,
@@ -195,16 +218,35 @@ def test_events_and_logs_follow(write_config: ConfigWriter, daemon_factory: Any)
         text=True,
         env=d.env,
     )
+    ev_out, logs_out = Lines(ev), Lines(logs)
     try:
-        time.sleep(1.5)  # both subscribed
+        # ``events`` is subscribed once it prints an event: another model's, loaded until
+        # one shows (``logs -f`` needs no such wait: it prints the tail before it follows).
+        with d.client(timeout=60) as c:
+
+            def seen() -> bool:
+                c.load("w-kt")
+                c.evict("w-kt")
+                return "engine.w-kt" in ev_out.text()
+
+            wait_for(seen, timeout=30, what="ktctl events subscribed")
         assert d.ktctl("load", "e-kt").returncode == 0
         assert d.ktctl("evict", "e-kt").returncode == 0
-        time.sleep(0.5)
+        wait_for(lambda: "[ktd] stopped" in logs_out.text(), what="logs -f: the stop")
+
+        def stopped_event() -> bool:
+            return any(
+                e["topic"] == "engine.e-kt" and e.get("state") == "stopped"
+                for e in map(json.loads, filter(str.strip, ev_out.lines[:]))
+            )
+
+        wait_for(stopped_event, what="events: e-kt stopped")
     finally:
         ev.terminate()
         logs.terminate()
-        out_ev, _ = ev.communicate(timeout=10)
-        out_logs, _ = logs.communicate(timeout=10)
+        ev.wait(10)
+        logs.wait(10)
+    out_ev, out_logs = ev_out.join(), logs_out.join()
     events = [json.loads(line) for line in out_ev.splitlines() if line.strip()]
     states = [e["state"] for e in events if e["topic"] == "engine.e-kt" and e.get("state")]
     assert "starting" in states and "ready" in states and states[-1] == "stopped"

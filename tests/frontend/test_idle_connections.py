@@ -223,28 +223,43 @@ def _read_stream(s: socket.socket, buf: bytes = b"") -> bytes:
     return buf
 
 
+def _gate(port: int, open_: bool) -> None:
+    """The sim's gate (``KTD_SIM_HOLD``) on the engine's ``port``: open lets the held
+    streams go on, closed holds the next ones after their first token."""
+    r = httpx.post(f"http://127.0.0.1:{port}/sim/gate", json={"open": open_}, timeout=30)
+    r.raise_for_status()
+
+
 def test_a_stream_outlasting_the_idle_timeout_and_a_sigterm_mid_stream(
     write_config: Any, daemon_factory: Any, frontend_factory: Any
 ) -> None:
     """The keep-alive timer (ktd/frontend/intake.py) counts idle time only: a stream that
     runs past ``idle_timeout`` is not cut and its connection stays usable; once silent it
-    is closed. A SIGTERM while a stream runs lets it finish, then closes its connection."""
-    cfg = write_config(
-        [sim_model("m1", env={"KTD_SIM_TOKEN_RATE": 8})], frontend={"idle_timeout": 1}
-    )
-    daemon_factory(cfg)
+    is closed. A SIGTERM while a stream runs lets it finish, then closes its connection.
+    Each stream is held by the sim after its first token until the test opens its gate."""
+    cfg = write_config([sim_model("m1", env={"KTD_SIM_HOLD": 1})], frontend={"idle_timeout": 1})
+    d = daemon_factory(cfg)
     fe = frontend_factory(cfg)
+    with httpx.Client(base_url=fe.url, timeout=30) as c:  # loaded: the engine's port known
+        chat = {"model": "m1", "messages": [], "max_tokens": 1}
+        assert c.post("/v1/chat/completions", json=chat).status_code == 200
+    port = d.engines()["m1"]["port"]
     with _connect(fe.url) as s:
         s.settimeout(30)
-        for _ in range(2):  # 12 tokens at 8/s: 1.5 s, longer than the idle timeout
+        for _ in range(2):
             s.sendall(_stream_request(12))
-            assert _read_stream(s).count(b"data: ") >= 13
+            begun = s.recv(65536)  # the stream has begun, and is held
+            time.sleep(1.5)  # longer than the idle timeout: the point of the test
+            _gate(port, True)
+            assert _read_stream(s, begun).count(b"data: ") >= 13
+            _gate(port, False)
         assert _closed_by_server(s, 30), "still open past the idle timeout"
     with _connect(fe.url) as s:
         s.settimeout(30)
         s.sendall(_stream_request(12))
-        begun = s.recv(65536)  # the stream has begun
+        begun = s.recv(65536)  # the stream has begun, and is held
         fe.proc.send_signal(signal.SIGTERM)
+        _gate(port, True)
         assert _read_stream(s, begun).count(b"data: ") >= 13
         assert _closed_by_server(s, 30), "a connection outlived the shutdown"
     assert fe.proc.wait(30) == 0, fe.output()

@@ -35,6 +35,8 @@ HI = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def shared(stack_factory: StackFactory) -> Stack:
     models = [sim_model(m, env={"KTD_SIM_TOKEN_RATE": 40}) for m in ("m1", "m2")]
+    # Its streams wait after their first token until the test opens the sim's gate.
+    models.append(sim_model("held", env={"KTD_SIM_HOLD": 1}))
     return stack_factory(models, frontend={"keys": KEYS})
 
 
@@ -62,17 +64,20 @@ def test_a_scoped_key_sees_and_uses_its_models_only_in_every_api(stack: str) -> 
     with pytest.raises(ollama.ResponseError) as refused:
         llama.chat(model="m2", messages=HI)
     assert refused.value.status_code == 403
-    # Every other key sees both.
-    assert sorted(m.id for m in oai(stack, CAPPED).models.list()) == ["m1", "m2"]
+    # Every other key sees them all.
+    assert sorted(m.id for m in oai(stack, CAPPED).models.list()) == ["held", "m1", "m2"]
 
 
-def test_a_key_past_max_concurrent_gets_429_while_its_stream_runs(stack: str) -> None:
+def test_a_key_past_max_concurrent_gets_429_while_its_stream_runs(
+    stack: str, shared: Stack
+) -> None:
     client = oai(stack, CAPPED)
     started = threading.Event()
     done: list[str] = []
 
     def long_stream() -> None:
-        stream = client.chat.completions.create(model="m1", messages=HI, max_tokens=80, stream=True)
+        chat = client.chat.completions
+        stream = chat.create(model="held", messages=HI, max_tokens=8, stream=True)
         for chunk in stream:
             started.set()
             done.append(chunk.id)
@@ -92,6 +97,8 @@ def test_a_key_past_max_concurrent_gets_429_while_its_stream_runs(stack: str) ->
         # Another key is not held back by it.
         assert oai(stack, SCOPED).chat.completions.create(model="m1", messages=HI, max_tokens=2)
     finally:
+        port = shared.daemon.engines()["held"]["port"]
+        httpx.post(f"http://127.0.0.1:{port}/sim/gate", json={"open": True}, timeout=30)
         worker.join(60)
     assert done
     assert client.chat.completions.create(model="m1", messages=HI, max_tokens=2).choices

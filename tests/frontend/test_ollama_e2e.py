@@ -117,9 +117,11 @@ def test_ollama_streams_wait_for_a_load_and_share_admission(
 ) -> None:
     """A stream for an engine that is loading gets no 200 until it is ready (no comment
     line would be valid NDJSON); the model's admission limits apply to Ollama's routes too."""
-    slow = {"KTD_SIM_LOAD_TIME": "1.0", "KTD_SIM_TOKEN_RATE": "20"}
+    # Each stream is held after its first token until the gate opens: it keeps the one
+    # slot however long the 429 below takes.
+    slow = {"KTD_SIM_LOAD_TIME": "1.0", "KTD_SIM_HOLD": "1"}
     cfg = write_config([sim("m1", env=slow, max_concurrent=1, max_queue=0)])
-    daemon_factory(cfg)
+    daemon = daemon_factory(cfg)
     fe = frontend_factory(cfg)
     body = {"model": "m1:latest", "messages": CHAT, "options": {"num_predict": 40}}
     with httpx.Client(base_url=fe.url, timeout=60) as c:
@@ -135,6 +137,8 @@ def test_ollama_streams_wait_for_a_load_and_share_admission(
             full = c.post("/api/generate", json={"model": "m1", "prompt": "x"})
             assert full.status_code == 429 and "max_queue" in full.json()["error"]
             assert "retry-after" in full.headers
+            port = daemon.engines()["m1"]["port"]
+            httpx.post(f"http://127.0.0.1:{port}/sim/gate", json={"open": True}).raise_for_status()
             rest = [json.loads(line) for line in lines]
         assert rest[-1]["done"] is True and len(rest) == 39
 

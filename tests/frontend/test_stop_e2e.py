@@ -20,7 +20,6 @@ from ktd.daemon import proctree
 from tests.conftest import marked_processes, sim_model, wait_for
 
 TOKENS = 20
-RATE = 10  # tokens/s: the stream runs 2 s, most of it after the 0.5 s drain bound
 
 
 def read_stream(url: str, out: dict[str, Any], started: threading.Event) -> None:
@@ -53,6 +52,18 @@ def read_stream(url: str, out: dict[str, Any], started: threading.Event) -> None
         started.set()
 
 
+def open_gate_on_sigterm(d: Any, port: int) -> None:
+    """Once the server logged its SIGTERM, let the held stream go on (the sim's gate)."""
+    with d.client(timeout=60) as c:
+        wait_for(
+            lambda: "SIGTERM received" in "\n".join(c.logs("w-kt", 300)),
+            timeout=60,
+            what="the server's SIGTERM",
+        )
+    r = httpx.post(f"http://127.0.0.1:{port}/sim/gate", json={"open": True}, timeout=30)
+    r.raise_for_status()
+
+
 @pytest.mark.parametrize(("flavor", "code"), [("upstream", 0), ("kt", 128 + 9)])
 def test_a_wrapper_interpreter_lets_sglang_drain_a_live_stream_on_evict(
     write_config: Any,
@@ -71,7 +82,9 @@ def test_a_wrapper_interpreter_lets_sglang_drain_a_live_stream_on_evict(
     # Sets up an environment, then runs the interpreter as its child (no exec).
     wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
-    env = {"KTD_SIM_TOKEN_RATE": RATE, "KTD_SIM_DRAIN": 60, "KTD_SIM_SGLANG": flavor}
+    # The stream is held after its first token (``KTD_SIM_HOLD``) until SGLang's server
+    # has its SIGTERM: it runs past the 0.5 s drain bound however slow the box.
+    env = {"KTD_SIM_HOLD": 1, "KTD_SIM_DRAIN": 60, "KTD_SIM_SGLANG": flavor}
     model = sim_model("w-kt", env=env, kt={"python": str(wrapper)})
     cfg = write_config([model], daemon={"stop_grace": 60, "drain_timeout": 60})
     d = daemon_factory(cfg)
@@ -85,9 +98,12 @@ def test_a_wrapper_interpreter_lets_sglang_drain_a_live_stream_on_evict(
         [e] = c.status("w-kt")
         shell = proctree.cmdline(e.pid)
         assert shell[:2] == ["/bin/sh", str(wrapper)], shell  # the main process is the shell
+        gate = threading.Thread(target=open_gate_on_sigterm, args=(d, e.port), daemon=True)
+        gate.start()
         t0 = time.monotonic()
         assert c.evict("w-kt", timeout=0.5) == ["w-kt"]  # the drain bound ends mid-stream
         took = time.monotonic() - t0
+        gate.join(60)
         log = "\n".join(c.logs("w-kt", 300))
     reader.join(60)
     assert not reader.is_alive()

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,10 @@ def two_hosts(router: RouterProc, hosts: Any, tmp_path: Path, **env: Any) -> tup
     out = []
     for name in ("a", "b"):
         m = model(ALIAS, tmp_path / f"model-{name}", **env)
-        h = hosts(name, [m], gateway=gateway(router, labels={"rack": name}))
-        res = h.daemon.ktctl("load", ALIAS, "--json")
-        assert res.returncode == 0, res.stdout + res.stderr
-        out.append(h)
+        out.append(hosts(name, [m], gateway=gateway(router, labels={"rack": name})))
+    with ThreadPoolExecutor(2) as pool:  # the two hosts load at once, as two machines do
+        for res in pool.map(lambda h: h.daemon.ktctl("load", ALIAS, "--json"), out):
+            assert res.returncode == 0, res.stdout + res.stderr
     for h in out:
         wait_for(lambda h=h: registered(h), 20, f"{h.name} registered")
     return out[0], out[1]

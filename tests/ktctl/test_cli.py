@@ -675,14 +675,14 @@ def test_doctor_runs_locally_when_ktd_is_down(
     rundir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[Any] = []
-    fake = types.ModuleType("ktd.daemon.doctor")
+    fake = types.ModuleType("ktd.checkup")
 
     def local_report(config: str | None = None) -> dict[str, Any]:
         calls.append(config)
         return {"checks": [{"name": "daemon", "status": "warn", "detail": "not running"}]}
 
     fake.local_report = local_report  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ktd.daemon.doctor", fake)
+    monkeypatch.setitem(sys.modules, "ktd.checkup", fake)
     sock = str(rundir / "control.sock")
     code, out, err = run(capsys, "doctor", "--socket", sock, "--config", "/etc/x.json")
     assert code == 0 and calls == ["/etc/x.json"]
@@ -696,7 +696,7 @@ def test_doctor_runs_locally_when_ktd_is_down(
 def test_doctor_without_local_checks_exits_3(
     rundir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "ktd.daemon.doctor", None)  # makes the import fail
+    monkeypatch.setitem(sys.modules, "ktd.checkup", None)  # makes the import fail
     code, _, err = run(capsys, "doctor", "--socket", str(rundir / "control.sock"))
     assert code == 3
     assert "local checks are not available" in err and len(err.splitlines()) == 1

@@ -47,7 +47,7 @@ def test_told_is_told(env: dict[str, str], rundir: Path) -> None:
     assert discover.control_socket("/x/c.sock", env).path == Path("/x/c.sock")
     assert discover.control_socket(None, {**env, "KTD_SOCKET": "ipc:///y"}).path == Path("/y")
     told = {**env, "KTD_RUNTIME_DIR": "/z"}
-    assert discover.control_socket(None, told) == discover.Found(Path("/z/control.sock"))
+    assert discover.control_socket(None, told) == discover.SocketChoice(Path("/z/control.sock"))
 
 
 def test_the_default_when_it_is_there(
@@ -56,7 +56,7 @@ def test_the_default_when_it_is_there(
     default = bind(rundir / "ktd" / "control.sock", listening)
     up = bind(rundir / "demo" / "control.sock", listening)
     uprecord.write(uprecord.record_path(env), uprecord.UpRecord(os.getpid(), up, "127.0.0.1:1"))
-    assert discover.control_socket(None, env) == discover.Found(default)
+    assert discover.control_socket(None, env) == discover.SocketChoice(default)
 
 
 def test_a_running_ktd_up_is_found_and_said(
@@ -88,22 +88,24 @@ def test_a_stale_or_foreign_record_is_ignored(
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
     uprecord.write(record, uprecord.UpRecord(int(dead.stdout), up, ""))
-    assert discover.control_socket(None, env) == discover.Found(default)  # its ktd up is gone
+    assert discover.control_socket(None, env) == discover.SocketChoice(
+        default
+    )  # its ktd up is gone
     record.write_text(json.dumps({"pid": os.getpid(), "socket": str(rundir / "nothing")}))
-    assert discover.control_socket(None, env) == discover.Found(default)  # no socket there
+    assert discover.control_socket(None, env) == discover.SocketChoice(default)  # no socket there
     for bad in ("[]", "{", json.dumps({"pid": True, "socket": str(up)})):
         record.write_text(bad)
-        assert discover.control_socket(None, env) == discover.Found(default)
+        assert discover.control_socket(None, env) == discover.SocketChoice(default)
     record.unlink()
     record.symlink_to(rundir / "elsewhere.json")
     (rundir / "elsewhere.json").write_text(json.dumps({"pid": os.getpid(), "socket": str(up)}))
-    assert discover.control_socket(None, env) == discover.Found(default)  # not followed
+    assert discover.control_socket(None, env) == discover.SocketChoice(default)  # not followed
 
 
 def test_the_systems_ktd_for_a_user_without_one(
     env: dict[str, str], rundir: Path, listening: list[socket.socket]
 ) -> None:
     system = bind(discover.SYSTEM_SOCKET, listening)
-    assert discover.control_socket(None, env, root=False) == discover.Found(system)
+    assert discover.control_socket(None, env, root=False) == discover.SocketChoice(system)
     default = rundir / "ktd" / "control.sock"
-    assert discover.control_socket(None, env, root=True) == discover.Found(default)
+    assert discover.control_socket(None, env, root=True) == discover.SocketChoice(default)

@@ -151,19 +151,29 @@ def test_sigterm_drains_in_flight_then_exits_as_sglang_does(
 ) -> None:
     """SIGTERM to the main process: /health 503, new requests still accepted, in-flight
     ones finish; then upstream exits 0 and the kt fork SIGKILLs its own tree (-9)."""
-    env = {"KTD_SIM_TOKEN_RATE": "20", "KTD_SIM_DRAIN": "5", "KTD_SIM_SGLANG": which}
+    # Every generation is held after its first token until the test opens the gate.
+    env = {"KTD_SIM_HOLD": "1", "KTD_SIM_DRAIN": "5", "KTD_SIM_SGLANG": which}
     sim = sim_factory(env=env)
     sim.wait_ready()
     child = sim.record()["scheduler_pid"]
-    thread, out = _stream_in_thread(sim, max_tokens=30)  # ~1.5 s
+    thread, out = _stream_in_thread(sim, max_tokens=30)
     os.kill(sim.pid, signal.SIGTERM)
     sim.wait_log("Draining requests and shutting down")
     assert httpx.get(sim.url("/health")).status_code == 503
-    late = httpx.post(
-        sim.url("/v1/chat/completions"),
-        json={"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+    late: list[int] = []
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    asking = threading.Thread(
+        target=lambda: late.append(
+            httpx.post(sim.url("/v1/chat/completions"), json=body, timeout=10).status_code
+        )
     )
-    assert late.status_code == 200
+    asking.start()
+    wait_until(
+        lambda: httpx.get(sim.url("/sim/stats")).json()["active"] == 2, 5, "the late request in"
+    )
+    httpx.post(sim.url("/sim/gate"), json={"open": True}).raise_for_status()
+    asking.join(10)
+    assert late == [200]
     thread.join(10)
     events = out["events"]
     assert isinstance(events, list) and events[-1] == "data: [DONE]" and "error" not in out

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ktd.sim.httpd import Reply, Request
+from ktd.sim.httpd import HttpReply, HttpRequest
 from ktd.sim.knobs import Knobs
 from ktd.sim.memory import parse_tags
 from tests.sim.simharness import SimProc, wait_until
@@ -75,14 +75,14 @@ def dies_with_the_server(fn: Callable[[], object]) -> None:
 # -- in process
 
 
-def request(body: bytes, ctype: str | None = "application/json") -> Request:
+def request(body: bytes, ctype: str | None = "application/json") -> HttpRequest:
     headers = {} if ctype is None else {"content-type": ctype}
-    return Request("POST", RELEASE, RELEASE, headers, body, "test:1", "1.1")
+    return HttpRequest("POST", RELEASE, RELEASE, headers, body, "test:1", "1.1")
 
 
-def errors(reply: list[str] | Reply | None) -> str:
+def errors(reply: list[str] | HttpReply | None) -> str:
     """The message of SGLang's 400 for a body FastAPI rejects."""
-    assert isinstance(reply, Reply) and reply.status == 400, reply
+    assert isinstance(reply, HttpReply) and reply.status == 400, reply
     message: str = json.loads(reply.body)["message"]
     return message
 

@@ -9,7 +9,8 @@ Off the proxy's path. Two kinds of work, both in tasks of their own:
   reload does not churn): one task owning one SUB socket on the daemon's
   ``events.sock`` (the ``zmqtrio`` pump), and the refreshers. An ``engine.`` or
   ``lease.`` event makes the status refresh at once (coalesced over a few
-  milliseconds); ``log.<alias>`` lines go straight to the pages following that
+  milliseconds); a ``pull.`` event carries its job, which goes into the view as it is;
+  ``log.<alias>`` lines go straight to the pages following that
   alias; the daemon's greeting (``WELCOME``, also after a daemon restart: zmq
   reconnects and subscribes again) refreshes everything. Status is refreshed every
   ``status_every`` seconds anyway (queue counts move without events), the machine
@@ -45,6 +46,7 @@ from ktd.frontend.metrics import Metrics
 from ktd.frontend.scrape import scrape_engines
 from ktd.frontend.ui import series, view, wire
 from ktd.frontend.upstream import UpstreamPool
+from ktd.pullwire import PullInfo
 
 log = logging.getLogger("ktd.frontend.ui")
 
@@ -55,7 +57,7 @@ SUBSCRIBE_WAIT = 2.0  # how long a new page waits for the subscription before it
 PLAN_TTL = 3.0  # dry-runs shared between pages for this long
 PLAN_TIMEOUT = 150.0  # the daemon may probe the engine's Python first (120 s at most)
 MACHINE_TIMEOUT = 20.0  # nvidia-smi may take up to 15 s
-_TOPICS = (b"engine.", b"log.", b"lease.")
+_TOPICS = (b"engine.", b"log.", b"lease.", b"pull.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,7 @@ class Hub:
         self._models: list[p.ModelInfo] = []
         self._engines: list[p.EngineInfo] = []
         self._machine: p.MachineReply | None = None
+        self._pulls: dict[str, PullInfo] = {}  # by ``repo@revision``, in the daemon's order
         self._daemon_error: str | None = "not asked yet"
         self._view: bytes = b""
         self._view_at = -math.inf
@@ -233,6 +236,16 @@ class Hub:
             self._machine_poke.set()  # a load or a stop changes who holds what
         elif topic.startswith(b"lease."):
             self._poke.set()
+        elif topic.startswith(b"pull.") and len(frames) > 1:
+            # A job's bytes move several times a second: the event carries the job, so the
+            # bar moves without asking the daemon anything.
+            try:
+                ev = p.decode_event(frames[1])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return
+            if ev.pull is not None:
+                self._pulls[ev.pull.key] = ev.pull
+                self._publish_view()
 
     async def _status_loop(self) -> None:
         while True:
@@ -268,8 +281,20 @@ class Hub:
                 if isinstance(status, p.StatusReply) and isinstance(models, p.ModelsReply):
                     self._engines, self._models = list(status.engines), list(models.models)
                     self._daemon_error = None
+                await self._refresh_pulls()
             self._view_at = trio.current_time()
             self._publish_view()
+
+    async def _refresh_pulls(self) -> None:
+        """The pull jobs as the daemon lists them (what the events said meanwhile, and the
+        jobs that ended or went while no page was subscribed). A daemon older than
+        protocol 1.2 has none to list."""
+        try:
+            reply = await self.broker.request(p.Pulls(), timeout=2.0)
+        except (Unreachable, ControlError):
+            return
+        if isinstance(reply, p.PullsReply):
+            self._pulls = {j.key: j for j in reply.jobs}
 
     async def _refresh_machine(self) -> None:
         try:
@@ -282,7 +307,13 @@ class Hub:
 
     def _publish_view(self) -> None:
         data = wire.encode(
-            view.build(self._models, self._engines, self._machine, daemon_error=self._daemon_error)
+            view.build(
+                self._models,
+                self._engines,
+                self._machine,
+                daemon_error=self._daemon_error,
+                pulls=list(self._pulls.values()),
+            )
         )
         if data != self._view:
             self._view = data

@@ -21,6 +21,7 @@ SCRIPTS = (
     "plots.js",
     "usage.js",
     "waiting.js",
+    "pulls.js",
     "machine.js",
     "cards.js",
     "config.js",

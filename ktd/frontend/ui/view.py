@@ -20,6 +20,7 @@ from typing import Any
 from ktd import protocol as p
 from ktd.core import states as S
 from ktd.core.cpulist import format_cpulist
+from ktd.pullwire import PullInfo
 
 MASK = "***"
 _SECRET = re.compile(r"(key|token|secret|passw)", re.IGNORECASE)
@@ -207,12 +208,41 @@ def machine(m: p.MachineReply, engines: Sequence[p.EngineInfo] = ()) -> dict[str
     }
 
 
+#: What the pulls panel shows of a job (``ktd.pullwire.PullInfo``): the bar's numbers, and
+#: a failure's kind and message.
+PULL_FIELDS = (
+    "repo",
+    "revision",
+    "names",
+    "state",
+    "phase",
+    "file",
+    "total",
+    "done",
+    "rate",
+    "eta",
+    "restarts",
+    "kind",
+    "message",
+)
+
+
+def pull_row(job: PullInfo) -> dict[str, Any]:
+    """A pull job as the page draws it: ``fraction`` is None until the plan gave a total."""
+    row = {f: getattr(job, f) for f in PULL_FIELDS}
+    row["names"] = list(job.names)
+    row["key"] = job.key
+    row["fraction"] = min(1.0, job.done / job.total) if job.total > 0 else None
+    return row
+
+
 def build(
     models: Sequence[p.ModelInfo],
     engines: Sequence[p.EngineInfo],
     machine_reply: p.MachineReply | None,
     *,
     daemon_error: str | None = None,
+    pulls: Sequence[PullInfo] = (),
 ) -> dict[str, Any]:
     """The whole view. Colours follow the configured order, so they are stable."""
     by_alias = {e.alias: e for e in engines}
@@ -227,4 +257,5 @@ def build(
         "models": cards,
         "machine": machine(machine_reply, engines) if machine_reply is not None else None,
         "loads": dict(machine_reply.load_history) if machine_reply is not None else {},
+        "pulls": [pull_row(j) for j in pulls],
     }

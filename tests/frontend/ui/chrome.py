@@ -8,6 +8,7 @@ its background connections) and ``profile`` is a fresh user-data dir each time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,11 @@ FLAGS = (
 )
 
 
-def start_chrome(profile: Path, *flags: str, console: bool = False) -> Any:
-    """A ``webdriver.Chrome``; ``console``: keep the page's console for ``get_log``."""
+def start_chrome(
+    profile: Path, *flags: str, console: bool = False, env: Mapping[str, str] | None = None
+) -> Any:
+    """A ``webdriver.Chrome``; ``console``: keep the page's console for ``get_log``;
+    ``env``: chromedriver's environment (and so Chromium's), else this process's."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -36,4 +40,5 @@ def start_chrome(profile: Path, *flags: str, console: bool = False) -> Any:
         options.add_argument(flag)
     if console:
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    service = Service(CHROMEDRIVER, env=dict(env) if env is not None else None)
+    return webdriver.Chrome(service=service, options=options)

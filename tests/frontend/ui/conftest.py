@@ -1,8 +1,10 @@
 """Fixtures for the dashboard: the two-node box (a real daemon and frontend), a real browser.
 
 The browser is Debian's chromium driven through its own chromedriver (both from apt:
-``tests/ui_install.sh``; how it is started: chrome.py), with a fresh profile per test
-so that no cookie leaks from one test to the next.
+``tests/ui_install.sh``; how it is started: chrome.py), one per pytest process (a start
+and a quit cost a second), put back before and after each test: a blank page, the other
+windows closed, no cookie, an empty cache, the console's lines dropped, so that
+nothing leaks from one test to the next.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import MARK
 from tests.frontend.ui.chrome import start_chrome
 from tests.frontend.ui.uienv import box_models, machine_env
 
@@ -69,9 +72,23 @@ def box_factory(
 
 
 class Browser:
-    def __init__(self, profile: Path) -> None:
-        self.driver = start_chrome(profile, "--window-size=1400,1400", console=True)
+    def __init__(self, profile: Path, env: dict[str, str] | None = None) -> None:
+        self.driver = start_chrome(profile, "--window-size=1400,1400", console=True, env=env)
         self.logs: list[dict[str, Any]] = []
+
+    def reset(self) -> None:
+        """As a fresh profile's: one window on a blank page (which leaves the last page's
+        event stream), no cookie, an empty cache, no console line kept."""
+        first, *others = self.driver.window_handles
+        for handle in others:
+            self.driver.switch_to.window(handle)
+            self.driver.close()
+        self.driver.switch_to.window(first)
+        self.driver.get("about:blank")
+        self.driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+        self.driver.execute_cdp_cmd("Network.clearBrowserCache", {})
+        self.driver.get_log("browser")
+        self.logs = []
 
     def open(self, url: str) -> None:
         self.driver.get(url)
@@ -169,11 +186,21 @@ class Browser:
         self.driver.quit()
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Browser]:
-    b = Browser(tmp_path / "chrome")
+@pytest.fixture(scope="session")
+def shared_browser(
+    tmp_path_factory: pytest.TempPathFactory, session_marker: str
+) -> Iterator[Browser]:
+    """The session's Chromium, under the session's leak-check marker."""
+    b = Browser(tmp_path_factory.mktemp("chrome"), env={**os.environ, MARK: session_marker})
     yield b
     b.quit()
+
+
+@pytest.fixture
+def browser(shared_browser: Browser) -> Iterator[Browser]:
+    shared_browser.reset()
+    yield shared_browser
+    shared_browser.reset()
 
 
 # ---------------------------------------------------------------- a prefix proxy

@@ -269,3 +269,51 @@ def test_a_log_follower_drops_by_count_what_its_tail_held() -> None:
     assert v.fresh(LogLines(1, ["restarted"])) == ["restarted"]
     v.seam = Seam()  # a daemon that does not count: everything passes
     assert v.fresh(LogLines(0, ["z"])) == ["z"]
+
+
+async def test_a_pull_event_moves_its_job_in_the_view_and_bad_frames_are_ignored() -> None:
+    """``pull.`` events carry the job: the view every page holds changes with no request
+    to the daemon; a frame that is not an event, or an event without a job, changes
+    nothing (the frontend never dies of what it is sent)."""
+    import json
+    import types
+
+    import msgspec
+
+    from ktd import protocol as p
+    from ktd.pullwire import PullInfo
+
+    broker: Any = types.SimpleNamespace(endpoint="ipc:///nonexistent/control.sock")
+    hub = hubmod.Hub(broker, upstream=None, metrics=None)  # type: ignore[arg-type]
+    viewer = hub.join(logs=None)
+
+    def event(done: int) -> list[bytes]:
+        job = PullInfo(repo="org/a", revision="main", state="running", phase="fetch",
+                       total=400, done=done, rate=10.0, eta=1.0)  # fmt: skip
+        ev = p.Event(topic="pull.org/a@main", time=0.0, alias="org/a", state="running", pull=job)
+        return [b"pull.org/a@main", msgspec.msgpack.encode(ev)]
+
+    def pulls_pushed() -> list[list[dict[str, Any]]]:
+        out = []
+        while True:
+            try:
+                item = viewer.recv.receive_nowait()
+            except trio.WouldBlock:
+                return out
+            assert isinstance(item, bytes) and item.startswith(b"event: view\n")
+            data = item.split(b"data: ", 1)[1]
+            out.append(json.loads(data)["view"]["pulls"])
+
+    hub._on_event(event(100))
+    hub._on_event(event(300))
+    assert [[(j["key"], j["done"], j["fraction"]) for j in v] for v in pulls_pushed()] == [
+        [("org/a@main", 100, 0.25)],
+        [("org/a@main", 300, 0.75)],
+    ]
+    no_job = p.Event(topic="pull.org/b@main", time=0.0, alias="org/b", state="running")
+    for frames in ([b"pull.org/a@main", b"\xc1 not msgpack"], [b"pull.x"],
+                   [b"pull.org/b@main", msgspec.msgpack.encode(no_job)]):  # fmt: skip
+        hub._on_event(frames)
+    hub._on_event(event(300))  # the same job again: the view did not change, nothing pushed
+    assert pulls_pushed() == []
+    hub.leave(viewer)

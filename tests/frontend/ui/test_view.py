@@ -159,3 +159,38 @@ def test_an_asleep_card_and_the_host_memory_sleepers_keep_on_their_nodes() -> No
     assert view.sleep_expires(forever) is None
     assert view.host_shares([forever]) == {}  # no node known: nothing drawn
     assert view.machine(_machine())["nodes"][0]["asleep"] == []  # no status: no sleepers
+
+
+def test_the_pull_jobs_in_the_daemons_order_with_the_bars_fraction() -> None:
+    from ktd.pullwire import PullInfo
+
+    running = PullInfo(
+        repo="org/a",
+        revision="main",
+        names=["a-kt"],
+        state="running",
+        phase="fetch",
+        file="model.safetensors",
+        total=400,
+        done=100,
+        rate=50.0,
+        eta=6.0,
+        dest="/models/org--a/main",
+    )
+    planning = PullInfo(repo="org/b", revision="v1", state="running", phase="plan")
+    failed = PullInfo(
+        repo="org/c", revision="main", state="failed", kind="gated", message="set HF_TOKEN"
+    )
+    overshot = PullInfo(repo="org/d", revision="main", state="done", total=10, done=12)
+    v = view.build([], [], None, pulls=[running, planning, failed, overshot])
+    rows = v["pulls"]
+    assert [r["key"] for r in rows] == ["org/a@main", "org/b@v1", "org/c@main", "org/d@main"]
+    a, b, c, d = rows
+    assert (a["file"], a["done"], a["total"], a["rate"], a["eta"]) == (
+        "model.safetensors", 100, 400, 50.0, 6.0
+    )  # fmt: skip
+    assert a["fraction"] == 0.25 and a["names"] == ["a-kt"] and "dest" not in a
+    assert b["fraction"] is None  # no total before the plan: no bar to fill
+    assert (c["state"], c["kind"], c["message"]) == ("failed", "gated", "set HF_TOKEN")
+    assert d["fraction"] == 1.0
+    assert view.build([], [], None)["pulls"] == []

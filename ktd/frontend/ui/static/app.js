@@ -169,6 +169,7 @@ function render() {
   renderCards();
   renderMachine();
   renderPlots();
+  K.pulls.render($("pulls"), v.pulls);
 }
 
 function renderCards() {
