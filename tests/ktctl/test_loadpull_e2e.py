@@ -6,6 +6,7 @@ rate, and the command; ``--pull`` draws the pull's bar on a real terminal, then 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from ktctl.cli import EXIT_UNKNOWN_MODEL
 from tests.catalog.conftest import MiB, hub, tiny_repo
-from tests.conftest import sim_model
+from tests.conftest import REPO, SHIM, SIM_TIMES, sim_model
 from tests.hub.standin import StandIn
 from tests.ptyproc import PtyProc
 
@@ -24,6 +25,8 @@ __all__ = ["hub"]  # the stand-in fixture, shared with the catalog tests
 
 NAME = "tiny-kt"
 CONFIG = b'{"architectures": ["TinyForCausalLM"]}\n'  # tiny_repo()'s config.json
+
+SIM_ENV = {"PYTHONPATH": os.pathsep.join((str(SHIM), str(REPO))), **SIM_TIMES}
 
 #: A catalog entry of the stand-in's ``org/tiny`` (a dense model: no kt method, no GPU).
 CATALOG = {
@@ -60,7 +63,9 @@ def start(
     tmp_path: Path,
     **frontend: Any,
 ) -> Any:
-    path = write_config([], frontend=frontend or None)
+    # The engine is the sim, through the sglang shim: the global kt section's env, so the
+    # entry the pull writes through the config desk is what a real box's would be.
+    path = write_config([], ktransformers={"extra_env": SIM_ENV}, frontend=frontend or None)
     (path.parent / "tiny-catalog.json").write_text(json.dumps(CATALOG))
     cfg = json.loads(path.read_text())
     cfg["catalog"] = {"files": ["tiny-catalog.json"], "dir": str(tmp_path / "models")}
@@ -119,12 +124,7 @@ def test_load_pull_draws_the_bar_on_a_terminal_then_loads(
         tty.expect("%")
         assert re.search(r"tiny-kt \[[#-]+\]\s+\d+% ", tty.text), tty.text
         tty.expect(" done ")
-        # The pull's models.json entry: written here as the config desk writes it after
-        # a pull (the sim stands in for the engine); ktctl waits for ktd to know it.
-        models = d.config.parent / "models.json"
-        models.write_text(json.dumps([sim_model(NAME)]))
-        assert d.ktctl("reload").returncode == 0
-        tty.expect("ready")
+        tty.expect("ready")  # the pull's entry, written by the config desk, then the load
         assert tty.wait() == 0, tty.text
     assert hub.sent["model.safetensors"] == 4 * MiB
     assert d.engines()[NAME]["state"] == "ready"
