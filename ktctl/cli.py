@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from ktctl import catalogcmd, configargs, discover, planview, pullcmd, render
+from ktctl import catalogcmd, configargs, discover, loadpull, planview, pullcmd, render
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktctl.progress import ProgressLine as _ProgressLine
 from ktd import __version__
@@ -405,7 +405,7 @@ HANDLERS: dict[str, Handler] = {
     "pulls": cmd_pulls,
     "status": cmd_status,
     "models": cmd_models,
-    "load": cmd_load,
+    "load": lambda client, args: loadpull.cmd_load(client, args, cmd_load),
     "evict": cmd_evict,
     "sleep": cmd_sleep,
     "wake": cmd_wake,
@@ -500,14 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("alias", metavar="ALIAS")
     sp.add_argument("--no-wait", action="store_true", help="return once the launch has begun")
     sp.add_argument("--timeout", type=_seconds, metavar="S", help="give up after S seconds")
-    sp.add_argument(
-        "--dry-run", action="store_true",
-        help="print the plan (command, env, NUMA nodes, CPUs, GPUs, evictions); start nothing",
-    )  # fmt: skip
-    sp.add_argument(
-        "--estimate", action="store_true",
-        help="print the memory estimate and whether it fits (host RAM, GPU); start nothing",
-    )  # fmt: skip
+    loadpull.add_arguments(sp)  # --dry-run, --estimate, --pull
 
     sp = add("evict", "stop an engine (drain in-flight requests, then terminate)")
     sp.add_argument("alias", nargs="?", metavar="ALIAS")

@@ -272,6 +272,12 @@ def status_table(engines: Sequence[p.EngineInfo], now: float) -> str:
             row.insert(-1, gateway_cell(e.gateway))
     notes = [f"note: {e.alias}: {n}" for e in engines for n in e.notes]
     notes += [f"note: {e.alias}: {SLEEP_UNSUPPORTED}" for e in engines if e.sleep == "unsupported"]
+    notes += [
+        f"note: {e.alias}: --kt-num-gpu-experts {e.gpu_experts} (kept on this host after an "
+        "out-of-memory load of the derived count)"
+        for e in engines
+        if e.gpu_experts is not None
+    ]
     return "\n".join([table(headers, rows), *notes])
 
 

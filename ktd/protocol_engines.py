@@ -216,6 +216,9 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     host_bytes: int | None = None  # host RAM it holds on its NUMA nodes while asleep (estimate)
     # Wall clock: when the oldest request the frontends say wait for it came (issue 46).
     queued_since: float | None = None
+    # The --kt-num-gpu-experts it launches with on this host after an out-of-memory load
+    # of its derived count retried with fewer (issue 44; None: as written).
+    gpu_experts: int | None = None
 
     def __post_init__(self) -> None:
         # One number under two names, whichever the sender set: an older daemon sends

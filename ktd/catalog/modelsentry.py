@@ -50,7 +50,12 @@ def models_entry(
     model = paths.get("model")
     if not model:
         raise EntryError(f"{entry.name}: no model directory (pull {entry.source('model')})")
-    out: dict[str, Any] = {"path": model, "backend": BACKEND_KT, "alias": alias or entry.name}
+    out: dict[str, Any] = {
+        "path": model,
+        "backend": BACKEND_KT,
+        "alias": alias or entry.name,
+        "catalog": entry.name,  # its derived --kt-num-gpu-experts may be retried fewer
+    }
     kt: dict[str, Any] = {}
     if variant.kt_method:
         if variant.weights == "model":

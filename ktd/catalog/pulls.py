@@ -24,7 +24,7 @@ import msgspec
 import trio
 
 from ktd import protocol as p
-from ktd.catalog import layout
+from ktd.catalog import layout, pullrate
 from ktd.catalog.plan import FitCheck, PullPlan, no_fit_check
 from ktd.catalog.spec import PullSpec
 from ktd.control.errors import ControlError
@@ -78,6 +78,7 @@ class Puller:
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
         log_dir: Path | None = None,
+        rate_path: Path | None = None,
     ) -> None:
         self.root = root
         self.state_path = state_path
@@ -90,6 +91,7 @@ class Puller:
         self._env = dict(os.environ if env is None else env)
         self._python = python
         self._log_dir = log_dir or state_path.parent / "pulls"
+        self.rate_path = rate_path or state_path.parent / pullrate.FILE
         self._specs: dict[Key, PullSpec] = {}
         self._procs: dict[Key, trio.Process] = {}
         self._plans: dict[Key, PullPlan] = {}
@@ -390,11 +392,23 @@ class Puller:
                 machine.progress(key, str(obj.get("file", "")), done, total, trio.current_time())
                 self._wake.set()
 
-        kind, message = await self._run_worker(spec, plan_only=False, force=force, on_line=on_line)
-        self._act(machine.exited(key, kind, message, trio.current_time()))
         job = machine.jobs.get(key)
-        if self._finished is not None and job is not None and job.state is JobState.DONE:
-            await self._finished(job, dict(machine.jobs))
+        began, before = trio.current_time(), (job.done if job is not None else 0)
+        kind, message = await self._run_worker(spec, plan_only=False, force=force, on_line=on_line)
+        now = trio.current_time()
+        self._act(machine.exited(key, kind, message, now))
+        job = machine.jobs.get(key)
+        if job is not None and job.state is JobState.DONE:
+            self._measured(job.done - before, now - began)
+            if self._finished is not None:
+                await self._finished(job, dict(machine.jobs))
+
+    def _measured(self, fetched: int, seconds: float) -> None:
+        """A finished fetch's bytes over its time: this box's pull rate (``pullrate``)."""
+        try:
+            pullrate.record(self.rate_path, fetched, seconds)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.rate_path, exc)
 
     async def _check_plan(self, key: Key) -> None:
         plan = self._plans.get(key)

@@ -102,6 +102,7 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # (0 = never) and it is stopped.
     sleep: bool = False
     sleep_ttl: float = 0.0
+    catalog: str = ""  # the catalog entry it was written from (a pull); "": by hand
 
 
 class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -263,6 +264,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     fit: FitPolicy = "check"
     sleep: bool = False
     sleep_ttl: float = 0.0
+    catalog: str = ""  # its entry's: its --kt-num-gpu-experts is derived (OOM retry)
 
     @property
     def env(self) -> dict[str, str]:
@@ -808,6 +810,7 @@ def _entry_spec(
         fit=entry.fit,
         sleep=entry.sleep,
         sleep_ttl=entry.sleep_ttl,
+        catalog=entry.catalog,
     )
 
 

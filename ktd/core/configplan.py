@@ -155,6 +155,7 @@ _ENTRY_FIELDS: dict[str, tuple[str | None, str | None]] = {
     "fit": ("fit", None),
     "sleep": ("sleep", None),
     "sleep_ttl": ("sleep_ttl", None),
+    "catalog": ("catalog", None),
     "served": (None, "ktransformers.enabled"),
 }
 # The section's own model (ktransformers.model_path): its fields are the section's.

@@ -18,13 +18,19 @@ from ktd.core.failure import reason_line
 __all__ = [
     "CLEAN_STOP",
     "PORT_TAKEN_MARKERS",
+    "RETRIED",
     "Outcome",
     "classify_exit",
     "describe_exit",
     "signal_name",
 ]
 
-OutcomeKind = Literal["stopped", "exited", "failed", "crashed", "port_taken", "busy"]
+OutcomeKind = Literal[
+    "stopped", "exited", "failed", "crashed", "port_taken", "fewer_experts", "busy"
+]
+#: Exits before ready launched again at once, once a load: what the note adds to the
+#: reason (``fewer_experts``: ``ktd.core.gpuexperts``'s retry says its count itself).
+RETRIED = {"port_taken": "; retrying once on another port", "fewer_experts": ""}
 
 PORT_TAKEN_MARKERS = ("address already in use", "errno 98")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ktd.core import states as S
-from ktd.core.exits import Outcome
+from ktd.core.exits import RETRIED, Outcome
 from ktd.core.lifecycle_io import *  # noqa: F403  (the machine's words are its names too)
 from ktd.core.lifecycle_io import (
     LOAD_POLL,
@@ -60,7 +60,7 @@ class _End(StrEnum):
     STOPPED = "stopped"  # asked for: stopped
     FAILED = "failed"  # a failed load: failed (backoff before a request retries)
     CRASHED = "crashed"  # restart per policy
-    RETRY = "retry"  # the port was taken at bind: launch again at once, once
+    RETRY = "retry"  # a port taken, or out of GPU memory (exits.RETRIED): again, once
     DROPPED = "dropped"  # stopped, and the attempt that wanted it failed (sleep, wake)
     RELOAD = "reload"  # stopped to be loaded afresh at once (memory ktd cannot know)
 
@@ -360,9 +360,9 @@ class Lifecycle:
             return self._kill(0.0, _End.STOPPED, why, stopping=True)
         if out.kind == "exited":  # a clean exit nobody asked for: not a crash
             return self._kill(0.0, _End.STOPPED, out.reason or "exited")
-        if out.kind == "port_taken" and self.port_retries > 0 and look.want == Want.UP:
+        if out.kind in RETRIED and self.port_retries > 0 and look.want == Want.UP:
             self.port_retries -= 1
-            return self._kill(0.0, _End.RETRY, out.reason)
+            return self._kill(0.0, _End.RETRY, f"{out.reason}{RETRIED[out.kind]}")
         if out.kind == "crashed" and look.want == Want.UP:
             return self._kill(0.0, _End.CRASHED, out.reason or "crashed")
         return self._kill(0.0, _End.FAILED, out.reason or out.kind)
@@ -547,7 +547,7 @@ class Lifecycle:
             self.settle_want = Want.DOWN
             self._move(S.STOPPED, reason=why, error_code=ErrorCode.LOAD_FAILED)
         elif end == _End.RETRY:
-            self.note = f"{why}; retrying once on another port"
+            self.note = why
             self.ready_seen = False
             self.backoff_until = now
             self._move(S.STARTING, Phase.of(Step.PROBING), reason=why)

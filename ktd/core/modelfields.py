@@ -132,6 +132,12 @@ FIELDS: tuple[Field, ...] = (
         "seconds a load may take (default: daemon.health_timeout)",
         optional=True,
     ),
+    Field(
+        "catalog",
+        "text",
+        "the catalog entry a pull wrote it from (its --kt-num-gpu-experts is derived: an "
+        "out-of-memory load retries once with fewer); empty for an entry written by hand",
+    ),
 )
 
 _BY_NAME = {f.name: f for f in FIELDS}

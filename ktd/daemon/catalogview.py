@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from ktd import protocol as p
+from ktd.catalog import pullrate
 from ktd.catalog.flags import Sizes
 from ktd.catalog.load import load
 from ktd.catalog.report import Configured, UnknownName, build
@@ -59,7 +60,7 @@ def report(config: Config, state_dir: Path, name: str | None) -> dict[str, Any]:
             for alias, spec in config.models.items()
             if spec.backend == BACKEND_KT
         }
-        return build(cat, topo, base, name, sizes=_sizes, configured=mine)
+        out = build(cat, topo, base, name, sizes=_sizes, configured=mine)
     except UnknownName:
         known = sorted(e.name for e in cat.entries)
         raise ControlError(
@@ -67,6 +68,9 @@ def report(config: Config, state_dir: Path, name: str | None) -> dict[str, Any]:
             f"no catalog entry is called {name!r}; the catalog knows: {', '.join(known)}",
             {"known": known},
         ) from None
+    rate = pullrate.read(state_dir / pullrate.FILE)
+    out["pull_rate"] = None if rate is None else rate.to_dict()
+    return out
 
 
 class CatalogView:

@@ -18,7 +18,7 @@ from ktd.core.command import (
     with_key_file,
 )
 from ktd.core.config import Config
-from ktd.daemon import weights
+from ktd.daemon import gpuexperts, weights
 from ktd.daemon.probe import ProbeResult
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def dry_run_plan(pool: Pool, alias: str, probe: ProbeResult | None = None) -> di
     (listed in ``notes``), and a flag it would refuse reported as ``error``.
     """
     engine = pool.engine(alias)
-    spec = engine.spec
+    spec = engine.launch_spec()  # a derived GPU-experts count as the next launch has it
     catalog = probe.catalog if probe else None
     sglang = probe.sglang_label if probe and probe.sglang else None
     missing_note = _no_sglang(spec.python, probe)
@@ -94,6 +94,8 @@ async def daemon_report(
     import trio
 
     extra = await gateway.doctor_checks() if gateway is not None else []
+    keeper = gpuexperts.keeper_of(pool)
+    extra += keeper.checks(config.models) if keeper is not None else []
     topo = await trio.to_thread.run_sync(weights.read_machine)  # the one the pool places on
     pool.refresh_topology(topo)
     running = {e.alias: e.run.port for e in pool.engines.values() if e.run is not None}

@@ -24,13 +24,14 @@ from ktd.core import states as S
 from ktd.core.admission import EngineView, Gate, QueueLimits
 from ktd.core.claimsync import ClaimRec
 from ktd.core.config import DaemonSection, ModelSpec
+from ktd.core.exits import Outcome
 from ktd.core.expiry import IdleView, ttl_due
 from ktd.core.lifecycle import Want
 from ktd.core.reload import Existing
 from ktd.core.restart import RestartBudget, retry_delay
 from ktd.core.sglang_options import Catalog
 from ktd.core.states import Phase, State, Step
-from ktd.daemon import health, weights
+from ktd.daemon import gpuexperts, health, weights
 from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.enginelog import EngineLog
 from ktd.daemon.offload import Offload
@@ -363,6 +364,17 @@ class Engine:
             "load_eta": self.host.expected_load(self.alias) if starting else None,
             "load_percent": self.stats.load_percent if starting else None,
         }
+
+    def launch_spec(self) -> ModelSpec:
+        """The spec a launch runs: a derived ``--kt-num-gpu-experts`` as the pool's keeper
+        says (an out-of-memory retry's count, or the one kept here: ``gpuexperts``)."""
+        keeper = gpuexperts.keeper_of(self.host)
+        return self.spec if keeper is None else keeper.spec(self)
+
+    def exit_outcome(self, out: Outcome) -> Outcome:
+        """An exit's outcome, an out-of-memory load of a derived count made a retry."""
+        keeper = gpuexperts.keeper_of(self.host)
+        return out if keeper is None else keeper.outcome(self, out, self.log.last(80))
 
     def info(self, *, tail: int = 0) -> EngineInfo:
         run, plan, st = self.run or self.adopt, self.plan, self.stats

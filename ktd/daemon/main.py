@@ -28,8 +28,10 @@ from ktd.core.command import LaunchError
 from ktd.core.config import Config, ConfigError, ConfigTexts
 from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
+from ktd.core.topology import Topology
 from ktd.daemon import (
     configfiles,
+    gpuexperts,
     offload,
     proctree,
     safedir,
@@ -199,6 +201,9 @@ class Daemon:
         self.gateway: GatewaySync | None = None
         self.desk: ConfigDesk | None = None
 
+    def _machine(self) -> Topology:
+        return self.pool.topology if self.pool is not None else weights.read_machine()
+
     def request_stop(self) -> None:
         if self.stop_requested.is_set():
             self.force_stop = True
@@ -250,6 +255,7 @@ class Daemon:
                 state_path=self.setup.state_dir / "engines.json",
             )
             self.pool = pool
+            pool.observers.append(gpuexperts.ExpertsKeeper(self.setup.state_dir / gpuexperts.FILE))
             adopted, killed = pool.adopt()
             if adopted:
                 log.info("re-adopted running engine(s): %s", ", ".join(adopted))
@@ -277,7 +283,7 @@ class Daemon:
             await desk.record_start()
             # The catalog as the pulls see it: the running config's files, re-read at
             # each pull (a reload's new files count from the next one).
-            cat = CatalogPulls(lambda: self.config, self.setup.state_dir)
+            cat = CatalogPulls(lambda: self.config, self.setup.state_dir, machine=self._machine)
             entries = PullEntries(cat, lambda: self.desk, self._publish, offload.to_thread)
             pulls = Puller(
                 self.config.catalog,

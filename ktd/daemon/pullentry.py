@@ -82,8 +82,6 @@ def build_entry(res: Resolution) -> dict[str, Any]:
         sizes=_sizes(model),
         weights_numa=numa,
     )
-    # TODO(wt-o): the models.json field ``catalog`` (the entry's name) is set in
-    # models_entry once config.py has it; nothing here marks the entry.
     # The alias is the name the pull was asked by: `ktctl pull X` then `ktctl load X`.
     return models_entry(r.entry, r.variant, paths, d, topo, alias=r.name, weights_numa=numa)
 

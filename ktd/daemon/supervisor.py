@@ -440,7 +440,7 @@ class Supervisor:
         port = e.spec.port or proctree.pick_port(e.spec.host)
         flags = e.plan.argv_flags() if e.plan else []
         try:
-            launch, keyed = keyed_launch(e.spec, port, flags, e.catalog)
+            launch, keyed = keyed_launch(e.launch_spec(), port, flags, e.catalog)
         except LaunchError as exc:
             e.plan = None
             return Outcome("failed", str(exc))
@@ -622,14 +622,14 @@ class Supervisor:
     def _exit_outcome(self, run: Running) -> Outcome:
         e = self.e
         e.log.poll()
-        return classify_exit(
+        return e.exit_outcome(classify_exit(
             run.returncode,
             was_ready=self.m.was_ready or run.adopted_state == S.READY,
             port=run.port,
             port_fixed=bool(e.spec.port),
             tail=e.log.last(80),
             log_path=str(e.log.path),
-        )
+        ))  # fmt: skip
 
     def _deadline(self, run: Running) -> float:
         """When a starting engine must be healthy. An adopted engine that was ready gets

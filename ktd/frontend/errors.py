@@ -166,6 +166,17 @@ KINDS: dict[str, Kind] = {
         "(or a `model` field) to choose one.",
         param="model",
     ),
+    # A catalog name whose files are not on this host (issue 44): what to run, and why
+    # the request did not fetch it itself.
+    "not_pulled": Kind(
+        404,
+        INVALID_REQUEST,
+        "model_not_found",
+        "The model `{model}` is in ktd's catalog ({catalog}) but not pulled: run "
+        "`{command}` on the ktd host (an HTTP request does not start a pull unless "
+        "config.json's catalog.http_pulls allows it).",
+        param="model",
+    ),
     "not_served": Kind(
         404,
         INVALID_REQUEST,
@@ -348,6 +359,9 @@ def _retry_after(seconds: object) -> dict[str, str]:
 
 def from_control(model: str, code: str, message: str, detail: Mapping[str, Any]) -> ApiError:
     """Map a daemon ``Error`` reply (protocol.ErrorCode) to the client-facing error."""
+    if code == ErrorCode.UNKNOWN_MODEL and isinstance(detail.get("catalog"), str):
+        command = detail.get("command") or f"ktctl load {model} --pull"
+        return make("not_pulled", model=model, catalog=detail["catalog"], command=command)
     if code == ErrorCode.UNKNOWN_MODEL:
         models = detail.get("models")
         names = [m for m in models if isinstance(m, str)] if isinstance(models, list) else []

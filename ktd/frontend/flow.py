@@ -357,7 +357,11 @@ class Flow:
         try:
             if kind == "load":
                 handle = await self._acquire(alias, key)
-                slot = await handle.wait()
+                try:
+                    slot = await handle.wait()
+                except ControlError as exc:  # a catalog name not pulled (notpulled.py)
+                    await self.state.not_pulled.settle(alias, exc)
+                    slot = await (await self._acquire(alias, key)).wait()
                 if slot is not None:
                     slot.leave()
         except (ControlError, Unreachable) as exc:
@@ -474,11 +478,20 @@ class Flow:
         # answer waits for the engine, and its status is the real one.
         grace = options.stream_grace if stream and ex.framing == "sse" else math.inf
         handle = await ex.admit()
+        settled = False  # a catalog name's pull (notpulled.py) asks again, once
         while True:
             try:
                 slot = await handle.wait(grace)
             except (ControlError, Unreachable) as exc:
-                raise ex.failed(control_error(ex.model, exc)) from None
+                if settled:
+                    raise ex.failed(control_error(ex.model, exc)) from None
+                try:
+                    await state.not_pulled.settle(ex.model, exc)
+                except (ControlError, Unreachable) as why:
+                    raise ex.failed(control_error(ex.model, why)) from None
+                settled = True
+                handle = await ex.admit()
+                continue
             if slot is None:
                 # Still loading or queued: answer 200 now, and wait inside the body.
                 headers = [SSE_CONTENT_TYPE, *STREAM_HEADERS]

@@ -16,6 +16,7 @@ import os
 import resource
 import signal
 import sys
+from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HyperConfig
@@ -168,6 +169,8 @@ def main(argv: list[str]) -> int:
         frontend=config.frontend,
         control_endpoint=control_endpoint(config, args.socket),
         heartbeat_interval=max(0.2, config.daemon.lease_ttl / 3),
+        catalog=config.catalog,
+        config_dir=str(Path(config.path).parent),
     )
     bind = args.bind or config.frontend.bind
     hc = hypercorn_config(

@@ -4,16 +4,17 @@ flow and the metrics collectors all read them, and none of them imports another)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ktd import protocol as p
 from ktd.control.aclient import Unreachable
-from ktd.core.config import FrontendSection
+from ktd.core.config import CatalogSection, FrontendSection
 from ktd.frontend.auth import ApiKeys
 from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.catalog import ResponseBook
 from ktd.frontend.enginekeys import KeyCache
 from ktd.frontend.metrics import Metrics
+from ktd.frontend.notpulled import NotPulled
 from ktd.frontend.upstream import UpstreamPool
 from ktd.frontend.waits import Waits
 
@@ -33,6 +34,10 @@ class FrontendOptions:
     # How long the daemon may take to answer the frontend's report or ping before it is
     # counted as not answering (two in a row: down; a request needing it gets 503).
     ping_timeout: float = 2.0
+    # The catalog (issue 44): a request for a catalog name not pulled says so, and pulls
+    # it only when ``catalog.http_pulls`` allows; relative files are config.json's dir's.
+    catalog: CatalogSection = field(default_factory=CatalogSection)
+    config_dir: str = ""
 
     @property
     def body_bounds(self) -> tuple[int, float]:
@@ -66,6 +71,7 @@ class State:
         modes = {k.name: k.progress for k in options.frontend.keys if k.progress}
         self.waits = Waits(self.broker, self.metrics, key_modes=modes)
         self.broker.oldest = self.waits.oldest
+        self.not_pulled = NotPulled(options.catalog, options.config_dir, self.broker.request)
 
     async def _ask_engine_keys(self) -> dict[str, str]:
         reply = await self.broker.request(p.EngineKeys())

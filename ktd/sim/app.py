@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             spare = frozenset({orphan.pid})
             log(f"sim: KTD_SIM_ORPHAN={knobs.orphan}: helper pid {orphan.pid} will outlive us")
             rec.write(orphan_pid=orphan.pid)
-        sched = Scheduler(args.context_length)
+        sched = Scheduler(args.context_length, args.server_args.get("kt_num_gpu_experts"))
         rec.write(scheduler_pid=sched.pid)
         code = trio.run(_amain, args, knobs, sched, rec)
     except KeyboardInterrupt:

@@ -59,6 +59,10 @@ class Knobs:
     # KTD_SIM_NO_DOOR: an SGLang without ``/pause_generation`` and ``/continue_generation``
     # (404, FastAPI's): ktd's sleep has no door to close and fences on zero readings.
     no_door: bool = False
+    # KTD_SIM_GPU_EXPERTS_MAX: the most ``--kt-num-gpu-experts`` the "GPU" holds; above it
+    # the scheduler dies during the weight load with torch's CUDA out-of-memory error, as
+    # SGLang prints it (issue 44: the out-of-memory retry with fewer experts).
+    gpu_experts_max: int | None = None
 
     def token_time(self) -> float:
         """Seconds one token takes: a /health check generates exactly one."""
@@ -104,6 +108,10 @@ class Knobs:
         if env.get(PREFIX + "HANG_AFTER", "").strip():
             value = num("HANG_AFTER", -1.0)
             hang_after = value if value >= 0 else None
+        experts_max: int | None = None
+        if env.get(PREFIX + "GPU_EXPERTS_MAX", "").strip():
+            value = num("GPU_EXPERTS_MAX", -1.0)
+            experts_max = int(value) if value >= 0 else None
         knobs = cls(
             load_time=num("LOAD_TIME", cls.load_time),
             warmup=num("WARMUP", cls.warmup),
@@ -127,5 +135,6 @@ class Knobs:
             resume_hang=flag("RESUME_HANG"),
             hold=flag("HOLD"),
             no_door=flag("NO_DOOR"),
+            gpu_experts_max=experts_max,
         )
         return knobs, warnings

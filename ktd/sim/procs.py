@@ -39,7 +39,7 @@ def _package_root() -> str:
 class Scheduler:
     """One scheduler child and the read end of its pipe."""
 
-    def __init__(self, context_length: int) -> None:
+    def __init__(self, context_length: int, gpu_experts: int | None = None) -> None:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
         root = _package_root()
@@ -56,6 +56,8 @@ class Scheduler:
             "--context-length",
             str(context_length),
         ]
+        if gpu_experts is not None:  # the argv's --kt-num-gpu-experts (KTD_SIM_GPU_EXPERTS_MAX)
+            cmd += ["--kt-num-gpu-experts", str(gpu_experts)]
         try:
             self.popen = subprocess.Popen(
                 cmd, pass_fds=(write_fd,), env=env, stdin=subprocess.DEVNULL

@@ -129,11 +129,38 @@ def _load_weights(seconds: float, crash: bool) -> None:
     sys.stderr.flush()
 
 
+class OutOfMemoryError(RuntimeError):
+    """torch's (``torch.OutOfMemoryError``, as a traceback names it)."""
+
+
+OutOfMemoryError.__module__ = "torch"
+
+
+def _torch_oom(count: int, most: int) -> RuntimeError:
+    return OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total capacity of "
+        "23.55 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process "
+        f"has 22.52 GiB memory in use. (simulated: --kt-num-gpu-experts {count} > "
+        f"KTD_SIM_GPU_EXPERTS_MAX={most})"
+    )
+
+
+def _gpu_experts(count: int | None, most: int | None) -> None:
+    """``--kt-num-gpu-experts`` above what the "GPU" holds: the weight load dies with
+    torch's CUDA out-of-memory message (PyTorch 2.x's CUDACachingAllocator words), which
+    SGLang's scheduler prints in "Scheduler hit an exception: <traceback>". (Built
+    elsewhere: the traceback quotes this line, and torch's own never names the error.)"""
+    if count is None or most is None or count <= most:
+        return
+    raise _torch_oom(count, most)
+
+
 def _init_model_runner(args: argparse.Namespace, knobs: Knobs) -> dict[str, object]:
     log("Init torch distributed begin.", TP)
     log("Init torch distributed ends. mem usage=0.00 GB", TP)
     log("Load weight begin. avail mem=0.00 GB", TP)
     _load_weights(knobs.load_time, knobs.crash_during_load)
+    _gpu_experts(args.kt_num_gpu_experts, knobs.gpu_experts_max)
     log(
         "Load weight end. type=SimForCausalLM, dtype=torch.bfloat16, "
         "avail mem=0.00 GB, mem usage=0.00 GB.",
@@ -156,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent-pid", type=int, required=True)
     p.add_argument("--ready-fd", type=int, required=True)
     p.add_argument("--context-length", type=int, required=True)
+    p.add_argument("--kt-num-gpu-experts", type=int, default=None)
     args = p.parse_args(argv)
 
     pdeathsig = set_pdeathsig()

@@ -115,7 +115,8 @@ def test_models_entry_for_a_native_variant(tmp_path: Path) -> None:
     assert e is not None
     d = derive(e, e.variants[0], topo, extra_args=["--kt-num-gpu-experts", "2"])
     out = models_entry(e, e.variants[0], {"model": "/m/v4"}, d, topo)
-    ModelEntry(**{k: v for k, v in out.items() if k != "kt"})  # the desk's own type takes it
+    entry = ModelEntry(**{k: v for k, v in out.items() if k != "kt"})  # the desk's type takes it
+    assert entry.catalog == "deepseek-v4-flash"  # written from the catalog: its flags derived
     assert out["path"] == "/m/v4" and out["backend"] == "kt" and out["alias"] == "deepseek-v4-flash"
     assert out["kt"]["kt_weight_path"] == "/m/v4"  # native: the model's own files
     args = out["kt"]["extra_args"]

@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from ktd import protocol as p
+from ktd.catalog import pullrate
 from ktd.catalog.plan import PullPlan
 from ktd.catalog.pulls import Puller
 from ktd.catalog.spec import PullSpec
@@ -76,8 +77,12 @@ async def test_two_names_of_one_repo_share_one_job(hub: StandIn, tmp_path: Path)
         assert [j.key for j in pulls.jobs()] == ["org/tiny@main"]
         assert pulls.jobs()[0].names == ["tiny", "tiny-chat"]
         await until(lambda: pulls.jobs()[0].state == "done")
+        total = pulls.jobs()[0].total
         nursery.cancel_scope.cancel()
     assert hub.sent["model.safetensors"] == 4 * MiB
+    # the finished pull measured this box's rate: its bytes over its fetch's seconds
+    rate = pullrate.read(tmp_path / pullrate.FILE)
+    assert rate is not None and rate.bytes == total and rate.seconds > 0
     seen = [e.pull for e in events if e.pull is not None]
     assert seen[-1].state == "done" and any(
         x.phase == "fetch" and 0 < x.done < x.total for x in seen
