@@ -118,6 +118,7 @@ class _Model:
     derived: int | None = None  # the kept count's derived count (another one: forgotten)
     kept: int | None = None
     trying: int | None = None  # a retry's count, until its load ends
+    trying_for: int | None = None  # the derived count the retry cut (another one: not used)
 
 
 @dataclass
@@ -147,7 +148,7 @@ class ExpertsMachine:
         if derived is None:
             return None
         m = self.models.get(alias)
-        if m is not None and m.trying is not None:
+        if m is not None and m.trying is not None and m.trying_for == derived:
             return m.trying
         kept = self.kept(alias, derived)
         return derived if kept is None else kept
@@ -160,7 +161,7 @@ class ExpertsMachine:
         if m.trying is not None or not oom or used is None or used == 0:
             m.trying = None
             return Ended()
-        m.trying = fewer(used)
+        m.trying, m.trying_for = fewer(used), derived
         return Retry(used, m.trying)
 
     def ready(self, alias: str, derived: int | None) -> Kept | None:
@@ -170,7 +171,7 @@ class ExpertsMachine:
         if m is None or m.trying is None:
             return None
         count, m.trying = m.trying, None
-        if derived is None or count >= derived:  # the entry was written again meanwhile
+        if derived is None or derived != m.trying_for:  # the entry was written again meanwhile
             return None
         m.derived, m.kept = derived, count
         return Kept(derived, count)

@@ -90,7 +90,10 @@ class ExpertsRules(RuleBasedStateMachine):
         self.derived: int | None = 40
         self.retries_this_load = 0
         self.launched: int | None = None
-        self.kept: int | None = None  # the model's: the count that loaded after a retry
+        # The model's: the count that loaded after a retry, with the derived count it cut
+        # (kept for that derived count; another one launches as written).
+        self.kept_for: tuple[int, int] | None = None
+        self.retry_for: int | None = None  # the derived count the retry under way cut
 
     @rule()
     def launch(self) -> None:
@@ -99,7 +102,9 @@ class ExpertsRules(RuleBasedStateMachine):
             assert self.launched is None
         else:
             assert self.launched is not None and 0 <= self.launched <= self.derived
-            if self.kept is not None and self.retries_this_load == 0:
+            if self.retries_this_load and self.retry_for == self.derived:
+                assert self.launched < self.derived  # the retry's count
+            elif self.kept is not None:
                 assert self.launched == self.kept
 
     @precondition(lambda self: self.launched is not None or self.derived is None)
@@ -110,7 +115,7 @@ class ExpertsRules(RuleBasedStateMachine):
         if isinstance(got, G.Retry):
             assert oom and self.derived is not None and self.retries_this_load == 0
             assert got.used == used and got.count < got.used
-            self.retries_this_load = 1
+            self.retries_this_load, self.retry_for = 1, self.derived
         else:
             self.retries_this_load = 0
             self.launched = None
@@ -121,10 +126,10 @@ class ExpertsRules(RuleBasedStateMachine):
         got = self.m.ready("m", self.derived)
         if got is not None:  # a retry's count loaded: kept, below the derived count
             assert before == got.count and self.derived is not None
-            assert got.count < self.derived
-            self.kept = got.count
+            assert got.count < self.derived and self.retry_for == self.derived
+            self.kept_for = (self.derived, got.count)
         else:  # loaded as written, or the entry was written again under the retry
-            assert before is None or self.derived is None or before >= self.derived
+            assert before is None or self.derived != self.retry_for
         self.retries_this_load = 0
 
     @rule()
@@ -132,11 +137,16 @@ class ExpertsRules(RuleBasedStateMachine):
         self.m.ended("m")
         self.retries_this_load = 0
 
+    @property
+    def kept(self) -> int | None:
+        """What the machine must keep for the derived count as it is now."""
+        if self.kept_for is None or self.kept_for[0] != self.derived:
+            return None
+        return self.kept_for[1]
+
     @rule(derived=st.one_of(st.none(), st.integers(0, 64)))
     def rewritten(self, derived: int | None) -> None:
-        if derived != self.derived:
-            self.kept = None  # a kept count belongs to the derived count it replaced
-        self.derived = derived
+        self.derived = derived  # a kept count belongs to the derived count it replaced
 
     @invariant()
     def at_most_one_retry_a_load(self) -> None:

@@ -34,6 +34,7 @@ class FakeModel:
     served: bool = True
     backend: str = "kt"
     load_delay: float = 0.0
+    hold: trio.Event | None = None  # the load also waits for this (a test's own moment)
     error: tuple[str, str, dict[str, Any]] | None = None  # (code, message, detail)
     loads: int = 0
     loaded: trio.Event = field(default_factory=trio.Event)
@@ -196,6 +197,8 @@ class FakeDaemon:
                 m.loads += 1
                 m.state = "starting"
                 await trio.sleep(m.load_delay)
+                if m.hold is not None:
+                    await m.hold.wait()
                 m.loading = False
                 if m.error is None:
                     m.state = "ready"

@@ -396,7 +396,8 @@ async def test_client_abort_mid_stream_closes_upstream_and_releases(
 async def test_client_abort_during_load_sends_nothing_upstream(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
-    model = fake_daemon.add("m", url=fake_engine.url, load_delay=1.0)
+    # The load lasts until both clients have left, however slow the box.
+    model = fake_daemon.add("m", url=fake_engine.url, hold=trio.Event())
     fe = await start_frontend()
     async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as resp:
         async for chunk in resp.aiter_raw():
@@ -405,6 +406,8 @@ async def test_client_abort_during_load_sends_nothing_upstream(
     async with fe.client(timeout=0.3) as c:
         with pytest.raises(httpx.ReadTimeout):
             await c.post(CHAT, content=body())
+    assert model.hold is not None
+    model.hold.set()
     # The load finishes after both clients left: the one claim both waited on is
     # granted to nobody in particular; it stands for no request.
     await model.loaded.wait()
