@@ -41,14 +41,8 @@ from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.core import configplan, fit, secret, trust
 from ktd.core import states as S
-from ktd.core.config import (
-    Config,
-    ConfigError,
-    ConfigTexts,
-    ModelSpec,
-    models_file_of,
-    parse_config,
-)
+from ktd.core.config import Config, ConfigError, ModelSpec
+from ktd.core.configload import ConfigTexts, models_file_of, parse_config
 from ktd.core.placecheck import check_placements
 from ktd.core.placement import Plan
 from ktd.core.sglang_options import Catalog

@@ -13,7 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from ktd import protocol as p
 from ktd.core import states as S
-from ktd.core.config import Config, ConfigTexts, parse_config
+from ktd.core.config import Config
+from ktd.core.configload import ConfigTexts, parse_config
 from ktd.core.configplan import (
     DISTURBING,
     Moving,
