@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from ktd.core import modelfields
 from ktd.core.secret import SECRET, SECRET_ENV, SECRET_FLAGS
 
 BACKEND_KT = "kt"
@@ -232,9 +233,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One model after defaults are merged: everything needed to launch it."""
 
     alias: str
-    backend: str
     path: str
-    served: bool
+    backend: str
     source: str
     kt_weight_path: str | None = None
     host: str = "127.0.0.1"
@@ -256,39 +256,31 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     health_timeout: float = 1800.0
     max_concurrent: int | None = None
     max_queue: int | None = None
-    not_served_reason: str | None = None
     fit: FitPolicy = "check"
     sleep: bool = False
     sleep_ttl: float = 0.0
     catalog: str = ""  # its entry's: its --kt-num-gpu-experts is derived (OOM retry)
+    served: bool
+    not_served_reason: str | None = None
 
     @property
     def env(self) -> dict[str, str]:
         return dict(self.extra_env)
 
     def launch_key(self) -> tuple[Any, ...]:
-        """The fields that shape the engine's argv, env and placement; the rest apply live."""
-        return (
-            self.path,
-            self.kt_weight_path,
-            self.host,
-            self.port,
-            self.ctx,
-            self.extra_args,
-            self.extra_env,
-            self.python,
-            self.tp_size,
-            self.nnodes,
-            self.dist_init_addr,
-            self.numa,
-            self.gpus,
-            # Only when on: the digest of every engine launched before sleep existed stays.
-            *(("sleep",) if self.sleep else ()),
-        )
+        """The fields that shape the engine's argv, env and placement (``modelfields``
+        marks them ``launch``), in the order declared here; the rest apply live."""
+        key = [getattr(self, name) for name in LAUNCH_FIELDS if name != "sleep"]
+        # Only when on: the digest of every engine launched before sleep existed stays.
+        return (*key, *(("sleep",) if self.sleep else ()))
 
     def launch_digest(self) -> str:
         """A stable fingerprint of ``launch_key``, kept in the state file across restarts."""
         return hashlib.sha1(msgspec.json.encode(self.launch_key())).hexdigest()
+
+
+#: ModelSpec's launch fields in its order (``launch_key``'s, so digests stay as they were).
+LAUNCH_FIELDS = tuple(name for name in ModelSpec.__struct_fields__ if name in modelfields.LAUNCH)
 
 
 class Config(msgspec.Struct, kw_only=True):

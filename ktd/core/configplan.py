@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from ktd.core import secret
+from ktd.core import modelfields, secret
 from ktd.core import states as S
 from ktd.core.config import Config, ConfigFile, ModelEntry, ModelSpec
 from ktd.core.reload import Existing, plan_reload
@@ -127,37 +127,20 @@ def refusals(engines: Sequence[EnginePlan], motion: Mapping[str, str]) -> list[C
 
 # ---------------------------------------------------------------- which field says what
 
-# A model's resolved field -> (its models.json entry's field, the config.json default
-# under it). None: that file has no such field.
-_ENTRY_FIELDS: dict[str, tuple[str | None, str | None]] = {
-    "path": ("path", None),
-    "backend": ("backend", None),
-    "kt_weight_path": ("kt.kt_weight_path", "ktransformers.kt_weight_path"),
-    "host": (None, "ktransformers.host"),
-    "port": ("kt.port", None),
-    "ctx": ("kt.ctx", "ktransformers.ctx"),
-    "extra_args": ("kt.extra_args", "ktransformers.extra_args"),
-    "extra_env": ("kt.extra_env", "ktransformers.extra_env"),
-    "python": ("kt.python", "ktransformers.python"),
-    "auto_build": (None, "ktransformers.auto_build"),
-    "tp_size": ("kt.tp_size", None),
-    "nnodes": ("kt.nnodes", None),
-    "dist_init_addr": ("kt.dist_init_addr", None),
-    "numa": ("numa", None),
-    "gpus": ("gpus", None),
-    "ttl": ("ttl", None),
-    "restart": ("restart", None),
-    "pinned": ("pinned", None),
-    "swap": ("swap", None),
-    "health_timeout": ("health_timeout", "daemon.health_timeout"),
-    "max_concurrent": ("max_concurrent", None),
-    "max_queue": ("max_queue", None),
-    "fit": ("fit", None),
-    "sleep": ("sleep", None),
-    "sleep_ttl": ("sleep_ttl", None),
-    "catalog": ("catalog", None),
-    "served": (None, "ktransformers.enabled"),
-}
+
+
+def _which_field() -> dict[str, tuple[str | None, str | None]]:
+    """A model's resolved field -> (its models.json entry's field, the config.json default
+    under it), in ModelSpec's order; None: that file has no such field. Read off the
+    table of fields (``ktd.core.modelfields``), so a field added there is named here."""
+    where: dict[str, tuple[str | None, str | None]] = {
+        f.spec: (f.name, f.default or None) for f in modelfields.ENTRY
+    }
+    where.update((name, (None, setting)) for name, setting, _ in modelfields.SECTION_ONLY)
+    return {name: where[name] for name in ModelSpec.__struct_fields__ if name in where}
+
+
+_ENTRY_FIELDS = _which_field()
 # The section's own model (ktransformers.model_path): its fields are the section's.
 _SECTION_NAMES = {"path": "model_path", "alias": "model_id", "served": "enabled"}
 _SHOWN = tuple(_ENTRY_FIELDS)
