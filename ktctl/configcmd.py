@@ -26,6 +26,7 @@ from ktctl.configargs import UsageError
 from ktd import foreign
 from ktd import protocol as p
 from ktd.core import configtext, fieldops, modelfields
+from ktd.protocol_config import plan_refusal
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -91,7 +92,8 @@ def _planned_change(
     if not plan.ok:
         if _json(args):
             _out(render.dumps({"plan": plan, "applied": False}))
-        raise KtdError(_code(plan), _first_error(plan), {"plan": render.builtins(plan)})
+        code, message, _ = plan_refusal(plan)
+        raise KtdError(code, message, {"plan": render.builtins(plan)})
     if not plan.changed and plan.base == plan.running:
         if _json(args):
             _out(render.dumps({"plan": plan, "applied": False}))
@@ -111,24 +113,6 @@ def _planned_change(
 
 def _applied(reply: p.ConfigApplyReply) -> dict[str, Any]:
     return {"version": reply.version, "seq": reply.seq, "summary": reply.summary}
-
-
-def _code(plan: p.ConfigPlanView) -> str:
-    """The plan's refusal as an error code: ``config_error`` when the config is at fault,
-    else what is (``stale_config``, ``busy``)."""
-    errors = [q for q in plan.problems if q.level == "error"]
-    if not errors or any(not q.code for q in errors):
-        return p.ErrorCode.CONFIG_ERROR
-    return errors[0].code
-
-
-def _first_error(plan: p.ConfigPlanView) -> str:
-    errors = [q for q in plan.problems if q.level == "error"]
-    own = [q for q in errors if not q.code]
-    q = (own or errors)[0]
-    where = f"{q.file}: {q.path}: " if q.path else ""
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}{q.message}{more}; nothing was changed"
 
 
 # ---------------------------------------------------------------- reading files
@@ -431,7 +415,7 @@ def _edit_loop(
             break
         again = _ask("edit again?") if not args.yes else False
         if not again:
-            raise KtdError(p.ErrorCode.CONFIG_ERROR, _first_error(plan), {})
+            raise KtdError(p.ErrorCode.CONFIG_ERROR, plan_refusal(plan)[1], {})
     return _planned_change(client, args, got.version, **_texts(kind, new))
 
 
@@ -450,7 +434,8 @@ def cmd_rollback(client: Client, args: argparse.Namespace) -> int:
     assert isinstance(plan, p.ConfigPlanView)
     _show(args, plan)
     if not plan.ok:
-        raise KtdError(_code(plan), _first_error(plan), {"plan": render.builtins(plan)})
+        code, message, _ = plan_refusal(plan)
+        raise KtdError(code, message, {"plan": render.builtins(plan)})
     if not _confirmed(args, "roll back to this version?"):
         _out("not applied")
         return EXIT_FAILED

@@ -12,7 +12,8 @@ import os
 from typing import Any
 
 from ktd.core import doctor
-from ktd.core.config import Config, load_config
+from ktd.core.config import Config
+from ktd.core.configload import load_config
 from ktd.ports import port_free
 from ktd.pyprobe import probe_python
 from ktd.topology import Topology, read_topology

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from ktd.protocol_base import Reply, Request
+from ktd.protocol_base import ErrorCode, Reply, Request
 
 # ---------------------------------------------------------------- requests
 
@@ -138,6 +138,23 @@ class ConfigPlanView(msgspec.Struct, kw_only=True):
     problems: list[ConfigProblem] = []
     ok: bool = True  # no problem is an error
     summary: str = ""
+
+
+def plan_refusal(plan: ConfigPlanView) -> tuple[str, str, ConfigProblem | None]:
+    """A refused plan as the change's error, built once for both ends: the daemon raises
+    it for an apply, ktctl says it for a plan it will not apply. (the code, the sentence,
+    the error it names): ``config_error`` naming the file and field of the first error
+    that is the config's own (one with no code), else the first error's own code
+    (``stale_config``, ``busy``: nothing wrong with the config, the moment is)."""
+    errors = [q for q in plan.problems if q.level == "error"]
+    if not errors:  # not ok with no error: a daemon of another kind; said as it is
+        return ErrorCode.CONFIG_ERROR, "the plan was refused; nothing was changed", None
+    own = [q for q in errors if not q.code]
+    first = (own or errors)[0]
+    where = f"{first.file}: {first.path}: " if first.path else ""
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    code = ErrorCode.CONFIG_ERROR if own else first.code
+    return code, f"{where}{first.message}{more}; nothing was changed", first
 
 
 class ConfigVersion(msgspec.Struct, kw_only=True):

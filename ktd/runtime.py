@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from ktd import paths
-from ktd.core.config import Config, ConfigError, ConfigTexts, parse_config, read_config_texts
+from ktd.core.config import Config, ConfigError
+from ktd.core.configload import ConfigTexts, parse_config, read_config_texts
 
 
 def add_common_options(ap: argparse.ArgumentParser) -> None:

@@ -291,7 +291,8 @@ def _setup(args: argparse.Namespace, env: dict[str, str]) -> Stack | int:
         env.pop("KTD_CONFIG", None)
         return Stack(demo_config(root, bind), bind, root, scratch)
     config_path = Path(args.config) if args.config else paths.default_config_path(env)
-    from ktd.core.config import ConfigError, load_config
+    from ktd.core.config import ConfigError
+    from ktd.core.configload import load_config
 
     if not config_path.exists():
         print(no_config_message(config_path), file=sys.stderr)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ktd.core.config import load_config
+from ktd.core.configload import load_config
 from ktd.up import _banner, demo_config
 
 

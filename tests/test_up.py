@@ -24,7 +24,7 @@ def ktctl_without_a_socket(env: dict[str, str]) -> subprocess.CompletedProcess[s
 
 
 def test_demo_config_is_a_valid_config(tmp_path: Path) -> None:
-    from ktd.core.config import load_config
+    from ktd.core.configload import load_config
 
     cfg = load_config(demo_config(tmp_path, "127.0.0.1:9"))
     spec = cfg.route(DEMO_ALIAS)

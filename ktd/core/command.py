@@ -137,20 +137,12 @@ def _pairs(flat: Sequence[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def build_launch(
-    spec: ModelSpec,
-    port: int,
-    placement_flags: Sequence[str] = (),
-    catalog: Catalog | None = None,
-) -> Command:
-    """The engine's argv in the seed's order; ``placement_flags`` are the plan's derived ones.
-
-    With ``catalog`` (the installed SGLang's options) a derived flag is emitted
-    only when this SGLang declares it and the user did not set the same
-    ``dest`` in ``extra_args`` (however abbreviated); without one, flags are
-    matched by name as written. Raises :class:`LaunchError` for a launch
-    SGLang would refuse.
-    """
+def _derived(
+    spec: ModelSpec, port: int, placement_flags: Sequence[str], *, sleeps: bool
+) -> list[tuple[str, list[str]]]:
+    """The flags ktd derives, in the seed's order, each with its values: the model's own
+    (where it listens, what it loads, how it is named), then the placement's, then the
+    memory saver's. Which of them reach the argv is ``build_launch``'s to decide."""
     derived: list[tuple[str, list[str]]] = [
         ("--host", [spec.host]),
         ("--port", [str(port)]),
@@ -166,10 +158,27 @@ def build_launch(
     if spec.nnodes is not None:
         derived.append(("--nnodes", [str(spec.nnodes)]))
     derived += _pairs(placement_flags)
-    sleeps = spec.sleep and (catalog is None or catalog.exact(SAVER) is not None)
     if sleeps:
         derived += [(flag, []) for flag in SLEEP_FLAGS]
+    return derived
 
+
+def build_launch(
+    spec: ModelSpec,
+    port: int,
+    placement_flags: Sequence[str] = (),
+    catalog: Catalog | None = None,
+) -> Command:
+    """The engine's argv in the seed's order; ``placement_flags`` are the plan's derived ones.
+
+    With ``catalog`` (the installed SGLang's options) a derived flag is emitted
+    only when this SGLang declares it and the user did not set the same
+    ``dest`` in ``extra_args`` (however abbreviated); without one, flags are
+    matched by name as written. Raises :class:`LaunchError` for a launch
+    SGLang would refuse.
+    """
+    sleeps = spec.sleep and (catalog is None or catalog.exact(SAVER) is not None)
+    derived = _derived(spec, port, placement_flags, sleeps=sleeps)
     argv = [spec.python, "-m", "sglang.launch_server"]
     notes: list[str] = []
     if catalog is None:

@@ -31,10 +31,10 @@ from typing import Any
 
 import msgspec
 
-from ktd.core import secret
+from ktd.core import modelfields, secret
 from ktd.core import states as S
 from ktd.core.config import Config, ConfigFile, ModelEntry, ModelSpec
-from ktd.core.reload import Existing, plan_reload
+from ktd.core.reload import Change, Existing, plan_reload
 from ktd.protocol import (
     ConfigPlanView,
     ConfigProblem,
@@ -127,37 +127,19 @@ def refusals(engines: Sequence[EnginePlan], motion: Mapping[str, str]) -> list[C
 
 # ---------------------------------------------------------------- which field says what
 
-# A model's resolved field -> (its models.json entry's field, the config.json default
-# under it). None: that file has no such field.
-_ENTRY_FIELDS: dict[str, tuple[str | None, str | None]] = {
-    "path": ("path", None),
-    "backend": ("backend", None),
-    "kt_weight_path": ("kt.kt_weight_path", "ktransformers.kt_weight_path"),
-    "host": (None, "ktransformers.host"),
-    "port": ("kt.port", None),
-    "ctx": ("kt.ctx", "ktransformers.ctx"),
-    "extra_args": ("kt.extra_args", "ktransformers.extra_args"),
-    "extra_env": ("kt.extra_env", "ktransformers.extra_env"),
-    "python": ("kt.python", "ktransformers.python"),
-    "auto_build": (None, "ktransformers.auto_build"),
-    "tp_size": ("kt.tp_size", None),
-    "nnodes": ("kt.nnodes", None),
-    "dist_init_addr": ("kt.dist_init_addr", None),
-    "numa": ("numa", None),
-    "gpus": ("gpus", None),
-    "ttl": ("ttl", None),
-    "restart": ("restart", None),
-    "pinned": ("pinned", None),
-    "swap": ("swap", None),
-    "health_timeout": ("health_timeout", "daemon.health_timeout"),
-    "max_concurrent": ("max_concurrent", None),
-    "max_queue": ("max_queue", None),
-    "fit": ("fit", None),
-    "sleep": ("sleep", None),
-    "sleep_ttl": ("sleep_ttl", None),
-    "catalog": ("catalog", None),
-    "served": (None, "ktransformers.enabled"),
-}
+
+def _which_field() -> dict[str, tuple[str | None, str | None]]:
+    """A model's resolved field -> (its models.json entry's field, the config.json default
+    under it), in ModelSpec's order; None: that file has no such field. Read off the
+    table of fields (``ktd.core.modelfields``), so a field added there is named here."""
+    where: dict[str, tuple[str | None, str | None]] = {
+        f.spec: (f.name, f.default or None) for f in modelfields.ENTRY
+    }
+    where.update((name, (None, setting)) for name, setting, _ in modelfields.SECTION_ONLY)
+    return {name: where[name] for name in ModelSpec.__struct_fields__ if name in where}
+
+
+_ENTRY_FIELDS = _which_field()
 # The section's own model (ktransformers.model_path): its fields are the section's.
 _SECTION_NAMES = {"path": "model_path", "alias": "model_id", "served": "enabled"}
 _SHOWN = tuple(_ENTRY_FIELDS)
@@ -284,81 +266,70 @@ def _engine_plans(
     out = _Plan()
     for change in plan_reload(engines, served).changes:
         view = engines.get(change.alias)
-        state = str(view.state) if view is not None else ""
-        spec = change.spec
         before = view.spec if view is not None else old.models.get(change.alias)
+        spec = change.spec
         fields = (
             spec_changes(before, spec, new, old) if before is not None and spec is not None else []
         )
-        kind = change.kind
-        if kind == "same" or (kind == "update" and not fields):
-            plan = EnginePlan(alias=change.alias, action="unchanged", state=state)
-        elif kind == "update":
-            running = view is not None and view.state in S.HAS_PROCESSES
-            note = "applied now, nothing restarts" if running else "takes effect at its next load"
-            plan = EnginePlan(
-                alias=change.alias, action="update", state=state, fields=fields, note=note
-            )
-        elif kind in ("restart", "stale"):
-            assert view is not None
-            if view.state == S.ASLEEP:
-                action, note = "stop", "asleep: stopped now; its next request loads the new launch"
-            elif kind == "stale":
-                action = "restart"
-                note = f"restarts when its {view.in_flight} request(s) in flight have ended"
-            else:
-                action, note = (
-                    "restart",
-                    "stopped now (it is idle) and started with the new launch",
-                )
-            plan = EnginePlan(
-                alias=change.alias, action=action, state=state, fields=fields, note=note
-            )
-        elif kind == "remove":
-            running = view is not None and view.state in S.HAS_PROCESSES
-            plan = EnginePlan(
-                alias=change.alias,
-                action="stop" if running else "remove",
-                state=state,
-                note="removed from the config: drained and stopped"
-                if running
-                else "removed from the config",
-            )
-        elif kind == "revive":
-            plan = EnginePlan(
-                alias=change.alias,
-                action="start",
-                state=state,
-                fields=fields,
-                note="was being removed: served again",
-            )
-        else:  # add, replace
-            plan = EnginePlan(
-                alias=change.alias,
-                action="add",
-                state=state,
-                note="new: stopped until a request or `ktctl load` starts it",
-            )
-        out.engines[change.alias] = plan
-    # Models ktd lists but does not serve (other backends, ktransformers.enabled false).
+        out.engines[change.alias] = _change_plan(change, view, fields)
+    _listed_plans(old, new, out.engines)
+    return out
+
+
+def _change_plan(change: Change, view: Existing | None, fields: list[FieldChange]) -> EnginePlan:
+    """One change of the reload's diff as people read it: what happens to the engine, and
+    when (a restart of a busy engine waits for its requests; an asleep one just stops)."""
+    alias, kind = change.alias, change.kind
+    state = str(view.state) if view is not None else ""
+    running = view is not None and view.state in S.HAS_PROCESSES
+    if kind == "same" or (kind == "update" and not fields):
+        return EnginePlan(alias=alias, action="unchanged", state=state)
+    if kind == "update":
+        note = "applied now, nothing restarts" if running else "takes effect at its next load"
+        return EnginePlan(alias=alias, action="update", state=state, fields=fields, note=note)
+    if kind in ("restart", "stale"):
+        assert view is not None
+        if view.state == S.ASLEEP:
+            action, note = "stop", "asleep: stopped now; its next request loads the new launch"
+        elif kind == "stale":
+            action = "restart"
+            note = f"restarts when its {view.in_flight} request(s) in flight have ended"
+        else:
+            action, note = "restart", "stopped now (it is idle) and started with the new launch"
+        return EnginePlan(alias=alias, action=action, state=state, fields=fields, note=note)
+    if kind == "remove":
+        if running:
+            note = "removed from the config: drained and stopped"
+            return EnginePlan(alias=alias, action="stop", state=state, note=note)
+        return EnginePlan(alias=alias, action="remove", state=state, note="removed from the config")
+    if kind == "revive":
+        note = "was being removed: served again"
+        return EnginePlan(alias=alias, action="start", state=state, fields=fields, note=note)
+    # add, replace
+    note = "new: stopped until a request or `ktctl load` starts it"
+    return EnginePlan(alias=alias, action="add", state=state, note=note)
+
+
+def _listed_plans(old: Config, new: Config, plans: dict[str, EnginePlan]) -> None:
+    """Models ktd lists but does not serve (other backends, ktransformers.enabled false):
+    no engine, so no reload change; added, changed or removed all the same."""
     for alias, spec in new.models.items():
-        if not spec.served and alias not in out.engines:
+        if not spec.served and alias not in plans:
             was = old.models.get(alias)
             if was is None:
-                out.engines[alias] = EnginePlan(
+                plans[alias] = EnginePlan(
                     alias=alias, action="add", note=f"listed, not served: {spec.not_served_reason}"
                 )
             elif was.served == spec.served and spec_changes(was, spec, new, old):
-                out.engines[alias] = EnginePlan(
+                plans[alias] = EnginePlan(
                     alias=alias,
                     action="update",
                     fields=spec_changes(was, spec, new, old),
                     note="listed, not served",
                 )
     for alias, spec in old.models.items():
-        if not spec.served and alias not in new.models and alias not in out.engines:
-            out.engines[alias] = EnginePlan(alias=alias, action="remove", note="listed, not served")
-    return out
+        if not spec.served and alias not in new.models and alias not in plans:
+            plans[alias] = EnginePlan(alias=alias, action="remove", note="listed, not served")
 
 
 def _problems(new: Config, facts: Mapping[str, SpecFacts]) -> list[ConfigProblem]:

@@ -1,20 +1,32 @@
-"""The fields of a ``models.json`` entry that people set, with what each means. Pure, light.
+"""The fields of a ``models.json`` entry, with what each means: the one table of them. Pure, light.
 
-One table for three readers: ``config.README.txt`` (``ktd init``: JSON has no comments,
-so the meanings live beside the files), ``ktctl config set`` (which reads
-``FIELD=VALUE`` by the field's kind and names an unknown field), and the dashboard's
-editor (a form with these fields, their meanings as help). The schema itself is
-``ktd.core.config.ModelEntry``/``KtOverrides``; a test checks that every field here is
-one of theirs. Imported by ktctl: the standard library and ``ktd.foreign`` only.
+Every field of an entry is here once, with what the rest of ktd needs to know of it:
+its kind (how ``ktctl config set`` reads ``FIELD=VALUE``), its meaning (``config.README.txt``
+from ``ktd init``: JSON has no comments; the dashboard's form, as help), the config.json
+setting under it (``default``), whether it shapes the engine's launch (``launch``: a
+change restarts the engine; ``ModelSpec.launch_key`` and the plan's diff are read off
+it), and whether it may hold a secret (``secret``). The schema is
+``ktd.core.config.ModelEntry``/``KtOverrides``, typed for msgspec and mypy; a test holds
+the two to each other field for field, and the secret marks to the types' (which the
+redaction reads). Imported by ktctl: the standard library and ``ktd.foreign`` only.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ktd import foreign
 
-__all__ = ["FIELDS", "Field", "FieldValueError", "field", "parse_value"]
+__all__ = [
+    "ENTRY",
+    "FIELDS",
+    "LAUNCH",
+    "SECTION_ONLY",
+    "Field",
+    "FieldValueError",
+    "field",
+    "parse_value",
+]
 
 Kind = Literal[
     "text",  # a string
@@ -29,28 +41,24 @@ Kind = Literal[
 ]
 
 
-class Field:
-    """One field (a plain class: ktctl builds its parser from these, and a dataclass
+class Field(NamedTuple):
+    """One field (a named tuple: ktctl builds its parser from these, and a dataclass
     costs its start-up a millisecond)."""
 
-    __slots__ = ("choices", "kind", "meaning", "name", "optional", "required")
+    name: str  # as in the file: "ttl", "kt.ctx"
+    kind: Kind
+    meaning: str
+    choices: tuple[str, ...] = ()
+    required: bool = False
+    optional: bool = False  # null is a value of its own ("no limit", "the default")
+    default: str = ""  # the config.json setting under it ("ktransformers.ctx"); "": none
+    launch: bool = False  # shapes the engine's argv, env or placement: a change restarts it
+    secret: bool = False  # may hold a secret (the types mark it too: the redaction's)
 
-    def __init__(
-        self,
-        name: str,  # as in the file: "ttl", "kt.ctx"
-        kind: Kind,
-        meaning: str,
-        *,
-        choices: tuple[str, ...] = (),
-        required: bool = False,
-        optional: bool = False,  # null is a value of its own ("no limit", "the default")
-    ) -> None:
-        self.name = name
-        self.kind = kind
-        self.meaning = meaning
-        self.choices = choices
-        self.required = required
-        self.optional = optional
+    @property
+    def spec(self) -> str:
+        """Its name in a resolved model (``ModelSpec``): ``kt.ctx`` is ``ctx``."""
+        return self.name.removeprefix("kt.")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +71,7 @@ class Field:
         }
 
 
+#: The fields people set (``ktctl config set``, the dashboard's form, the README).
 FIELDS: tuple[Field, ...] = (
     Field(
         "alias",
@@ -70,38 +79,70 @@ FIELDS: tuple[Field, ...] = (
         "the name clients ask for (exact match; no ':', '/' or spaces)",
         required=True,
     ),
-    Field("path", "text", "the Hugging Face model dir (SGLang --model)", required=True),
+    Field(
+        "path", "text", "the Hugging Face model dir (SGLang --model)", required=True, launch=True
+    ),
     Field(
         "backend",
         "text",
         '"kt": served by ktd; any other backend is listed, never served',
         required=True,
     ),
-    Field("kt.kt_weight_path", "text", "the converted kt-kernel expert weights (--kt-weight-path)"),
-    Field("kt.ctx", "int", "context length (--context-length); 0: the model's own"),
+    Field(
+        "kt.kt_weight_path",
+        "text",
+        "the converted kt-kernel expert weights (--kt-weight-path)",
+        default="ktransformers.kt_weight_path",
+        launch=True,
+    ),
+    Field(
+        "kt.ctx",
+        "int",
+        "context length (--context-length); 0: the model's own",
+        default="ktransformers.ctx",
+        launch=True,
+    ),
     Field(
         "kt.extra_args",
         "args",
         "per-model sglang.launch_server flags (instead of the ktransformers section's); "
         "kt is used only with --kt-num-gpu-experts or --kt-gpu-experts-ratio",
+        default="ktransformers.extra_args",
+        launch=True,
+        secret=True,
     ),
-    Field("kt.extra_env", "env", "environment variables of the engine, added to the section's"),
-    Field("kt.python", "text", "the interpreter of SGLang's venv (default: the section's)"),
-    Field("kt.tp_size", "int", "tensor-parallel GPUs (--tp-size)"),
-    Field("kt.port", "int", "a fixed port for the engine (0 or unset: a free one)"),
+    Field(
+        "kt.extra_env",
+        "env",
+        "environment variables of the engine, added to the section's",
+        default="ktransformers.extra_env",
+        launch=True,
+        secret=True,
+    ),
+    Field(
+        "kt.python",
+        "text",
+        "the interpreter of SGLang's venv (default: the section's)",
+        default="ktransformers.python",
+        launch=True,
+    ),
+    Field("kt.tp_size", "int", "tensor-parallel GPUs (--tp-size)", launch=True),
+    Field("kt.port", "int", "a fixed port for the engine (0 or unset: a free one)", launch=True),
     Field(
         "numa",
         "numa",
         'placement on NUMA nodes: "auto" (one free node, or all when only one engine can '
         'run), "all", a list of node ids, or "none" (no node owned, no pinning)',
+        launch=True,
     ),
-    Field("gpus", "gpus", 'GPUs: "auto", a count, or a list of GPU indices'),
+    Field("gpus", "gpus", 'GPUs: "auto", a count, or a list of GPU indices', launch=True),
     Field("ttl", "seconds", "idle seconds before it is evicted (or put to sleep); 0: never"),
     Field(
         "sleep",
         "bool",
         "true: swaps and the ttl put it to sleep (SGLang's memory saver frees its GPU "
         "memory, the experts stay in RAM) and a request wakes it in seconds",
+        launch=True,  # SGLang's memory saver is a flag of the launch
     ),
     Field("sleep_ttl", "seconds", "seconds asleep before it is stopped (0: never)"),
     Field("restart", "choice", "restart after a crash", choices=("on-failure", "no")),
@@ -131,6 +172,7 @@ FIELDS: tuple[Field, ...] = (
         "seconds",
         "seconds a load may take (default: daemon.health_timeout)",
         optional=True,
+        default="daemon.health_timeout",
     ),
     Field(
         "catalog",
@@ -138,6 +180,30 @@ FIELDS: tuple[Field, ...] = (
         "the catalog entry a pull wrote it from (its --kt-num-gpu-experts is derived: an "
         "out-of-memory load retries once with fewer); empty for an entry written by hand",
     ),
+)
+
+#: The multi-node fields: in the schema, refused for a kt model (``ktd.core.configcheck``:
+#: kt engines cannot span hosts), so nobody is offered them; the plan still names them.
+_MULTI_NODE: tuple[Field, ...] = (
+    Field("kt.nnodes", "int", "hosts of one engine (--nnodes)", launch=True),
+    Field("kt.dist_init_addr", "text", "the engine's rendezvous (--dist-init-addr)", launch=True),
+    Field("kt.nodes", "text", "the hosts of a multi-node engine"),
+)
+
+#: Every field of a models.json entry, the schema's own (a test holds them to it).
+ENTRY: tuple[Field, ...] = FIELDS + _MULTI_NODE
+
+#: A resolved model's values that no entry sets, only config.json's ktransformers
+#: section: (its name in the model, the setting, whether it shapes the launch).
+SECTION_ONLY: tuple[tuple[str, str, bool], ...] = (
+    ("host", "ktransformers.host", True),
+    ("auto_build", "ktransformers.auto_build", False),
+    ("served", "ktransformers.enabled", False),
+)
+
+#: A resolved model's values that shape its engine's launch: a change restarts it.
+LAUNCH = frozenset(
+    [f.spec for f in ENTRY if f.launch] + [name for name, _, launch in SECTION_ONLY if launch]
 )
 
 _BY_NAME = {f.name: f for f in FIELDS}

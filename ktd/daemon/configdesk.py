@@ -41,14 +41,8 @@ from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.core import configplan, fit, secret, trust
 from ktd.core import states as S
-from ktd.core.config import (
-    Config,
-    ConfigError,
-    ConfigTexts,
-    ModelSpec,
-    models_file_of,
-    parse_config,
-)
+from ktd.core.config import Config, ConfigError, ModelSpec
+from ktd.core.configload import ConfigTexts, models_file_of, parse_config
 from ktd.core.placecheck import check_placements
 from ktd.core.placement import Plan
 from ktd.core.sglang_options import Catalog
@@ -59,6 +53,7 @@ from ktd.daemon.configfiles import FileChange, changed_files, file_changes, read
 from ktd.daemon.confighistory import History, Record, texts_version
 from ktd.daemon.engine import Engine
 from ktd.daemon.probe import ProbeResult
+from ktd.protocol_config import plan_refusal
 
 log = logging.getLogger("ktd")
 
@@ -495,33 +490,13 @@ class ConfigDesk:
         )
         record = await self._new_record(new_texts, how, who, what, latest, rollback_of)
         seq = record.info.seq
-        try:
-            await trio.to_thread.run_sync(self.history.add, record)
-        except OSError as exc:
-            raise _write_failed(
-                f"cannot record the version in the config history: {_why(exc)}"
-            ) from None
-        changes = await trio.to_thread.run_sync(file_changes, disk, new_texts)  # may read
-        try:
-            await trio.to_thread.run_sync(self._write, changes)
-        except OSError as exc:
-            await trio.to_thread.run_sync(self.history.drop, seq)
-            where = getattr(exc, "filename", None) or ", ".join(c.path for c in changes)
-            raise _write_failed(f"cannot write {where}: {_why(exc)}") from None
+        changes = await self._record_and_write(disk, new_texts, record)
         # A load may have begun while the files were written: the rule once more, with
         # nothing awaited between it and the install.
         moving = configfacts.moving(self.pool.engines)
         late = configplan.refusals(plan.engines, configplan.in_motion(moving))
         if late:
-            back = [FileChange(c.path, c.old, c.new) for c in changes if c.old is not None]
-            gone = [c.path for c in changes if c.old is None]
-            try:
-                await trio.to_thread.run_sync(self._write, back)
-                for path in gone:
-                    os.unlink(path)
-            except OSError as exc:
-                log.error("config: cannot put the files back after a late refusal: %s", exc)
-            await trio.to_thread.run_sync(self.history.drop, seq)
+            await self._put_back(changes, seq)
             plan.problems += late
             plan.ok = False
             self._refuse(plan)
@@ -538,20 +513,49 @@ class ConfigDesk:
         )
         return p.ConfigApplyReply(plan=plan, version=plan.version, seq=seq, summary=summary)
 
+    async def _record_and_write(
+        self, disk: ConfigTexts, new_texts: ConfigTexts, record: Record
+    ) -> list[FileChange]:
+        """The version into the history first, then the files: a write that fails takes
+        its version out again, so the history never names files that are not there."""
+        try:
+            await trio.to_thread.run_sync(self.history.add, record)
+        except OSError as exc:
+            raise _write_failed(
+                f"cannot record the version in the config history: {_why(exc)}"
+            ) from None
+        changes = await trio.to_thread.run_sync(file_changes, disk, new_texts)  # may read
+        try:
+            await trio.to_thread.run_sync(self._write, changes)
+        except OSError as exc:
+            await trio.to_thread.run_sync(self.history.drop, record.info.seq)
+            where = getattr(exc, "filename", None) or ", ".join(c.path for c in changes)
+            raise _write_failed(f"cannot write {where}: {_why(exc)}") from None
+        return changes
+
+    async def _put_back(self, changes: list[FileChange], seq: int) -> None:
+        """Undo a written change refused late (a load began meanwhile): the files as they
+        were (a new one removed) and its version out of the history."""
+        back = [FileChange(c.path, c.old, c.new) for c in changes if c.old is not None]
+        gone = [c.path for c in changes if c.old is None]
+        try:
+            await trio.to_thread.run_sync(self._write, back)
+            for path in gone:
+                os.unlink(path)
+        except OSError as exc:
+            log.error("config: cannot put the files back after a late refusal: %s", exc)
+        await trio.to_thread.run_sync(self.history.drop, seq)
+
     @staticmethod
     def _refuse(plan: p.ConfigPlanView) -> None:
         """An error of the plan as the change's answer: ``config_error`` naming the file
         and field of the first one, or ``busy`` when every error is a load or a swap the
         change would throw away."""
-        errors = [q for q in plan.problems if q.level == "error"]
-        config = [q for q in errors if not q.code]
-        first = (config or errors)[0]
-        code = p.ErrorCode.CONFIG_ERROR if config else first.code
-        where = f"{first.file}: {first.path}: " if first.path else ""
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        code, message, first = plan_refusal(plan)
         detail = _problem_detail(plan)
-        detail.update(file=first.file, path=first.path)
-        raise ControlError(code, f"{where}{first.message}{more}; nothing was changed", detail)
+        if first is not None:
+            detail.update(file=first.file, path=first.path)
+        raise ControlError(code, message, detail)
 
 
 def _stale_problem(base: str, now: str) -> p.ConfigProblem:

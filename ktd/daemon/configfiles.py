@@ -20,7 +20,8 @@ from pathlib import Path
 
 import trio
 
-from ktd.core.config import ConfigError, ConfigTexts, read_config_file, read_config_texts
+from ktd.core.config import ConfigError
+from ktd.core.configload import ConfigTexts, read_config_file, read_config_texts
 from ktd.daemon.statefile import write_bytes
 
 #: Seconds a read of the config files may take (a hung network filesystem): then the

@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from ktd import foreign
-from ktd.core.config import ConfigTexts, models_file_of
+from ktd.core.configload import ConfigTexts, models_file_of
 from ktd.core.configtext import version_of
 from ktd.daemon import statefile
 from ktd.protocol import ConfigVersion

@@ -25,7 +25,8 @@ from ktd.catalog.pulls import Puller
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.command import LaunchError
-from ktd.core.config import Config, ConfigError, ConfigTexts
+from ktd.core.config import Config, ConfigError
+from ktd.core.configload import ConfigTexts
 from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
 from ktd.core.topology import Topology

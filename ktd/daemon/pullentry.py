@@ -29,7 +29,7 @@ from ktd.catalog.entrymerge import merge_entry
 from ktd.catalog.flags import Sizes, derive
 from ktd.catalog.modelsentry import EntryError, models_entry
 from ktd.control.errors import ControlError
-from ktd.core.config import ConfigTexts
+from ktd.core.configload import ConfigTexts
 from ktd.core.pulljob import LIVE, Job, JobState, Key
 from ktd.daemon import weights
 from ktd.daemon.configdesk import ConfigDesk, Who

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ktd.core.config import ConfigError, load_config, parse_env, split_args
+from ktd.core.config import ConfigError, parse_env, split_args
+from ktd.core.configload import load_config
 
 
 def write(tmp_path: Path, cfg: Any, models: Any | None = None) -> Path:
@@ -206,7 +207,7 @@ def test_a_fifo_a_device_or_a_huge_file_is_refused_at_once_naming_the_file(
     """Issue 31, item 6: a FIFO froze the daemon, /dev/zero grew it to 1.86 GB."""
     import os
 
-    from ktd.core.config import MAX_CONFIG_BYTES
+    from ktd.core.configload import MAX_CONFIG_BYTES
 
     with pytest.raises(ConfigError, match=r"/dev/zero.*not a regular file \(a character device\)"):
         load_config("/dev/zero")

@@ -13,7 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from ktd import protocol as p
 from ktd.core import states as S
-from ktd.core.config import Config, ConfigTexts, parse_config
+from ktd.core.config import Config
+from ktd.core.configload import ConfigTexts, parse_config
 from ktd.core.configplan import (
     DISTURBING,
     Moving,
@@ -317,3 +318,36 @@ def test_a_value_taken_out_of_an_entry_is_named_as_the_entrys() -> None:
     old = config([entry("a", kt={"ctx": 8192})], section={"ctx": 100})
     new = config([entry("a")], section={"ctx": 100})
     assert actions(plan_of(old, new, a=S.READY))["a"] == ("restart", ["kt.ctx"])
+
+
+# A changed value of each launch field, as the files hold it: (entry's fields, section's).
+_LAUNCH_CHANGES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "path": ({"path": "/m/elsewhere"}, {}),
+    "kt_weight_path": ({"kt": {"kt_weight_path": "/w/a"}}, {}),
+    "host": ({}, {"host": "127.0.0.2"}),
+    "port": ({"kt": {"port": 8001}}, {}),
+    "ctx": ({"kt": {"ctx": 8192}}, {}),
+    "extra_args": ({"kt": {"extra_args": ["--x"]}}, {}),
+    "extra_env": ({"kt": {"extra_env": {"A": "1"}}}, {}),
+    "python": ({"kt": {"python": "/venv/bin/python"}}, {}),
+    "tp_size": ({"kt": {"tp_size": 2}}, {}),
+    "numa": ({"numa": [0]}, {}),
+    "gpus": ({"gpus": [0]}, {}),
+    "sleep": ({"sleep": True}, {}),
+}
+
+
+def test_the_plan_names_every_launch_field_that_changed() -> None:
+    """Issue 45: the plan's field names are read off the table of fields, so a launch
+    field cannot restart an engine in a plan that names no field. Every launch field a
+    served model can change is here (the multi-node ones are refused for kt)."""
+    from ktd.core.modelfields import LAUNCH
+
+    assert set(_LAUNCH_CHANGES) == LAUNCH - {"nnodes", "dist_init_addr"}
+    old = config([entry("a")])
+    for name, (own, section) in _LAUNCH_CHANGES.items():
+        new = config([{**entry("a"), **own}], section=section)
+        got = actions(plan_of(old, new, a=S.READY))["a"]
+        assert got[0] == "restart" and len(got[1]) == 1, (name, got)
+        label = got[1][0]
+        assert label.removeprefix("kt.").removeprefix("ktransformers.") == name, (name, got)

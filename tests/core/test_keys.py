@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ktd.core.config import ConfigError, KeyEntry, load_config
+from ktd.core.config import ConfigError, KeyEntry
+from ktd.core.configload import load_config
 from ktd.core.keys import KeyRing, plain_name
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from ktd import protocol as p
 from ktd.core import secret, trust
-from ktd.core.config import Config, ConfigTexts, parse_config
+from ktd.core.config import Config
+from ktd.core.configload import ConfigTexts, parse_config
 from ktd.core.trust import Role
 
 OWNER = 1234

@@ -10,7 +10,8 @@ import pytest
 
 from ktd import protocol as p
 from ktd.control.errors import ControlError
-from ktd.core.config import Config, load_config
+from ktd.core.config import Config
+from ktd.core.configload import load_config
 from ktd.daemon.catalogview import catalog_dir, report
 from tests.catalog.machines import AVX2_GPUS, avx2_machine, tree
 

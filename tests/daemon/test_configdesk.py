@@ -19,7 +19,7 @@ from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.core import configtext
 from ktd.core import states as S
-from ktd.core.config import parse_config, read_config_texts
+from ktd.core.configload import parse_config, read_config_texts
 from ktd.daemon import configfiles
 from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.configfiles import FileChange

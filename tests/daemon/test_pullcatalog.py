@@ -12,7 +12,8 @@ import pytest
 from ktd import protocol as p
 from ktd.catalog.plan import PullPlan
 from ktd.control.errors import ControlError
-from ktd.core.config import Config, load_config
+from ktd.core.config import Config
+from ktd.core.configload import load_config
 from ktd.daemon.pullcatalog import CatalogPulls
 from tests.catalog.machines import amx_box, avx2_box
 

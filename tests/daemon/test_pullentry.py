@@ -11,7 +11,8 @@ import pytest
 
 from ktd.catalog import verify
 from ktd.catalog.modelsentry import EntryError
-from ktd.core.config import Config, load_config
+from ktd.core.config import Config
+from ktd.core.configload import load_config
 from ktd.daemon.pullcatalog import CatalogPulls
 from ktd.daemon.pullentry import build_entry
 from tests.catalog.machines import amx_box

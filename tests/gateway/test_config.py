@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from ktd.core.config import ConfigError, load_config
+from ktd.core.config import ConfigError
+from ktd.core.configload import load_config
 
 
 def write(tmp_path: Path, gateway: Any, **more: Any) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ktd.core import configtext
-from ktd.core.config import parse_config, read_config_texts
+from ktd.core.configload import parse_config, read_config_texts
 from ktd.daemon.configdesk import ConfigDesk
 from ktd.daemon.confighistory import History
 from ktd.daemon.pool import Pool
