@@ -8,25 +8,17 @@ colour), or the daemon's report as one JSON document with ``--json``.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ktctl import render
+from ktctl.argtable import Subcommand, arg
 from ktctl.client import Client
 from ktd import protocol as p
 
-__all__ = ["add_parser", "entry_text", "list_text", "run"]
+__all__ = ["COMMAND", "entry_text", "list_text", "run"]
 
 GB = 1_000_000_000
-
-
-def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    sp = add(
-        "catalog",
-        "the model catalog: what ktd can fetch, which variant fits this box and why, "
-        "what is on disk; with NAME, the launch flags worked out for this box",
-    )
-    sp.add_argument("name", nargs="?", metavar="NAME", help="one entry (a name or an alias)")
 
 
 def run(client: Client, args: argparse.Namespace) -> int:
@@ -41,6 +33,16 @@ def run(client: Client, args: argparse.Namespace) -> int:
     else:
         print(list_text(report))
     return 0
+
+
+#: ``ktctl catalog [NAME]``, a row of the CLI's table (``ktctl.argtable``).
+COMMAND = Subcommand(
+    "catalog",
+    "the model catalog: what ktd can fetch, which variant fits this box and why, "
+    "what is on disk; with NAME, the launch flags worked out for this box",
+    run,
+    (arg("name", nargs="?", metavar="NAME", help="one entry (a name or an alias)"),),
+)
 
 
 def _gb(n: Any) -> str:

@@ -6,6 +6,10 @@ for ``ktctl wait`` alone 5: the state was not reached within ``--timeout``.
 Errors are one line on stderr (``ktctl: <code>: <message>``), never a traceback;
 with ``--json`` stdout carries ``{"error": {"code", "message", "detail"}}`` too.
 
+The commands are a table (``COMMANDS``, rows of ``ktctl.argtable``): each one's name,
+help, options and handler, and what ``main`` does around its run (a usage rule argparse
+cannot say, what Ctrl-C means); ``build_parser`` builds argparse from it.
+
 Start-up speed is part of the contract as well: this module imports argparse,
 json, zmq, msgspec and ``ktd.protocol``/``ktd.paths`` only. Never import trio,
 quart, hypercorn or httpx from here (a test checks ``-X importtime``).
@@ -15,16 +19,23 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import msgspec
-
-from ktctl import catalogcmd, configargs, discover, loadpull, planview, pullcmd, render
+from ktctl import (
+    catalogcmd,
+    configargs,
+    discover,
+    loadpull,
+    planview,
+    pullcmd,
+    render,
+    sleepverify,
+)
+from ktctl.argtable import Subcommand, add_subcommands, arg, number
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
 from ktctl.progress import ProgressLine as _ProgressLine
 from ktd import __version__
@@ -43,8 +54,6 @@ UNKNOWN_MODEL_CODES = frozenset({p.ErrorCode.UNKNOWN_MODEL, p.ErrorCode.NOT_KT})
 
 #: Seconds to wait for an ordinary reply; ``$KTCTL_TIMEOUT`` overrides it.
 DEFAULT_TIMEOUT = 5.0
-
-Handler = Callable[[Client, argparse.Namespace], int]
 
 
 def exit_code(exc: BaseException) -> int:
@@ -220,42 +229,8 @@ def _unsettled(alias: str, engine: p.EngineInfo, code: str, wanted: str) -> KtdE
 
 def cmd_sleep(client: Client, args: argparse.Namespace) -> int:
     if args.verify:
-        return _verify_sleep(client, args)
+        return sleepverify.run(client, args)
     return _memory_command(client.sleep, args, S.SLEEPING, S.ASLEEP, render.sleep_line)
-
-
-def _verify_sleep(client: Client, args: argparse.Namespace) -> int:
-    """``ktctl sleep --verify ALIAS``: the model loaded (or woken) first, then put to
-    sleep and woken once, its memory measured awake, asleep and awake again (GPU per
-    process, host per NUMA node, SGLang's own figures): the check a GPU box runs."""
-    alias: str = args.alias
-    [engine] = client.status(alias)
-    if engine.state == S.ASLEEP:
-        client.wake(alias, timeout=args.timeout)
-    elif engine.state != S.READY:
-        client.load(alias)
-    snaps = [client.engine_memory(alias)]
-    started = time.monotonic()
-    client.sleep(alias, timeout=args.timeout)
-    slept = time.monotonic() - started
-    snaps.append(client.engine_memory(alias))
-    started = time.monotonic()
-    client.wake(alias, timeout=args.timeout)
-    woke = time.monotonic() - started
-    snaps.append(client.engine_memory(alias))
-    if _json(args):
-        doc = {
-            "alias": alias,
-            "sleep_seconds": slept,
-            "wake_seconds": woke,
-            "awake": msgspec.to_builtins(snaps[0]),
-            "asleep": msgspec.to_builtins(snaps[1]),
-            "awake_again": msgspec.to_builtins(snaps[2]),
-        }
-        print(json.dumps(doc, indent=2))
-    else:
-        print("\n".join(render.verify_lines(snaps, slept, woke)))
-    return 0 if snaps[2].pid == snaps[0].pid else 1
 
 
 def cmd_wake(client: Client, args: argparse.Namespace) -> int:
@@ -385,64 +360,16 @@ def cmd_shutdown(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_pull(client: Client, args: argparse.Namespace) -> int:
-    return pullcmd.cmd_pull(client, args)
+# ---------------------------------------------------------------- the table
 
 
-def cmd_pulls(client: Client, args: argparse.Namespace) -> int:
-    return pullcmd.cmd_pulls(client, args)
-
-
-def cmd_config(client: Client, args: argparse.Namespace) -> int:
-    from ktctl import configcmd  # only when it runs: ktctl's start-up stays what it was
-
-    return configcmd.run(client, args)
-
-
-HANDLERS: dict[str, Handler] = {
-    "ping": cmd_ping,
-    "pull": cmd_pull,
-    "pulls": cmd_pulls,
-    "status": cmd_status,
-    "models": cmd_models,
-    "load": lambda client, args: loadpull.cmd_load(client, args, cmd_load),
-    "evict": cmd_evict,
-    "sleep": cmd_sleep,
-    "wake": cmd_wake,
-    "logs": cmd_logs,
-    "events": cmd_events,
-    "reload": cmd_reload,
-    "doctor": cmd_doctor,
-    "usage": cmd_usage,
-    "config": cmd_config,
-    "catalog": catalogcmd.run,
-    "shutdown": cmd_shutdown,
-    "schema": cmd_schema,
-    "wait": cmd_wait,
-}
-
-
-# ---------------------------------------------------------------- parsing
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
-    return value
+_seconds = number(
+    float,
+    "not a number of seconds",
+    lambda s: s > 0 and s != float("inf"),
+    "must be a positive number of seconds",
+)
+_count = number(int, "not a whole number", lambda n: n >= 0, "must be 0 or more")
 
 
 def _since(text: str) -> str:
@@ -460,8 +387,123 @@ def _since(text: str) -> str:
         ) from None
 
 
+def _goes_on(what: str) -> Callable[[argparse.Namespace], str]:
+    """Ctrl-C in a wait ktd carries on with: ``what`` it does (``{0}``: the alias), and how
+    to take it back."""
+
+    def line(args: argparse.Namespace) -> str:
+        return f"ktctl: interrupted: stopped waiting; ktd goes on {what.format(args.alias)}"
+
+    return line
+
+
+def _load_interrupted(args: argparse.Namespace) -> str:
+    if args.dry_run or args.estimate:
+        return "ktctl: interrupted"  # nothing was started
+    return _goes_on("loading {0} (`ktctl evict {0}` stops it)")(args)
+
+
+def _evict_check(args: argparse.Namespace) -> str | None:
+    return (
+        "evict needs an ALIAS or --all (not both)"
+        if (args.alias is None) == (not args.all)
+        else None
+    )
+
+
+def _usage_check(args: argparse.Namespace) -> str | None:
+    return "usage prints --csv or --json, not both" if args.csv and _json(args) else None
+
+
+_ALIAS = arg("alias", metavar="ALIAS")
+_GIVE_UP = arg("--timeout", type=_seconds, metavar="S", help="give up after S seconds")
+_DRAIN = arg("--timeout", type=_seconds, metavar="S", help="bound the drain to S seconds")
+
+#: Every subcommand, in ``ktctl --help``'s order: the CLI's reference (``ktctl.argtable``).
+COMMANDS: tuple[Subcommand, ...] = (
+    Subcommand("ping", "check that ktd answers; print its version and pid", cmd_ping),
+    Subcommand("status", "show engines (state, pid, port, placement, requests in flight)",
+        cmd_status, (arg("alias", nargs="?", metavar="ALIAS", help="only this engine"),)),
+    Subcommand("models", "list the models of models.json and whether ktd serves them",
+        cmd_models),
+    Subcommand("load", "start an engine and wait until it is ready",
+        lambda client, args: loadpull.cmd_load(client, args, cmd_load), (
+            _ALIAS,
+            arg("--no-wait", action="store_true", help="return once the launch has begun"),
+            _GIVE_UP,
+            *loadpull.ARGS,  # --dry-run, --estimate, --pull
+        ), interrupted=_load_interrupted),
+    Subcommand("evict", "stop an engine (drain in-flight requests, then terminate)",
+        cmd_evict, (
+            arg("alias", nargs="?", metavar="ALIAS"),
+            arg("--all", action="store_true", help="evict every engine"),
+            arg("--force", action="store_true", help="do not wait for in-flight requests"),
+            _DRAIN,
+        ), check=_evict_check),
+    Subcommand("sleep", "put an engine to sleep: drain it and release its GPU memory "
+        "(the process lives on, its experts stay in host RAM)", cmd_sleep, (
+            _ALIAS,
+            _DRAIN,
+            arg("--verify", action="store_true",
+                help="sleep and wake it once, printing where its memory was at each step "
+                "(GPU per process, host per NUMA node, SGLang's own figures)"),
+        ), interrupted=_goes_on("putting {0} to sleep (`ktctl wake {0}` wakes it)")),
+    Subcommand("wake", "wake an asleep engine and wait until it is ready", cmd_wake, (
+            _ALIAS,
+            arg("--timeout", type=_seconds, metavar="S",
+                help="stop waiting after S seconds (ktd goes on waking it)"),
+        ), interrupted=_goes_on("waking {0} (`ktctl sleep {0}` puts it back to sleep)")),
+    Subcommand("logs", "print an engine's log", cmd_logs, (
+            _ALIAS,
+            arg("-n", "--lines", type=_count, default=100, metavar="N",
+                help="last N lines (default 100)"),
+            arg("-f", "--follow", action="store_true", help="keep printing new lines"),
+            arg("--probes", action="store_true", help="also show the access lines of ktd's "
+                "own health checks (GET /health, /v1/models)"),
+        ), streaming=lambda args: bool(args.follow)),
+    Subcommand("events",
+        "print ktd's events as they happen (state changes, logs, in-flight counts)",
+        cmd_events, (
+            arg("topics", nargs="*", metavar="TOPIC",
+                help="topic prefixes, e.g. engine. or log.ALIAS (default: all)"),
+            arg("--probes", action="store_true",
+                help="with no TOPIC: include ktd's own health-check lines"),
+        ), streaming=lambda args: True),
+    Subcommand("reload", "re-read config.json and models.json", cmd_reload),
+    Subcommand("doctor", "check the installation; runs locally when ktd is down", cmd_doctor,
+        (arg("--config", metavar="PATH", help="config.json for local checks"),)),
+    Subcommand("usage", "the usage ledger: requests, prompt and completion tokens and errors "
+        "per day (UTC), API key and model, as the engines reported them", cmd_usage, (
+            arg("--since", type=_since, metavar="DAY",
+                help="from DAY on: YYYY-MM-DD, today, or Nd (N days back)"),
+            arg("--key", metavar="NAME",
+                help="only the key named NAME in the config (-: without keys)"),
+            arg("--csv", action="store_true", help="CSV with a header line"),
+        ), check=_usage_check),
+    configargs.COMMAND,
+    catalogcmd.COMMAND,
+    *pullcmd.COMMANDS,
+    Subcommand("shutdown", "stop every engine and the daemon", cmd_shutdown),
+    Subcommand("wait",
+        "wait until an engine is in a state (starts nothing; on ktd's events, no polling); "
+        "exit 1 if it fails meanwhile, 5 if --timeout passes first", cmd_wait, (
+            _ALIAS,
+            arg("--state", action="append", metavar="STATE", choices=[str(s) for s in S.ALL],
+                help="a state to wait for (default ready; repeat for any of several: "
+                f"{', '.join(S.ALL)})"),
+            _GIVE_UP,
+        )),
+    Subcommand("schema",
+        "print the control protocol's JSON Schema (the daemon's; docs/protocol.md explains it)",
+        cmd_schema,
+        (arg("--local", action="store_true", help="this ktctl's own schema; no daemon needed"),)),
+)  # fmt: skip
+BY_NAME = {c.name: c for c in COMMANDS}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser; ``--json``/``--socket`` work before or after the command."""
+    """The argument parser, built from ``COMMANDS``; ``--json``/``--socket`` work before or
+    after the command."""
     # SUPPRESS defaults: a subcommand that is not given --json must not reset
     # a --json given before the command name (argparse copies sub-namespaces).
     common = argparse.ArgumentParser(add_help=False)
@@ -474,7 +516,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="ktd control socket (default: $KTD_SOCKET, else $KTD_RUNTIME_DIR/control.sock; "
         "with neither set and no ktd there, a running `ktd up`'s, else /run/ktd's)",
     )  # fmt: skip
-
     parser = argparse.ArgumentParser(
         prog="ktctl",
         parents=[common],
@@ -485,109 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ktctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def add(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help, description=help)
-
-    add("ping", "check that ktd answers; print its version and pid")
-
-    sp = add("status", "show engines (state, pid, port, placement, requests in flight)")
-    sp.add_argument("alias", nargs="?", metavar="ALIAS", help="only this engine")
-
-    add("models", "list the models of models.json and whether ktd serves them")
-
-    sp = add("load", "start an engine and wait until it is ready")
-    sp.add_argument("alias", metavar="ALIAS")
-    sp.add_argument("--no-wait", action="store_true", help="return once the launch has begun")
-    sp.add_argument("--timeout", type=_seconds, metavar="S", help="give up after S seconds")
-    loadpull.add_arguments(sp)  # --dry-run, --estimate, --pull
-
-    sp = add("evict", "stop an engine (drain in-flight requests, then terminate)")
-    sp.add_argument("alias", nargs="?", metavar="ALIAS")
-    sp.add_argument("--all", action="store_true", help="evict every engine")
-    sp.add_argument("--force", action="store_true", help="do not wait for in-flight requests")
-    sp.add_argument("--timeout", type=_seconds, metavar="S", help="bound the drain to S seconds")
-
-    sp = add(
-        "sleep",
-        "put an engine to sleep: drain it and release its GPU memory "
-        "(the process lives on, its experts stay in host RAM)",
-    )
-    sp.add_argument("alias", metavar="ALIAS")
-    sp.add_argument("--timeout", type=_seconds, metavar="S", help="bound the drain to S seconds")
-    sp.add_argument(
-        "--verify",
-        action="store_true",
-        help="sleep and wake it once, printing where its memory was at each step "
-        "(GPU per process, host per NUMA node, SGLang's own figures)",
-    )
-
-    sp = add("wake", "wake an asleep engine and wait until it is ready")
-    sp.add_argument("alias", metavar="ALIAS")
-    sp.add_argument(
-        "--timeout", type=_seconds, metavar="S",
-        help="stop waiting after S seconds (ktd goes on waking it)",
-    )  # fmt: skip
-
-    sp = add("logs", "print an engine's log")
-    sp.add_argument("alias", metavar="ALIAS")
-    sp.add_argument("-n", "--lines", type=_count, default=100, metavar="N",
-                    help="last N lines (default 100)")  # fmt: skip
-    sp.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
-    sp.add_argument(
-        "--probes", action="store_true",
-        help="also show the access lines of ktd's own health checks (GET /health, /v1/models)",
-    )  # fmt: skip
-
-    sp = add("events", "print ktd's events as they happen (state changes, logs, in-flight counts)")
-    sp.add_argument("topics", nargs="*", metavar="TOPIC",
-                    help="topic prefixes, e.g. engine. or log.ALIAS (default: all)")  # fmt: skip
-    sp.add_argument("--probes", action="store_true",
-                    help="with no TOPIC: include ktd's own health-check lines")  # fmt: skip
-
-    add("reload", "re-read config.json and models.json")
-
-    sp = add("doctor", "check the installation; runs locally when ktd is down")
-    sp.add_argument("--config", metavar="PATH", help="config.json for local checks")
-
-    sp = add(
-        "usage",
-        "the usage ledger: requests, prompt and completion tokens and errors "
-        "per day (UTC), API key and model, as the engines reported them",
-    )
-    sp.add_argument("--since", type=_since, metavar="DAY",
-                    help="from DAY on: YYYY-MM-DD, today, or Nd (N days back)")  # fmt: skip
-    sp.add_argument(
-        "--key", metavar="NAME", help="only the key named NAME in the config (-: without keys)"
-    )
-    sp.add_argument("--csv", action="store_true", help="CSV with a header line")
-
-    configargs.add_parser(add, common)
-    catalogcmd.add_parser(add)
-    pullcmd.add_parsers(add)
-
-    add("shutdown", "stop every engine and the daemon")
-
-    sp = add(
-        "wait",
-        "wait until an engine is in a state (starts nothing; on ktd's events, no polling); "
-        "exit 1 if it fails meanwhile, 5 if --timeout passes first",
-    )
-    sp.add_argument("alias", metavar="ALIAS")
-    sp.add_argument(
-        "--state", action="append", metavar="STATE", choices=[str(s) for s in S.ALL],
-        help="a state to wait for (default ready; repeat for any of several: "
-        f"{', '.join(S.ALL)})",
-    )  # fmt: skip
-    sp.add_argument("--timeout", type=_seconds, metavar="S", help="give up after S seconds")
-
-    sp = add(
-        "schema",
-        "print the control protocol's JSON Schema (the daemon's; docs/protocol.md explains it)",
-    )
-    sp.add_argument(
-        "--local", action="store_true", help="this ktctl's own schema; no daemon needed"
-    )
+    add_subcommands(sub, COMMANDS, common)
     return parser
 
 
@@ -602,41 +541,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ktctl`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "evict" and (args.alias is None) == (not args.all):
-        parser.error("evict needs an ALIAS or --all (not both)")
-    if args.command == "usage" and args.csv and _json(args):
-        parser.error("usage prints --csv or --json, not both")
+    command = BY_NAME[args.command]
+    wrong = command.check(args) if command.check else None
+    if wrong:
+        parser.error(wrong)
     try:
         timeout = _client_timeout()
     except argparse.ArgumentTypeError as exc:
         parser.error(f"KTCTL_TIMEOUT: {exc}")
-    handler = HANDLERS[args.command]
+    assert command.run is not None  # every command has one; only config's actions have none
     client = Client(
         discover.socket_for(getattr(args, "socket", None), quiet=_json(args)), timeout=timeout
     )
-    streaming = args.command == "events" or (args.command == "logs" and args.follow)
+    streaming = command.streaming(args)
     try:
-        return handler(client, args)
+        return command.run(client, args)
     except KeyboardInterrupt:
         if streaming:
             return EXIT_OK
-        if args.command == "load" and not (args.dry_run or args.estimate):
-            _err(
-                f"ktctl: interrupted: stopped waiting; ktd goes on loading {args.alias} "
-                f"(`ktctl evict {args.alias}` stops it)"
-            )
-        elif args.command == "wake":
-            _err(
-                f"ktctl: interrupted: stopped waiting; ktd goes on waking {args.alias} "
-                f"(`ktctl sleep {args.alias}` puts it back to sleep)"
-            )
-        elif args.command == "sleep":
-            _err(
-                f"ktctl: interrupted: stopped waiting; ktd goes on putting {args.alias} "
-                f"to sleep (`ktctl wake {args.alias}` wakes it)"
-            )
-        else:
-            _err("ktctl: interrupted")
+        _err(command.interrupted(args))
         return EXIT_INTERRUPTED
     except KtdError as exc:
         report_error(args, exc.code, exc.message, exc.detail)

@@ -1,13 +1,13 @@
-"""``ktctl config``'s command line: its parser, apart from the commands (``configcmd``),
-which ktctl imports only when it runs one (its start-up is a contract: ``ktctl.cli``)."""
+"""``ktctl config``'s command line: its row of the CLI's table (``ktctl.argtable``), the
+actions and their options, apart from the commands (``configcmd``), which ktctl imports
+only when it runs one (its start-up is a contract: ``ktctl.cli``)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import Any
 
-from ktctl.client import KtctlError
+from ktctl.argtable import Arg, Subcommand, arg, number
+from ktctl.client import Client, KtctlError
 from ktd.core import modelfields
 
 
@@ -42,76 +42,109 @@ FIELD=VALUE replaces the whole value: kt.extra_args=X leaves X alone in the list
 """
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a version number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"versions count from 1: {text!r}")
-    return value
+_positive = number(int, "not a version number", lambda n: n >= 1, "versions count from 1")
+
+_YES = arg(
+    "--yes",
+    action="store_true",
+    help="apply without asking (needed with --json or without a terminal)",
+)
+_FILES = ("config", "models")
+_FIELDS = ", ".join(f.name for f in modelfields.FIELDS)
 
 
-def add_parser(add: Callable[[str, str], argparse.ArgumentParser], common: Any) -> None:
-    """``ktctl config ...`` under the CLI's ``add`` (its common options)."""
-    sp = add("config", "read, plan and change the configuration (history, rollback)")
-    sub = sp.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+def _with_file(name: str, help: str, *yes: Arg) -> Subcommand:
+    """``plan`` and ``apply``: a FILE, which of the two it is, and the version it bases on."""
+    return Subcommand(
+        name,
+        help,
+        args=(
+            arg("path", metavar="FILE", help="config.json or models.json text (-: stdin)"),
+            arg("--file", choices=_FILES, help="which file FILE is (default: by its JSON)"),
+            arg(
+                "--base",
+                metavar="VERSION",
+                help="refuse if the files are no longer this version (from ktctl config get)",
+            ),
+            *yes,
+        ),
+    )
 
-    def action(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help, description=help)
 
-    yes_help = "apply without asking (needed with --json or without a terminal)"
-    files = ("config", "models")
-    fields = ", ".join(f.name for f in modelfields.FIELDS)
+def _run(client: Client, args: argparse.Namespace) -> int:
+    from ktctl import configcmd  # only when it runs: ktctl's start-up stays what it was
 
-    a = action("get", "print models.json (or an entry, or config.json) as ktd sees it on disk")
-    a.add_argument("alias", nargs="?", metavar="ALIAS", help="only this model's entry")
-    a.add_argument("--file", choices=files, help="which file to print (default: models)")
-    a.add_argument("--version", type=_positive, metavar="N", help="version N of the history")
+    return configcmd.run(client, args)
 
-    for name, help in (
-        ("plan", "what applying FILE would do (per engine, and what is wrong); changes nothing"),
-        ("apply", "show FILE's plan, then apply it (the base: the version read first)"),
-    ):
-        a = action(name, help)
-        a.add_argument("path", metavar="FILE", help="config.json or models.json text (-: stdin)")
-        a.add_argument("--file", choices=files, help="which file FILE is (default: by its JSON)")
-        a.add_argument(
-            "--base", metavar="VERSION",
-            help="refuse if the files are no longer this version (from ktctl config get)",
-        )  # fmt: skip
-        if name == "apply":
-            a.add_argument("--yes", action="store_true", help=yes_help)
 
-    set_help = "set fields of a model's entry: FIELD=VALUE ...; plan, then apply"
-    a = sub.add_parser(
-        "set", parents=[common], help=set_help, description=set_help, epilog=SET_SYNTAX,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    a.add_argument("alias", metavar="ALIAS")
-    a.add_argument(
-        "assignments", nargs="*", metavar="FIELD=VALUE",
-        help=f"also FIELD+=VALUE, FIELD-=VALUE (lists and maps); fields: {fields}",
-    )  # fmt: skip
-    a.add_argument("--unset", action="append", default=[], metavar="FIELD",
-                   help="remove FIELD from the entry (back to its default)")  # fmt: skip
-    a.add_argument("--yes", action="store_true", help=yes_help)
-
-    a = action("add", "add a model: ALIAS path=/models/... [FIELD=VALUE ...]; plan, then apply")
-    a.add_argument("alias", metavar="ALIAS")
-    a.add_argument("assignments", nargs="*", metavar="FIELD=VALUE", help=f"fields: {fields}")
-    a.add_argument("--yes", action="store_true", help=yes_help)
-
-    a = action("remove", "remove a model's entry; plan, then apply")
-    a.add_argument("alias", metavar="ALIAS")
-    a.add_argument("--yes", action="store_true", help=yes_help)
-
-    a = action("edit", "open $EDITOR on a copy of models.json (or config.json); plan it on save")
-    a.add_argument("--file", choices=files, help="which file (default: models)")
-    a.add_argument("--yes", action="store_true", help=yes_help)
-
-    action("history", "the versions ktd keeps: who changed what, and when")
-
-    a = action("rollback", "apply version N of the history again (default: the one before)")
-    a.add_argument("seq", nargs="?", type=_positive, metavar="N")
-    a.add_argument("--yes", action="store_true", help=yes_help)
+#: ``ktctl config ACTION ...``, a row of the CLI's table (``ktctl.argtable``).
+COMMAND = Subcommand(
+    "config",
+    "read, plan and change the configuration (history, rollback)",
+    _run,
+    actions_dest="config_command",
+    actions=(
+        Subcommand(
+            "get",
+            "print models.json (or an entry, or config.json) as ktd sees it on disk",
+            args=(
+                arg("alias", nargs="?", metavar="ALIAS", help="only this model's entry"),
+                arg("--file", choices=_FILES, help="which file to print (default: models)"),
+                arg("--version", type=_positive, metavar="N", help="version N of the history"),
+            ),
+        ),
+        _with_file(
+            "plan", "what applying FILE would do (per engine, and what is wrong); changes nothing"
+        ),
+        _with_file(
+            "apply", "show FILE's plan, then apply it (the base: the version read first)", _YES
+        ),
+        Subcommand(
+            "set",
+            "set fields of a model's entry: FIELD=VALUE ...; plan, then apply",
+            epilog=SET_SYNTAX,
+            args=(
+                arg("alias", metavar="ALIAS"),
+                arg(
+                    "assignments",
+                    nargs="*",
+                    metavar="FIELD=VALUE",
+                    help=f"also FIELD+=VALUE, FIELD-=VALUE (lists and maps); fields: {_FIELDS}",
+                ),
+                arg(
+                    "--unset",
+                    action="append",
+                    default=[],
+                    metavar="FIELD",
+                    help="remove FIELD from the entry (back to its default)",
+                ),
+                _YES,
+            ),
+        ),
+        Subcommand(
+            "add",
+            "add a model: ALIAS path=/models/... [FIELD=VALUE ...]; plan, then apply",
+            args=(
+                arg("alias", metavar="ALIAS"),
+                arg("assignments", nargs="*", metavar="FIELD=VALUE", help=f"fields: {_FIELDS}"),
+                _YES,
+            ),
+        ),
+        Subcommand(
+            "remove",
+            "remove a model's entry; plan, then apply",
+            args=(arg("alias", metavar="ALIAS"), _YES),
+        ),
+        Subcommand(
+            "edit",
+            "open $EDITOR on a copy of models.json (or config.json); plan it on save",
+            args=(arg("--file", choices=_FILES, help="which file (default: models)"), _YES),
+        ),
+        Subcommand("history", "the versions ktd keeps: who changed what, and when"),
+        Subcommand(
+            "rollback",
+            "apply version N of the history again (default: the one before)",
+            args=(arg("seq", nargs="?", type=_positive, metavar="N"), _YES),
+        ),
+    ),
+)

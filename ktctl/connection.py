@@ -199,20 +199,7 @@ class Connection(Closing):
             if on_event is not None:
                 on_event(None)
 
-        # IMMEDIATE=1: the DEALER is writable only once the zmq handshake is
-        # done. A wedged daemon whose kernel socket still accepts never gets
-        # there, so this phase is bounded by the plain timeout even when the
-        # reply wait is not.
-        connect_by = min(deadline, started + self.timeout)
-        while not sock.poll(slice_ms(connect_by - time.monotonic()), zmq.POLLOUT):
-            if time.monotonic() >= connect_by:
-                probe(self.socket_path)  # gone since the last request? say so precisely
-                raise DaemonUnreachable(
-                    f"ktd did not accept a connection on {self.socket_path} "
-                    f"within {min(budget, self.timeout):g}s (is it hung?)"
-                )
-            tick()
-        sock.send(frame, zmq.NOBLOCK)
+        self._send(sock, frame, started, min(budget, self.timeout), tick)
 
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -236,18 +223,50 @@ class Connection(Closing):
                 if reply is not None:
                     return check_reply(reply, KtdError)
             if monitor in ready and self._drain_monitor(monitor):
-                # A daemon that exited (not restarted) is "not running", however late
-                # zmq noticed the disconnect: say that, precisely, if it is so.
-                lost = (
-                    f"lost the connection to ktd at {self.socket_path} while waiting "
-                    f"{time.monotonic() - started:.1f}s for the reply"
-                )
-                try:
-                    probe(self.socket_path)
-                except DaemonUnreachable as gone:
-                    raise ConnectionLost(f"{lost}: {gone}") from None
-                raise ConnectionLost(f"{lost} (did ktd exit or restart?)")
+                raise self._lost(time.monotonic() - started) from None
             tick()
+
+    def _send(
+        self,
+        sock: zmq.Socket[bytes],
+        frame: bytes,
+        started: float,
+        within: float,
+        tick: Callable[[], None],
+    ) -> None:
+        """Send ``frame`` once the connection is made, or raise ``within`` seconds of
+        ``started``.
+
+        IMMEDIATE=1: the DEALER is writable only once the zmq handshake is done. A
+        wedged daemon whose kernel socket still accepts never gets there, so this phase
+        is bounded by the plain timeout even when the reply wait is not.
+        """
+        connect_by = started + within
+        while not sock.poll(slice_ms(connect_by - time.monotonic()), zmq.POLLOUT):
+            if time.monotonic() >= connect_by:
+                probe(self.socket_path)  # gone since the last request? say so precisely
+                raise DaemonUnreachable(
+                    f"ktd did not accept a connection on {self.socket_path} "
+                    f"within {within:g}s (is it hung?)"
+                )
+            tick()
+        sock.send(frame, zmq.NOBLOCK)
+
+    def _lost(self, waited: float) -> ConnectionLost:
+        """The connection dropped during a reply wait of ``waited`` seconds.
+
+        A daemon that exited (not restarted) is "not running", however late zmq noticed
+        the disconnect: say that, precisely, if it is so.
+        """
+        lost = (
+            f"lost the connection to ktd at {self.socket_path} while waiting "
+            f"{waited:.1f}s for the reply"
+        )
+        try:
+            probe(self.socket_path)
+        except DaemonUnreachable as gone:
+            return ConnectionLost(f"{lost}: {gone}")
+        return ConnectionLost(f"{lost} (did ktd exit or restart?)")
 
     def _read_reply(self, sock: zmq.Socket[bytes], rid: int) -> p.Reply | None:
         """The queued reply with id ``rid``, if any; other ids are late replies, dropped."""

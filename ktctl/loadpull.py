@@ -21,10 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ktctl import pullcmd
+from ktctl.argtable import arg
 from ktctl.client import Client, KtdError
 from ktd import protocol as p
 
-__all__ = ["add_arguments", "cmd_load", "not_pulled"]
+__all__ = ["ARGS", "cmd_load", "not_pulled"]
 
 Handler = Callable[[Client, argparse.Namespace], int]
 
@@ -38,21 +39,24 @@ GB = 1_000_000_000
 MISSING = re.compile(r"preflight: .*model_path \S+ does not exist")
 
 
-def add_arguments(sp: argparse.ArgumentParser) -> None:
-    """``load``'s flags beside ALIAS, --no-wait and --timeout."""
-    sp.add_argument(
-        "--dry-run", action="store_true",
+#: ``load``'s flags beside ALIAS, --no-wait and --timeout (rows of ``ktctl.argtable``).
+ARGS = (
+    arg(
+        "--dry-run",
+        action="store_true",
         help="print the plan (command, env, NUMA nodes, CPUs, GPUs, evictions); start nothing",
-    )  # fmt: skip
-    sp.add_argument(
-        "--estimate", action="store_true",
+    ),
+    arg(
+        "--estimate",
+        action="store_true",
         help="print the memory estimate and whether it fits (host RAM, GPU); start nothing",
-    )  # fmt: skip
-    sp.add_argument(
+    ),
+    arg(
         "--pull",
         action="store_true",
         help="a catalog name not pulled yet: pull it first (with progress), then load it",
-    )
+    ),
+)
 
 
 def catalog_entry(client: Client, name: str) -> dict[str, Any] | None:

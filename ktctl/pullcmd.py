@@ -16,12 +16,12 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from ktctl import render
+from ktctl.argtable import Subcommand, arg
 from ktctl.client import Client
 from ktd import protocol as p
 from ktd.pullwire import PullInfo, PullPlanView
@@ -35,19 +35,6 @@ POLL = 2.0
 #: Seconds a finished pull of a catalog name waits for ktd's word on its models.json
 #: entry (the desk plans it: the new model's flags are checked by the engine's probe).
 ENTRY_WAIT = 120.0
-
-
-def add_parsers(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    sp = add(
-        "pull", "fetch a model as a ktd job (resumable; the plan first, refused if it cannot fit)"
-    )
-    sp.add_argument("name", nargs="?", metavar="NAME", help="a catalog name")
-    sp.add_argument("--repo", metavar="ORG/NAME[@REV]", help="a hub repo instead of a catalog name")
-    sp.add_argument("--dry-run", action="store_true", help="print the plan; fetch nothing")
-    sp.add_argument("--force", action="store_true", help="fetch even if the plan refuses")
-    sp.add_argument("--cancel", action="store_true", help="end the pull (what was fetched stays)")
-    sp.add_argument("--detach", action="store_true", help="start it and return; do not follow")
-    add("pulls", "list ktd's pull jobs (state, bytes, rate, ETA)")
 
 
 def _out(text: str) -> None:
@@ -178,6 +165,25 @@ def cmd_pull(client: Client, args: argparse.Namespace) -> int:
         if name and not failed:
             entry_word(sub, name, as_json)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+#: ``ktctl pull`` and ``ktctl pulls``, rows of the CLI's table (``ktctl.argtable``).
+COMMANDS = (
+    Subcommand(
+        "pull",
+        "fetch a model as a ktd job (resumable; the plan first, refused if it cannot fit)",
+        cmd_pull,
+        (
+            arg("name", nargs="?", metavar="NAME", help="a catalog name"),
+            arg("--repo", metavar="ORG/NAME[@REV]", help="a hub repo instead of a catalog name"),
+            arg("--dry-run", action="store_true", help="print the plan; fetch nothing"),
+            arg("--force", action="store_true", help="fetch even if the plan refuses"),
+            arg("--cancel", action="store_true", help="end the pull (what was fetched stays)"),
+            arg("--detach", action="store_true", help="start it and return; do not follow"),
+        ),
+    ),
+    Subcommand("pulls", "list ktd's pull jobs (state, bytes, rate, ETA)", cmd_pulls),
+)
 
 
 def entry_word(sub: Any, name: str, as_json: bool, wait: float = ENTRY_WAIT) -> None:

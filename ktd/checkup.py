@@ -14,6 +14,7 @@ from typing import Any
 from ktd.core import doctor
 from ktd.core.config import Config
 from ktd.core.configload import load_config
+from ktd.core.verdict import Check
 from ktd.ports import port_free
 from ktd.pyprobe import probe_python
 from ktd.topology import Topology, read_topology
@@ -31,7 +32,7 @@ def build_report(
     *,
     running: dict[str, int] | None = None,
     where: str,
-    extra_checks: list[doctor.Check] | None = None,
+    extra_checks: list[Check] | None = None,
 ) -> dict[str, Any]:
     served = config.served()
     probe = probe_python(served[0]) if served else None
@@ -64,7 +65,7 @@ def local_report(config_path: str | None = None) -> dict[str, Any]:
         topo = read_topology()
         checks = doctor.collect(topo, (), None, port_free=port_free)
         checks.append(
-            doctor.Check(
+            Check(
                 "config",
                 "warn",
                 f"no config at {path}: only the machine was checked",
@@ -73,7 +74,7 @@ def local_report(config_path: str | None = None) -> dict[str, Any]:
         )
         return doctor.report(checks, {"where": where, "config": None, "topology": topo.to_dict()})
     config = load_config(path)
-    extra: list[doctor.Check] = []
+    extra: list[Check] = []
     if config.gateway.routers:
         from ktd.gateway import doctor as gw_doctor
 

@@ -23,8 +23,8 @@ import msgspec
 from ktd.core import gpuexperts as G
 from ktd.core import states as S
 from ktd.core.config import ModelSpec
-from ktd.core.doctor import Check
 from ktd.core.exits import Outcome
+from ktd.core.verdict import Check
 from ktd.protocol import EngineInfo
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import httpx
 
 from ktd import foreign
 from ktd.core.config import GatewaySection
-from ktd.core.doctor import Check
+from ktd.core.verdict import Check
 from ktd.gateway import plan
 from ktd.gateway.client import RouterClient, RouterError, parse_workers
 
@@ -48,62 +48,61 @@ def checks(
     """``wanted``: URLs this ktd means to have registered now (its ready engines or frontend)."""
     if not cfg.routers:
         return []
-    out: list[Check] = []
-    for p in probes:
-        name = f"gateway.{p.url}"
-        if p.workers is None:
-            out.append(
-                Check(
-                    name,
-                    "fail",
-                    f"router unreachable: {p.error}",
-                    "start sglang-router there, fix gateway.routers, or set gateway.api_key "
-                    "if the router wants a control-plane key; ktd keeps retrying",
-                )
-            )
-            continue
-        ours = [w for w in p.workers if instance is not None and w.owner() == instance]
-        listed = {plan.normalize_url(w.url) for w in ours}
-        detail = f"reachable, {len(p.workers)} worker(s), {len(ours)} registered by this ktd"
-        if ours:
-            detail += ": " + ", ".join(sorted(listed))
-        missing = [u for u in wanted if plan.normalize_url(u) not in listed]
-        sick = [w.url for w in ours if not w.healthy]
-        if missing:
-            out.append(
-                Check(
-                    name,
-                    "warn",
-                    f"{detail}; not (yet) registered: {', '.join(missing)}",
-                    "ktd registers within gateway.reconcile_interval; if it stays missing, "
-                    "see the router's log (its add job health-checks the URL)",
-                )
-            )
-        elif sick:
-            out.append(
-                Check(
-                    name,
-                    "warn",
-                    f"{detail}; failing the router's health check: {', '.join(sick)}",
-                    "the router cannot reach that URL: check gateway.advertise and firewalls",
-                )
-            )
-        else:
-            out.append(Check(name, "ok", detail))
-    remote = [u for u in cfg.routers if not _loopback(urlsplit(u).hostname or "")]
-    local = sorted({h for h in advertised_hosts if _loopback(h)})
-    if remote and local:
-        out.append(
-            Check(
-                "gateway.advertise",
-                "warn",
-                f"workers are advertised on {', '.join(local)} but router(s) "
-                f"{', '.join(remote)} run elsewhere",
-                "set gateway.advertise to this host's address the routers can reach "
-                "(and bind the engines/frontend there)",
-            )
+    out = [_router_check(p, instance, wanted) for p in probes]
+    advertise = _advertise_check(cfg.routers, advertised_hosts)
+    return out + ([advertise] if advertise else [])
+
+
+def _router_check(p: RouterProbe, instance: str | None, wanted: Sequence[str]) -> Check:
+    """One router: reachable, and listing this ktd's workers (all of them, all healthy)."""
+    name = f"gateway.{p.url}"
+    if p.workers is None:
+        return Check(
+            name,
+            "fail",
+            f"router unreachable: {p.error}",
+            "start sglang-router there, fix gateway.routers, or set gateway.api_key "
+            "if the router wants a control-plane key; ktd keeps retrying",
         )
-    return out
+    ours = [w for w in p.workers if instance is not None and w.owner() == instance]
+    listed = {plan.normalize_url(w.url) for w in ours}
+    detail = f"reachable, {len(p.workers)} worker(s), {len(ours)} registered by this ktd"
+    if ours:
+        detail += ": " + ", ".join(sorted(listed))
+    missing = [u for u in wanted if plan.normalize_url(u) not in listed]
+    sick = [w.url for w in ours if not w.healthy]
+    if missing:
+        return Check(
+            name,
+            "warn",
+            f"{detail}; not (yet) registered: {', '.join(missing)}",
+            "ktd registers within gateway.reconcile_interval; if it stays missing, "
+            "see the router's log (its add job health-checks the URL)",
+        )
+    if sick:
+        return Check(
+            name,
+            "warn",
+            f"{detail}; failing the router's health check: {', '.join(sick)}",
+            "the router cannot reach that URL: check gateway.advertise and firewalls",
+        )
+    return Check(name, "ok", detail)
+
+
+def _advertise_check(routers: Sequence[str], advertised_hosts: Sequence[str]) -> Check | None:
+    """Workers advertised on a loopback address that a router on another host cannot reach."""
+    remote = [u for u in routers if not _loopback(urlsplit(u).hostname or "")]
+    local = sorted({h for h in advertised_hosts if _loopback(h)})
+    if not (remote and local):
+        return None
+    return Check(
+        "gateway.advertise",
+        "warn",
+        f"workers are advertised on {', '.join(local)} but router(s) "
+        f"{', '.join(remote)} run elsewhere",
+        "set gateway.advertise to this host's address the routers can reach "
+        "(and bind the engines/frontend there)",
+    )
 
 
 async def probe_async(cfg: GatewaySection, http: httpx.AsyncClient) -> list[RouterProbe]:

@@ -21,8 +21,8 @@ import trio
 
 from ktd.core import states as S
 from ktd.core.config import FrontendSection, GatewaySection
-from ktd.core.doctor import Check
 from ktd.core.states import Phase, Step
+from ktd.core.verdict import Check
 from ktd.gateway import plan
 from ktd.gateway.client import RouterClient, RouterError
 from ktd.gateway.host import EngineLike, PoolLike
