@@ -14,7 +14,8 @@ Routes (as the hub answers them; ``huggingface_hub`` 2.x's ``hf_api.model_info``
 * ``GET`` of either: the bytes, honouring ``Range: bytes=N-``.
 
 Modes, settable while it runs: ``rate`` (bytes a second), ``stall_after`` (bytes of a
-file's body after which it stops sending, until ``release()``), ``fail_status`` (every
+file's body after which it stops sending, until ``release()``; with ``stall_once`` only
+the first response that gets there), ``fail_status`` (every
 route answers it), ``gated`` (401 with ``X-Error-Code: GatedRepo`` without the right
 token), a repo it does not have (404 ``RepoNotFound``), ``wrong_sha`` (the metadata names
 another sha256). It counts the bytes it sent of each file, to measure what a resume
@@ -60,6 +61,7 @@ class StandIn:
         self.repos: dict[str, Repo] = {}
         self.rate: float = 0.0  # bytes a second, 0: as fast as it goes
         self.stall_after: int | None = None
+        self.stall_once = False  # only the first response to reach stall_after stalls
         self.fail_status: int | None = None
         self.gated_token: str | None = None  # set: a request without this token is refused
         self.wrong_sha: set[str] = set()
@@ -273,6 +275,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             while sent < len(data):
                 if hub.stall_after is not None and sent >= hub.stall_after:
+                    if hub.stall_once:  # this response stalls; the ones after it do not
+                        hub.stall_after = None
                     hub._release.wait(timeout=60)
                 piece = data[sent : sent + chunk]
                 self.wfile.write(piece)
