@@ -27,7 +27,6 @@ MAX_LINES = 600
 # goes down: a change that grows one of these splits it first.
 OVER_MAX_LINES = {
     "ktd/core/config.py": 862,
-    "ktd/daemon/pool.py": 700,
     "ktctl/cli.py": 671,
     "ktd/daemon/supervisor.py": 642,
     "ktd/core/doctor.py": 631,

@@ -24,6 +24,7 @@ from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, Peer, TrioSocket
 from ktd.core import trust
 from ktd.daemon.configdesk import ConfigDesk, Who
+from ktd.daemon.controls import Controls
 from ktd.daemon.pool import Pool
 from ktd.frameid import peek_id, skim_id
 
@@ -45,6 +46,12 @@ def _op_of(payload: bytes) -> str | None:
     return op if isinstance(op, str) else None
 
 
+def _asker(uid: int | None) -> int:
+    """A request whose sender the socket did not show (no Peer-Address: not ipc, not
+    Linux) is nobody's: it may read the config, not change it (fail closed)."""
+    return uid if uid is not None else NOBODY
+
+
 def error_reply(req: p.Request, exc: Exception) -> p.Error:
     """ControlErrors carry their stable code; anything else is a bug, logged, never fatal."""
     if isinstance(exc, ControlError):
@@ -54,9 +61,13 @@ def error_reply(req: p.Request, exc: Exception) -> p.Error:
 
 
 class ControlServer:
+    """The control socket's requests, each routed to who answers it: the engines' control
+    operations (``ops``), the pool's leases and claims, the config desk, the catalog's
+    pulls and the daemon's own (reload, doctor, shutdown)."""
+
     def __init__(
         self,
-        pool: Pool,
+        ops: Controls,
         control: zmq.Socket[bytes],
         events: zmq.Socket[bytes],
         *,
@@ -70,7 +81,7 @@ class ControlServer:
         catalog: Callable[[str | None], Awaitable[p.CatalogReply]] | None = None,
         pulls: Puller | None = None,
     ) -> None:
-        self.pool = pool
+        self.ops = ops
         # peers: who sent each request (the config history records it)
         self.control = TrioSocket(
             control,
@@ -94,6 +105,11 @@ class ControlServer:
         self._pulls = pulls
         self._nursery: trio.Nursery | None = None
         self._encoder = msgspec.msgpack.Encoder()
+
+    @property
+    def pool(self) -> Pool:
+        """The engines' pool, whose leases and claims the frontends' requests take."""
+        return self.ops.pool
 
     def publish(self, topic: str, event: p.Event) -> None:
         self.events.send([topic.encode(), self._encoder.encode(event)])
@@ -207,7 +223,67 @@ class ControlServer:
         """Requests that need no waiting are answered inside the pump, in the same pass
         that read them: no task, no extra scheduler round (the frontend's acquire and
         release sit on every request's path). None = needs a task."""
-        pool = self.pool
+        for answer in (self._engines_now, self._leases_now, self._daemon_now):
+            reply = answer(req)
+            if reply is not None:
+                return reply
+        return None
+
+    def _engines_now(self, req: p.Request) -> p.Reply | None:
+        """What the engines are (status, models, logs), and a keep-alive: all at once."""
+        ops = self.ops
+        match req:
+            case p.Status(alias=alias):
+                engines = ops.status(alias)
+                if not self._by_owner():  # docs/security.md: secrets are the owner's
+                    for info in engines:
+                        info.argv = trust.hidden_argv(info.argv)
+                return p.StatusReply(engines=engines, gateway=self._gateway())
+            case p.Models():
+                return p.ModelsReply(models=ops.models())
+            case p.Logs(alias=alias, lines=lines, probes=probes):
+                tail, upto = ops.logs(alias, lines, probes=probes)
+                return p.LogsReply(alias=alias, lines=tail, upto=upto)
+            case p.KeepAlive(model=model, seconds=seconds, forever=forever):
+                return p.Ok(message=ops.keep_alive(model, seconds, forever=forever))
+        return None
+
+    def _leases_now(self, req: p.Request) -> p.Reply | None:
+        """The frontends' leases, claims and reports, when the pool can answer them in this
+        pass (an acquire or a claim that must wait, a parked sync: None)."""
+        match req:
+            case p.Acquire(model=model, client=client):
+                now = self.pool.grant_now(model, client, claim=False)
+                if now is None:
+                    return None
+                lease, engine = now
+                return p.AcquireReply(
+                    lease=lease, alias=engine.alias, url=engine.url or "", api_key=engine.api_key
+                )
+            case p.Release(lease=lease):
+                found = self.pool.release(lease)
+                return p.Ok(message="released" if found else "unknown lease (already expired)")
+            case p.Heartbeat(client=client):
+                self.pool.heartbeat(client)
+                return p.Ok()
+            case p.Claim(model=model, client=client):
+                now = self.pool.grant_now(model, client, claim=True, pid=self._sender_pid())
+                return None if now is None else self.pool.claim_reply(now[0])
+            case p.Sync():
+                # Recorded here, in the pass that read it: a heartbeat is never judged late
+                # because its task had not run yet. None: parked (the long poll).
+                return self.pool.sync(req, self._sender_pid())
+            case p.Return(client=client, claim=claim):
+                found = self.pool.give_back(client, claim)
+                return p.Ok(message="returned" if found else "unknown claim (already gone)")
+            case p.EngineKeys():
+                return p.EngineKeysReply(keys=self.pool.engine_keys())
+            case p.Usage(since=since, key=key):
+                return p.UsageReply(rows=self.pool.usage.rows(since, key))
+        return None
+
+    def _daemon_now(self, req: p.Request) -> p.Reply | None:
+        """The daemon's own: who it is, its schema, its shutdown, its pulls' table."""
         match req:
             case p.Ping():
                 return p.Pong(
@@ -218,47 +294,6 @@ class ControlServer:
                 )
             case p.Schema():
                 return p.SchemaReply(protocol=p.PROTOCOL, schema=protocol_schema.current())
-            case p.Status(alias=alias):
-                engines = pool.status(alias)
-                if not self._by_owner():  # docs/security.md: secrets are the owner's
-                    for info in engines:
-                        info.argv = trust.hidden_argv(info.argv)
-                return p.StatusReply(engines=engines, gateway=self._gateway())
-            case p.Models():
-                return p.ModelsReply(models=pool.models())
-            case p.Logs(alias=alias, lines=lines, probes=probes):
-                tail, upto = pool.logs(alias, lines, probes=probes)
-                return p.LogsReply(alias=alias, lines=tail, upto=upto)
-            case p.Acquire(model=model, client=client):
-                now = pool.grant_now(model, client, claim=False)
-                if now is None:
-                    return None
-                lease, engine = now
-                return p.AcquireReply(
-                    lease=lease, alias=engine.alias, url=engine.url or "", api_key=engine.api_key
-                )
-            case p.KeepAlive(model=model, seconds=seconds, forever=forever):
-                return p.Ok(message=pool.keep_alive(model, seconds, forever=forever))
-            case p.Release(lease=lease):
-                found = pool.release(lease)
-                return p.Ok(message="released" if found else "unknown lease (already expired)")
-            case p.Heartbeat(client=client):
-                pool.heartbeat(client)
-                return p.Ok()
-            case p.Claim(model=model, client=client):
-                now = pool.grant_now(model, client, claim=True, pid=self._sender_pid())
-                return None if now is None else pool.claim_reply(now[0])
-            case p.Sync():
-                # Recorded here, in the pass that read it: a heartbeat is never judged late
-                # because its task had not run yet. None: parked (the long poll).
-                return pool.sync(req, self._sender_pid())
-            case p.Return(client=client, claim=claim):
-                found = pool.give_back(client, claim)
-                return p.Ok(message="returned" if found else "unknown claim (already gone)")
-            case p.EngineKeys():
-                return p.EngineKeysReply(keys=pool.engine_keys())
-            case p.Usage(since=since, key=key):
-                return p.UsageReply(rows=pool.usage.rows(since, key))
             case p.Shutdown():
                 self._shutdown()
                 return p.Ok(message="shutting down")
@@ -269,34 +304,50 @@ class ControlServer:
         return None
 
     async def _dispatch(self, req: p.Request, peer: Peer | None = None) -> p.Reply:
-        pool = self.pool
+        """Requests that wait (a load may take minutes), each in a task of its own."""
         uid = peer.uid if peer is not None else None
-        # A request whose sender the socket did not show (no Peer-Address: not ipc, not
-        # Linux) is nobody's: it may read the config, not change it (fail closed).
-        asker = uid if uid is not None else NOBODY
-        desk = self._config
+        for later in (
+            self._engines_later,
+            self._config_later,
+            self._leases_later,
+            self._daemon_later,
+        ):
+            reply = await later(req, uid)
+            if reply is not None:
+                return reply
+        raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")
+
+    async def _engines_later(self, req: p.Request, uid: int | None) -> p.Reply | None:
+        """The engines' control operations: load (or its dry run), evict, sleep, wake."""
+        ops = self.ops
         match req:
             case p.Load(alias=alias, dry_run=True):
-                spec = pool.engine(alias).spec
+                spec = self.pool.engine(alias).spec
                 plan = await self._dry_run(alias)
-                if not trust.is_owner(asker, os.getuid()):
+                if not trust.is_owner(_asker(uid), os.getuid()):
                     plan = trust.hidden_launch(plan, spec)
                 return p.PlanReply(plan=plan)
             case p.Load(alias=alias, wait=wait, timeout=timeout):
-                return p.LoadReply(engine=await pool.load(alias, wait=wait, timeout=timeout))
+                return p.LoadReply(engine=await ops.load(alias, wait=wait, timeout=timeout))
             case p.Evict(alias=alias, all=all_, force=force, timeout=timeout):
-                evicted = await pool.evict(alias, all=all_, force=force, timeout=timeout)
+                evicted = await ops.evict(alias, all=all_, force=force, timeout=timeout)
                 return p.EvictReply(evicted=evicted)
             case p.Sleep(alias=alias, timeout=timeout):
                 # Long (a drain, then SGLang's release): in a task, like load and evict.
-                return p.LoadReply(engine=await pool.sleep(alias, timeout=timeout))
+                return p.LoadReply(engine=await ops.sleep(alias, timeout=timeout))
             case p.Wake(alias=alias, timeout=timeout):
-                return p.LoadReply(engine=await pool.wake(alias, timeout=timeout))
+                return p.LoadReply(engine=await ops.wake(alias, timeout=timeout))
             case p.EngineMemory(alias=alias):
-                return await pool.engine_memory(alias)
+                return await ops.engine_memory(alias)
+        return None
+
+    async def _config_later(self, req: p.Request, uid: int | None) -> p.Reply | None:
+        """A reload, and the config desk's requests. Who may read, plan and change:
+        ``ConfigDesk.role`` (docs/security.md)."""
+        desk, asker = self._config, _asker(uid)
+        match req:
             case p.Reload():
                 return p.Ok(message=await self._reload(Who(uid=uid)))
-            # Who may read, plan and change: ConfigDesk.role (docs/security.md).
             case p.ConfigGet(seq=seq, delegated=delegated) if desk is not None:
                 return await desk.get(seq, Who(uid=asker, delegated=delegated))
             case p.ConfigPlan(config_text=cfg, models_text=models, base=base) if desk is not None:
@@ -310,6 +361,12 @@ class ControlServer:
             case p.ConfigRollback(seq=seq, base=base, dry_run=dry_run) if desk is not None:
                 who = Who(uid=asker, claimed=req.author, delegated=req.delegated)
                 return await desk.rollback(seq, base, who, dry_run=dry_run)
+        return None
+
+    async def _leases_later(self, req: p.Request, uid: int | None) -> p.Reply | None:
+        """An acquire or a claim that waits for its engine, a sync's long poll."""
+        pool = self.pool
+        match req:
             case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):
                 lease, engine = await pool.acquire(
                     model, client, autoload=autoload, timeout=timeout
@@ -325,6 +382,11 @@ class ControlServer:
             case p.Sync(client=client, wait=wait):
                 await pool.park(client, wait)
                 return pool.sync_reply(client)
+        return None
+
+    async def _daemon_later(self, req: p.Request, uid: int | None) -> p.Reply | None:
+        """Doctor, the machine, the catalog and a pull: each reads files or runs tools."""
+        match req:
             case p.Doctor():
                 return p.DoctorReply(report=await self._doctor())
             case p.Machine() if self._machine is not None:
@@ -336,4 +398,4 @@ class ControlServer:
             case p.Pull(name=name, repo=repo, force=force) if self._pulls is not None:
                 # async: a catalog name is resolved off the event loop (files, nvidia-smi)
                 return await self._pulls.request(name, repo, force=force)
-        raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")
+        return None
