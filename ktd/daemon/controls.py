@@ -17,9 +17,8 @@ import msgspec
 
 from ktd import protocol as p
 from ktd.control.errors import ControlError
-from ktd.core import loglines
+from ktd.core import loglines, sleepask
 from ktd.core import states as S
-from ktd.core.lifecycle import Want
 from ktd.core.states import Step
 from ktd.daemon import kill, meminfo, memory
 from ktd.daemon.engine import Engine
@@ -32,6 +31,17 @@ KEEP_ALIVE_NOW = 0.001
 
 def _sglang_memory(figures: dict[str, float]) -> p.SglangMemory:
     return msgspec.convert(figures, p.SglangMemory, strict=False)
+
+
+def _cannot_sleep(engine: Engine) -> sleepask.Refusal | None:
+    label = engine.catalog.label if engine.catalog else None
+    return sleepask.cannot_sleep(engine.alias, engine.sleep_mode(), label)
+
+
+def _refuse(refusal: sleepask.Refusal | None) -> None:
+    """Turn the request away when the rule did: its error, with its stable code."""
+    if refusal is not None:
+        raise ControlError(refusal.code, refusal.message, refusal.detail)
 
 
 class Controls:
@@ -162,23 +172,6 @@ class Controls:
         await engine.wait_until(lambda: stopped() or overtaken())
         return not stopped()
 
-    def _can_sleep(self, engine: Engine) -> None:
-        mode = engine.sleep_mode()
-        if mode == "off":
-            raise ControlError(
-                ErrorCode.NO_SLEEP,
-                f'{engine.alias} cannot sleep: its models.json entry has no "sleep": true',
-                {"sleep": mode},
-            )
-        if mode == "unsupported":
-            label = engine.catalog.label if engine.catalog else "its SGLang"
-            raise ControlError(
-                ErrorCode.NO_SLEEP,
-                f"{engine.alias} cannot sleep: {label} has no --enable-memory-saver "
-                "(install sglang-kt or SGLang >= 0.4.9); its swaps stop and reload",
-                {"sleep": mode},
-            )
-
     async def engine_memory(self, alias: str) -> p.EngineMemoryReply:
         """Where ``alias``'s memory is now: its processes on each GPU and NUMA node, and
         SGLang's own figures (``ktctl sleep --verify``)."""
@@ -210,52 +203,26 @@ class Controls:
     async def sleep(self, alias: str, *, timeout: float | None = None) -> EngineInfo:
         """Drain ``alias`` to zero, take it off the gateway, release its GPU memory.
         Answers once it is asleep (or, if the drain did not reach zero in time or the
-        release failed, stopped, with why)."""
+        release failed, stopped, with why): the answers are ``ktd.core.sleepask``'s."""
         engine = self.pool.engine(alias)
         self.pool.check_open()
-        self._can_sleep(engine)
-        if engine.state == S.ASLEEP and not engine.want_up:
+        _refuse(_cannot_sleep(engine))
+        if sleepask.asleep_already(engine.state, engine.want_up):
             return engine.info()
-        if engine.state not in (S.READY, S.STARTING, S.WAKING, S.SLEEPING):
-            raise ControlError(
-                ErrorCode.NOT_LOADED,
-                f"{alias} is {engine.state}: only a running engine can sleep",
-                {"state": engine.state},
-            )
+        _refuse(sleepask.sleep_refused(alias, engine.state))
         engine.log.note("asked to sleep")
         engine.request_sleep(drain_timeout=timeout, reason="put to sleep")
-        await engine.wait_until(
-            lambda: engine.want != Want.ASLEEP or engine.state in (S.ASLEEP, S.STOPPED, S.FAILED)
-        )
-        if engine.state == S.ASLEEP:
-            return engine.info()
-        if engine.want == Want.UP:
-            raise ControlError(
-                ErrorCode.BUSY,
-                f"sleep of {alias} overtaken by a load or a wake: it stays up",
-                {"state": engine.state},
-            )
-        if engine.state in (S.STOPPING, S.STOPPED, S.FAILED) and engine.reason:
-            why = engine.reason  # the drain did not reach zero in time, no door, ...
-        else:
-            why = "overtaken by an evict, a reload or ktd's shutdown: it stops"
-        raise ControlError(
-            ErrorCode.LOAD_FAILED, f"sleep of {alias} ended: {why}", {"state": engine.state}
-        )
+        await engine.wait_until(lambda: sleepask.sleep_over(engine.state, engine.want))
+        _refuse(sleepask.sleep_end(alias, engine.state, engine.want, engine.reason))
+        return engine.info()
 
     async def wake(self, alias: str, *, timeout: float | None = None) -> EngineInfo:
         """Wake an asleep ``alias`` (a ready one: at once). Other states: a load."""
         engine = self.pool.engine(alias)
         self.pool.check_open()
-        if engine.state == S.READY and engine.want_up:
+        if sleepask.awake_already(engine.state, engine.want_up):
             return engine.info()
-        if engine.state not in (S.ASLEEP, S.SLEEPING, S.WAKING):
-            self._can_sleep(engine)
-            raise ControlError(
-                ErrorCode.NOT_LOADED,
-                f"{alias} is {engine.state}, not asleep: `ktctl load {alias}` loads it",
-                {"state": engine.state},
-            )
+        _refuse(sleepask.wake_refused(alias, engine.state, _cannot_sleep(engine)))
         return await self.load(alias, timeout=timeout)
 
     def logs(self, alias: str, lines: int, *, probes: bool = False) -> tuple[list[str], int]:
