@@ -1,6 +1,6 @@
 """The control API's engine operations: load, evict, sleep, wake, status, logs.
 
-These are what ``ktctl`` (through ``ktd.daemon.server``) asks of the engines, and they
+These are what ``ktctl`` (through ``ktd.daemon.dispatch``) asks of the engines, and they
 only set desires on engines and wait for what the engines then do: one request's wait
 and its answer. The pool (``ktd.daemon.pool``) is the engines' registry and the host
 they run in; it knows no request. The seam is the pool's public surface:
@@ -45,7 +45,7 @@ def _refuse(refusal: sleepask.Refusal | None) -> None:
 
 
 class Controls:
-    """The control API's operations on the pool's engines (``ControlServer`` calls them)."""
+    """The control API's operations on the pool's engines (``Dispatch`` calls them)."""
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
