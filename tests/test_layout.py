@@ -26,7 +26,6 @@ MAX_LINES = 600
 # A module leaves the list when it is split; the list only shrinks, and a count only
 # goes down: a change that grows one of these splits it first.
 OVER_MAX_LINES = {
-    "ktd/daemon/pool.py": 700,
     "ktd/daemon/supervisor.py": 642,
     "ktd/frontend/broker.py": 611,
 }

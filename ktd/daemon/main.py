@@ -44,6 +44,7 @@ from ktd.daemon import (
 from ktd.daemon.catalogview import CatalogView, catalog_dir
 from ktd.daemon.configdesk import ConfigDesk, Who
 from ktd.daemon.confighistory import History
+from ktd.daemon.controls import Controls
 from ktd.daemon.doctor import daemon_report, dry_run_plan
 from ktd.daemon.inotify import DIR_CHANGES, FileWatch
 from ktd.daemon.machine import MachineReader
@@ -249,19 +250,7 @@ class Daemon:
 
     async def run(self, control: zmq.Socket[bytes], events: zmq.Socket[bytes]) -> None:
         async with trio.open_nursery() as nursery:
-            pool = Pool(
-                self.config,
-                log_dir=self.setup.log_dir,
-                publish=self._publish,
-                state_path=self.setup.state_dir / "engines.json",
-            )
-            self.pool = pool
-            pool.observers.append(gpuexperts.ExpertsKeeper(self.setup.state_dir / gpuexperts.FILE))
-            adopted, killed = pool.adopt()
-            if adopted:
-                log.info("re-adopted running engine(s): %s", ", ".join(adopted))
-            if killed:
-                log.warning("killed %d stray engine process(es): %s", len(killed), killed)
+            pool = self._open_pool()
             gateway = GatewaySync(
                 self.config.gateway,
                 self.config.frontend,
@@ -270,35 +259,10 @@ class Daemon:
             )
             self.gateway = gateway
             pool.observers.append(gateway)
-            texts = self.texts or await configfiles.read_texts(self.config.path)
-            desk = ConfigDesk(
-                self.config,
-                texts,
-                pool,
-                install=self.install,
-                history=History(
-                    self.setup.state_dir / "config-history", self.config.daemon.config_history + 1
-                ),
-            )
-            self.desk = desk
-            await desk.record_start()
-            # The catalog as the pulls see it: the running config's files, re-read at
-            # each pull (a reload's new files count from the next one).
-            cat = CatalogPulls(lambda: self.config, self.setup.state_dir, machine=self._machine)
-            entries = PullEntries(cat, lambda: self.desk, self._publish, offload.to_thread)
-            pulls = Puller(
-                self.config.catalog,
-                root=catalog_dir(self.config, self.setup.state_dir),
-                state_path=self.setup.state_dir / "pulls.json",
-                publish=self._publish,
-                resolve=cat.resolve,
-                fit=cat.fit,
-                finished=entries.finished,
-                offload=offload.to_thread,
-                log_dir=self.setup.log_dir / "pulls",
-            )
+            desk = await self._open_desk(pool)
+            pulls = self._open_pulls()
             server = ControlServer(
-                pool,
+                Controls(pool),
                 control,
                 events,
                 reload=self.reload,
@@ -329,17 +293,72 @@ class Daemon:
             log.info("shutting down: stopping %d engine(s)", len(pool.engines))
             with trio.CancelScope(shield=True):
                 await gateway.shutdown()
-                if self.config.daemon.keep_engines_on_exit:
-                    pool.keeping_engines = True
-                    pool.save_state()
-                    log.info("keep_engines_on_exit: leaving engines running for the next ktd")
-                else:
-                    async with trio.open_nursery() as stopper:
-                        stopper.start_soon(pool.stop_all)
-                        stopper.start_soon(self._escalate, pool)
-                    pool.save_state()
+                await self._stop_engines(pool)
             nursery.cancel_scope.cancel()
         server.close()
+
+    def _open_pool(self) -> Pool:
+        """The pool with the engines the last ktd left running adopted (or killed)."""
+        pool = Pool(
+            self.config,
+            log_dir=self.setup.log_dir,
+            publish=self._publish,
+            state_path=self.setup.state_dir / "engines.json",
+        )
+        self.pool = pool
+        pool.observers.append(gpuexperts.ExpertsKeeper(self.setup.state_dir / gpuexperts.FILE))
+        adopted, killed = pool.adopt()
+        if adopted:
+            log.info("re-adopted running engine(s): %s", ", ".join(adopted))
+        if killed:
+            log.warning("killed %d stray engine process(es): %s", len(killed), killed)
+        return pool
+
+    async def _open_desk(self, pool: Pool) -> ConfigDesk:
+        """The config desk over the files as read at start, its history recording it."""
+        texts = self.texts or await configfiles.read_texts(self.config.path)
+        desk = ConfigDesk(
+            self.config,
+            texts,
+            pool,
+            install=self.install,
+            history=History(
+                self.setup.state_dir / "config-history", self.config.daemon.config_history + 1
+            ),
+        )
+        self.desk = desk
+        await desk.record_start()
+        return desk
+
+    def _open_pulls(self) -> Puller:
+        """The catalog's pulls. The catalog as they see it: the running config's files,
+        re-read at each pull (a reload's new files count from the next one)."""
+        cat = CatalogPulls(lambda: self.config, self.setup.state_dir, machine=self._machine)
+        entries = PullEntries(cat, lambda: self.desk, self._publish, offload.to_thread)
+        return Puller(
+            self.config.catalog,
+            root=catalog_dir(self.config, self.setup.state_dir),
+            state_path=self.setup.state_dir / "pulls.json",
+            publish=self._publish,
+            resolve=cat.resolve,
+            fit=cat.fit,
+            finished=entries.finished,
+            offload=offload.to_thread,
+            log_dir=self.setup.log_dir / "pulls",
+        )
+
+    async def _stop_engines(self, pool: Pool) -> None:
+        """Shutdown's end for the engines: left running for the next ktd, or stopped (a
+        second signal skips the drains)."""
+        if self.config.daemon.keep_engines_on_exit:
+            pool.keeping_engines = True
+            pool.save_state()
+            log.info("keep_engines_on_exit: leaving engines running for the next ktd")
+            return
+        async with trio.open_nursery() as stopper:
+            stopper.start_soon(pool.stop_all)
+            stopper.start_soon(self._escalate, pool)
+        pool.save_state()
 
     async def _escalate(self, pool: Pool) -> None:
         """A second SIGTERM/SIGINT during shutdown skips the drains."""

@@ -1,17 +1,19 @@
-"""The engine pool: the engines, the control API's operations on them, and the glue.
+"""The engine pool: the engines' registry, the host they run in, and the glue.
 
 The pool never touches an engine's processes: it sets desires on engines and waits
 for their supervisors (``ktd.daemon.supervisor``). What decides over time lives in
 pure machines, each carried out by one module here: admission (``gate``),
 placement and swaps (``placer``), idle expiry (``sweeper``), reload (``reloader``),
-the state file and adoption (``persist``), the claim table (``claimtable``).
-Operations raise ``ControlError`` (``ktd.control.errors``) with a stable code.
+the state file and adoption (``persist``), the claim table (``claimtable``). The
+control API's operations on the engines (load, evict, sleep, wake, status, logs) are
+``ktd.daemon.controls``'s: they wait on one request's behalf, the pool never does.
+Leases and claims stay here: the gate and the claim table they go through are the
+pool's own. Lookups raise ``ControlError`` (``ktd.control.errors``) with a stable code.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -19,7 +21,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-import msgspec
 import trio
 
 from ktd import protocol as p
@@ -33,9 +34,8 @@ from ktd.core.lifecycle import Want
 from ktd.core.loads import EngineLoad
 from ktd.core.placement import Plan
 from ktd.core.sglang_options import Catalog
-from ktd.core.states import Step
 from ktd.core.topology import Topology
-from ktd.daemon import kill, meminfo, memory, statefile
+from ktd.daemon import memory, statefile
 from ktd.daemon.claimtable import ClaimTable, claim_side
 from ktd.daemon.engine import Engine, PlacementLike
 from ktd.daemon.enginekey import KeyDir
@@ -50,16 +50,12 @@ from ktd.daemon.statekeeper import StateKeeper
 from ktd.daemon.supervisor import Supervisor
 from ktd.daemon.sweeper import Sweeper
 from ktd.daemon.usage import UsageStore
-from ktd.protocol import EngineInfo, ErrorCode, Event, ModelInfo
+from ktd.protocol import EngineInfo, ErrorCode, Event
 
 log = logging.getLogger("ktd")
 
 
 Publisher = Callable[[str, Event], None]
-
-
-#: ``keep_alive: 0``: the idle TTL that acts at once (the TTL's own 0 means never).
-KEEP_ALIVE_NOW = 0.001
 
 
 class PoolObserver(Protocol):
@@ -79,8 +75,27 @@ class PoolObserver(Protocol):
 _PRIVATE_ENV = ("KTD_SOCKET", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS")
 
 
-def _sglang_memory(figures: dict[str, float]) -> p.SglangMemory:
-    return msgspec.convert(figures, p.SglangMemory, strict=False)
+def settled(engine: Engine) -> EngineInfo:
+    """A load's answer once it settled: the engine ready, or the error its end deserves
+    (``load``, and an autoloading lease's wait in the gate)."""
+    if engine.state == S.READY:
+        return engine.info()
+    info = engine.info(tail=40)
+    detail: dict[str, Any] = {
+        "reason": engine.reason,
+        "log_tail": info.log_tail,
+        "state": engine.state,
+    }
+    if engine.state == S.FAILED:
+        detail["retry_after"] = engine.retry_in()
+    why = engine.reason or (
+        "stopped before it was ready: an evict, a reload or ktd's shutdown ended the load"
+        if engine.state == S.STOPPED
+        else engine.state
+    )
+    if engine.error_code == ErrorCode.BUSY:
+        raise ControlError(ErrorCode.BUSY, f"{engine.alias}: {why}", detail)
+    raise ControlError(ErrorCode.LOAD_FAILED, f"{engine.alias}: {why}", detail)
 
 
 class Pool:
@@ -99,6 +114,20 @@ class Pool:
         self.log_dir = log_dir
         self.publish = publish
         self.state_path = state_path
+        self._open_state_dir(state_path, log_dir)
+        self.prober = Prober()
+        self.http: httpx.AsyncClient = httpx.AsyncClient(trust_env=False)
+        self.base_env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
+        self.engines: dict[str, Engine] = {}
+        self._wire_machines(config, offload)
+        self.keeping_engines = False
+        self.shutting_down = False
+        self.observers: list[PoolObserver] = []
+        self._nursery: trio.Nursery | None = None
+        self._pending: list[Supervisor] = [self._new_engine(spec) for spec in config.served()]
+
+    def _open_state_dir(self, state_path: Path | None, log_dir: Path) -> None:
+        """What this daemon keeps beside its state file (none of it without one, in tests)."""
         self.instance = statefile.instance_key(state_path.parent) if state_path else "ktd"
         # The engines' key files (``ktd.daemon.enginekey``): beside the state, in a dir
         # of this daemon's own (the state dir is locked to one daemon).
@@ -108,10 +137,14 @@ class Pool:
             if state_path is not None
             else None
         )
-        self.prober = Prober()
-        self.http: httpx.AsyncClient = httpx.AsyncClient(trust_env=False)
-        self.base_env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
-        self.engines: dict[str, Engine] = {}
+        self.load_history = LoadHistory(
+            state_path.parent / "load_history.json" if state_path else None
+        )
+        self.usage = UsageStore(state_path.parent / "usage.json" if state_path else None)
+
+    def _wire_machines(self, config: Config, offload: Offload) -> None:
+        """The carriers of the pure machines, wired to each other and to the pool: the
+        claim table, idle expiry, admission, placement, the state file, reload."""
         self._claims = ClaimTable(on_change=self._claim_changed)
         self._sweeper = Sweeper(
             self.engines,
@@ -124,7 +157,7 @@ class Pool:
             self._claims,
             heard=self._sweeper.heard,
             on_lease=self._lease_event,
-            settle=self._settled,
+            settle=settled,
             known=lambda: sorted(a for a, e in self.engines.items() if not e.retired),
         )
         self._placer = Placer(
@@ -137,7 +170,7 @@ class Pool:
         )
         self._persister = Persister(
             self.engines,
-            state_path=state_path,
+            state_path=self.state_path,
             instance=self.instance,
             restore_claims=self._restore_claims,
             key_dir=self.key_dir,
@@ -149,15 +182,6 @@ class Pool:
             recall_idle=lambda e, why: self._claims.recall(e, kind="idle", idle=0.0, reason=why),
             forget_probes=self.prober.forget,
         )
-        self.keeping_engines = False
-        self.shutting_down = False
-        self.observers: list[PoolObserver] = []
-        self._nursery: trio.Nursery | None = None
-        self.load_history = LoadHistory(
-            state_path.parent / "load_history.json" if state_path else None
-        )
-        self.usage = UsageStore(state_path.parent / "usage.json" if state_path else None)
-        self._pending: list[Supervisor] = [self._new_engine(spec) for spec in config.served()]
 
     def _new_engine(self, spec: ModelSpec) -> Supervisor:
         engine = Engine(spec, self)
@@ -349,46 +373,6 @@ class Pool:
             {"models": sorted(self.engines)},
         )
 
-    def keep_alive(self, alias: str, seconds: float, *, forever: bool = False) -> str:
-        """A client's idle TTL for ``alias``'s engine until it next stops (Ollama's
-        ``keep_alive``): 0 sends it to sleep or stops it as soon as it is idle, by the TTL's
-        own path (recalls, drain, sleep if it sleeps)."""
-        engine = self.engine(alias)
-        if engine.state not in S.HAS_PROCESSES:
-            return f"{alias} is not loaded"
-        # The TTL's 0 means "never": an immediate expiry is the smallest TTL there is.
-        engine.keep_alive = 0.0 if forever else max(seconds, KEEP_ALIVE_NOW)
-        engine.notify_changed()
-        if forever:
-            return f"{alias} stays loaded until evicted"
-        return f"{alias} goes when idle for {seconds:g}s"
-
-    def status(self, alias: str | None = None) -> list[EngineInfo]:
-        if alias is not None:
-            infos = [self.engine(alias).info(tail=20)]
-        else:
-            infos = [e.info(tail=20 if e.state == S.FAILED else 0) for e in self.engines.values()]
-        for observer in self.observers:
-            for info in infos:
-                observer.annotate(info)
-        return infos
-
-    def models(self) -> list[ModelInfo]:
-        out = []
-        for spec in self.config.models.values():
-            engine = self.engines.get(spec.alias)
-            out.append(
-                ModelInfo(
-                    alias=spec.alias,
-                    backend=spec.backend,
-                    served=spec.served,
-                    path=spec.path,
-                    state=engine.state if engine else "not served",
-                    reason=engine.reason if engine else spec.not_served_reason,
-                )
-            )
-        return out
-
     # ------------------------------------------------------------ placement, for others
 
     @property
@@ -412,216 +396,12 @@ class Pool:
         """What the engine's interpreter has (cached): for dry-runs, as launches see it."""
         return await self.prober.probe(spec.python, build_env(spec, self.base_env))
 
-    # ------------------------------------------------------------ load / evict / logs
+    # ------------------------------------------------------------ for the control operations
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """New loads, sleeps, wakes and leases are refused once shutdown began."""
         if self.shutting_down:
             raise ControlError(ErrorCode.SHUTTING_DOWN, "ktd is shutting down")
-
-    async def load(
-        self, alias: str, *, wait: bool = True, timeout: float | None = None
-    ) -> EngineInfo:
-        engine = self.engine(alias)
-        self._check_open()
-        if engine.state in (S.DRAINING, S.STOPPING):
-            # An evict is under way: let it finish, then start afresh.
-            await engine.wait_stopped()
-        engine.request_up()
-        if not wait:
-            # Answer once the supervisor has taken the request, so the reply says "starting".
-            await engine.wait_until(
-                lambda: engine.state not in (S.STOPPED, S.FAILED) or not engine.want_up, 5.0
-            )
-            return engine.info()
-        limit = math.inf if timeout is None or timeout <= 0 else timeout
-        if not await engine.wait_until(engine.load_settled, limit):
-            raise ControlError(
-                ErrorCode.TIMEOUT,
-                f"{alias} not ready after {limit:g}s (still {engine.state}; the load goes on)",
-                {"state": engine.state},
-            )
-        return self._settled(engine)
-
-    def _settled(self, engine: Engine) -> EngineInfo:
-        if engine.state == S.READY:
-            return engine.info()
-        info = engine.info(tail=40)
-        detail: dict[str, Any] = {
-            "reason": engine.reason,
-            "log_tail": info.log_tail,
-            "state": engine.state,
-        }
-        if engine.state == S.FAILED:
-            detail["retry_after"] = engine.retry_in()
-        why = engine.reason or (
-            "stopped before it was ready: an evict, a reload or ktd's shutdown ended the load"
-            if engine.state == S.STOPPED
-            else engine.state
-        )
-        if engine.error_code == ErrorCode.BUSY:
-            raise ControlError(ErrorCode.BUSY, f"{engine.alias}: {why}", detail)
-        raise ControlError(ErrorCode.LOAD_FAILED, f"{engine.alias}: {why}", detail)
-
-    async def evict(
-        self,
-        alias: str | None,
-        *,
-        all: bool = False,
-        force: bool = False,
-        timeout: float | None = None,
-    ) -> list[str]:
-        if all:
-            targets = list(self.engines.values())
-        elif alias is not None:
-            targets = [self.engine(alias)]
-        else:
-            raise ControlError(ErrorCode.BAD_REQUEST, "evict needs an alias or all=true")
-        evicted = []
-        asked: dict[str, tuple[int, int]] = {}
-        for engine in targets:
-            if engine.state in S.HAS_PROCESSES or engine.want_up:
-                engine.request_down(force=force, drain_timeout=timeout)
-                asked[engine.alias] = (engine.ups, engine.stops)
-                evicted.append(engine.alias)
-        overtaken = []
-        for engine in (e for e in targets if e.alias in asked):
-            # Ends when stopped, or when a load asked for it after this evict: that load
-            # wins (it is answered ready), and this evict says so at once.
-            if await self._stopped_or_overtaken(engine, *asked[engine.alias]):
-                overtaken.append(engine.alias)
-        if overtaken:
-            raise ControlError(
-                ErrorCode.BUSY,
-                f"evict of {', '.join(overtaken)} overtaken by a load: still running",
-                {"overtaken": overtaken},
-            )
-        return evicted
-
-    @staticmethod
-    async def _stopped_or_overtaken(engine: Engine, ups: int, stops: int) -> bool:
-        """Wait until it stopped since the evict (``stops``), or a load asked for it after
-        the evict (``ups``) before it began going down: that load wins. True when
-        overtaken."""
-
-        def stopped() -> bool:
-            return engine.stops > stops or (
-                engine.state in (S.STOPPED, S.FAILED) and not engine.want_up
-            )
-
-        def overtaken() -> bool:  # not on its way down: it serves on
-            step = engine.phase.step if engine.phase else None
-            going = engine.state in (S.DRAINING, S.STOPPING) or step == Step.DEREGISTERING
-            return engine.ups > ups and not going
-
-        await engine.wait_until(lambda: stopped() or overtaken())
-        return not stopped()
-
-    def _can_sleep(self, engine: Engine) -> None:
-        mode = engine.sleep_mode()
-        if mode == "off":
-            raise ControlError(
-                ErrorCode.NO_SLEEP,
-                f'{engine.alias} cannot sleep: its models.json entry has no "sleep": true',
-                {"sleep": mode},
-            )
-        if mode == "unsupported":
-            label = engine.catalog.label if engine.catalog else "its SGLang"
-            raise ControlError(
-                ErrorCode.NO_SLEEP,
-                f"{engine.alias} cannot sleep: {label} has no --enable-memory-saver "
-                "(install sglang-kt or SGLang >= 0.4.9); its swaps stop and reload",
-                {"sleep": mode},
-            )
-
-    async def engine_memory(self, alias: str) -> p.EngineMemoryReply:
-        """Where ``alias``'s memory is now: its processes on each GPU and NUMA node, and
-        SGLang's own figures (``ktctl sleep --verify``)."""
-        engine = self.engine(alias)
-        run = engine.run
-        if run is None:
-            raise ControlError(
-                ErrorCode.NOT_LOADED, f"{alias} is {engine.state}: no process to measure"
-            )
-        pids = [pid for pid, _ in await self.offload(kill.members, run)]
-        gpu = await self.offload(meminfo.gpu_use, pids)
-        host = await self.offload(meminfo.host_use, pids)
-        figures = await memory.read_memory(self.http, engine.url_for(run), key=run.api_key)
-        residue = engine.gpu_residue or {}
-        return p.EngineMemoryReply(
-            alias=alias,
-            state=engine.state,
-            pid=run.pid,
-            taken=time.time(),
-            processes=len(pids),
-            gpu=None if gpu is None else [p.GpuUse(gpu=i, bytes=b) for i, b in sorted(gpu.items())],
-            gpu_note=None if gpu is not None else "nvidia-smi did not say (no NVIDIA GPU here?)",
-            host=[p.NodeUse(node=n, bytes=b) for n, b in sorted(host.items())],
-            sglang=None if figures is None else _sglang_memory(figures),
-            residue=[p.GpuUse(gpu=i, bytes=b) for i, b in sorted(residue.items())],
-            host_held=engine.host_bytes,
-        )
-
-    async def sleep(self, alias: str, *, timeout: float | None = None) -> EngineInfo:
-        """Drain ``alias`` to zero, take it off the gateway, release its GPU memory.
-        Answers once it is asleep (or, if the drain did not reach zero in time or the
-        release failed, stopped, with why)."""
-        engine = self.engine(alias)
-        self._check_open()
-        self._can_sleep(engine)
-        if engine.state == S.ASLEEP and not engine.want_up:
-            return engine.info()
-        if engine.state not in (S.READY, S.STARTING, S.WAKING, S.SLEEPING):
-            raise ControlError(
-                ErrorCode.NOT_LOADED,
-                f"{alias} is {engine.state}: only a running engine can sleep",
-                {"state": engine.state},
-            )
-        engine.log.note("asked to sleep")
-        engine.request_sleep(drain_timeout=timeout, reason="put to sleep")
-        await engine.wait_until(
-            lambda: engine.want != Want.ASLEEP or engine.state in (S.ASLEEP, S.STOPPED, S.FAILED)
-        )
-        if engine.state == S.ASLEEP:
-            return engine.info()
-        if engine.want == Want.UP:
-            raise ControlError(
-                ErrorCode.BUSY,
-                f"sleep of {alias} overtaken by a load or a wake: it stays up",
-                {"state": engine.state},
-            )
-        if engine.state in (S.STOPPING, S.STOPPED, S.FAILED) and engine.reason:
-            why = engine.reason  # the drain did not reach zero in time, no door, ...
-        else:
-            why = "overtaken by an evict, a reload or ktd's shutdown: it stops"
-        raise ControlError(
-            ErrorCode.LOAD_FAILED, f"sleep of {alias} ended: {why}", {"state": engine.state}
-        )
-
-    async def wake(self, alias: str, *, timeout: float | None = None) -> EngineInfo:
-        """Wake an asleep ``alias`` (a ready one: at once). Other states: a load."""
-        engine = self.engine(alias)
-        self._check_open()
-        if engine.state == S.READY and engine.want_up:
-            return engine.info()
-        if engine.state not in (S.ASLEEP, S.SLEEPING, S.WAKING):
-            self._can_sleep(engine)
-            raise ControlError(
-                ErrorCode.NOT_LOADED,
-                f"{alias} is {engine.state}, not asleep: `ktctl load {alias}` loads it",
-                {"state": engine.state},
-            )
-        return await self.load(alias, timeout=timeout)
-
-    def logs(self, alias: str, lines: int, *, probes: bool = False) -> tuple[list[str], int]:
-        """The last ``lines`` lines (ktd's own health-check access lines only if
-        ``probes``), and the log's line count when they were read (``LogsReply.upto``)."""
-        engine = self.engine(alias)
-        engine.log.poll()
-        n = max(0, min(lines, 100_000))
-        if probes:
-            return engine.log.last(n), engine.log.count
-        keep = [ln for ln in engine.log.tail if not loglines.is_probe_access(ln)]
-        return (keep[-n:] if n else []), engine.log.count
 
     # ------------------------------------------------------------ leases and claims
 
@@ -639,7 +419,7 @@ class Pool:
     ) -> tuple[str, Engine]:
         """A lease (or, with ``claim``, a frontend's standing claim) on ``model``'s engine."""
         engine = self.engine(model)
-        self._check_open()
+        self.check_open()
         granted = await self._gate.acquire(
             engine, client, claim=claim, autoload=autoload, timeout=timeout
         )

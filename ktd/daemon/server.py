@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,20 +16,17 @@ import msgspec
 import trio
 import zmq
 
-from ktd import __version__, foreign, protocol_schema
+from ktd import foreign
 from ktd import protocol as p
 from ktd.catalog.pulls import Puller
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, Peer, TrioSocket
-from ktd.core import trust
 from ktd.daemon.configdesk import ConfigDesk, Who
-from ktd.daemon.pool import Pool
+from ktd.daemon.controls import Controls
+from ktd.daemon.dispatch import Dispatch, no_gateway
 from ktd.frameid import peek_id, skim_id
 
 log = logging.getLogger("ktd.server")
-
-#: The uid of a sender the socket did not show: no one's (never ktd's owner, nor root).
-NOBODY = -1
 
 _OPS = frozenset(str(t.__struct_config__.tag) for t in p.AnyRequest.__args__)
 
@@ -54,9 +50,12 @@ def error_reply(req: p.Request, exc: Exception) -> p.Error:
 
 
 class ControlServer:
+    """The control socket and the events socket; each request is answered by who
+    ``Dispatch`` (``ktd.daemon.dispatch``) names."""
+
     def __init__(
         self,
-        pool: Pool,
+        ops: Controls,
         control: zmq.Socket[bytes],
         events: zmq.Socket[bytes],
         *,
@@ -64,13 +63,16 @@ class ControlServer:
         doctor: Callable[[], Awaitable[dict[str, Any]]],
         dry_run: Callable[[str], Awaitable[dict[str, Any]]],
         shutdown: Callable[[], None],
-        gateway: Callable[[], p.GatewayInfo | None] = lambda: None,
+        gateway: Callable[[], p.GatewayInfo | None] = no_gateway,
         machine: Callable[[], Awaitable[p.MachineReply]] | None = None,
         config: ConfigDesk | None = None,
         catalog: Callable[[str | None], Awaitable[p.CatalogReply]] | None = None,
         pulls: Puller | None = None,
     ) -> None:
-        self.pool = pool
+        # In field order: no two parts have the same type, so mypy holds the order.
+        self.dispatch = Dispatch(
+            ops, reload, doctor, dry_run, shutdown, gateway, machine, config, catalog, pulls
+        )
         # peers: who sent each request (the config history records it)
         self.control = TrioSocket(
             control,
@@ -83,15 +85,6 @@ class ControlServer:
         self._warned_at = -math.inf
         # An XPUB: subscriptions come in as messages, read and dropped (zmq keeps them).
         self.events = TrioSocket(events, lambda frames: None, max_outbox=10_000)
-        self._reload = reload
-        self._doctor = doctor
-        self._dry_run = dry_run
-        self._shutdown = shutdown
-        self._gateway = gateway
-        self._machine = machine
-        self._config = config
-        self._catalog = catalog
-        self._pulls = pulls
         self._nursery: trio.Nursery | None = None
         self._encoder = msgspec.msgpack.Encoder()
 
@@ -118,7 +111,7 @@ class ControlServer:
         except (msgspec.DecodeError, msgspec.ValidationError, IndexError):
             return
         if isinstance(reply, p.AcquireReply):
-            self.pool.release(reply.lease)
+            self.dispatch.pool.release(reply.lease)
             log.info("undeliverable reply: lease %s released", reply.lease)
         else:
             log.debug("undeliverable reply dropped: %s", type(reply).__name__)
@@ -161,7 +154,7 @@ class ControlServer:
             self._malformed(envelope, payload, exc)
             return
         try:
-            reply = self._answer_now(req)
+            reply = self.dispatch.now(req, self.control.sender)
         except Exception as exc:  # the daemon never dies of a request
             reply = error_reply(req, exc)
         if reply is not None:
@@ -187,153 +180,8 @@ class ControlServer:
 
     async def _handle(self, envelope: Frames, req: p.Request, peer: Peer | None) -> None:
         try:
-            reply = await self._dispatch(req, peer)
+            reply = await self.dispatch.later(req, peer)
         except Exception as exc:  # the daemon never dies of a request
             reply = error_reply(req, exc)
         reply.id = req.id
         self._reply(envelope, reply)
-
-    def _sender_pid(self) -> int | None:
-        """The pid of the message's sender, as the kernel gave it (``SO_PEERCRED``)."""
-        peer = self.control.sender
-        return peer.pid if peer is not None else None
-
-    def _by_owner(self) -> bool:
-        """Whether the request being read was sent by ktd's owner (``SO_PEERCRED``)."""
-        peer = self.control.sender
-        return peer is not None and trust.is_owner(peer.uid, os.getuid())
-
-    def _answer_now(self, req: p.Request) -> p.Reply | None:
-        """Requests that need no waiting are answered inside the pump, in the same pass
-        that read them: no task, no extra scheduler round (the frontend's acquire and
-        release sit on every request's path). None = needs a task."""
-        pool = self.pool
-        match req:
-            case p.Ping():
-                return p.Pong(
-                    version=__version__,
-                    pid=os.getpid(),
-                    protocol=p.PROTOCOL,
-                    features=list(p.FEATURES),
-                )
-            case p.Schema():
-                return p.SchemaReply(protocol=p.PROTOCOL, schema=protocol_schema.current())
-            case p.Status(alias=alias):
-                engines = pool.status(alias)
-                if not self._by_owner():  # docs/security.md: secrets are the owner's
-                    for info in engines:
-                        info.argv = trust.hidden_argv(info.argv)
-                return p.StatusReply(engines=engines, gateway=self._gateway())
-            case p.Models():
-                return p.ModelsReply(models=pool.models())
-            case p.Logs(alias=alias, lines=lines, probes=probes):
-                tail, upto = pool.logs(alias, lines, probes=probes)
-                return p.LogsReply(alias=alias, lines=tail, upto=upto)
-            case p.Acquire(model=model, client=client):
-                now = pool.grant_now(model, client, claim=False)
-                if now is None:
-                    return None
-                lease, engine = now
-                return p.AcquireReply(
-                    lease=lease, alias=engine.alias, url=engine.url or "", api_key=engine.api_key
-                )
-            case p.KeepAlive(model=model, seconds=seconds, forever=forever):
-                return p.Ok(message=pool.keep_alive(model, seconds, forever=forever))
-            case p.Release(lease=lease):
-                found = pool.release(lease)
-                return p.Ok(message="released" if found else "unknown lease (already expired)")
-            case p.Heartbeat(client=client):
-                pool.heartbeat(client)
-                return p.Ok()
-            case p.Claim(model=model, client=client):
-                now = pool.grant_now(model, client, claim=True, pid=self._sender_pid())
-                return None if now is None else pool.claim_reply(now[0])
-            case p.Sync():
-                # Recorded here, in the pass that read it: a heartbeat is never judged late
-                # because its task had not run yet. None: parked (the long poll).
-                return pool.sync(req, self._sender_pid())
-            case p.Return(client=client, claim=claim):
-                found = pool.give_back(client, claim)
-                return p.Ok(message="returned" if found else "unknown claim (already gone)")
-            case p.EngineKeys():
-                return p.EngineKeysReply(keys=pool.engine_keys())
-            case p.Usage(since=since, key=key):
-                return p.UsageReply(rows=pool.usage.rows(since, key))
-            case p.Shutdown():
-                self._shutdown()
-                return p.Ok(message="shutting down")
-            case p.Pulls() if self._pulls is not None:
-                return p.PullsReply(jobs=self._pulls.jobs())
-            case p.PullCancel(name=name, repo=repo) if self._pulls is not None:
-                return self._pulls.cancel(name, repo)
-        return None
-
-    async def _dispatch(self, req: p.Request, peer: Peer | None = None) -> p.Reply:
-        pool = self.pool
-        uid = peer.uid if peer is not None else None
-        # A request whose sender the socket did not show (no Peer-Address: not ipc, not
-        # Linux) is nobody's: it may read the config, not change it (fail closed).
-        asker = uid if uid is not None else NOBODY
-        desk = self._config
-        match req:
-            case p.Load(alias=alias, dry_run=True):
-                spec = pool.engine(alias).spec
-                plan = await self._dry_run(alias)
-                if not trust.is_owner(asker, os.getuid()):
-                    plan = trust.hidden_launch(plan, spec)
-                return p.PlanReply(plan=plan)
-            case p.Load(alias=alias, wait=wait, timeout=timeout):
-                return p.LoadReply(engine=await pool.load(alias, wait=wait, timeout=timeout))
-            case p.Evict(alias=alias, all=all_, force=force, timeout=timeout):
-                evicted = await pool.evict(alias, all=all_, force=force, timeout=timeout)
-                return p.EvictReply(evicted=evicted)
-            case p.Sleep(alias=alias, timeout=timeout):
-                # Long (a drain, then SGLang's release): in a task, like load and evict.
-                return p.LoadReply(engine=await pool.sleep(alias, timeout=timeout))
-            case p.Wake(alias=alias, timeout=timeout):
-                return p.LoadReply(engine=await pool.wake(alias, timeout=timeout))
-            case p.EngineMemory(alias=alias):
-                return await pool.engine_memory(alias)
-            case p.Reload():
-                return p.Ok(message=await self._reload(Who(uid=uid)))
-            # Who may read, plan and change: ConfigDesk.role (docs/security.md).
-            case p.ConfigGet(seq=seq, delegated=delegated) if desk is not None:
-                return await desk.get(seq, Who(uid=asker, delegated=delegated))
-            case p.ConfigPlan(config_text=cfg, models_text=models, base=base) if desk is not None:
-                who = Who(uid=asker, delegated=req.delegated)
-                return p.ConfigPlanReply(plan=await desk.plan(cfg, models, base, who))
-            case p.ConfigApply(config_text=cfg, models_text=models, base=base) if desk is not None:
-                who = Who(uid=asker, claimed=req.author, delegated=req.delegated)
-                return await desk.apply(cfg, models, base, who)
-            case p.ConfigHistory() if desk is not None:
-                return await desk.history_now()
-            case p.ConfigRollback(seq=seq, base=base, dry_run=dry_run) if desk is not None:
-                who = Who(uid=asker, claimed=req.author, delegated=req.delegated)
-                return await desk.rollback(seq, base, who, dry_run=dry_run)
-            case p.Acquire(model=model, client=client, autoload=autoload, timeout=timeout):
-                lease, engine = await pool.acquire(
-                    model, client, autoload=autoload, timeout=timeout
-                )
-                return p.AcquireReply(
-                    lease=lease, alias=engine.alias, url=engine.url or "", api_key=engine.api_key
-                )
-            case p.Claim(model=model, client=client, autoload=autoload, timeout=timeout):
-                claim, _ = await pool.acquire(
-                    model, client, autoload=autoload, timeout=timeout, claim=True
-                )
-                return pool.claim_reply(claim)
-            case p.Sync(client=client, wait=wait):
-                await pool.park(client, wait)
-                return pool.sync_reply(client)
-            case p.Doctor():
-                return p.DoctorReply(report=await self._doctor())
-            case p.Machine() if self._machine is not None:
-                return await self._machine()
-            case p.Catalog(name=name) if self._catalog is not None:
-                return await self._catalog(name)
-            case p.Pull(name=name, repo=repo, dry_run=True) if self._pulls is not None:
-                return await self._pulls.dry_run(name, repo)
-            case p.Pull(name=name, repo=repo, force=force) if self._pulls is not None:
-                # async: a catalog name is resolved off the event loop (files, nvidia-smi)
-                return await self._pulls.request(name, repo, force=force)
-        raise ControlError(p.ErrorCode.BAD_REQUEST, f"unsupported request {type(req).__name__}")

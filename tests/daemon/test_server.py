@@ -22,7 +22,7 @@ from ktd import protocol_schema
 from ktd.control.aclient import AsyncClient
 from ktd.control.errors import ControlError
 from ktd.daemon.configdesk import Who
-from ktd.daemon.pool import Pool
+from ktd.daemon.controls import Controls
 from ktd.daemon.server import ControlServer
 
 
@@ -84,7 +84,7 @@ async def serving_at(
     control.bind(endpoint)
     events.bind(f"ipc://{tmp_path}/e.sock")
     server = ControlServer(
-        cast(Pool, pool),
+        cast(Controls, pool),
         control,
         events,
         reload=_unused,
