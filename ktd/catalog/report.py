@@ -122,26 +122,7 @@ def _model(
     mine: Configured | None = None,
 ) -> dict[str, Any]:
     pulls = _pulled(entry, base)
-    paths: dict[str, str] = {}
-    for s in entry.sources:
-        got = _complete(pulls[s.role + ":" + s.repo], s.revision)
-        if got is not None:
-            paths[s.role] = got.path
-    numa: dict[str, int] = {}
-    for v in entry.variants:
-        if v.weights == "kt-weights" and "kt-weights" in paths:
-            n = ondisk.numa_count(paths["kt-weights"])
-            if n is not None:
-                numa[v.name] = n
-    converted: list[str] = []
-    if mine is not None:
-        paths["model"] = mine.path
-        n = ondisk.numa_count(mine.kt_weight_path) if mine.kt_weight_path else None
-        if n is not None:  # AMX weights converted by hand: what the AMX variants run on
-            for v in entry.variants:
-                if v.kt_method in AMX_METHODS and v.weights != "model":
-                    numa[v.name] = n
-                    converted.append(v.name)
+    paths, numa, converted = _weights(entry, pulls, mine)
     c = choose(entry, topo, converted=converted, numa_counts=numa)
     out: dict[str, Any] = {
         "name": entry.name,
@@ -176,6 +157,36 @@ def _model(
         )
         out["flags"] = d.to_dict()
     return out
+
+
+def _weights(
+    entry: Entry, pulls: dict[str, list[ondisk.Pulled]], mine: Configured | None
+) -> tuple[dict[str, str], dict[str, int], list[str]]:
+    """Where the entry's weights are (role -> the complete pull's path, ``model`` the
+    configured one's when models.json has it), the NUMA count each variant's weights were
+    converted for, and the AMX variants that run on weights converted by hand: what the
+    choice is made against."""
+    paths: dict[str, str] = {}
+    for s in entry.sources:
+        got = _complete(pulls[s.role + ":" + s.repo], s.revision)
+        if got is not None:
+            paths[s.role] = got.path
+    numa: dict[str, int] = {}
+    for v in entry.variants:
+        if v.weights == "kt-weights" and "kt-weights" in paths:
+            n = ondisk.numa_count(paths["kt-weights"])
+            if n is not None:
+                numa[v.name] = n
+    converted: list[str] = []
+    if mine is not None:
+        paths["model"] = mine.path
+        n = ondisk.numa_count(mine.kt_weight_path) if mine.kt_weight_path else None
+        if n is not None:  # AMX weights converted by hand: what the AMX variants run on
+            for v in entry.variants:
+                if v.kt_method in AMX_METHODS and v.weights != "model":
+                    numa[v.name] = n
+                    converted.append(v.name)
+    return paths, numa, converted
 
 
 def build(
