@@ -18,7 +18,7 @@ import msgspec
 from ktd.catalog import ondisk
 from ktd.catalog.choose import Choice, choose, gpu_memory, host_ram
 from ktd.catalog.flags import AMX_METHODS, Sizes, derive
-from ktd.catalog.load import Catalog
+from ktd.catalog.load import LoadedCatalog
 from ktd.catalog.schema import Entry
 from ktd.core.topology import Topology
 
@@ -190,7 +190,7 @@ def _weights(
 
 
 def build(
-    catalog: Catalog,
+    catalog: LoadedCatalog,
     topo: Topology,
     base: str,
     name: str | None = None,

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from ktd.core.command import LaunchError, build_launch, planner_args
 from ktd.core.config import ModelSpec
 from ktd.core.placement import plan
-from ktd.core.sglang_options import Catalog
+from ktd.core.sglang_options import SGLangOptions
 from ktd.core.topology import NumaNode, Topology, format_cpulist
 from ktd.core.userflags import user_flags
 
@@ -411,7 +411,7 @@ def _placement_check(spec: ModelSpec, topo: Topology) -> list[Check]:
     return [Check(name, "ok", detail)]
 
 
-def argv_check(spec: ModelSpec, topo: Topology, catalog: Catalog | None) -> list[Check]:
+def argv_check(spec: ModelSpec, topo: Topology, catalog: SGLangOptions | None) -> list[Check]:
     """Which flags ktd will emit for this SGLang, and which it leaves out (and why)."""
     name = f"{spec.alias}.argv"
     try:
@@ -593,7 +593,7 @@ def collect(
     port_free: Callable[[str, int], bool],
     exists: Callable[[str], bool] = os.path.exists,
     running: Iterable[str] = (),
-    catalog: Catalog | None = None,
+    catalog: SGLangOptions | None = None,
 ) -> list[Check]:
     """Every check in display order; the caller supplies the probe and the I/O callables."""
     up = set(running)

@@ -51,7 +51,7 @@ from ktd.core.config import (
 )
 from ktd.core.placecheck import check_placements
 from ktd.core.placement import Plan
-from ktd.core.sglang_options import Catalog
+from ktd.core.sglang_options import SGLangOptions as Catalog
 from ktd.core.topology import Topology
 from ktd.core.trust import Role
 from ktd.daemon import configfacts, configfiles

@@ -32,7 +32,7 @@ from ktd.core.config import Config, ModelSpec
 from ktd.core.lifecycle import Want
 from ktd.core.loads import EngineLoad
 from ktd.core.placement import Plan
-from ktd.core.sglang_options import Catalog
+from ktd.core.sglang_options import SGLangOptions as Catalog
 from ktd.core.states import Step
 from ktd.core.topology import Topology
 from ktd.daemon import kill, meminfo, memory, statefile
