@@ -13,9 +13,10 @@ from typing import Any
 
 from ktd.core import doctor
 from ktd.core.config import Config, load_config
+from ktd.core.topology import Topology
 from ktd.ports import port_free
 from ktd.pyprobe import probe_python
-from ktd.topology import Topology, read_topology
+from ktd.topology import read_topology
 
 
 def one_line(text: str) -> str:

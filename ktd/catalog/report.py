@@ -7,10 +7,8 @@ room does not import.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -86,14 +84,6 @@ def _complete(pulls: Sequence[ondisk.Pulled], pinned: str | None) -> ondisk.Pull
     return None
 
 
-def _config(path: str) -> dict[str, Any] | None:
-    try:
-        doc = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 @dataclass(frozen=True)
 class Configured:
     """A model models.json already has under the entry's name or an alias: its own flags
@@ -148,7 +138,7 @@ def _model(
             entry,
             chosen.variant,
             topo,
-            model_config=_config(model) if model else None,
+            model_config=ondisk.model_config(model) if model else None,
             sizes=sizes(model) if (model and sizes) else None,
             weights_numa=numa.get(chosen.variant.name),
             extra_args=mine.extra_args if mine else (),

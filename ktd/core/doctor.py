@@ -1,6 +1,6 @@
 """``ktctl doctor``: checks that catch kt-kernel's usual failures before a 5-minute load does.
 
-The checks are pure functions of a :class:`~ktd.topology.Topology`, a
+The checks are pure functions of a :class:`~ktd.core.topology.Topology`, a
 :class:`~ktd.core.config.ModelSpec` and a probe result dict; filesystem and socket
 look-ups are injectable callables. The part that runs the probe subprocess in
 the engine's interpreter lives elsewhere, so everything here is testable on a

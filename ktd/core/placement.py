@@ -1,6 +1,6 @@
 """The placement plan: which NUMA nodes, CPUs and GPUs an engine gets, and whom to evict.
 
-Pure: a function of the config entry, the :class:`~ktd.topology.Topology` and
+Pure: a function of the config entry, the :class:`~ktd.core.topology.Topology` and
 the current holdings. The daemon asks for a plan before every launch, and
 ``ktctl load --dry-run`` shows the same plan, so an operator sees exactly what
 would happen (and who would be evicted) before committing minutes of loading.

@@ -20,7 +20,8 @@ from ktd.core.doctor import (
     python_checks,
     report,
 )
-from ktd.topology import Topology, read_topology
+from ktd.core.topology import Topology
+from ktd.topology import read_topology
 from tests.fixtures.topology import (
     TWO_H100,
     FakeRun,

@@ -25,8 +25,9 @@ from ktd.core.command import LaunchError, build_launch, planner_args, read_user_
 from ktd.core.config import ModelSpec
 from ktd.core.placement import plan
 from ktd.core.sglang_options import Option, SGLangOptions
+from ktd.core.topology import Topology
 from ktd.daemon.probe import ProbeResult
-from ktd.topology import Topology, read_topology
+from ktd.topology import read_topology
 from tests.fixtures.topology import (
     FakeRun,
     build,
