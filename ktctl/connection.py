@@ -78,6 +78,19 @@ def resolve_socket(socket: str | Path | None = None) -> Path:
     return control_path(socket)
 
 
+def _paired(req: p.Request, reply: p.Reply) -> p.Reply:
+    """``reply`` if it is of a type that answers ``req`` (the protocol's table,
+    ``p.REPLIES``: the schema's ``x-ktd-reply-types``), else ``ProtocolError``."""
+    kinds = p.replies_to(req)
+    if len(kinds) > 1 and not isinstance(reply, kinds):  # a request of the table
+        expected = " or ".join(k.__name__ for k in kinds[:-1])
+        raise ProtocolError(
+            f"ktd answered {type(reply).__name__} to {type(req).__name__}, "
+            f"where {expected} was expected"
+        )
+    return reply
+
+
 def probe(path: Path, what: str = "control") -> None:
     """Raise ``DaemonUnreachable`` unless something is listening on the unix socket ``path``.
 
@@ -221,7 +234,7 @@ class Connection(Closing):
             if sock in ready:
                 reply = self._read_reply(sock, req.id)
                 if reply is not None:
-                    return check_reply(reply, KtdError)
+                    return check_reply(_paired(req, reply), KtdError)
             if monitor in ready and self._drain_monitor(monitor):
                 raise self._lost(time.monotonic() - started) from None
             tick()
@@ -291,6 +304,9 @@ class Connection(Closing):
                 return reply
 
     def _expect(self, reply: p.Reply, kind: type[R]) -> R:
+        """``reply`` as the one of its request's reply types (``p.REPLIES``) the caller
+        reads: ``_call`` has checked the pairing; this narrows it where a field of the
+        request picks between two (``dry_run``)."""
         if not isinstance(reply, kind):
             raise ProtocolError(
                 f"ktd answered {type(reply).__name__} where {kind.__name__} was expected"

@@ -14,10 +14,11 @@ from typing import Any
 from ktd.core import doctor
 from ktd.core.config import Config
 from ktd.core.configload import load_config
+from ktd.core.topology import Topology
 from ktd.core.verdict import Check
 from ktd.ports import port_free
 from ktd.pyprobe import probe_python
-from ktd.topology import Topology, read_topology
+from ktd.topology import read_topology
 
 
 def one_line(text: str) -> str:

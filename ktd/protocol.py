@@ -165,6 +165,53 @@ AnyReply = (
 )
 
 
+#: The replies each request may get besides ``Error`` (which any request may get): the
+#: one table every client pairs a request with its reply by (ktctl's ``_call``, the Node
+#: client's ``replies.json``), emitted into the schema as ``x-ktd-reply-types``. Two
+#: where a field picks the answer: ``load`` and ``config_rollback`` with ``dry_run``
+#: answer with the plan (``PlanReply``, ``ConfigPlanReply``). A new request adds its
+#: line here (a test fails on a request without one).
+REPLIES: dict[type[Request], tuple[type[Reply], ...]] = {
+    Ping: (Pong,),
+    Status: (StatusReply,),
+    Models: (ModelsReply,),
+    Load: (LoadReply, PlanReply),
+    Evict: (EvictReply,),
+    Sleep: (LoadReply,),
+    Wake: (LoadReply,),
+    Logs: (LogsReply,),
+    Reload: (Ok,),
+    Acquire: (AcquireReply,),
+    Release: (Ok,),
+    Heartbeat: (Ok,),
+    Claim: (ClaimReply,),
+    Sync: (SyncReply,),
+    Return: (Ok,),
+    Doctor: (DoctorReply,),
+    Shutdown: (Ok,),
+    Machine: (MachineReply,),
+    EngineKeys: (EngineKeysReply,),
+    KeepAlive: (Ok,),
+    Usage: (UsageReply,),
+    EngineMemory: (EngineMemoryReply,),
+    Schema: (SchemaReply,),
+    ConfigGet: (ConfigReply,),
+    ConfigPlan: (ConfigPlanReply,),
+    ConfigApply: (ConfigApplyReply,),
+    ConfigHistory: (ConfigHistoryReply,),
+    ConfigRollback: (ConfigApplyReply, ConfigPlanReply),
+    Catalog: (CatalogReply,),
+    Pull: (PullReply,),
+    Pulls: (PullsReply,),
+    PullCancel: (PullsReply,),
+}
+
+
+def replies_to(req: Request) -> tuple[type[Reply], ...]:
+    """The reply types ``req`` may be answered with, ``Error`` included."""
+    return (*REPLIES.get(type(req), ()), Error)
+
+
 _request_encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(AnyRequest)
 _reply_decoder = msgspec.msgpack.Decoder(AnyReply)

@@ -32,8 +32,10 @@ from ktd import protocol as p
 
 __all__ = [
     "DOCS",
+    "NODE_REPLIES",
     "REGENERATE",
     "Meta",
+    "client_files",
     "document",
     "dumps",
     "examples",
@@ -41,10 +43,16 @@ __all__ = [
     "load_module",
     "main",
     "meta_of",
+    "node_table",
+    "reply_types",
 ]
 
 #: Where the committed documents live (a source checkout's; not in the installed package).
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "protocol"
+#: The Node client's copy of the request -> reply table (``clients/node``), written with
+#: the schema: an npm package carries no docs/, and JSON is what Node reads without a
+#: parser of its own.
+NODE_REPLIES = DOCS.parent.parent / "clients" / "node" / "replies.json"
 #: The one command that regenerates the current version's files (the drift test says it).
 REGENERATE = "python -m ktd.protocol_schema --write"
 
@@ -128,8 +136,22 @@ def load_module(path: Path, name: str) -> ModuleType:
     return module
 
 
+def _tag(message: Any) -> str:
+    return str(message.__struct_config__.tag)
+
+
 def _tags(union: Any) -> list[str]:
-    return [str(t.__struct_config__.tag) for t in union.__args__]
+    return [_tag(t) for t in union.__args__]
+
+
+def reply_types(module: ModuleType = p) -> dict[str, list[str]] | None:
+    """Request op -> the reply types that answer it (``module.REPLIES``, by their tags;
+    ``error`` answers any and is not listed). None for a module without the table: the
+    frozen 1.0 and 1.1 modules, whose files stay as they were."""
+    table = getattr(module, "REPLIES", None)
+    if table is None:
+        return None
+    return {_tag(req): [_tag(r) for r in reps] for req, reps in table.items()}
 
 
 def document(module: ModuleType = p, meta: Meta | None = None) -> dict[str, Any]:
@@ -137,7 +159,9 @@ def document(module: ModuleType = p, meta: Meta | None = None) -> dict[str, Any]
 
     ``$defs`` has each message and each struct inside one by its class name, plus
     ``Request`` and ``Reply`` (the tagged unions: ``op`` and ``type``); the document
-    itself matches any of the three. ``x-ktd-*`` keys carry what the types do not.
+    itself matches any of the three. ``x-ktd-*`` keys carry what the types do not:
+    ``x-ktd-reply-types`` pairs each request with its replies, so that no client writes
+    the pairing again.
     """
     meta = meta or current_meta()
     (request, reply, _event), defs = msgspec.json.schema_components(
@@ -146,6 +170,8 @@ def document(module: ModuleType = p, meta: Meta | None = None) -> dict[str, Any]
     defs = dict(sorted(defs.items()))
     defs["Request"] = request
     defs["Reply"] = reply
+    pairs = reply_types(module)
+    paired = {"x-ktd-reply-types": pairs} if pairs is not None else {}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"urn:ktd:control:{meta.version}",
@@ -162,6 +188,7 @@ def document(module: ModuleType = p, meta: Meta | None = None) -> dict[str, Any]
         "x-ktd-replies": _tags(module.AnyReply),
         "x-ktd-frontend-only": sorted(meta.frontend_only),
         "x-ktd-error-codes": list(meta.error_codes),
+        **paired,
         "anyOf": [
             {"$ref": "#/$defs/Request"},
             {"$ref": "#/$defs/Reply"},
@@ -287,6 +314,22 @@ def files(module: ModuleType = p, meta: Meta | None = None, docs: Path = DOCS) -
     }
 
 
+def client_files() -> dict[Path, str]:
+    """The files clients ship, made from the current version's schema: the Node
+    client's request -> reply table."""
+    return {NODE_REPLIES: dumps(node_table(current()))}
+
+
+def node_table(doc: dict[str, Any]) -> dict[str, Any]:
+    """What ``clients/node/replies.json`` holds: the schema's request -> reply table and
+    the version it is of."""
+    return {
+        "generated": f"by `{REGENERATE}` from {doc['$id']}: do not edit",
+        "protocol": doc["x-ktd-protocol"],
+        "replies": doc["x-ktd-reply-types"],
+    }
+
+
 def stale(wanted: dict[Path, str]) -> list[Path]:
     """The files whose committed text is not ``wanted``'s (missing ones included)."""
     out = []
@@ -305,7 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Print (or write, or check) the control protocol's JSON Schema.",
     )
     parser.add_argument(
-        "--write", action="store_true", help=f"write the current version's files into {DOCS}"
+        "--write",
+        action="store_true",
+        help=f"write the current version's files into {DOCS} (and {NODE_REPLIES.name})",
     )
     parser.add_argument(
         "--check", action="store_true", help="exit 1 when the committed files differ"
@@ -321,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         module = load_module(args.module, "ktd_protocol_frozen")
         wanted = files(module, meta_of(module))
     else:
-        wanted = files()
+        wanted = {**files(), **client_files()}
     if args.write:
         for path, text in wanted.items():
             path.parent.mkdir(parents=True, exist_ok=True)

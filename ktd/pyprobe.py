@@ -25,7 +25,7 @@ import msgspec
 from ktd import foreign
 from ktd.core.command import build_env
 from ktd.core.config import ModelSpec
-from ktd.core.sglang_options import Catalog, CatalogData
+from ktd.core.sglang_options import CatalogData, SGLangOptions
 
 # Stdlib only in the engine's interpreter; every step guarded so one missing
 # piece (an SGLang without server_args) still reports the rest.
@@ -112,9 +112,9 @@ class ProbeResult(msgspec.Struct, kw_only=True):
         return self.sglang is not None and self.kt_kernel is not None
 
     @property
-    def catalog(self) -> Catalog | None:
+    def catalog(self) -> SGLangOptions | None:
         """SGLang's options, or None when they could not be read (argv is then built blind)."""
-        return Catalog.from_data(self.options) if self.options is not None else None
+        return SGLangOptions.from_data(self.options) if self.options is not None else None
 
     @property
     def sglang_label(self) -> str:
@@ -164,7 +164,7 @@ def parse_probe_output(python: str, returncode: int, output: str) -> ProbeResult
                 except msgspec.ValidationError as exc:
                     options_error = f"unreadable option list: {exc}"
                 else:
-                    if package is None and Catalog.from_data(options).kt_fork:
+                    if package is None and SGLangOptions.from_data(options).kt_fork:
                         options.package = KT_FORK  # no metadata (a source checkout): tell by flags
                         package = KT_FORK
             return ProbeResult(

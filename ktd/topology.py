@@ -23,20 +23,13 @@ from ktd.core.topology import (
     Gpu,
     NumaNode,
     Topology,
-    format_cpulist,
     parse_cpulist,
     parse_nvidia_smi,
 )
 
-__all__ = [
-    "Gpu",
-    "NumaNode",
-    "Topology",
-    "format_cpulist",
-    "parse_cpulist",
-    "parse_nvidia_smi",
-    "read_topology",
-]
+# The values and their parsers are ``ktd.core.topology``'s, imported from there: this
+# module reads them.
+__all__ = ["read_topology"]
 
 
 RunFn = Callable[..., "subprocess.CompletedProcess[str]"]

@@ -213,13 +213,7 @@ def test_error_codes_are_typed() -> None:
 
 # Class names still defined twice, each with the modules that define it: every rename
 # touches a module others were changing at the time (issue 45). Only shrinks.
-TWICE = {
-    # the wire's (fixed), the catalog's file, SGLang's option list
-    "Catalog": {"ktd.protocol_pulls", "ktd.catalog.load", "ktd.core.sglang_options"},
-    "Check": {"ktd.core.verdict", "ktd.core.pulljob"},  # doctor's verdict; a pull's fit check
-    "Kill": {"ktd.core.lifecycle_io", "ktd.core.pulljob"},  # an engine's stop; a pull worker's
-    "Phase": {"ktd.core.states", "ktd.core.waiting"},  # an engine's step; a waiting request's
-}
+TWICE: dict[str, set[str]] = {}
 
 
 def test_no_class_name_is_defined_twice() -> None:
@@ -232,3 +226,62 @@ def test_no_class_name_is_defined_twice() -> None:
     }
     assert {n: m for n, m in twice.items() if TWICE.get(n) != m} == {}
     assert sorted(set(TWICE) - set(twice)) == [], "defined once now: take it off TWICE"
+
+
+MAX_FUNCTION_LINES = 60
+# Functions still over MAX_FUNCTION_LINES outside the sim (an engine's stand-in, whose
+# handlers copy SGLang's own), each with the lines it may not exceed (issue 45). A count
+# only goes down; a function split under the limit may leave the list (nothing asks it to:
+# other changes split these meanwhile).
+LONG_FUNCTIONS = {
+    "ktctl/cli.py:build_parser": 129,
+    "ktd/daemon/main.py:Daemon.run": 93,
+    "ktd/frontend/metrics.py:Metrics.__init__": 85,
+    "ktd/core/configplan.py:_engine_plans": 84,
+    "ktd/daemon/pool.py:Pool.__init__": 74,
+    "ktctl/connection.py:Connection._call": 73,
+    "ktd/daemon/server.py:ControlServer._dispatch": 69,
+    "ktd/daemon/placer.py:Placer._place": 69,
+    "ktd/core/doctor.py:cpu_checks": 69,
+    "ktd/frontend/h1.py:ResponseParser._chunked": 68,
+    "ktd/gateway/doctor.py:checks": 67,
+    "ktd/frontend/intake.py:install": 67,
+    "ktd/frontend/flow.py:Flow.proxy": 67,
+    "ktd/daemon/server.py:ControlServer._answer_now": 64,
+    "ktd/daemon/configdesk.py:ConfigDesk._apply": 64,
+    "ktctl/cli.py:main": 64,
+    "ktd/core/config.py:_validate_sections": 63,
+    "ktctl/configargs.py:add_parser": 63,
+    "ktd/daemon/engine.py:Engine.__init__": 62,
+    "ktd/core/command.py:build_launch": 61,
+}
+
+
+def long_functions() -> dict[str, int]:
+    """Every function of ktd and ktctl but the sim's over MAX_FUNCTION_LINES, by
+    ``path:Class.name``, with its lines."""
+    out: dict[str, int] = {}
+
+    def walk(node: ast.AST, path: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                walk(child, path, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (child.end_lineno or child.lineno) - child.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    out[f"{path}:{prefix}{child.name}"] = n
+                walk(child, path, f"{prefix}{child.name}.")
+
+    for name, path in modules().items():
+        if not _within(name, "ktd.sim"):
+            walk(tree(name), str(path.relative_to(REPO)), "")
+    return out
+
+
+def test_no_function_over_60_lines_but_the_listed() -> None:
+    grown = {
+        name: f"{n} lines, more than {LONG_FUNCTIONS.get(name, MAX_FUNCTION_LINES)}"
+        for name, n in long_functions().items()
+        if n > LONG_FUNCTIONS.get(name, MAX_FUNCTION_LINES)
+    }
+    assert grown == {}, "split the function along its seams before adding to it"

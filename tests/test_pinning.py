@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ktd.topology import format_cpulist, read_topology
+from ktd.core.topology import format_cpulist
+from ktd.topology import read_topology
 from tests.conftest import ConfigWriter, sim_model
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import typing
 from typing import Any
 
 import msgspec
@@ -166,3 +167,14 @@ def test_status_and_lease_events_carry_in_flight_and_the_deprecated_leases_equal
     old_event = p.decode_event(old)
     assert (old_event.in_flight, old_event.leases) == (4, 4)
     assert p.Event(topic="engine.m", time=0.0, alias="m").in_flight is None
+
+
+def test_every_request_is_paired_with_its_replies() -> None:
+    """``p.REPLIES`` is the one request -> reply table (the schema's, every client's):
+    every request has its line, every reply but ``Error`` answers some request, and
+    ``replies_to`` adds ``Error``, which answers any."""
+    assert set(p.REPLIES) == set(typing.get_args(p.AnyRequest))
+    answering = {r for replies in p.REPLIES.values() for r in replies}
+    assert answering == set(typing.get_args(p.AnyReply)) - {p.Error}
+    assert p.replies_to(p.Load(alias="m", dry_run=True)) == (p.LoadReply, p.PlanReply, p.Error)
+    assert p.replies_to(p.Sleep(alias="m")) == (p.LoadReply, p.Error)

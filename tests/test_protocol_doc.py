@@ -67,3 +67,26 @@ def test_every_request_and_error_code_is_described() -> None:
     for feature in p.FEATURES:
         assert f"| `{feature}` |" in text, feature
     assert f"# ktd's control protocol ({p.PROTOCOL})" in text
+
+
+def arrows() -> dict[str, set[str]]:
+    """Each request's reply types as the page's arrows say (``**`op`** → `type`:``), the
+    parenthesised words left out."""
+    text = " ".join(DOC.read_text().split())
+    out: dict[str, set[str]] = {}
+    for ops, replies in re.findall(r"((?:\*\*`[a-z_]+`\*\*(?: \([^()]*\))?,? )+)→ ([^:*]*)", text):
+        said = set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^()]*\)", "", replies)))
+        for op in re.findall(r"\*\*`([a-z_]+)`\*\*", ops):
+            out.setdefault(op, set()).update(said)
+    return out
+
+
+def test_every_arrow_is_the_schema_s_pairing() -> None:
+    """The page pairs each request with its replies as the protocol's table does
+    (``p.REPLIES``, the schema's ``x-ktd-reply-types``): neither is written twice."""
+    table = {
+        req.__struct_config__.tag: {r.__struct_config__.tag for r in replies}
+        for req, replies in p.REPLIES.items()
+        if req.__struct_config__.tag not in p.FRONTEND_ONLY
+    }
+    assert arrows() == table

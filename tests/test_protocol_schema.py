@@ -135,3 +135,17 @@ def test_the_cli_prints_checks_and_writes(
     first = next(iter(wanted))
     first.write_text(wanted[first].replace('"type"', '"kind"', 1))
     assert ps.stale(wanted) == [first]
+
+
+def test_the_schema_pairs_each_request_with_its_replies() -> None:
+    """``x-ktd-reply-types`` is ``p.REPLIES`` by tags, and the Node client's copy
+    (``clients/node/replies.json``) is written from it; the frozen versions have none."""
+    doc = committed(f"{p.PROTOCOL}")
+    pairs = doc["x-ktd-reply-types"]
+    assert pairs == ps.reply_types()
+    assert pairs["load"] == ["load", "plan"] and pairs["sleep"] == ["load"]
+    assert set(pairs) == set(doc["x-ktd-requests"])
+    assert {r for rs in pairs.values() for r in rs} == set(doc["x-ktd-replies"]) - {"error"}
+    assert ps.stale(ps.client_files()) == [], f"run `{ps.REGENERATE}`"
+    assert msgspec.json.decode(ps.NODE_REPLIES.read_bytes())["replies"] == pairs
+    assert "x-ktd-reply-types" not in committed("1.1")

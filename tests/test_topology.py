@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ktd.topology import (
+from ktd.core.topology import (
     Gpu,
     NumaNode,
     Topology,
     format_cpulist,
     parse_cpulist,
     parse_nvidia_smi,
-    read_topology,
 )
+from ktd.topology import read_topology
 from tests.fixtures.topology import (
     FOUR_L40S,
     TWO_H100,

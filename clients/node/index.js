@@ -23,6 +23,12 @@ const { encode, decode } = require("@msgpack/msgpack");
 
 /** The protocol this client speaks (docs/protocol.md, "Versions"). */
 const PROTOCOL = Object.freeze({ major: 1, minor: 1 });
+/**
+ * Request op -> the reply types that answer it (an `error` answers any): the schema's
+ * `x-ktd-reply-types`, copied into `replies.json` by `python -m ktd.protocol_schema
+ * --write`, so that the pairing is the protocol's and written in no client by hand.
+ */
+const REPLIES = Object.freeze(require("./replies.json").replies);
 /** What a daemon of protocol 1.0 can do: its Pong names no features. */
 const FEATURES_1_0 = Object.freeze(["claims", "keep_alive", "keys", "machine", "sleep", "usage", "welcome"]);
 /** The events socket greets each subscription with this frame (XPUB_WELCOME_MSG). */
@@ -270,7 +276,8 @@ class Client {
   /**
    * Send any request (`{op, ...fields}`) and resolve with the reply object. `timeoutMs`:
    * how long to wait for it (default the client's; Infinity while the daemon stays
-   * connected). Error replies reject with KtdError.
+   * connected). Error replies reject with KtdError, a reply of a type that does not
+ * answer `msg.op` (`REPLIES`) with ProtocolError.
    */
   async request(msg, { timeoutMs = this.timeout } = {}) {
     const sock = await this._connect();
@@ -307,19 +314,15 @@ class Client {
         : null;
       const got = await (limit ? Promise.race([reply, limit]) : reply);
       if (got.type === "error") throw new KtdError(got.code, got.message, got.detail ?? {});
+      const kinds = REPLIES[msg.op]; // an op the table does not know (a newer one): as it is
+      if (kinds && !kinds.includes(got.type)) {
+        throw new ProtocolError(`ktd answered ${got.type} to ${msg.op}, where ${kinds.join(" or ")} was expected`);
+      }
       return got;
     } finally {
       clearTimeout(timer);
       this._pending.delete(id);
     }
-  }
-
-  async _expect(msg, type, options) {
-    const reply = await this.request(msg, options);
-    if (reply.type !== type) {
-      throw new ProtocolError(`ktd answered ${reply.type} where ${type} was expected`);
-    }
-    return reply;
   }
 
   _long(timeout) {
@@ -328,7 +331,7 @@ class Client {
 
   /** `{version, pid, protocol: {major, minor}, features}`; a 1.0 daemon says no protocol. */
   async ping() {
-    const { type, id, ...pong } = await this._expect({ op: "ping" }, "pong");
+    const { type, id, ...pong } = await this.request({ op: "ping" });
     const protocol = pong.protocol ?? { major: 1, minor: 0 };
     const features = pong.features ?? (protocol.major === 1 && protocol.minor === 0 ? [...FEATURES_1_0] : []);
     return { ...pong, protocol, features };
@@ -336,12 +339,12 @@ class Client {
 
   /** Every engine ktd knows (or only `alias`: an unknown one rejects `unknown_model`). */
   async status(alias = undefined) {
-    return (await this._expect({ op: "status", alias }, "status")).engines;
+    return (await this.request({ op: "status", alias })).engines;
   }
 
   /** Every models.json entry, served or not. */
   async models() {
-    return (await this._expect({ op: "models" }, "models")).models;
+    return (await this.request({ op: "models" })).models;
   }
 
   /**
@@ -361,7 +364,7 @@ class Client {
   }
 
   async _watched(msg, alias, timeoutMs, onProgress) {
-    if (!onProgress) return this._expect(msg, "load", { timeoutMs });
+    if (!onProgress) return this.request(msg, { timeoutMs });
     const sub = await this.subscribe([`engine.${alias}`, `log.${alias}`], { exact: true });
     let done = false;
     const pump = (async () => {
@@ -371,7 +374,7 @@ class Client {
       }
     })();
     try {
-      return await this._expect(msg, "load", { timeoutMs });
+      return await this.request(msg, { timeoutMs });
     } finally {
       done = true;
       await pump.catch(() => {});
@@ -382,7 +385,7 @@ class Client {
   /** Stop `alias` (or every engine with `{all: true}`); resolves with the aliases evicted. */
   async evict(alias = undefined, { all = false, force = false, timeout = undefined } = {}) {
     if ((alias == null) === !all) throw new TypeError("evict needs exactly one of alias or {all: true}");
-    const reply = await this._expect({ op: "evict", alias, all, force, timeout }, "evict", { timeoutMs: this._long(timeout) });
+    const reply = await this.request({ op: "evict", alias, all, force, timeout }, { timeoutMs: this._long(timeout) });
     return reply.evicted;
   }
 
@@ -398,12 +401,12 @@ class Client {
 
   /** The usage ledger's rows from `since` ("YYYY-MM-DD"; "" all), of one key or all. */
   async usage({ since = "", key = undefined } = {}) {
-    return (await this._expect({ op: "usage", since, key }, "usage")).rows;
+    return (await this.request({ op: "usage", since, key })).rows;
   }
 
   /** The daemon's protocol and its JSON Schema (a 1.0 daemon rejects `bad_request`). */
   async schema() {
-    const reply = await this._expect({ op: "schema" }, "schema");
+    const reply = await this.request({ op: "schema" });
     return { protocol: reply.protocol, schema: reply.schema };
   }
 
@@ -484,6 +487,7 @@ module.exports = {
   ProtocolError,
   KtdError,
   PROTOCOL,
+  REPLIES,
   FEATURES_1_0,
   controlPath,
 };

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from ktd.catalog.schema import Entry, Variant
 from ktd.core import fit, ktflags
-from ktd.core.topology import Topology
+from ktd.core.topology import Gpu, Topology
 from ktd.core.userflags import user_flags
 
 __all__ = [
@@ -179,11 +179,46 @@ def gpu_experts(
     tp: int,
 ) -> tuple[int | None, list[str]]:
     """``--kt-num-gpu-experts`` for these GPUs, and the arithmetic, line by line.
-    None when nothing says how big an expert is."""
-    lines: list[str] = []
+    None when nothing says how big an expert is.
+
+    Three steps, each with its own sources: what SGLang leaves of the GPUs
+    (``_sglang_budget``), then either kt's registry formula (before config.json is
+    here: ``_registry_estimate``) or the model's own shapes (``_config_estimate``)."""
     planned = [g for g in topo.gpus if g.index in set(gpus)]
     if not planned:
         return None, ["no GPU planned: no experts on the GPU"]
+    budget, lines = _sglang_budget(planned, args, tp)
+    cfg = model_config or {}
+    routed = _cfg_int(cfg, "n_routed_experts", "num_experts", "num_local_experts")
+    per_expert: float | None
+    if model_config is None:
+        if variant.gpu_expert_gb is None:
+            return None, [
+                *lines,
+                "no config.json yet and no expert size in the catalog: not derived",
+            ]
+        budget, per_expert, lines = _registry_estimate(planned, variant)
+    else:
+        budget, per_expert = _config_estimate(
+            budget, lines, cfg, variant, args, sizes=sizes, ctx=ctx, tp=tp, routed=routed
+        )
+    if not per_expert:
+        return None, [*lines, "expert size unknown: not derived"]
+    n = max(0, math.floor(budget / per_expert))
+    if routed:
+        n = min(n, routed)
+    lines.append(
+        f"= {_gb(max(budget, 0))} / {_gb(per_expert)} per expert = {n} experts per layer on the GPU"
+    )
+    return n, lines
+
+
+def _sglang_budget(
+    planned: Sequence[Gpu], args: Mapping[str, tuple[str, ...]], tp: int
+) -> tuple[float, list[str]]:
+    """The bytes SGLang leaves the GPUs for weights and KV cache: each GPU's free memory
+    less what it keeps (``--mem-fraction-static``'s rest, else its own reserve)."""
+    lines: list[str] = []
     frac = _num(_one(args, "--mem-fraction-static"))
     chunk = _num(_one(args, "--chunked-prefill-size"))
     bs = _num(_one(args, "--cuda-graph-max-bs"))
@@ -204,70 +239,94 @@ def gpu_experts(
         lines.append(f"GPU {g.index}: {_gb(free)} free - {_gb(keep)} kept by SGLang ({rule})")
         budget += max(0.0, free - keep)
     lines.append(f"= {_gb(budget)} for weights and KV cache")
-    cfg = model_config or {}
-    routed = _cfg_int(cfg, "n_routed_experts", "num_experts", "num_local_experts")
+    return budget, lines
+
+
+def _registry_estimate(planned: Sequence[Gpu], variant: Variant) -> tuple[float, float, list[str]]:
+    """Before the files are here: kt's registry formula (a flat reserve per GPU, the
+    catalog's size of one expert), its lines replacing SGLang's budget's."""
+    assert variant.gpu_expert_gb is not None
+    reserve = KT_REGISTRY_RESERVE_GB * GB * len(planned)
+    budget = sum(max(0, g.memory_total_mib - g.memory_used_mib) * MIB for g in planned) - reserve
+    lines = [
+        "before the files are here, kt's registry formula: "
+        f"{_gb(budget + reserve)} free - {KT_REGISTRY_RESERVE_GB} GB per GPU "
+        f"(attention, KV cache, CUDA graphs) = {_gb(max(budget, 0))}",
+        f"one expert per layer: {variant.gpu_expert_gb:g} GB (kt's registry formula)",
+    ]
+    return budget, variant.gpu_expert_gb * GB, lines
+
+
+def _config_estimate(
+    budget: float,
+    lines: list[str],
+    cfg: Mapping[str, Any],
+    variant: Variant,
+    args: Mapping[str, tuple[str, ...]],
+    *,
+    sizes: Sizes | None,
+    ctx: int,
+    tp: int,
+    routed: int | None,
+) -> tuple[float, float | None]:
+    """With config.json: the budget less the non-expert weights, the KV cache and kt's
+    layerwise prefill, and one expert's size (the headers', else the catalog's); the
+    steps appended to ``lines``."""
+    dense = sizes.dense + sizes.replicated * (max(tp, 1) - 1) if sizes else None
+    how = "safetensors headers" if sizes else "config.json shapes"
+    if dense is None:
+        dense = fit.dense_bytes_from_config(cfg)
+    if dense is not None:
+        budget -= dense
+        lines.append(f"- {_gb(dense)} attention and other non-expert weights ({how})")
+    # SGLang's KV pool holds --max-total-tokens when set, else the context.
+    tokens = int(_num(_one(args, "--max-total-tokens")) or 0) or ctx
+    tokens = tokens or _cfg_int(cfg, "max_position_embeddings") or 0
+    kv = fit.kv_cache_bytes(cfg, tokens) if tokens else None
+    if kv is not None:
+        budget -= kv
+        lines.append(f"- {_gb(kv)} KV cache for {tokens:,} tokens (config.json's shapes)")
+    layers = _cfg_int(cfg, "num_hidden_layers") or 0
+    moe_layers = max(0, layers - (_cfg_int(cfg, "first_k_dense_replace") or 0))
     per_expert: float | None = None
-    if model_config is None:
-        if variant.gpu_expert_gb is None:
-            return None, [
-                *lines,
-                "no config.json yet and no expert size in the catalog: not derived",
-            ]
-        reserve = KT_REGISTRY_RESERVE_GB * GB * len(planned)
-        budget = (
-            sum(max(0, g.memory_total_mib - g.memory_used_mib) * MIB for g in planned) - reserve
+    if sizes is not None and sizes.experts and routed:
+        per_expert = sizes.experts / routed
+        lines.append(
+            f"one expert per layer: {_gb(sizes.experts)} of experts / {routed} = {_gb(per_expert)}"
         )
+    elif variant.gpu_expert_gb is not None:
         per_expert = variant.gpu_expert_gb * GB
-        lines = [
-            "before the files are here, kt's registry formula: "
-            f"{_gb(budget + reserve)} free - {KT_REGISTRY_RESERVE_GB} GB per GPU "
-            f"(attention, KV cache, CUDA graphs) = {_gb(max(budget, 0))}",
-            f"one expert per layer: {variant.gpu_expert_gb:g} GB (kt's registry formula)",
-        ]
-    else:
-        dense = sizes.dense + sizes.replicated * (max(tp, 1) - 1) if sizes else None
-        how = "safetensors headers" if sizes else "config.json shapes"
-        if dense is None:
-            dense = fit.dense_bytes_from_config(cfg)
-        if dense is not None:
-            budget -= dense
-            lines.append(f"- {_gb(dense)} attention and other non-expert weights ({how})")
-        # SGLang's KV pool holds --max-total-tokens when set, else the context.
-        tokens = int(_num(_one(args, "--max-total-tokens")) or 0) or ctx
-        tokens = tokens or _cfg_int(cfg, "max_position_embeddings") or 0
-        kv = fit.kv_cache_bytes(cfg, tokens) if tokens else None
-        if kv is not None:
-            budget -= kv
-            lines.append(f"- {_gb(kv)} KV cache for {tokens:,} tokens (config.json's shapes)")
-        layers = _cfg_int(cfg, "num_hidden_layers") or 0
-        moe_layers = max(0, layers - (_cfg_int(cfg, "first_k_dense_replace") or 0))
-        if sizes is not None and sizes.experts and routed:
-            per_expert = sizes.experts / routed
-            lines.append(
-                f"one expert per layer: {_gb(sizes.experts)} of experts / {routed}"
-                f" = {_gb(per_expert)}"
-            )
-        elif variant.gpu_expert_gb is not None:
-            per_expert = variant.gpu_expert_gb * GB
-            lines.append(
-                f"one expert per layer: {variant.gpu_expert_gb:g} GB (kt's registry formula)"
-            )
-        if per_expert and _one(args, "--kt-gpu-prefill-token-threshold") and routed and moe_layers:
-            layer = per_expert * routed / moe_layers
-            budget -= layer
-            lines.append(f"- {_gb(layer)} one MoE layer for kt's layerwise prefill")
-    if not per_expert:
-        return None, [*lines, "expert size unknown: not derived"]
-    n = max(0, math.floor(budget / per_expert))
-    if routed:
-        n = min(n, routed)
-    lines.append(
-        f"= {_gb(max(budget, 0))} / {_gb(per_expert)} per expert = {n} experts per layer on the GPU"
-    )
-    return n, lines
+        lines.append(f"one expert per layer: {variant.gpu_expert_gb:g} GB (kt's registry formula)")
+    if per_expert and _one(args, "--kt-gpu-prefill-token-threshold") and routed and moe_layers:
+        layer = per_expert * routed / moe_layers
+        budget -= layer
+        lines.append(f"- {_gb(layer)} one MoE layer for kt's layerwise prefill")
+    return budget, per_expert
 
 
 # ---------------------------------------------------------------- all of them
+
+
+class _Flags:
+    """The flags being worked out, by name: ``put`` lets the user's own win (and says
+    what it overrode); placement's come as ``ktflags`` made them."""
+
+    def __init__(self, user: Mapping[str, tuple[str, ...]]) -> None:
+        self.user = user
+        self.out: dict[str, Flag] = {}
+
+    def put(self, name: str, values: tuple[str, ...], origin: Origin, why: str) -> None:
+        if name in self.user:
+            was = " ".join(values) or "on"
+            self.out[name] = Flag(
+                name, self.user[name], "user", f"yours (the {origin} value: {was})"
+            )
+        else:
+            self.out[name] = Flag(name, values, origin, why)
+
+    def ordered(self) -> tuple[Flag, ...]:
+        """The derived ones first, then by name."""
+        return tuple(sorted(self.out.values(), key=lambda f: (f.origin != "derived", f.name)))
 
 
 def derive(
@@ -286,80 +345,83 @@ def derive(
     reserved_cpus: Sequence[int] = (),
 ) -> Derivation:
     """The flags for launching ``variant`` of ``entry`` on ``topo``'s ``nodes`` and
-    ``gpus`` (default: all of them), the user's ``extra_args`` winning."""
-    user = user_flags(extra_args)
+    ``gpus`` (default: all of them), the user's ``extra_args`` winning: the catalog's
+    first, then for a kt variant placement's, the AMX weights' check and the GPU
+    experts (``_kt_flags``)."""
+    flags = _Flags(user_flags(extra_args))
     notes: list[str] = []
-    refusals: list[str] = []
-    out: dict[str, Flag] = {}
+    catalog = _catalog_flags(flags, entry, variant)
+    if not variant.kt_method:
+        return Derivation(flags.ordered(), (), (), tuple(notes))
+    node_ids = tuple(nodes) if nodes is not None else topo.node_ids
+    _cpus, cpuinfer = ktflags.cpus_for(topo, node_ids, reserved_cpus, cpu_reserve, notes)
+    cores = len(topo.physical_cores(topo.node_cpus(node_ids)))
+    for f in ktflags.flags_for(flags.user, node_ids, cpuinfer, cores, notes):
+        why = "placement, at each launch (ktd/core/ktflags.py)"
+        flags.out[f.name] = Flag(
+            f.name, f.values, f.origin, why if f.origin == "derived" else "yours"
+        )
+    refusals = _amx_refusals(flags, variant, weights_numa, notes)
+    args = {**catalog, **flags.user}
+    n, lines = gpu_experts(
+        topo,
+        tuple(gpus) if gpus is not None else tuple(g.index for g in topo.gpus),
+        variant,
+        args,
+        model_config=model_config,
+        sizes=sizes,
+        ctx=ctx or (entry.defaults.ctx or 0),
+        tp=int(_num(_one(args, "--tp-size")) or 1),
+    )
+    if n is not None:
+        flags.put(EXPERTS_FLAG, (str(n),), "derived", "free GPU memory (see the arithmetic)")
+        low = entry.defaults.min_gpu_experts
+        if EXPERTS_FLAG not in flags.user and n < low:
+            refusals.append(f"{EXPERTS_FLAG} {n}: {entry.name} needs at least {low}")
+    else:
+        notes.append(f"{EXPERTS_FLAG} not derived: {lines[-1]}")
+    return Derivation(flags.ordered(), tuple(lines), tuple(refusals), tuple(notes))
 
-    def put(name: str, values: tuple[str, ...], origin: Origin, why: str) -> None:
-        if name in user:
-            out[name] = Flag(
-                name, user[name], "user", f"yours (the {origin} value: {' '.join(values) or 'on'})"
-            )
-        else:
-            out[name] = Flag(name, values, origin, why)
 
+def _catalog_flags(flags: _Flags, entry: Entry, variant: Variant) -> dict[str, tuple[str, ...]]:
+    """The entry's and the variant's own flags, its parsers and ``--kt-method``; the
+    catalog's args as parsed (what the arithmetic reads, under the user's)."""
     catalog = user_flags([*entry.defaults.args, *variant.args])
     for name, values in catalog.items():
-        put(name, values, "catalog", f"{entry.name}'s catalog entry")
+        flags.put(name, values, "catalog", f"{entry.name}'s catalog entry")
     for name, parser in (
         ("--tool-call-parser", entry.defaults.tool_call_parser),
         ("--reasoning-parser", entry.defaults.reasoning_parser),
     ):
         if parser:
-            put(name, (parser,), "catalog", f"{entry.name}'s parser")
+            flags.put(name, (parser,), "catalog", f"{entry.name}'s parser")
     if variant.kt_method:
         cpu = ", ".join(variant.cpu) or "no particular CPU feature"
-        put(
+        flags.put(
             METHOD_FLAG,
             (variant.kt_method,),
             "derived",
             f"variant {variant.name}: weights {variant.weights}, needs {cpu}",
         )
-    node_ids = tuple(nodes) if nodes is not None else topo.node_ids
-    gpu_ids = tuple(gpus) if gpus is not None else tuple(g.index for g in topo.gpus)
-    tp = int(_num(_one({**catalog, **user}, "--tp-size")) or 1)
-    if variant.kt_method:
-        _cpus, cpuinfer = ktflags.cpus_for(topo, node_ids, reserved_cpus, cpu_reserve, notes)
-        cores = len(topo.physical_cores(topo.node_cpus(node_ids)))
-        for f in ktflags.flags_for(user, node_ids, cpuinfer, cores, notes):
-            why = "placement, at each launch (ktd/core/ktflags.py)"
-            out[f.name] = Flag(
-                f.name, f.values, f.origin, why if f.origin == "derived" else "yours"
-            )
-        pools_flag = out[ktflags.POOL_FLAG]
-        pools = ktflags.int_values(pools_flag.values)
-        method = out[METHOD_FLAG].values[-1] if METHOD_FLAG in out else variant.kt_method
-        if method in AMX_METHODS:
-            if weights_numa is None:
-                notes.append(f"{method}: the weights' NUMA count is not read yet (after the pull)")
-            elif pools and pools[0] != weights_numa:
-                refusals.append(
-                    f"the {method} weights were converted for {weights_numa} NUMA pools but the "
-                    f"placement gives {pools[0]} ({ktflags.POOL_FLAG} {pools[0]}): kt-kernel "
-                    f"crashes on such weights (ktransformers #2128); place the model on "
-                    f"{weights_numa} NUMA nodes or convert the weights again"
-                )
-        n, lines = gpu_experts(
-            topo,
-            gpu_ids,
-            variant,
-            {**catalog, **user},
-            model_config=model_config,
-            sizes=sizes,
-            ctx=ctx or (entry.defaults.ctx or 0),
-            tp=tp,
-        )
-        if n is not None:
-            put(EXPERTS_FLAG, (str(n),), "derived", "free GPU memory (see the arithmetic)")
-            low = entry.defaults.min_gpu_experts
-            if EXPERTS_FLAG not in user and n < low:
-                refusals.append(f"{EXPERTS_FLAG} {n}: {entry.name} needs at least {low}")
-        else:
-            notes.append(f"{EXPERTS_FLAG} not derived: {lines[-1]}")
-        arithmetic = lines
-    else:
-        arithmetic = []
-    order = sorted(out.values(), key=lambda f: (f.origin != "derived", f.name))
-    return Derivation(tuple(order), tuple(arithmetic), tuple(refusals), tuple(notes))
+    return catalog
+
+
+def _amx_refusals(
+    flags: _Flags, variant: Variant, weights_numa: int | None, notes: list[str]
+) -> list[str]:
+    """AMX weights are split per NUMA pool at conversion: a placement of another pool
+    count is refused before the launch (kt-kernel crashes: ktransformers #2128)."""
+    pools = ktflags.int_values(flags.out[ktflags.POOL_FLAG].values)
+    method = flags.out[METHOD_FLAG].values[-1] if METHOD_FLAG in flags.out else variant.kt_method
+    if method not in AMX_METHODS:
+        return []
+    if weights_numa is None:
+        notes.append(f"{method}: the weights' NUMA count is not read yet (after the pull)")
+    elif pools and pools[0] != weights_numa:
+        return [
+            f"the {method} weights were converted for {weights_numa} NUMA pools but the "
+            f"placement gives {pools[0]} ({ktflags.POOL_FLAG} {pools[0]}): kt-kernel "
+            f"crashes on such weights (ktransformers #2128); place the model on "
+            f"{weights_numa} NUMA nodes or convert the weights again"
+        ]
+    return []

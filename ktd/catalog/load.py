@@ -23,7 +23,7 @@ from ktd.catalog.schema import FORMAT, CatalogFile, Entry
 
 __all__ = [
     "BUILTIN",
-    "Catalog",
+    "LoadedCatalog",
     "Problem",
     "builtin_text",
     "load",
@@ -48,7 +48,7 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class Catalog:
+class LoadedCatalog:
     """The entries that loaded (by name, in file order), where each came from, and the
     problems of the files that did not (or only partly) load."""
 
@@ -155,7 +155,7 @@ def _read(path: Path) -> bytes | str:
 
 def load(
     files: Sequence[str | Path] = (), *, base: Path | None = None, builtin: bool = True
-) -> Catalog:
+) -> LoadedCatalog:
     """The built-in catalog, then ``files`` (relative ones to ``base``: config.json's
     directory), later names replacing earlier ones. Never raises for a file's content or
     absence: that is a problem of the result."""
@@ -173,7 +173,7 @@ def load(
     return merge(texts)
 
 
-def merge(texts: Iterable[tuple[str, bytes | str | OSError]]) -> Catalog:
+def merge(texts: Iterable[tuple[str, bytes | str | OSError]]) -> LoadedCatalog:
     """Parse each file's text in order into one catalog (pure; ``load`` reads them)."""
     by_name: dict[str, Entry] = {}
     origin: dict[str, str] = {}
@@ -195,7 +195,7 @@ def merge(texts: Iterable[tuple[str, bytes | str | OSError]]) -> Catalog:
             origin[e.name] = name
     kept, clash = _aliases(list(by_name.values()), origin)
     problems.extend(clash)
-    return Catalog(tuple(kept), origin, tuple(problems), tuple(notes), tuple(files))
+    return LoadedCatalog(tuple(kept), origin, tuple(problems), tuple(notes), tuple(files))
 
 
 def _aliases(entries: list[Entry], origin: dict[str, str]) -> tuple[list[Entry], list[Problem]]:

@@ -29,13 +29,15 @@ import json
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ktd.catalog import layout, verify
 
 __all__ = [
     "Pulled",
+    "model_config",
     "numa_count",
     "on_disk",
     "repo_dir",
@@ -73,15 +75,17 @@ class Pulled:
     problems: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "repo": self.repo,
-            "revision": self.revision,
-            "commit": self.commit,
-            "path": self.path,
-            "complete": self.complete,
-            "bytes": self.bytes,
-            "problems": list(self.problems),
-        }
+        return {**asdict(self), "problems": list(self.problems)}
+
+
+def model_config(path: str) -> dict[str, Any] | None:
+    """The model's ``config.json`` under ``path`` (its shapes: the arithmetic of the GPU
+    experts), None when there is none or it is no JSON object."""
+    try:
+        doc = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _size(path: Path) -> int:

@@ -29,7 +29,7 @@ from ktd.catalog.plan import FitCheck, PullPlan, no_fit_check
 from ktd.catalog.spec import PullSpec
 from ktd.control.errors import ControlError
 from ktd.core.config import CatalogSection
-from ktd.core.pulljob import Action, Check, Job, JobState, Key, Kill, PullMachine, Start
+from ktd.core.pulljob import Action, CheckFit, Job, JobState, Key, KillWorker, PullMachine, Start
 from ktd.pullwire import PullFile, PullInfo, PullPlanView
 
 log = logging.getLogger("ktd.pulls")
@@ -233,12 +233,12 @@ class Puller:
                 case Start(key=key, phase=phase, force=force):
                     assert self._nursery is not None
                     self._nursery.start_soon(self._worker, key, phase, force)
-                case Kill(key=key, reason=reason):
+                case KillWorker(key=key, reason=reason):
                     proc = self._procs.get(key)
                     log.info("pull %s@%s: killing its worker (%s)", *key, reason)
                     if proc is not None and proc.returncode is None:
                         proc.kill()
-                case Check(key=key):
+                case CheckFit(key=key):
                     assert self._nursery is not None
                     self._nursery.start_soon(self._check_plan, key)
         # Every call follows a change of some job (an ask, an exit, a plan, a cancel):

@@ -7,10 +7,8 @@ room does not import.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -18,7 +16,7 @@ import msgspec
 from ktd.catalog import ondisk
 from ktd.catalog.choose import Choice, choose, gpu_memory, host_ram
 from ktd.catalog.flags import AMX_METHODS, Sizes, derive
-from ktd.catalog.load import Catalog
+from ktd.catalog.load import LoadedCatalog
 from ktd.catalog.schema import Entry
 from ktd.core.topology import Topology
 
@@ -86,14 +84,6 @@ def _complete(pulls: Sequence[ondisk.Pulled], pinned: str | None) -> ondisk.Pull
     return None
 
 
-def _config(path: str) -> dict[str, Any] | None:
-    try:
-        doc = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 @dataclass(frozen=True)
 class Configured:
     """A model models.json already has under the entry's name or an alias: its own flags
@@ -122,26 +112,7 @@ def _model(
     mine: Configured | None = None,
 ) -> dict[str, Any]:
     pulls = _pulled(entry, base)
-    paths: dict[str, str] = {}
-    for s in entry.sources:
-        got = _complete(pulls[s.role + ":" + s.repo], s.revision)
-        if got is not None:
-            paths[s.role] = got.path
-    numa: dict[str, int] = {}
-    for v in entry.variants:
-        if v.weights == "kt-weights" and "kt-weights" in paths:
-            n = ondisk.numa_count(paths["kt-weights"])
-            if n is not None:
-                numa[v.name] = n
-    converted: list[str] = []
-    if mine is not None:
-        paths["model"] = mine.path
-        n = ondisk.numa_count(mine.kt_weight_path) if mine.kt_weight_path else None
-        if n is not None:  # AMX weights converted by hand: what the AMX variants run on
-            for v in entry.variants:
-                if v.kt_method in AMX_METHODS and v.weights != "model":
-                    numa[v.name] = n
-                    converted.append(v.name)
+    paths, numa, converted = _weights(entry, pulls, mine)
     c = choose(entry, topo, converted=converted, numa_counts=numa)
     out: dict[str, Any] = {
         "name": entry.name,
@@ -167,7 +138,7 @@ def _model(
             entry,
             chosen.variant,
             topo,
-            model_config=_config(model) if model else None,
+            model_config=ondisk.model_config(model) if model else None,
             sizes=sizes(model) if (model and sizes) else None,
             weights_numa=numa.get(chosen.variant.name),
             extra_args=mine.extra_args if mine else (),
@@ -178,8 +149,38 @@ def _model(
     return out
 
 
+def _weights(
+    entry: Entry, pulls: dict[str, list[ondisk.Pulled]], mine: Configured | None
+) -> tuple[dict[str, str], dict[str, int], list[str]]:
+    """Where the entry's weights are (role -> the complete pull's path, ``model`` the
+    configured one's when models.json has it), the NUMA count each variant's weights were
+    converted for, and the AMX variants that run on weights converted by hand: what the
+    choice is made against."""
+    paths: dict[str, str] = {}
+    for s in entry.sources:
+        got = _complete(pulls[s.role + ":" + s.repo], s.revision)
+        if got is not None:
+            paths[s.role] = got.path
+    numa: dict[str, int] = {}
+    for v in entry.variants:
+        if v.weights == "kt-weights" and "kt-weights" in paths:
+            n = ondisk.numa_count(paths["kt-weights"])
+            if n is not None:
+                numa[v.name] = n
+    converted: list[str] = []
+    if mine is not None:
+        paths["model"] = mine.path
+        n = ondisk.numa_count(mine.kt_weight_path) if mine.kt_weight_path else None
+        if n is not None:  # AMX weights converted by hand: what the AMX variants run on
+            for v in entry.variants:
+                if v.kt_method in AMX_METHODS and v.weights != "model":
+                    numa[v.name] = n
+                    converted.append(v.name)
+    return paths, numa, converted
+
+
 def build(
-    catalog: Catalog,
+    catalog: LoadedCatalog,
     topo: Topology,
     base: str,
     name: str | None = None,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ktd.catalog.choose import Choice, choose
 from ktd.catalog.flags import derive
-from ktd.catalog.load import Catalog
+from ktd.catalog.load import LoadedCatalog
 from ktd.catalog.report import UnknownName
 from ktd.catalog.schema import Entry, Variant
 from ktd.catalog.spec import PullSpec
@@ -53,7 +53,7 @@ def _cannot(entry: Entry, choice: Choice) -> tuple[str, ...]:
     return (f"this box cannot run {entry.name}: {each}",)
 
 
-def resolve(catalog: Catalog, topo: Topology, base: str | Path, name: str) -> Resolved:
+def resolve(catalog: LoadedCatalog, topo: Topology, base: str | Path, name: str) -> Resolved:
     """``name``'s entry, the variant for ``topo``, its specs under ``base`` and the
     reasons against it. ``UnknownName`` when no entry has that name or alias."""
     entry = catalog.find(name)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ktd.core.config import ModelSpec
-from ktd.core.sglang_options import Catalog, Option, OptionError, UserFlag, parse_user_args
+from ktd.core.sglang_options import Option, OptionError, SGLangOptions, UserFlag, parse_user_args
 from ktd.core.userflags import flag_names, user_flags
 
 # Set on every engine so the daemon can recognise its own processes (and a
@@ -85,7 +85,7 @@ def user_flag_names(extra_args: Sequence[str]) -> set[str]:
     return flag_names(extra_args)
 
 
-def read_user_args(extra_args: Sequence[str], catalog: Catalog) -> list[UserFlag]:
+def read_user_args(extra_args: Sequence[str], catalog: SGLangOptions) -> list[UserFlag]:
     """``extra_args`` as SGLang will read them, or the reason it would refuse them."""
     try:
         flags = parse_user_args(extra_args, catalog)
@@ -114,7 +114,7 @@ def spelling(option: Option) -> str:
     return next((f for f in option.flags if f.startswith("--")), option.flags[0])
 
 
-def planner_args(extra_args: Sequence[str], catalog: Catalog | None) -> tuple[str, ...]:
+def planner_args(extra_args: Sequence[str], catalog: SGLangOptions | None) -> tuple[str, ...]:
     """``extra_args`` with each flag spelled ktd's way, so the planner sees ``--tp 2`` as
     ``--tp-size 2``: a user's abbreviated placement flag must still win."""
     if catalog is None:
@@ -167,7 +167,7 @@ def build_launch(
     spec: ModelSpec,
     port: int,
     placement_flags: Sequence[str] = (),
-    catalog: Catalog | None = None,
+    catalog: SGLangOptions | None = None,
 ) -> Command:
     """The engine's argv in the seed's order; ``placement_flags`` are the plan's derived ones.
 
@@ -241,7 +241,7 @@ class Keying:
 
 
 def keyed_launch(
-    spec: ModelSpec, port: int, placement_flags: Sequence[str], catalog: Catalog | None
+    spec: ModelSpec, port: int, placement_flags: Sequence[str], catalog: SGLangOptions | None
 ) -> tuple[Command, Keying]:
     """The engine's command and how it is keyed, the user's ``--api-key`` moved out of
     its argv when it goes in the key file (a launch and ``ktctl load --dry-run`` alike)."""
@@ -251,7 +251,7 @@ def keyed_launch(
     return build_launch(spec, port, placement_flags, catalog), keyed
 
 
-def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
+def keying(spec: ModelSpec, catalog: SGLangOptions | None) -> Keying:
     """How ``spec``'s engine is keyed under the installed SGLang (``catalog``).
 
     Raises :class:`LaunchError` for a ``--config`` of the user's own: SGLang reads one
@@ -309,7 +309,7 @@ def keying(spec: ModelSpec, catalog: Catalog | None) -> Keying:
 
 def _keyed(
     spec: ModelSpec,
-    catalog: Catalog,
+    catalog: SGLangOptions,
     in_file: bool,
     user_key: str | None,
     dropped: set[int],
@@ -372,7 +372,7 @@ def build_argv(
     spec: ModelSpec,
     port: int,
     placement_flags: Sequence[str] = (),
-    catalog: Catalog | None = None,
+    catalog: SGLangOptions | None = None,
 ) -> list[str]:
     return build_launch(spec, port, placement_flags, catalog).argv
 

@@ -1,6 +1,6 @@
 """``ktctl doctor``: checks that catch kt-kernel's usual failures before a 5-minute load does.
 
-The checks are pure functions of a :class:`~ktd.topology.Topology`, a
+The checks are pure functions of a :class:`~ktd.core.topology.Topology`, a
 :class:`~ktd.core.config.ModelSpec` and a probe result dict; filesystem and socket
 look-ups are injectable callables. The part that runs the probe subprocess in
 the engine's interpreter lives elsewhere, so everything here is testable on a
@@ -28,7 +28,7 @@ from ktd.core.command import LaunchError, build_launch, planner_args
 from ktd.core.config import ModelSpec
 from ktd.core.machinecheck import cpu_checks, gpu_checks, numa_checks
 from ktd.core.placement import plan
-from ktd.core.sglang_options import Catalog
+from ktd.core.sglang_options import SGLangOptions
 from ktd.core.topology import Topology
 from ktd.core.userflags import user_flags
 from ktd.core.verdict import Check
@@ -201,7 +201,7 @@ def _placement_check(spec: ModelSpec, topo: Topology) -> list[Check]:
     return [Check(name, "ok", detail)]
 
 
-def argv_check(spec: ModelSpec, topo: Topology, catalog: Catalog | None) -> list[Check]:
+def argv_check(spec: ModelSpec, topo: Topology, catalog: SGLangOptions | None) -> list[Check]:
     """Which flags ktd will emit for this SGLang, and which it leaves out (and why)."""
     name = f"{spec.alias}.argv"
     try:
@@ -383,7 +383,7 @@ def collect(
     port_free: Callable[[str, int], bool],
     exists: Callable[[str], bool] = os.path.exists,
     running: Iterable[str] = (),
-    catalog: Catalog | None = None,
+    catalog: SGLangOptions | None = None,
 ) -> list[Check]:
     """Every check in display order; the caller supplies the probe and the I/O callables."""
     up = set(running)

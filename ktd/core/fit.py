@@ -382,25 +382,8 @@ def check(
     rows: list[dict[str, Any]] = []
     short: list[str] = []
     notes: list[str] = []
-    # Those of ``evicting`` put to sleep are said so (issue 43: "after evicting" them).
-    stops = [a for a in evicting if a not in sleeping]
-    done = [f"putting {', '.join(sleeping)} to sleep"] if sleeping else []
-    done += [f"evicting {', '.join(stops)}"] if stops else []
-    after = f" after {' and '.join(done)}" if done else ""
     if est.host_bytes:
-        if numa_nodes:
-            share = est.host_bytes // len(numa_nodes)
-            spread = freed.host_anywhere // max(len(node_free), 1)
-            for n in numa_nodes:
-                have = node_free.get(n, 0) + freed.host_by_node.get(n, 0) + spread
-                rows.append({"what": f"numa node {n}", "need": share, "free": have})
-                if share > have:
-                    short.append(f"NUMA node {n} needs {gib(share)} RAM, has {gib(have)} free")
-        else:
-            have = sum(node_free.values()) + sum(freed.host_by_node.values()) + freed.host_anywhere
-            rows.append({"what": "host RAM", "need": est.host_bytes, "free": have})
-            if est.host_bytes > have:
-                short.append(f"host needs {gib(est.host_bytes)} RAM, has {gib(have)} free")
+        _host_rows(est.host_bytes, node_free, numa_nodes, freed, rows, short)
     need_gpu = est.gpu_bytes
     no_gpu = bool(need_gpu) and gpu_free is None and not gpus
     if no_gpu:
@@ -410,15 +393,15 @@ def check(
         if gpu_free is None:
             notes.append("GPU memory not checked (nvidia-smi unavailable)")
         else:
-            share = need_gpu // len(gpus)
-            for i in gpus:
-                have = gpu_free.get(i, 0) + freed.gpu_by_index.get(i, 0)
-                rows.append({"what": f"gpu {i}", "need": share, "free": have})
-                if share > have:
-                    short.append(f"GPU {i} needs {gib(share)}, has {gib(have)} free")
+            _gpu_rows(need_gpu, gpu_free, gpus, freed, rows, short)
     if short:
         if no_gpu:
             short.append(f"no GPU for its {gib(need_gpu or 0)} of GPU memory")
+        # Those of ``evicting`` put to sleep are said so (issue 43: "after evicting" them).
+        stops = [a for a in evicting if a not in sleeping]
+        done = [f"putting {', '.join(sleeping)} to sleep"] if sleeping else []
+        done += [f"evicting {', '.join(stops)}"] if stops else []
+        after = f" after {' and '.join(done)}" if done else ""
         reason = (
             "does not fit"
             + after
@@ -431,3 +414,45 @@ def check(
         reason = no_gpu_reason(need_gpu or 0)
         return Fit(False, reason, tuple(rows), tuple(notes), no_gpu=True, short=False)
     return Fit(True, None, tuple(rows), tuple(notes))
+
+
+def _host_rows(
+    need: int,
+    node_free: Mapping[int, int],
+    numa_nodes: Sequence[int],
+    freed: Freed,
+    rows: list[dict[str, Any]],
+    short: list[str],
+) -> None:
+    """Host RAM against each planned node's share (what the swap frees spread over
+    every node), or against the whole machine's with no node planned (``numa: none``)."""
+    if numa_nodes:
+        share = need // len(numa_nodes)
+        spread = freed.host_anywhere // max(len(node_free), 1)
+        for n in numa_nodes:
+            have = node_free.get(n, 0) + freed.host_by_node.get(n, 0) + spread
+            rows.append({"what": f"numa node {n}", "need": share, "free": have})
+            if share > have:
+                short.append(f"NUMA node {n} needs {gib(share)} RAM, has {gib(have)} free")
+    else:
+        have = sum(node_free.values()) + sum(freed.host_by_node.values()) + freed.host_anywhere
+        rows.append({"what": "host RAM", "need": need, "free": have})
+        if need > have:
+            short.append(f"host needs {gib(need)} RAM, has {gib(have)} free")
+
+
+def _gpu_rows(
+    need: int,
+    gpu_free: Mapping[int, int],
+    gpus: Sequence[int],
+    freed: Freed,
+    rows: list[dict[str, Any]],
+    short: list[str],
+) -> None:
+    """GPU memory against each planned GPU's equal share (what the swap frees there)."""
+    share = need // len(gpus)
+    for i in gpus:
+        have = gpu_free.get(i, 0) + freed.gpu_by_index.get(i, 0)
+        rows.append({"what": f"gpu {i}", "need": share, "free": have})
+        if share > have:
+            short.append(f"GPU {i} needs {gib(share)}, has {gib(have)} free")

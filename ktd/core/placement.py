@@ -1,6 +1,6 @@
 """The placement plan: which NUMA nodes, CPUs and GPUs an engine gets, and whom to evict.
 
-Pure: a function of the config entry, the :class:`~ktd.topology.Topology` and
+Pure: a function of the config entry, the :class:`~ktd.core.topology.Topology` and
 the current holdings. The daemon asks for a plan before every launch, and
 ``ktctl load --dry-run`` shows the same plan, so an operator sees exactly what
 would happen (and who would be evicted) before committing minutes of loading.
@@ -273,53 +273,22 @@ def _numa_need(
     notes: list[str],
 ) -> _Need:
     usable = [n.id for n in topo.nodes if n.cpus]
-    known = set(topo.node_ids)
     if not usable:
         raise _Fail("no NUMA node of this machine has an online CPU")
-
-    def check(ids: Sequence[int], what: str) -> tuple[int, ...]:
-        if not ids:
-            raise _Fail(f"{what} lists no NUMA node")
-        for nid in ids:
-            if nid not in known:
-                raise _Fail(f"{what}: unknown NUMA node {nid} (machine has nodes {id_list(known)})")
-            if not topo.node(nid).cpus:
-                raise _Fail(
-                    f"{what}: NUMA node {nid} has no online CPUs (memory-only node); "
-                    "kt-kernel cannot run a thread pool there"
-                )
-        return tuple(dict.fromkeys(ids))
-
     # The user's --kt-numa-nodes is what kt-kernel will really use, so it is what
     # we must own; otherwise the exclusivity promise would be a lie.
     if NUMA_FLAG in uflags:
-        ids = int_values(uflags[NUMA_FLAG])
-        if ids is None:
-            raise _Fail(f"extra_args {NUMA_FLAG} {' '.join(uflags[NUMA_FLAG])}: not node ids")
-        fixed = check(ids, f"extra_args {NUMA_FLAG}")
-        config_ids: tuple[int, ...] | None = None
-        if numa == "all":
-            config_ids = tuple(usable)
-        elif not isinstance(numa, str):
-            config_ids = tuple(numa)
-        if config_ids is not None and sorted(config_ids) != sorted(fixed):
-            notes.append(
-                f"numa={list(config_ids)} differs from {NUMA_FLAG} {' '.join(map(str, fixed))} "
-                f"in extra_args; placing on the nodes kt-kernel will use ({id_list(fixed)})"
-            )
-        return _Need(fixed, len(fixed))
-
+        return _flag_need(numa, topo, uflags[NUMA_FLAG], usable, notes)
     if numa == "all":
-        skipped = sorted(known - set(usable))
+        skipped = sorted(set(topo.node_ids) - set(usable))
         if skipped:
             notes.append(f"NUMA nodes {id_list(skipped)} have no CPUs and are left out")
         return _Need(tuple(usable), len(usable))
     if not isinstance(numa, str):
-        fixed = check(list(numa), "numa")
+        fixed = _usable_nodes(topo, list(numa), "numa")
         return _Need(fixed, len(fixed))
     if numa != "auto":
         raise _Fail(f"numa: expected 'auto', 'all' or a list of node ids, got {numa!r}")
-
     # auto: the user's --kt-threadpool-count says how many pools the weights were
     # converted for; honour it rather than pick a count the weights don't match
     # (this wins over single_engine's "all nodes" for the same reason).
@@ -335,6 +304,49 @@ def _numa_need(
     if single_engine:
         return _Need(tuple(usable), len(usable))
     return _Need(None, 1)
+
+
+def _usable_nodes(topo: Topology, ids: Sequence[int], what: str) -> tuple[int, ...]:
+    """``ids`` once each, if every one is a node of this machine with online CPUs (a
+    memory-only node can hold no kt-kernel thread pool), else why not."""
+    known = set(topo.node_ids)
+    if not ids:
+        raise _Fail(f"{what} lists no NUMA node")
+    for nid in ids:
+        if nid not in known:
+            raise _Fail(f"{what}: unknown NUMA node {nid} (machine has nodes {id_list(known)})")
+        if not topo.node(nid).cpus:
+            raise _Fail(
+                f"{what}: NUMA node {nid} has no online CPUs (memory-only node); "
+                "kt-kernel cannot run a thread pool there"
+            )
+    return tuple(dict.fromkeys(ids))
+
+
+def _flag_need(
+    numa: NumaRequest,
+    topo: Topology,
+    values: tuple[str, ...],
+    usable: Sequence[int],
+    notes: list[str],
+) -> _Need:
+    """The nodes of the user's ``--kt-numa-nodes``, which win over the config's ``numa``
+    (said in a note when the two differ)."""
+    ids = int_values(values)
+    if ids is None:
+        raise _Fail(f"extra_args {NUMA_FLAG} {' '.join(values)}: not node ids")
+    fixed = _usable_nodes(topo, ids, f"extra_args {NUMA_FLAG}")
+    config_ids: tuple[int, ...] | None = None
+    if numa == "all":
+        config_ids = tuple(usable)
+    elif not isinstance(numa, str):
+        config_ids = tuple(numa)
+    if config_ids is not None and sorted(config_ids) != sorted(fixed):
+        notes.append(
+            f"numa={list(config_ids)} differs from {NUMA_FLAG} {' '.join(map(str, fixed))} "
+            f"in extra_args; placing on the nodes kt-kernel will use ({id_list(fixed)})"
+        )
+    return _Need(fixed, len(fixed))
 
 
 def tp_size_of(tp_size: int | None, uflags: Mapping[str, tuple[str, ...]]) -> int | None:

@@ -48,7 +48,7 @@ class Start:
 
 
 @dataclass(frozen=True)
-class Kill:
+class KillWorker:
     """Kill the job's worker (a stall or a cancel); its ``exited`` follows."""
 
     key: Key
@@ -56,13 +56,13 @@ class Kill:
 
 
 @dataclass(frozen=True)
-class Check:
+class CheckFit:
     """The plan is in: run the fit check on it, answer with ``checked``."""
 
     key: Key
 
 
-Action = Start | Kill | Check
+Action = Start | KillWorker | CheckFit
 
 
 @dataclass
@@ -148,7 +148,7 @@ class PullMachine:
                 and now - job.last_byte > self.stall_timeout
             ):
                 job.killing = "stall"
-                actions.append(Kill(job.key, "stall"))
+                actions.append(KillWorker(job.key, "stall"))
         running = sum(1 for j in self.jobs.values() if j.state is JobState.RUNNING)
         for job in sorted(self.jobs.values(), key=lambda j: j.seq):
             if running >= self.max_pulls:
@@ -186,7 +186,7 @@ class PullMachine:
         job.sizes = {n: s for n, (s, _) in files.items()}
         job.done_of = {n: p for n, (_, p) in files.items()}
         job.last_byte = now
-        return [Check(key)]
+        return [CheckFit(key)]
 
     def checked(self, key: Key, problems: list[str], now: float) -> list[Action]:
         """The plan's verdict: refused (unless forced), or the fetch starts."""
@@ -241,7 +241,7 @@ class PullMachine:
             return []
         if job.killing != "cancel":
             job.killing = "cancel"
-            return [Kill(key, "cancel")]
+            return [KillWorker(key, "cancel")]
         return []
 
     def forget(self, key: Key) -> None:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 __all__ = [
-    "Catalog",
     "Option",
     "OptionError",
+    "SGLangOptions",
     "UserFlag",
     "parse_user_args",
 ]
@@ -62,7 +62,7 @@ class OptionError(ValueError):
 
 
 @dataclass(frozen=True)
-class Catalog:
+class SGLangOptions:
     """The options of one installed SGLang, with argparse's lookup rules."""
 
     package: str
@@ -75,7 +75,7 @@ class Catalog:
         object.__setattr__(self, "_by_flag", by_flag)
 
     @classmethod
-    def from_data(cls, data: CatalogData) -> Catalog:
+    def from_data(cls, data: CatalogData) -> SGLangOptions:
         return cls(package=data.package, version=data.version, options=tuple(data.options))
 
     @property
@@ -148,7 +148,7 @@ def _is_number(token: str) -> bool:
     return True
 
 
-def parse_user_args(args: Sequence[str], catalog: Catalog) -> list[UserFlag]:
+def parse_user_args(args: Sequence[str], catalog: SGLangOptions) -> list[UserFlag]:
     """Read ``extra_args`` with argparse's rules against ``catalog``.
 
     Raises :class:`OptionError` naming the first flag SGLang would reject: an
@@ -201,7 +201,7 @@ def _accepts_more(opt: Option, have: int) -> bool:
     return False  # argparse.REMAINDER and friends: SGLang uses none
 
 
-def _check_count(opt: Option, written: str, values: Sequence[str], catalog: Catalog) -> None:
+def _check_count(opt: Option, written: str, values: Sequence[str], catalog: SGLangOptions) -> None:
     n = opt.nargs
     need = None
     if n is None and len(values) != 1:

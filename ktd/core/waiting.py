@@ -3,7 +3,7 @@
 A request for a model that is asleep, loading, being pulled or busy waits from a second
 to many minutes (issue 46). The frontend keeps every waiting request on a ``Board``:
 its model, its key, when it came, whether it was sent to the engine. What it is
-waiting for (its ``Phase``), its place in the model's line and an ETA are decided here
+waiting for (its ``WaitPhase``), its place in the model's line and an ETA are decided here
 from the board and a look at the engine (``EngineLook``: the daemon's status of it);
 ``ktd/frontend/waits.py`` carries the answers out (a stream's progress events, the
 status route, the dashboard, the report to the daemon).
@@ -29,10 +29,10 @@ from typing import Any
 
 from ktd.core import states as S
 
-__all__ = ["Board", "EngineLook", "Phase", "Progress", "Rates", "Waiter", "decide"]
+__all__ = ["Board", "EngineLook", "Progress", "Rates", "WaitPhase", "Waiter", "decide"]
 
 
-class Phase(StrEnum):
+class WaitPhase(StrEnum):
     """What a waiting request waits for (open vocabulary: clients ignore an unknown one)."""
 
     QUEUED = "queued"  # in the model's line here: behind others, or until its claim comes
@@ -111,7 +111,7 @@ class Waiter:
 class Progress:
     """What one waiting request is told."""
 
-    phase: Phase
+    phase: WaitPhase
     model: str
     position: int  # 1 is next; 0 once sent to the engine
     queued: int  # requests waiting in the model's line here
@@ -153,16 +153,16 @@ class Progress:
     def text(self) -> str:
         """For people: what a chat UI shows as reasoning (``X-Ktd-Progress: reasoning``)."""
         model = "".join(ch for ch in self.model if ch.isprintable())
-        if self.phase == Phase.QUEUED:
+        if self.phase == WaitPhase.QUEUED:
             what = f"queued for {model}: {self.ahead} request(s) ahead"
-        elif self.phase == Phase.ROOM:
+        elif self.phase == WaitPhase.ROOM:
             names = ", ".join(self.waiting_for) or "other engines"
             what = f"{model} waits for room: {names} to go idle"
-        elif self.phase == Phase.PULLING:
+        elif self.phase == WaitPhase.PULLING:
             what = f"pulling {model}"
-        elif self.phase == Phase.LOADING:
+        elif self.phase == WaitPhase.LOADING:
             what = f"loading {model}" + (f" ({self.detail})" if self.detail else "")
-        elif self.phase == Phase.WAKING:
+        elif self.phase == WaitPhase.WAKING:
             what = f"waking {model}"
         else:
             what = f"{model} is reading the prompt"
@@ -216,27 +216,29 @@ def decide(
     }
     if waiter.sent is not None:
         eta = _remaining(rates.first_token, now - waiter.sent)
-        return Progress(Phase.PREFILL, **{**base, "position": 0}, eta=eta)
+        return Progress(WaitPhase.PREFILL, **{**base, "position": 0}, eta=eta)
     if look is None:
-        return Progress(Phase.QUEUED, **base)
+        return Progress(WaitPhase.QUEUED, **base)
     if look.step in ROOM_STEPS or (look.waiting_for and look.state in (S.STARTING, S.WAKING)):
-        return Progress(Phase.ROOM, **base, waiting_for=look.waiting_for, detail=look.phase or "")
+        return Progress(
+            WaitPhase.ROOM, **base, waiting_for=look.waiting_for, detail=look.phase or ""
+        )
     queue = _queue_eta(position - 1, EngineLook(S.READY, max_concurrent=look.max_concurrent), rates)
     if look.state == S.STARTING and look.step == PULL_STEP:
         return Progress(
-            Phase.PULLING, **base, percent=look.percent, detail=look.phase or "", eta=None
+            WaitPhase.PULLING, **base, percent=look.percent, detail=look.phase or "", eta=None
         )
     if look.state in _WAKES:
         since = None if wake_began is None else now - wake_began
         eta = _plus(_remaining(rates.wake(), since), queue)
-        return Progress(Phase.WAKING, **base, eta=eta, detail=look.phase or "")
+        return Progress(WaitPhase.WAKING, **base, eta=eta, detail=look.phase or "")
     if look.state in _LOADS:
         eta = _plus(_load_left(look), queue)
         return Progress(
-            Phase.LOADING, **base, eta=eta, percent=look.percent, detail=look.phase or ""
+            WaitPhase.LOADING, **base, eta=eta, percent=look.percent, detail=look.phase or ""
         )
     eta = _queue_eta(position - 1, look, rates)
-    return Progress(Phase.QUEUED, **base, eta=eta)
+    return Progress(WaitPhase.QUEUED, **base, eta=eta)
 
 
 def _plus(a: float | None, b: float | None) -> float | None:

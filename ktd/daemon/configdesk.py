@@ -45,7 +45,7 @@ from ktd.core.config import Config, ConfigError, ModelSpec
 from ktd.core.configload import ConfigTexts, models_file_of, parse_config
 from ktd.core.placecheck import check_placements
 from ktd.core.placement import Plan
-from ktd.core.sglang_options import Catalog
+from ktd.core.sglang_options import SGLangOptions as Catalog
 from ktd.core.topology import Topology
 from ktd.core.trust import Role
 from ktd.daemon import configfacts, configfiles

@@ -29,7 +29,7 @@ from ktd.core.expiry import IdleView, ttl_due
 from ktd.core.lifecycle import Want
 from ktd.core.reload import Existing
 from ktd.core.restart import RestartBudget, retry_delay
-from ktd.core.sglang_options import Catalog
+from ktd.core.sglang_options import SGLangOptions as Catalog
 from ktd.core.states import Phase, State, Step
 from ktd.daemon import gpuexperts, health, weights
 from ktd.daemon.enginekey import KeyDir

@@ -21,7 +21,7 @@ from ktd.core import states as S
 from ktd.core.command import LaunchError, planner_args
 from ktd.core.config import DaemonSection, ModelSpec
 from ktd.core.placement import Holding, Plan
-from ktd.core.sglang_options import Catalog
+from ktd.core.sglang_options import SGLangOptions as Catalog
 from ktd.core.states import Phase, Step, making_room
 from ktd.core.topology import Topology
 from ktd.daemon import weights

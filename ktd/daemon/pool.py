@@ -33,7 +33,7 @@ from ktd.core.config import Config, ModelSpec
 from ktd.core.lifecycle import Want
 from ktd.core.loads import EngineLoad
 from ktd.core.placement import Plan
-from ktd.core.sglang_options import Catalog
+from ktd.core.sglang_options import SGLangOptions as Catalog
 from ktd.core.topology import Topology
 from ktd.daemon import memory, statefile
 from ktd.daemon.claimtable import ClaimTable, claim_side

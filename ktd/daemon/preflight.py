@@ -21,7 +21,7 @@ from ktd import foreign
 from ktd.catalog.verify import pull_problems
 from ktd.core.command import LaunchError, build_launch
 from ktd.core.config import ModelSpec
-from ktd.core.sglang_options import Catalog
+from ktd.core.sglang_options import SGLangOptions as Catalog
 from ktd.daemon import proctree
 
 __all__ = [

@@ -24,7 +24,8 @@ from pathlib import Path
 import trio
 
 from ktd import protocol as p
-from ktd.catalog.load import Catalog, load
+from ktd.catalog.load import LoadedCatalog as Catalog
+from ktd.catalog.load import load
 from ktd.control.errors import ControlError
 from ktd.core.config import CatalogSection
 

@@ -49,7 +49,8 @@ from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
-from ktd.core.waiting import Board, EngineLook, Phase, Progress
+from ktd.core.waiting import Board, EngineLook, Progress
+from ktd.core.waiting import WaitPhase as Phase
 from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.metrics import Metrics
 

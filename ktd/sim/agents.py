@@ -45,7 +45,7 @@ from ktd.sim.shapes import (
     response_usage,
     validation_reply,
 )
-from ktd.sim.validate import parse_body
+from ktd.sim.validate import Fields, parse_body
 
 _STORED = 256  # responses kept for GET /v1/responses/{id}
 
@@ -88,12 +88,9 @@ class AgentServing:
     # ------------------------------------------------------------ /v1/responses
 
     async def responses(self, req: HttpRequest) -> HttpReply:
-        return await self.o._run(req, lambda rid: self._responses(req, rid))
+        return await self.o._run_fields(req, self._responses)
 
-    async def _responses(self, req: HttpRequest, rid: str) -> HttpReply:
-        f = self.o._fields(req)
-        if isinstance(f, HttpReply):
-            return f
+    async def _responses(self, f: Fields, rid: str) -> HttpReply:
         raw_input = f.required("input")
         model = f.str_("model", self.o.args.served_model_name)
         max_tokens = f.int_("max_output_tokens", None, positive=True)

@@ -165,6 +165,22 @@ class OpenAIServing:
 
         return on_chunk
 
+    async def _run_fields(
+        self,
+        req: HttpRequest,
+        body: Callable[[Fields, str], Awaitable[HttpReply]],
+        read: Callable[[HttpRequest], Fields | HttpReply] | None = None,
+    ) -> HttpReply:
+        """A generation route: counted and finished by ``_run``, its body a JSON object
+        (``read``, the OpenAI routes' ``_fields`` unless the API reads its own) before
+        the handler sees it, a body that is none answered as SGLang answers it."""
+
+        async def run(rid: str) -> HttpReply:
+            f = (read or self._fields)(req)
+            return f if isinstance(f, HttpReply) else await body(f, rid)
+
+        return await self._run(req, run)
+
     def _fields(self, req: HttpRequest) -> Fields | HttpReply:
         """Every generation endpoint starts alike: a JSON object. (While draining SGLang
         still accepts new requests; only ``/health`` turns 503.)"""
@@ -229,13 +245,10 @@ class OpenAIServing:
 
     # -- /v1/chat/completions
     async def chat(self, req: HttpRequest) -> HttpReply:
-        return await self._run(req, lambda rid: self._chat(req, rid))
+        return await self._run_fields(req, self._chat)
 
-    async def _chat(self, req: HttpRequest, rid: str) -> HttpReply:
+    async def _chat(self, f: Fields, rid: str) -> HttpReply:
         started = trio.current_time()
-        f = self._fields(req)
-        if isinstance(f, HttpReply):
-            return f
         messages = f.required("messages")
         if messages is not None and not (
             isinstance(messages, list)
@@ -326,13 +339,10 @@ class OpenAIServing:
 
     # -- /v1/completions
     async def completions(self, req: HttpRequest) -> HttpReply:
-        return await self._run(req, lambda rid: self._completions(req, rid))
+        return await self._run_fields(req, self._completions)
 
-    async def _completions(self, req: HttpRequest, rid: str) -> HttpReply:
+    async def _completions(self, f: Fields, rid: str) -> HttpReply:
         started = trio.current_time()
-        f = self._fields(req)
-        if isinstance(f, HttpReply):
-            return f
         raw_prompt = f.required("prompt")
         prompts = items_of(raw_prompt) if raw_prompt is not None else []
         if prompts is None:
@@ -431,12 +441,9 @@ class OpenAIServing:
 
     # -- /v1/embeddings
     async def embeddings(self, req: HttpRequest) -> HttpReply:
-        return await self._run(req, lambda rid: self._embeddings(req, rid))
+        return await self._run_fields(req, self._embeddings)
 
-    async def _embeddings(self, req: HttpRequest, rid: str) -> HttpReply:
-        f = self._fields(req)
-        if isinstance(f, HttpReply):
-            return f
+    async def _embeddings(self, f: Fields, rid: str) -> HttpReply:
         raw = f.required("input")
         items = items_of(raw) if raw is not None else []
         if items is None:

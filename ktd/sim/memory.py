@@ -336,11 +336,16 @@ class MemoryApi:
         self._die(output, exit_code)
         await trio.sleep_forever()
 
+    def _todo(self, req: HttpRequest, call: str) -> list[str] | HttpReply:
+        """The tags a release or a resume acts on: the body's, every tag when it names
+        none (SGLang's default), or the 400 it answers."""
+        tags = parse_tags(req, call, self.flavor)
+        return tags if isinstance(tags, HttpReply) else (tags or list(ALL_TAGS))
+
     async def release(self, req: HttpRequest) -> HttpReply:
-        tags = parse_tags(req, "release", self.flavor)
-        if isinstance(tags, HttpReply):
-            return tags
-        todo = tags or list(ALL_TAGS)
+        todo = self._todo(req, "release")
+        if isinstance(todo, HttpReply):
+            return todo
         async with self._call("releasing"):
             if self.state.stats.active or self.state.health_active:
                 _, line, code, _ = _WHERE[self.flavor]
@@ -363,10 +368,9 @@ class MemoryApi:
         return json_reply(None)
 
     async def resume(self, req: HttpRequest) -> HttpReply:
-        tags = parse_tags(req, "resume", self.flavor)
-        if isinstance(tags, HttpReply):
-            return tags
-        todo = tags or list(ALL_TAGS)
+        todo = self._todo(req, "resume")
+        if isinstance(todo, HttpReply):
+            return todo
         async with self._call("resuming"):
             left = set(self.offload_tags)
             for tag in todo:  # SGLang's ``self.offload_tags.remove(tag)``

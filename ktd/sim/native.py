@@ -43,6 +43,7 @@ from ktd.sim.shapes import (
     usage,
     validation_reply,
 )
+from ktd.sim.validate import Fields
 
 
 def token_ids(text: str) -> list[int]:
@@ -61,12 +62,9 @@ class NativeServing:
     # ------------------------------------------------------------ /generate
 
     async def generate(self, req: HttpRequest) -> HttpReply:
-        return await self.o._run(req, lambda rid: self._generate(req, rid))
+        return await self.o._run_fields(req, self._generate)
 
-    async def _generate(self, req: HttpRequest, rid: str) -> HttpReply:
-        f = self.o._fields(req)
-        if isinstance(f, HttpReply):
-            return f
+    async def _generate(self, f: Fields, rid: str) -> HttpReply:
         text = f.body.get("text")
         ids = f.body.get("input_ids")
         if text is None and ids is None:
@@ -121,13 +119,19 @@ class NativeServing:
 
     # ------------------------------------------------------------ tokenize
 
-    async def tokenize(self, req: HttpRequest) -> HttpReply:
+    def _required(self, req: HttpRequest, name: str) -> Any:
+        """The one field ``/tokenize`` and ``/detokenize`` read, or the 422 (or 400)
+        SGLang answers when the body or the field is not there."""
         f = self.o._fields(req)
         if isinstance(f, HttpReply):
             return f
-        prompt = f.required("prompt")
-        if f.errors:
-            return validation_reply(f.errors)
+        value = f.required(name)
+        return validation_reply(f.errors) if f.errors else value
+
+    async def tokenize(self, req: HttpRequest) -> HttpReply:
+        prompt = self._required(req, "prompt")
+        if isinstance(prompt, HttpReply):
+            return prompt
         ctx = self.o.args.context_length
         if isinstance(prompt, str):
             tokens = token_ids(prompt)
@@ -142,12 +146,9 @@ class NativeServing:
         )
 
     async def detokenize(self, req: HttpRequest) -> HttpReply:
-        f = self.o._fields(req)
-        if isinstance(f, HttpReply):
-            return f
-        tokens = f.required("tokens")
-        if f.errors:
-            return validation_reply(f.errors)
+        tokens = self._required(req, "tokens")
+        if isinstance(tokens, HttpReply):
+            return tokens
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens
         ):
@@ -159,12 +160,9 @@ class NativeServing:
     # ------------------------------------------------------------ scoring
 
     async def rerank(self, req: HttpRequest) -> HttpReply:
-        return await self.o._run(req, lambda rid: self._rerank(req))
+        return await self.o._run_fields(req, self._rerank)
 
-    async def _rerank(self, req: HttpRequest) -> HttpReply:
-        f = self.o._fields(req)
-        if isinstance(f, HttpReply):
-            return f
+    async def _rerank(self, f: Fields, rid: str) -> HttpReply:
         query = f.required("query")
         docs = f.required("documents")
         if f.errors:
@@ -192,12 +190,9 @@ class NativeServing:
         return json_reply(rows)
 
     async def score(self, req: HttpRequest) -> HttpReply:
-        return await self.o._run(req, lambda rid: self._score(req))
+        return await self.o._run_fields(req, self._score)
 
-    async def _score(self, req: HttpRequest) -> HttpReply:
-        f = self.o._fields(req)
-        if isinstance(f, HttpReply):
-            return f
+    async def _score(self, f: Fields, rid: str) -> HttpReply:
         query = f.body.get("query")
         items = f.body.get("items")
         labels = f.body.get("label_token_ids")
@@ -231,12 +226,9 @@ class NativeServing:
         )
 
     async def classify(self, req: HttpRequest) -> HttpReply:
-        return await self.o._run(req, lambda rid: self._classify(req, rid))
+        return await self.o._run_fields(req, self._classify)
 
-    async def _classify(self, req: HttpRequest, rid: str) -> HttpReply:
-        f = self.o._fields(req)
-        if isinstance(f, HttpReply):
-            return f
+    async def _classify(self, f: Fields, rid: str) -> HttpReply:
         raw = f.required("input")
         model = f.str_("model", self.o.args.served_model_name)
         if f.errors:

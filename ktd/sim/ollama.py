@@ -135,12 +135,9 @@ class OllamaServing:
     # ------------------------------------------------------------ /api/chat
 
     async def chat(self, req: HttpRequest) -> HttpReply:
-        return await self.o._run(req, lambda rid: self._chat(req))
+        return await self.o._run_fields(req, self._chat, self._fields)
 
-    async def _chat(self, req: HttpRequest) -> HttpReply:
-        f = self._fields(req)
-        if isinstance(f, HttpReply):
-            return f
+    async def _chat(self, f: Fields, rid: str) -> HttpReply:
         _required_str(f, "model")
         messages = f.required("messages")
         if messages is not None and not isinstance(messages, list):
@@ -161,14 +158,10 @@ class OllamaServing:
         if f.errors:
             return validation_reply(f.errors)
         prompt = sum(gen.count_content(m.get("content")) for m in messages or [])
-        failed = None if stream else self._too_long(prompt, limit)
-        if failed is not None:
-            return failed
-        plan = gen.plan(limit, stops)
-        if stream:
-            return self._ndjson(plan, prompt, limit, "chat")
-        started = time.monotonic_ns()
-        await self.o._generate(plan.n_tokens)
+        answered = await self._answer(prompt, limit, stops, stream, "chat")
+        if isinstance(answered, HttpReply):
+            return answered
+        plan, took = answered
         return json_reply(
             {
                 "model": self._name,
@@ -176,7 +169,7 @@ class OllamaServing:
                 "message": {"role": "assistant", "content": plan.text(), "images": None},
                 "done": True,
                 "done_reason": "stop",
-                "total_duration": time.monotonic_ns() - started,
+                "total_duration": took,
                 "load_duration": None,
                 "prompt_eval_count": prompt,
                 "prompt_eval_duration": None,
@@ -188,12 +181,9 @@ class OllamaServing:
     # ------------------------------------------------------------ /api/generate
 
     async def generate(self, req: HttpRequest) -> HttpReply:
-        return await self.o._run(req, lambda rid: self._generate(req))
+        return await self.o._run_fields(req, self._generate, self._fields)
 
-    async def _generate(self, req: HttpRequest) -> HttpReply:
-        f = self._fields(req)
-        if isinstance(f, HttpReply):
-            return f
+    async def _generate(self, f: Fields, rid: str) -> HttpReply:
         _required_str(f, "model")
         text = _required_str(f, "prompt")
         system = f.body.get("system")
@@ -209,15 +199,10 @@ class OllamaServing:
                 return HttpReply(200, content_type=NDJSON, stream=_once(dumps(done) + b"\n"))
             return json_reply(done)
         prompt = gen.count_text(text)
-        failed = None if stream else self._too_long(prompt, limit)
-        if failed is not None:
-            return failed
-        plan = gen.plan(limit, stops)
-        if stream:
-            return self._ndjson(plan, prompt, limit, "generate")
-        started = time.monotonic_ns()
-        await self.o._generate(plan.n_tokens)
-        took = time.monotonic_ns() - started
+        answered = await self._answer(prompt, limit, stops, stream, "generate")
+        if isinstance(answered, HttpReply):
+            return answered
+        plan, took = answered
         return json_reply(self._generate_obj(plan.text(), took, prompt, plan.n_tokens))
 
     def _generate_obj(
@@ -237,6 +222,22 @@ class OllamaServing:
             "eval_count": n,
             "eval_duration": None,
         }
+
+    async def _answer(
+        self, prompt: int, limit: int | None, stops: list[str], stream: bool, kind: str
+    ) -> HttpReply | tuple[gen.ChoicePlan, int]:
+        """What /api/chat and /api/generate do alike once their fields are read: refuse a
+        prompt over the context (not streaming: a stream raises inside), then stream the
+        plan, or generate it and give back the plan and the nanoseconds it took."""
+        failed = None if stream else self._too_long(prompt, limit)
+        if failed is not None:
+            return failed
+        plan = gen.plan(limit, stops)
+        if stream:
+            return self._ndjson(plan, prompt, limit, kind)
+        started = time.monotonic_ns()
+        await self.o._generate(plan.n_tokens)
+        return plan, time.monotonic_ns() - started
 
     def _ndjson(self, plan: gen.ChoicePlan, prompt: int, limit: int | None, kind: str) -> HttpReply:
         return HttpReply(200, content_type=NDJSON, stream=self._lines(plan, prompt, limit, kind))

@@ -100,6 +100,14 @@ def model_card(served: str, root: str, created: int, max_model_len: int) -> dict
     }
 
 
+def _head(
+    rid: str, kind: str, created: int, model: str, choices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What every OpenAI answer of choices starts with, in SGLang's key order (a chat
+    completion, its chunks, a text completion): the rest follows it."""
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
+
+
 # -- chat
 def delta_choice(
     index: int,
@@ -131,13 +139,7 @@ def chat_chunk(
     choices: list[dict[str, Any]],
     usage_obj: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
+    chunk = _head(rid, "chat.completion.chunk", created, model, choices)
     if usage_obj is not None:  # 0.5.23's chunks carry no ``usage`` key until the last
         chunk["usage"] = usage_obj
     return chunk
@@ -164,11 +166,7 @@ def chat_response(
     rid: str, created: int, model: str, choices: list[dict[str, Any]], usage_obj: dict[str, Any]
 ) -> dict[str, Any]:
     return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
+        **_head(rid, "chat.completion", created, model, choices),
         "usage": usage_obj,
         "metadata": {"weight_version": WEIGHT_VERSION},
     }
@@ -196,14 +194,7 @@ def completion_obj(
     *,
     final: bool,
 ) -> dict[str, Any]:
-    obj: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage_obj,
-    }
+    obj = {**_head(rid, "text_completion", created, model, choices), "usage": usage_obj}
     if final:
         obj["metadata"] = {"weight_version": WEIGHT_VERSION}
     return obj

@@ -316,6 +316,46 @@ def test_a_newer_daemon_s_replies(node: Node, tmp_path: Path) -> None:
         d.close()
 
 
+PAIRING = """
+const { Client, REPLIES, ProtocolError } = require(process.argv[1]);
+(async () => {
+  const ktd = new Client({ socket: process.argv[2] });
+  const out = { replies: REPLIES };
+  try {
+    await ktd.request({ op: "catalog", name: "m" });
+    out.catalog = "resolved";
+  } catch (err) {
+    out.catalog = err instanceof ProtocolError ? err.message : String(err);
+  }
+  out.cancel = (await ktd.request({ op: "pull_cancel", name: "m" })).type;
+  ktd.close();
+  console.log(JSON.stringify(out));
+})();
+"""
+
+
+def test_replies_are_paired_by_the_schema_s_table(node: Node, tmp_path: Path) -> None:
+    """The client pairs a request with its reply by ``replies.json``, the schema's
+    ``x-ktd-reply-types`` (no pairing of its own): a ``pulls`` answer to ``catalog``
+    is a ProtocolError, to ``pull_cancel`` the reply."""
+    d = FakeDaemon(tmp_path, lambda req, d: [p.PullsReply(id=req.id)])
+    try:
+        done = subprocess.run(
+            ["node", "-e", PAIRING, str(CLI.parent / "index.js"), str(d.path)],
+            env={**os.environ, "NODE_PATH": str(node.modules)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        d.close()
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["replies"] == protocol_schema.current()["x-ktd-reply-types"]
+    assert got["catalog"] == "ktd answered pulls to catalog, where catalog was expected"
+    assert got["cancel"] == "pulls"
+
+
 def test_the_daemon_served_every_client_throughout(daemon: DaemonProc) -> None:
     """Nothing the node client sent made the daemon log a traceback."""
     wait_for(lambda: daemon.proc is not None and daemon.proc.poll() is None, 1, "daemon alive")

@@ -69,16 +69,16 @@ def test_sleep_adds_the_memory_saver_only_when_the_sglang_declares_it() -> None:
     import msgspec
 
     from ktd.core.command import SLEEP_FLAGS, build_launch
-    from ktd.core.sglang_options import Catalog, CatalogData
+    from ktd.core.sglang_options import CatalogData, SGLangOptions
     from ktd.sim.flags import catalog
 
     launch = build_launch(spec(sleep=True), 30000)  # no catalogue: by name
     assert launch.sleeps and all(f in launch.argv for f in SLEEP_FLAGS)
-    real = Catalog.from_data(msgspec.convert(catalog("kt"), CatalogData))
+    real = SGLangOptions.from_data(msgspec.convert(catalog("kt"), CatalogData))
     launch = build_launch(spec(sleep=True), 30000, (), real)
     assert launch.sleeps and "--enable-memory-saver" in launch.argv
     assert not build_launch(spec(), 30000, (), real).sleeps  # off unless configured
-    old = Catalog("sglang", "0.4.0", tuple(o for o in real.options if "saver" not in o.dest))
+    old = SGLangOptions("sglang", "0.4.0", tuple(o for o in real.options if "saver" not in o.dest))
     launch = build_launch(spec(sleep=True), 30000, (), old)
     assert not launch.sleeps and "--enable-memory-saver" not in launch.argv
     assert any(n.startswith("sleep off:") for n in launch.notes)

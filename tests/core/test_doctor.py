@@ -12,8 +12,9 @@ from ktctl.render import doctor_failed, doctor_text
 from ktd.core.config import ModelSpec
 from ktd.core.doctor import collect, model_checks, python_checks, report
 from ktd.core.machinecheck import cpu_checks, gpu_checks, numa_checks
+from ktd.core.topology import Topology
 from ktd.core.verdict import Check
-from ktd.topology import Topology, read_topology
+from ktd.topology import read_topology
 from tests.fixtures.topology import (
     TWO_H100,
     FakeRun,

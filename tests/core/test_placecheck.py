@@ -11,7 +11,8 @@ import pytest
 from ktd.core.config import ConfigError, ConfigFile, ModelEntry, resolve_models
 from ktd.core.placecheck import check_spec
 from ktd.core.placement import plan
-from ktd.topology import Topology, read_topology
+from ktd.core.topology import Topology
+from ktd.topology import read_topology
 from tests.conftest import ConfigWriter, sim_model
 from tests.fixtures.topology import TWO_H100, FakeRun, build, smi_csv, xeon_machine
 

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ktd.core.placement import Holding, KtFlag, Plan, plan, user_flags
-from ktd.topology import Gpu, NumaNode, Topology, read_topology
+from ktd.core.topology import Gpu, NumaNode, Topology
+from ktd.topology import read_topology
 from tests.fixtures.topology import (
     FOUR_L40S,
     TWO_H100,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ktd.core.pulljob import Check, JobState, Kill, PullMachine, Start
+from ktd.core.pulljob import CheckFit, JobState, KillWorker, PullMachine, Start
 from tests.hypo import budget
 
 A = ("org/a", "main")
@@ -17,7 +17,7 @@ B = ("org/b", "main")
 
 def running(m: PullMachine, key: tuple[str, str], now: float = 0.0) -> None:
     """Through the plan to the fetch."""
-    assert m.planned(key, {"f": (100, 0)}, now) == [Check(key)]
+    assert m.planned(key, {"f": (100, 0)}, now) == [CheckFit(key)]
     assert m.checked(key, [], now) == [Start(key, "fetch", False)]
 
 
@@ -41,12 +41,12 @@ def test_a_stall_restarts_the_job_then_fails_it() -> None:
     running(m, A)
     m.progress(A, "f", 10, 100, 5.0)
     assert m.tick(14.0) == []  # 9 s without a byte: not yet
-    assert m.tick(15.5) == [Kill(A, "stall")]
+    assert m.tick(15.5) == [KillWorker(A, "stall")]
     assert m.tick(16.0) == []  # one kill at a time
     assert m.exited(A, "died", "", 16.0) == [Start(A, "fetch", False)]  # resumed at once
     assert m.jobs[A].restarts == 1
     for restart in (2, 3):
-        assert m.tick(100.0 * restart) == [Kill(A, "stall")]
+        assert m.tick(100.0 * restart) == [KillWorker(A, "stall")]
         m.exited(A, "died", "", 100.0 * restart)
     assert m.jobs[A].state is JobState.FAILED and m.jobs[A].kind == "stalled"
 
@@ -101,7 +101,7 @@ def test_a_cancel_kills_a_running_job_and_drops_a_queued_one() -> None:
     m.ask(B, "b", 0.0)
     m.tick(0.0)
     assert m.cancel(B, 0.0) == [] and m.jobs[B].state is JobState.CANCELLED
-    assert m.cancel(A, 0.0) == [Kill(A, "cancel")]
+    assert m.cancel(A, 0.0) == [KillWorker(A, "cancel")]
     assert m.jobs[A].state is JobState.RUNNING  # until its worker is gone
     m.exited(A, "died", "", 1.0)
     assert m.jobs[A].state is JobState.CANCELLED
@@ -123,7 +123,7 @@ class Jobs(RuleBasedStateMachine):
             if isinstance(a, Start):
                 assert a.key not in self.workers, "two workers for one job"
                 self.workers.add(a.key)
-            elif isinstance(a, Kill):
+            elif isinstance(a, KillWorker):
                 assert a.key in self.workers
                 self.killed.add(a.key)
 
@@ -190,7 +190,7 @@ def test_a_slow_fit_check_is_no_stall_of_the_fetch() -> None:
     m.ask(A, "a", 0.0)
     m.tick(0.0)
     m.planned(A, {"f": (100, 0)}, 0.0)
-    assert m.tick(5.0) == [Kill(A, "stall")]  # nothing to kill: the check runs in ktd
+    assert m.tick(5.0) == [KillWorker(A, "stall")]  # nothing to kill: the check runs in ktd
     assert m.checked(A, [], 6.0) == [Start(A, "fetch", False)]
     m.exited(A, "", "", 7.0)
     assert m.jobs[A].state is JobState.DONE

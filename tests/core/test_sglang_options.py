@@ -11,7 +11,7 @@ import pytest
 
 from ktd.core.command import LaunchError, build_launch, planner_args
 from ktd.core.config import ModelSpec
-from ktd.core.sglang_options import Catalog, Option, OptionError, parse_user_args
+from ktd.core.sglang_options import Option, OptionError, SGLangOptions, parse_user_args
 from tests.fixtures.specs import kt_spec
 
 
@@ -44,8 +44,8 @@ FORK_ONLY = (
         choices=("frequency", "front-loading", "uniform", "random"),
     ),
 )
-UPSTREAM = Catalog("sglang", "0.5.23", COMMON)
-FORK = Catalog("sglang-kt", "0.7.2", COMMON + FORK_ONLY)
+UPSTREAM = SGLangOptions("sglang", "0.5.23", COMMON)
+FORK = SGLangOptions("sglang-kt", "0.7.2", COMMON + FORK_ONLY)
 
 
 def spec(**fields: object) -> ModelSpec:
@@ -110,7 +110,9 @@ def test_refusals_name_the_flag_and_the_sglang() -> None:
         build_launch(spec(extra_args=("--po", "9")), 1, (), FORK)
     with pytest.raises(LaunchError, match="cannot span hosts"):
         build_launch(spec(extra_args=("--nnodes", "2")), 1, (), FORK)
-    no_kt = Catalog("sglang", "0.4.0", tuple(o for o in COMMON if not o.dest.startswith("kt_")))
+    no_kt = SGLangOptions(
+        "sglang", "0.4.0", tuple(o for o in COMMON if not o.dest.startswith("kt_"))
+    )
     with pytest.raises(LaunchError, match="install the kt fork there"):
         build_launch(spec(), 1, (), no_kt)
     assert "--kt-weight-path" not in build_launch(spec(kt_weight_path=None), 1, (), no_kt).argv

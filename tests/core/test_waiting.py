@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from ktd.core import states as S
-from ktd.core.waiting import Board, EngineLook, Phase, Progress, Rates, Waiter, decide
+from ktd.core.waiting import Board, EngineLook, Progress, Rates, Waiter, WaitPhase, decide
 from tests.hypo import budget
 
 
@@ -26,7 +26,7 @@ def test_positions_follow_arrival_and_close_up_when_one_leaves() -> None:
     assert [b.position(r) for r in (1, 3, 4)] == [1, 2, 3]
     b.sent(1, 10.0)  # its slot came: prefill, out of the line
     assert [b.position(r) for r in (1, 3, 4)] == [0, 1, 2]
-    assert one(b, 1, None, 11.0).phase == Phase.PREFILL
+    assert one(b, 1, None, 11.0).phase == WaitPhase.PREFILL
     b.first_token(1, 11.5)
     assert b.progress(1, None, 12.0) is None
     assert b.oldest(20.0) == {"m": 17.0, "other": 20.0}
@@ -45,21 +45,21 @@ def test_phases_from_the_engines_state() -> None:
     w = Waiter(1, "m", since=0.0)
     r = Rates()
 
-    def phase(look: EngineLook | None) -> Phase:
+    def phase(look: EngineLook | None) -> WaitPhase:
         return decide(w, 1, 1, look, r, 1.0).phase
 
-    assert phase(None) == Phase.QUEUED  # not known yet: its place in the line
-    assert phase(EngineLook(S.READY)) == Phase.QUEUED
-    assert phase(EngineLook(S.ASLEEP)) == Phase.WAKING
-    assert phase(EngineLook(S.WAKING, step="resuming")) == Phase.WAKING
-    assert phase(EngineLook(S.STARTING, step="loading")) == Phase.LOADING
-    assert phase(EngineLook(S.STOPPED)) == Phase.LOADING  # the claim loads it
-    assert phase(EngineLook(S.STARTING, step="pulling")) == Phase.PULLING
+    assert phase(None) == WaitPhase.QUEUED  # not known yet: its place in the line
+    assert phase(EngineLook(S.READY)) == WaitPhase.QUEUED
+    assert phase(EngineLook(S.ASLEEP)) == WaitPhase.WAKING
+    assert phase(EngineLook(S.WAKING, step="resuming")) == WaitPhase.WAKING
+    assert phase(EngineLook(S.STARTING, step="loading")) == WaitPhase.LOADING
+    assert phase(EngineLook(S.STOPPED)) == WaitPhase.LOADING  # the claim loads it
+    assert phase(EngineLook(S.STARTING, step="pulling")) == WaitPhase.PULLING
     room = decide(w, 1, 1, EngineLook(S.STARTING, step="waiting", waiting_for=("a",)), r, 1.0)
-    assert (room.phase, room.waiting_for) == (Phase.ROOM, ("a",))
+    assert (room.phase, room.waiting_for) == (WaitPhase.ROOM, ("a",))
     assert "a to go idle" in room.text()
     waking_room = EngineLook(S.WAKING, step="making_room", waiting_for=("b",))
-    assert phase(waking_room) == Phase.ROOM
+    assert phase(waking_room) == WaitPhase.ROOM
 
 
 def test_the_load_eta_is_the_history_less_its_age_else_from_the_percentage() -> None:
@@ -67,7 +67,7 @@ def test_the_load_eta_is_the_history_less_its_age_else_from_the_percentage() -> 
     r = Rates()
     look = EngineLook(S.STARTING, step="loading", elapsed=30.0, load_eta=100.0, percent=50.0)
     got = decide(w, 1, 1, look, r, 1.0)
-    assert (got.phase, got.eta, got.percent) == (Phase.LOADING, 70.0, 50.0)
+    assert (got.phase, got.eta, got.percent) == (WaitPhase.LOADING, 70.0, 50.0)
     no_history = EngineLook(S.STARTING, step="loading", elapsed=30.0, percent=25.0)
     assert decide(w, 1, 1, no_history, r, 1.0).eta == 90.0
     assert decide(w, 1, 1, EngineLook(S.STARTING, elapsed=30.0), r, 1.0).eta is None
@@ -113,11 +113,11 @@ def test_prefill_eta_from_the_time_to_first_token() -> None:
     b.arrive(1, "m", 0.0)
     b.sent(1, 1.0)
     got = one(b, 1, EngineLook(S.READY), 1.5)
-    assert (got.phase, got.position, got.eta) == (Phase.PREFILL, 0, 1.5)
+    assert (got.phase, got.position, got.eta) == (WaitPhase.PREFILL, 0, 1.5)
 
 
 def test_the_progress_document_and_its_text() -> None:
-    p = Progress(Phase.LOADING, "m\n", 2, 3, 4.25, eta=9.01, detail="loading weights",
+    p = Progress(WaitPhase.LOADING, "m\n", 2, 3, 4.25, eta=9.01, detail="loading weights",
                  percent=50.4)  # fmt: skip
     assert p.doc() == {
         "phase": "loading",
@@ -131,11 +131,11 @@ def test_the_progress_document_and_its_text() -> None:
         "percent": 50,
     }
     assert p.text() == "loading m (loading weights), 50%, 4s so far, ~10s to go"
-    q = Progress(Phase.QUEUED, "m", 3, 3, 1.0)
+    q = Progress(WaitPhase.QUEUED, "m", 3, 3, 1.0)
     assert q.text() == "queued for m: 2 request(s) ahead, 1s so far"
-    assert q.key() != Progress(Phase.QUEUED, "m", 2, 3, 1.0).key()
-    assert q.key() == Progress(Phase.QUEUED, "m", 3, 9, 1.0).key()  # arrivals behind it
-    assert q.key() == Progress(Phase.QUEUED, "m", 3, 3, 9.0).key()  # time alone: no news
+    assert q.key() != Progress(WaitPhase.QUEUED, "m", 2, 3, 1.0).key()
+    assert q.key() == Progress(WaitPhase.QUEUED, "m", 3, 9, 1.0).key()  # arrivals behind it
+    assert q.key() == Progress(WaitPhase.QUEUED, "m", 3, 3, 9.0).key()  # time alone: no news
 
 
 class BoardMachine(RuleBasedStateMachine):

@@ -11,7 +11,7 @@ import pytest
 
 from ktd.core.command import LaunchError, key_file_of, keyed_launch, keying, with_key_file
 from ktd.core.config import ModelSpec
-from ktd.core.sglang_options import Catalog, CatalogData
+from ktd.core.sglang_options import CatalogData, SGLangOptions
 from ktd.daemon.enginekey import KeyDir, admin_key_of_argv, key_of_argv, new_key, read_key
 from ktd.daemon.enginelog import EngineLog
 from ktd.sim import flags
@@ -19,11 +19,11 @@ from ktd.sim import flags
 KEY = "f00d" * 16
 
 
-def catalog(which: str = "kt", drop: tuple[str, ...] = ()) -> Catalog:
+def catalog(which: str = "kt", drop: tuple[str, ...] = ()) -> SGLangOptions:
     data = dict(flags.catalog(which))
     data["options"] = [o for o in data["options"] if not set(o["flags"]) & set(drop)]
     data["package"] = "sglang-kt" if which == "kt" else "sglang"
-    return Catalog.from_data(msgspec.convert(data, CatalogData))
+    return SGLangOptions.from_data(msgspec.convert(data, CatalogData))
 
 
 def spec(*extra: str) -> ModelSpec:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ktd.core.config import ModelSpec
-from ktd.core.sglang_options import Catalog, Option
+from ktd.core.sglang_options import Option, SGLangOptions
 from ktd.daemon import preflight
 
 
@@ -14,7 +14,7 @@ def _opt(*flags: str, dest: str, **kw: Any) -> Option:
     return Option(flags=flags, dest=dest, **kw)
 
 
-UPSTREAM = Catalog(
+UPSTREAM = SGLangOptions(
     "sglang",
     "0.5.23",
     (

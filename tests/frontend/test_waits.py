@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 from ktd import protocol as p
-from ktd.core.waiting import Phase, Progress
+from ktd.core.waiting import Progress, WaitPhase
 from ktd.frontend.waits import look_of, request_id_of, sse_event
 
-P = Progress(Phase.QUEUED, "m", 3, 3, 1.5, eta=4.0)
+P = Progress(WaitPhase.QUEUED, "m", 3, 3, 1.5, eta=4.0)
 
 
 def data_of(event: bytes) -> tuple[str, dict[str, object]]:

@@ -180,6 +180,18 @@ def test_unexpected_reply_type_is_a_protocol_error(
         c.status()
 
 
+def test_any_request_s_reply_is_checked_by_the_protocol_s_table(
+    fake_daemon: Callable[[Handler], FakeDaemon],
+) -> None:
+    """``request`` (what ``ktctl catalog`` and ``pull`` send through) pairs the reply by
+    ``p.REPLIES`` as the typed calls do: a ``pulls`` answer to ``catalog`` is refused."""
+    d = fake_daemon(lambda req, d: [p.PullsReply(id=req.id)])
+    with Client(d.path) as c:
+        with pytest.raises(ProtocolError, match="PullsReply to Catalog, where CatalogReply"):
+            c.request(p.Catalog(name="m"))
+        assert isinstance(c.request(p.PullCancel(name="m")), p.PullsReply)
+
+
 def test_request_does_not_touch_the_callers_message(
     fake_daemon: Callable[[Handler], FakeDaemon],
 ) -> None:

@@ -24,9 +24,10 @@ import pytest
 from ktd.core.command import LaunchError, build_launch, planner_args, read_user_args, spelling
 from ktd.core.config import ModelSpec
 from ktd.core.placement import plan
-from ktd.core.sglang_options import Catalog, Option
+from ktd.core.sglang_options import Option, SGLangOptions
+from ktd.core.topology import Topology
 from ktd.daemon.probe import ProbeResult
-from ktd.topology import Topology, read_topology
+from ktd.topology import read_topology
 from tests.fixtures.topology import (
     FakeRun,
     build,
@@ -77,7 +78,7 @@ def topologies(tmp: Path) -> dict[str, Topology]:
     }
 
 
-def live_catalog(python: str, env: dict[str, str]) -> tuple[ProbeResult, Catalog]:
+def live_catalog(python: str, env: dict[str, str]) -> tuple[ProbeResult, SGLangOptions]:
     from ktd.daemon.probe import PROBE_CODE, parse_probe_output
 
     r = subprocess.run(
@@ -108,7 +109,7 @@ def spec(alias: str, extra: tuple[str, ...], over: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**fields)
 
 
-def shapes(catalog: Catalog, topos: dict[str, Topology]) -> list[dict[str, Any]]:
+def shapes(catalog: SGLangOptions, topos: dict[str, Topology]) -> list[dict[str, Any]]:
     """Every (machine, numa, user args, overrides) ktd can launch, with what it meant."""
     out: list[dict[str, Any]] = []
     for (tname, topo), numa, (uname, extra), (oname, over) in itertools.product(
@@ -165,7 +166,9 @@ def parse_all(python: str, env: dict[str, str], argvs: list[list[str]]) -> list[
 
 
 @pytest.fixture(scope="module")
-def probed(real_env: dict[str, str], venv_python: Any) -> dict[bool, tuple[ProbeResult, Catalog]]:
+def probed(
+    real_env: dict[str, str], venv_python: Any
+) -> dict[bool, tuple[ProbeResult, SGLangOptions]]:
     """ktd's own probe of each venv, once (importing SGLang's server_args takes ~20 s)."""
     return {kt: live_catalog(venv_python(kt=kt), real_env) for kt in (False, True)}
 
@@ -175,7 +178,7 @@ def test_every_argv_ktd_builds_parses_as_meant(
     kt: bool,
     real_env: dict[str, str],
     venv_python: Any,
-    probed: dict[bool, tuple[ProbeResult, Catalog]],
+    probed: dict[bool, tuple[ProbeResult, SGLangOptions]],
     tmp_path: Path,
 ) -> None:
     python = venv_python(kt=kt)
@@ -215,7 +218,7 @@ def test_every_argv_ktd_builds_parses_as_meant(
 
 
 def test_spelling_is_stable_across_both_packages(
-    probed: dict[bool, tuple[ProbeResult, Catalog]],
+    probed: dict[bool, tuple[ProbeResult, SGLangOptions]],
 ) -> None:
     """The dests differ (``tp_size`` vs ``tensor_parallel_size``), ktd's spelling does not."""
     dests = set()
