@@ -91,6 +91,23 @@ _CRLF: Final = 2
 _TRAILER: Final = 3
 
 
+def _chunk_size(buf: bytes, pos: int, end: int) -> tuple[int, int] | None:
+    """The chunk-size line at ``pos`` (extensions allowed, ignored): the chunk's size and
+    where its data starts, or None until the buffer holds the whole line. Its own
+    function because it is the one part of a chunked body with a grammar to check."""
+    i = buf.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
+    if i < 0:
+        if end - pos >= MAX_CHUNK_LINE:
+            raise BrokenResponse("chunk size line too long")
+        return None
+    line = buf[pos:i]
+    if b";" in line:  # chunk extensions: allowed, ignored
+        line = line.partition(b";")[0].rstrip(b" \t")
+    if not line or len(line) > 16 or line.strip(_HEX):
+        raise BrokenResponse(f"bad chunk size: {buf[pos:i][:20]!r}")
+    return int(line, 16), i + 2
+
+
 def build_request(
     method: bytes,
     target: bytes,
@@ -247,18 +264,10 @@ class ResponseParser:
                 else:
                     break
             elif sub == _SIZE:
-                i = buf.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
-                if i < 0:
-                    if end - pos >= MAX_CHUNK_LINE:
-                        raise BrokenResponse("chunk size line too long")
+                sized = _chunk_size(buf, pos, end)
+                if sized is None:
                     break
-                line = buf[pos:i]
-                if b";" in line:  # chunk extensions: allowed, ignored
-                    line = line.partition(b";")[0].rstrip(b" \t")
-                if not line or len(line) > 16 or line.strip(_HEX):
-                    raise BrokenResponse(f"bad chunk size: {buf[pos:i][:20]!r}")
-                pos = i + 2
-                size = int(line, 16)
+                size, pos = sized
                 if size:
                     self._remaining = size
                     sub = _DATA
@@ -268,11 +277,7 @@ class ResponseParser:
                 pos = self._trailers(buf, pos)
                 break
         self._chunk = sub
-        if pos == end:
-            self._buf = b""
-            self._pos = 0
-        else:
-            self._pos = pos
+        self._consumed(pos)
         if out is not None:
             return out if parts is None else b"".join(parts)
         if self.complete:
@@ -280,6 +285,15 @@ class ResponseParser:
         if self._eof:
             raise IncompleteMessage("EOF inside a chunked body")
         return NEED_DATA
+
+    def _consumed(self, pos: int) -> None:
+        """Parsing stopped at ``pos``: a buffer read to its end is dropped, so the next
+        ``feed`` takes its bytes as they are, with no copy."""
+        if pos == len(self._buf):
+            self._buf = b""
+            self._pos = 0
+        else:
+            self._pos = pos
 
     def _trailers(self, buf: bytes, pos: int) -> int:
         """Trailer fields from ``pos`` up to the empty line that ends the body (then
@@ -317,12 +331,9 @@ class ResponseParser:
             self._pos = 0
             return buf[pos:]
         self._remaining = 0
-        self._pos = pos + remaining
         self._state = _DONE
         self.complete = True
-        if self._pos == len(buf):
-            self._buf = b""
-            self._pos = 0
+        self._consumed(pos + remaining)
         return buf[pos : pos + remaining]
 
     def _until_close(self) -> Event:
@@ -367,9 +378,7 @@ class ResponseParser:
         head = Head(status, reason, headers)
         self.head = head
         self._frame(status, http10, headers)
-        if self._pos == len(buf):
-            self._buf = b""
-            self._pos = 0
+        self._consumed(self._pos)
         return head
 
     def _frame(self, status: int, http10: bool, headers: list[tuple[bytes, bytes]]) -> None:
