@@ -59,7 +59,7 @@ from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.admission import ANYONE, KeyTerms
 from ktd.frontend import catalog, errors, keepalive, reserve
-from ktd.frontend.body import check_declared_length, check_model, parse_head
+from ktd.frontend.body import check_declared_length, check_model, parse_head, unreadable
 from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import (
     JSON_HEADER,
@@ -414,10 +414,8 @@ class Flow:
                 model = multipart.text_field(body, text, "model")
                 stream = multipart.text_field(body, text, "stream")
             except multipart.MultipartError as exc:
-                raise errors.make(
-                    "bad_request",
-                    message=f"Expected a multipart/form-data body: {exc}",
-                    code="invalid_body",
+                raise unreadable(
+                    f"Expected a multipart/form-data body: {exc}", "invalid_body"
                 ) from None
             if not model:
                 raise errors.make(
