@@ -91,21 +91,14 @@ _CRLF: Final = 2
 _TRAILER: Final = 3
 
 
-def _chunk_size(buf: bytes, pos: int, end: int) -> tuple[int, int] | None:
-    """The chunk-size line at ``pos`` (extensions allowed, ignored): the chunk's size and
-    where its data starts, or None until the buffer holds the whole line. Its own
-    function because it is the one part of a chunked body with a grammar to check."""
-    i = buf.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
-    if i < 0:
-        if end - pos >= MAX_CHUNK_LINE:
-            raise BrokenResponse("chunk size line too long")
-        return None
-    line = buf[pos:i]
-    if b";" in line:  # chunk extensions: allowed, ignored
-        line = line.partition(b";")[0].rstrip(b" \t")
-    if not line or len(line) > 16 or line.strip(_HEX):
-        raise BrokenResponse(f"bad chunk size: {buf[pos:i][:20]!r}")
-    return int(line, 16), i + 2
+def _size_field(line: bytes) -> bytes:
+    """The size of a chunk-size line that is not bare hex: the part before its extensions
+    (allowed, ignored), else ``BrokenResponse``. Off the per-chunk path: SGLang's chunks
+    carry no extensions, so their lines are bare hex and never come here."""
+    size = line.partition(b";")[0].rstrip(b" \t") if b";" in line else b""
+    if not size or len(size) > 16 or size.strip(_HEX):
+        raise BrokenResponse(f"bad chunk size: {line[:20]!r}")
+    return size
 
 
 def build_request(
@@ -264,36 +257,40 @@ class ResponseParser:
                 else:
                     break
             elif sub == _SIZE:
-                sized = _chunk_size(buf, pos, end)
-                if sized is None:
+                i = buf.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
+                if i < 0:
+                    if end - pos >= MAX_CHUNK_LINE:
+                        raise BrokenResponse("chunk size line too long")
                     break
-                size, pos = sized
-                if size:
-                    self._remaining = size
-                    sub = _DATA
-                else:
-                    sub = _TRAILER
+                line = buf[pos:i]
+                if not line or len(line) > 16 or line.strip(_HEX):
+                    line = _size_field(line)  # not bare hex: extensions, or not a size
+                pos = i + 2
+                size = int(line, 16)
+                self._remaining = size
+                sub = _DATA if size else _TRAILER
             else:  # trailer fields until an empty line
                 pos = self._trailers(buf, pos)
                 break
         self._chunk = sub
-        self._consumed(pos)
+        if pos == end:
+            self._buf = b""
+            self._pos = 0
+        else:
+            self._pos = pos
         if out is not None:
             return out if parts is None else b"".join(parts)
+        return self._no_chunk_data()
+
+    def _no_chunk_data(self) -> Event:
+        """No chunk data buffered: the end once the last chunk and trailers are in, else
+        more to wait for, unless the server closed. Apart from ``_chunked``'s loop because
+        the relay never asks for it mid-stream (its feeds each bring data)."""
         if self.complete:
             return END
         if self._eof:
             raise IncompleteMessage("EOF inside a chunked body")
         return NEED_DATA
-
-    def _consumed(self, pos: int) -> None:
-        """Parsing stopped at ``pos``: a buffer read to its end is dropped, so the next
-        ``feed`` takes its bytes as they are, with no copy."""
-        if pos == len(self._buf):
-            self._buf = b""
-            self._pos = 0
-        else:
-            self._pos = pos
 
     def _trailers(self, buf: bytes, pos: int) -> int:
         """Trailer fields from ``pos`` up to the empty line that ends the body (then
@@ -331,9 +328,12 @@ class ResponseParser:
             self._pos = 0
             return buf[pos:]
         self._remaining = 0
+        self._pos = pos + remaining
         self._state = _DONE
         self.complete = True
-        self._consumed(pos + remaining)
+        if self._pos == len(buf):
+            self._buf = b""
+            self._pos = 0
         return buf[pos : pos + remaining]
 
     def _until_close(self) -> Event:
@@ -378,7 +378,9 @@ class ResponseParser:
         head = Head(status, reason, headers)
         self.head = head
         self._frame(status, http10, headers)
-        self._consumed(self._pos)
+        if self._pos == len(buf):
+            self._buf = b""
+            self._pos = 0
         return head
 
     def _frame(self, status: int, http10: bool, headers: list[tuple[bytes, bytes]]) -> None:
