@@ -27,7 +27,6 @@ MAX_LINES = 600
 # goes down: a change that grows one of these splits it first.
 OVER_MAX_LINES = {
     "ktd/daemon/supervisor.py": 642,
-    "ktd/frontend/broker.py": 611,
 }
 
 

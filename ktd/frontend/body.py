@@ -42,28 +42,16 @@ def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False)
     the frontend's 500. ``ollama``: Ollama's ``stream`` (see ``ollama_stream``).
     """
     if not body.strip():
-        raise errors.make(
-            "bad_request",
-            message="We could not parse the JSON body of your request: the body is empty.",
-            code="invalid_json",
-        )
+        raise unreadable("We could not parse the JSON body of your request: the body is empty.")
     try:
         head = foreign.json(body, _decoder)
     except msgspec.ValidationError:
         # Only possible cause with Any-typed fields: the top level is not an object.
-        raise errors.make(
-            "bad_request",
-            message="The JSON body of your request must be an object.",
-            code="invalid_json",
-        ) from None
+        raise unreadable("The JSON body of your request must be an object.") from None
     except foreign.TooDeep as exc:
         raise too_deep(exc) from None
     except msgspec.DecodeError as exc:
-        raise errors.make(
-            "bad_request",
-            message=f"We could not parse the JSON body of your request: {exc}",
-            code="invalid_json",
-        ) from None
+        raise unreadable(f"We could not parse the JSON body of your request: {exc}") from None
     stream = ollama_stream(head.stream) if ollama else _stream(head.stream)
     if head.model is msgspec.UNSET or head.model is None:
         if not require_model:
@@ -83,11 +71,13 @@ def parse_head(body: bytes, *, require_model: bool = True, ollama: bool = False)
 
 def too_deep(exc: foreign.TooDeep) -> errors.ApiError:
     """The 400 for a JSON body nested deeper than ktd decodes, on every route."""
-    return errors.make(
-        "bad_request",
-        message=f"The JSON body of your request is nested too deeply: {exc}.",
-        code="invalid_json",
-    )
+    return unreadable(f"The JSON body of your request is nested too deeply: {exc}.")
+
+
+def unreadable(message: str, code: str = "invalid_json") -> errors.ApiError:
+    """The 400 for a body that cannot be read as its route's kind says so: JSON that
+    does not parse (``invalid_json``), a form that is not one (``invalid_body``)."""
+    return errors.make("bad_request", message=message, code=code)
 
 
 def check_model(model: str) -> str:

@@ -47,6 +47,7 @@ from ktd.control.errors import ControlError
 from ktd.core import admission as adm
 from ktd.core import budget, usage
 from ktd.frontend import errors
+from ktd.frontend.slot import PendingAsk, Slot
 from ktd.frontend.tally import Tokens
 
 log = logging.getLogger("ktd.frontend")
@@ -89,87 +90,6 @@ def _error(reason: object) -> Exception:
     if isinstance(reason, Exception):
         return reason
     return Unreachable(str(reason))
-
-
-class Slot:
-    """One request's place on a claim: where to send it. ``leave()`` when it ends."""
-
-    __slots__ = ("_broker", "alias", "held", "key", "left", "url")
-
-    def __init__(self, broker: ClaimBroker, held: adm.Held, key: str = "") -> None:
-        self._broker = broker
-        self.held = held
-        self.key = key  # the request's key's name ("" without keys)
-        self.alias = held.alias
-        self.url = held.url
-        self.left = False
-
-    def leave(self) -> None:
-        """Synchronous and idempotent: safe from ``finally`` in a cancelled scope."""
-        if self.left:
-            return
-        self.left = True
-        self._broker.ended(self.held, self.key)
-
-
-class PendingAsk:
-    """A request's way to a slot, the driver's side of the desk's ``Ask``: granted at
-    once, or waited on (in slices if it likes)."""
-
-    __slots__ = (
-        "_broker",
-        "_done",
-        "answered",
-        "claimed",
-        "error",
-        "load_timeout",
-        "model",
-        "rid",
-        "slot",
-    )
-
-    def __init__(self, broker: ClaimBroker, rid: int, model: str, load_timeout: float) -> None:
-        self._broker = broker
-        self.rid = rid
-        self.model = model
-        self.load_timeout = load_timeout
-        self.slot: Slot | None = None
-        self.error: Exception | None = None
-        self.claimed = False  # the request took its slot (it leaves it itself)
-        self._done: trio.Event | None = None  # made only if the request has to wait
-        self.answered = False
-
-    def answer(self, slot: Slot | None, error: Exception | None) -> None:
-        self.slot, self.error = slot, error
-        self.answered = True
-        if self._done is not None:
-            self._done.set()
-
-    async def wait(self, limit: float = math.inf) -> Slot | None:
-        """The slot, or None if ``limit`` seconds passed first. Raises the refusal."""
-        if not self.answered:
-            if self._done is None:
-                self._done = trio.Event()
-            with trio.move_on_after(limit):
-                while not self.answered:
-                    with trio.move_on_at(self._broker.desk.next_deadline()):
-                        await self._done.wait()
-                    self._broker.tick()  # a deadline: the desk times it out
-        if self.error is not None:
-            raise self.error
-        if self.slot is not None:
-            self.claimed = True
-        return self.slot
-
-    def abandon(self) -> None:
-        """Give up unless claimed: a slot given to us meanwhile goes to the next request."""
-        if self.claimed:
-            return
-        self.claimed = True
-        if self.slot is not None:
-            self.slot.leave()
-        else:
-            self._broker.leave(self.rid)
 
 
 class ClaimBroker:

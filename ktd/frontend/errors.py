@@ -388,6 +388,15 @@ def from_control(model: str, code: str, message: str, detail: Mapping[str, Any])
     return make("daemon_error", message=message, daemon_code=code)
 
 
+def _json_or_none(body: bytes) -> Any:
+    """An engine's error body as JSON, or None: it may be plain text (a proxy's page,
+    a traceback), which both readers below then quote or reshape as text."""
+    try:
+        return foreign.json_any(body)
+    except msgspec.DecodeError:
+        return None
+
+
 def in_route_shape(api: str, status: int, body: bytes) -> bytes | None:
     """An engine's error answer in the shape its route's clients read, or None when it
     has that shape already. SGLang answers most errors ``{"object": "error", "message",
@@ -395,10 +404,7 @@ def in_route_shape(api: str, status: int, body: bytes) -> bytes | None:
     code (no body)"): OpenAI routes get ``{"error": {...}}``, Anthropic's
     ``{"type": "error", "error": {...}}``, Ollama's ``{"error": "..."}``; status,
     message and type are the engine's."""
-    try:
-        obj = foreign.json_any(body)
-    except msgspec.DecodeError:
-        obj = None
+    obj = _json_or_none(body)
     if isinstance(obj, dict):
         inner = obj.get("error")
         if api == "ollama" and isinstance(inner, str):
@@ -426,10 +432,7 @@ def from_upstream_body(status: int, body: bytes) -> ApiError:
     etype = INVALID_REQUEST if 400 <= status < 500 else SERVER_ERROR
     code: str | int = status
     param = None
-    try:
-        obj = foreign.json_any(body)
-    except msgspec.DecodeError:
-        obj = None
+    obj = _json_or_none(body)
     if isinstance(obj, dict):
         nested = obj.get("error")
         inner: dict[str, Any] = nested if isinstance(nested, dict) else obj

@@ -59,8 +59,7 @@ from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.admission import ANYONE, KeyTerms
 from ktd.frontend import catalog, errors, keepalive, reserve
-from ktd.frontend.body import check_declared_length, check_model, parse_head
-from ktd.frontend.broker import PendingAsk
+from ktd.frontend.body import check_declared_length, check_model, parse_head, unreadable
 from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import (
     JSON_HEADER,
@@ -98,6 +97,7 @@ from ktd.frontend.routes import (
     response_id_in,
     split_lora,
 )
+from ktd.frontend.slot import PendingAsk
 from ktd.frontend.tally import Api, StreamTally, ask_for_usage, body_tokens
 from ktd.frontend.upstream import UpstreamError
 
@@ -187,7 +187,6 @@ class Flow:
 
     async def proxy(self, found: Match, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
-        options = state.options
         route = found.route
         endpoint = route.endpoint
         ollama = route.api == "ollama"
@@ -203,14 +202,7 @@ class Flow:
                 # connection is answered; a big one is not worth reading for a 401.
                 body_read = await drain(receive)
                 raise err from None
-            limit = options.frontend.max_body_bytes
-            declared = header(scope, b"content-length")
-            if declared is not None:
-                try:
-                    check_declared_length(int(declared), limit)
-                except ValueError:
-                    pass  # Hypercorn (h11) refuses a malformed length before we get here
-            body = await read_body_in_time(receive, *options.body_bounds)
+            body = await self._read_body(scope, receive)
             body_read = True
             model, stream, ctype = self._routing_fields(found, scope, body)
             if model is None:
@@ -252,6 +244,18 @@ class Flow:
             state.broker.release(held)
         if keep is not None:
             await self._keep_alive(base, keep)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        """The whole body, within ``max_body_bytes`` and the body's time bounds; one
+        whose declared length is already too long is refused before a byte is read."""
+        options = self.state.options
+        declared = header(scope, b"content-length")
+        if declared is not None:
+            try:
+                check_declared_length(int(declared), options.frontend.max_body_bytes)
+            except ValueError:
+                pass  # Hypercorn (h11) refuses a malformed length before we get here
+        return await read_body_in_time(receive, *options.body_bounds)
 
     def _exchange_for(
         self,
@@ -410,10 +414,8 @@ class Flow:
                 model = multipart.text_field(body, text, "model")
                 stream = multipart.text_field(body, text, "stream")
             except multipart.MultipartError as exc:
-                raise errors.make(
-                    "bad_request",
-                    message=f"Expected a multipart/form-data body: {exc}",
-                    code="invalid_body",
+                raise unreadable(
+                    f"Expected a multipart/form-data body: {exc}", "invalid_body"
                 ) from None
             if not model:
                 raise errors.make(

@@ -91,6 +91,16 @@ _CRLF: Final = 2
 _TRAILER: Final = 3
 
 
+def _size_field(line: bytes) -> bytes:
+    """The size of a chunk-size line that is not bare hex: the part before its extensions
+    (allowed, ignored), else ``BrokenResponse``. Off the per-chunk path: SGLang's chunks
+    carry no extensions, so their lines are bare hex and never come here."""
+    size = line.partition(b";")[0].rstrip(b" \t") if b";" in line else b""
+    if not size or len(size) > 16 or size.strip(_HEX):
+        raise BrokenResponse(f"bad chunk size: {line[:20]!r}")
+    return size
+
+
 def build_request(
     method: bytes,
     target: bytes,
@@ -253,17 +263,12 @@ class ResponseParser:
                         raise BrokenResponse("chunk size line too long")
                     break
                 line = buf[pos:i]
-                if b";" in line:  # chunk extensions: allowed, ignored
-                    line = line.partition(b";")[0].rstrip(b" \t")
                 if not line or len(line) > 16 or line.strip(_HEX):
-                    raise BrokenResponse(f"bad chunk size: {buf[pos:i][:20]!r}")
+                    line = _size_field(line)  # not bare hex: extensions, or not a size
                 pos = i + 2
                 size = int(line, 16)
-                if size:
-                    self._remaining = size
-                    sub = _DATA
-                else:
-                    sub = _TRAILER
+                self._remaining = size
+                sub = _DATA if size else _TRAILER
             else:  # trailer fields until an empty line
                 pos = self._trailers(buf, pos)
                 break
@@ -275,6 +280,12 @@ class ResponseParser:
             self._pos = pos
         if out is not None:
             return out if parts is None else b"".join(parts)
+        return self._no_chunk_data()
+
+    def _no_chunk_data(self) -> Event:
+        """No chunk data buffered: the end once the last chunk and trailers are in, else
+        more to wait for, unless the server closed. Apart from ``_chunked``'s loop because
+        the relay never asks for it mid-stream (its feeds each bring data)."""
         if self.complete:
             return END
         if self._eof:

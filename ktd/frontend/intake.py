@@ -140,13 +140,23 @@ class IdleTimer:
 
 
 def install() -> None:
-    """Patch Hypercorn's trio worker (idempotent)."""
-    from hypercorn.events import Closed, Updated
-    from hypercorn.trio import task_group, tcp_server
+    """Patch Hypercorn's trio worker (idempotent): its connections (``_patch_server``)
+    and the start of the app for each request (``_patch_spawn``)."""
+    from hypercorn.trio import tcp_server
 
     server_cls: Any = tcp_server.TCPServer
     if getattr(server_cls, "_ktd_intake", False):
         return
+    _patch_server(server_cls)
+    _patch_spawn()
+    server_cls._ktd_intake = True
+
+
+def _patch_server(server_cls: Any) -> None:
+    """The connection's side: its idle timer is an ``IdleTimer``, fed by Hypercorn's
+    ``Updated`` events, and a protocol's exception ends its own connection only."""
+    from hypercorn.events import Closed, Updated
+
     init = server_cls.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -181,6 +191,16 @@ def install() -> None:
             return
         await protocol_send(self, event)
 
+    server_cls.__init__ = __init__
+    server_cls._read_data = _read_data
+    server_cls.protocol_send = send
+
+
+def _patch_spawn() -> None:
+    """The request's side: each HTTP request's app gets its ``Intake`` in the scope's
+    extensions, reading the body straight off the app's channel."""
+    from hypercorn.trio import task_group
+
     async def spawn_app(
         self: Any, app: Any, config: Any, scope: Any, send: Any
     ) -> Callable[[Any], Awaitable[None]]:
@@ -201,8 +221,4 @@ def install() -> None:
         )
         return _put_for(channel, intake)
 
-    server_cls.__init__ = __init__
-    server_cls._read_data = _read_data
-    server_cls.protocol_send = send
     task_group.TaskGroup.spawn_app = spawn_app  # type: ignore[method-assign]
-    server_cls._ktd_intake = True

@@ -55,10 +55,46 @@ _TTFB_BUCKETS = (
 )
 
 
+#: The per-key counters (``Metrics.key_requests``, ``key_errors``, ``key_tokens``):
+#: name, help, labels.
+_KEY_SERIES = (
+    (
+        "ktd_key_requests",
+        "Requests that reached a model, by API key name and model.",
+        ["key", "model"],
+    ),
+    (
+        "ktd_key_errors",
+        "Of those, the ones answered with an error status (but 499, the client gone).",
+        ["key", "model"],
+    ),
+    (
+        "ktd_key_tokens",
+        "Tokens the engine reported for a key's requests: kind prompt or completion.",
+        ["key", "model", "kind"],
+    ),
+)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        # Three groups of series, registered in this order (the exposition's): the
+        # requests this frontend proxied, what each API key used, the daemon's engines.
+        self._request_series(self.registry)
+        self._key_series(self.registry)
+        self._engine_series(self.registry)
+        self._loads_seen: dict[str, int] = {}
+        # The labelled children the request path uses, by label values: a
+        # ``labels()`` lookup validates, joins and locks on every call, a dict
+        # hit costs nothing (label values are bounded, so these stay small).
+        self._done: dict[tuple[str, str, int], Any] = {}
+        self._ttfb: dict[str, Any] = {}
+        self._waited: dict[str, Any] = {}
+        self._keyed: dict[tuple[str, str, str], Any] = {}
+
+    def _request_series(self, r: CollectorRegistry) -> None:
+        """The proxied requests: counts, waits, time to first byte, what failed."""
         self.requests = Counter(
             "ktd_frontend_requests",
             "Requests finished, by endpoint, model and HTTP status (for a stream that "
@@ -103,26 +139,16 @@ class Metrics:
             "Times the daemon stopped answering the frontend (heartbeat or request unanswered).",
             registry=r,
         )
-        # Per API key, by the key's configured name (never its secret; NO_KEY without
-        # keys): what the usage ledger counts, as counters of this frontend's life.
-        self.key_requests = Counter(
-            "ktd_key_requests",
-            "Requests that reached a model, by API key name and model.",
-            ["key", "model"],
-            registry=r,
+
+    def _key_series(self, r: CollectorRegistry) -> None:
+        """Per API key, by the key's configured name (never its secret; NO_KEY without
+        keys): what the usage ledger counts, as counters of this frontend's life."""
+        self.key_requests, self.key_errors, self.key_tokens = (
+            Counter(name, doc, labels, registry=r) for name, doc, labels in _KEY_SERIES
         )
-        self.key_errors = Counter(
-            "ktd_key_errors",
-            "Of those, the ones answered with an error status (but 499, the client gone).",
-            ["key", "model"],
-            registry=r,
-        )
-        self.key_tokens = Counter(
-            "ktd_key_tokens",
-            "Tokens the engine reported for a key's requests: kind prompt or completion.",
-            ["key", "model", "kind"],
-            registry=r,
-        )
+
+    def _engine_series(self, r: CollectorRegistry) -> None:
+        """The daemon's engines, from its last status (read just before a scrape)."""
         self.engines = EngineCollector()
         r.register(self.engines)
         self.load_seconds = Histogram(
@@ -133,14 +159,6 @@ class Metrics:
             buckets=_LOAD_BUCKETS,
             registry=r,
         )
-        self._loads_seen: dict[str, int] = {}
-        # The labelled children the request path uses, by label values: a
-        # ``labels()`` lookup validates, joins and locks on every call, a dict
-        # hit costs nothing (label values are bounded, so these stay small).
-        self._done: dict[tuple[str, str, int], Any] = {}
-        self._ttfb: dict[str, Any] = {}
-        self._waited: dict[str, Any] = {}
-        self._keyed: dict[tuple[str, str, str], Any] = {}
 
     def request_done(self, endpoint: str, model: str, status: int) -> None:
         """Count one finished request (``ktd_frontend_requests``)."""

@@ -45,7 +45,7 @@ from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.keys import Policy
 from ktd.frontend import catalog, errors
-from ktd.frontend.body import parse_head
+from ktd.frontend.body import parse_head, unreadable
 from ktd.frontend.errors import ApiError
 from ktd.frontend.inbound import (
     Receive,
@@ -210,9 +210,7 @@ class OllamaRoutes:
                 policy = self.state.keys.of(scope)
             await self._answer(route.endpoint, scope, body, send, policy)
         except _Unread:
-            err = errors.make(
-                "bad_request", message="The request body could not be read.", code="invalid_body"
-            )
+            err = unreadable("The request body could not be read.", "invalid_body")
             await send_error(send, err, close=True, ollama=True)
         except ApiError as err:
             await send_error(send, err, close=err.status in (408, 413), ollama=True)

@@ -29,9 +29,10 @@ from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core.admission import ANYONE, KeyTerms
 from ktd.frontend import errors
-from ktd.frontend.broker import ClaimBroker, PendingAsk, Slot
+from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.errors import SSE_DONE, ApiError
 from ktd.frontend.metrics import UNKNOWN_MODEL, Metrics
+from ktd.frontend.slot import PendingAsk, Slot
 from ktd.frontend.tally import Api, StreamTally, Tokens
 from ktd.frontend.transport import ClientDeaf
 from ktd.frontend.upstream import (

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,39 @@ class Viewer:
         self.send.close()
 
 
+class Wakeup:
+    """A refresh loop's early wake-up: set by any number of events, consumed once by the
+    loop (which then waits a moment more, so a burst of events costs one refresh)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self, limit: float) -> bool:
+        """Until set or ``limit`` seconds passed; whether it was set (then it is reset)."""
+        event = self._event
+        with trio.move_on_after(limit):
+            await event.wait()
+        if event.is_set():
+            self._event = trio.Event()
+            return True
+        return False
+
+
+async def _refresh_loop(
+    refresh: Callable[[], Awaitable[None]], wakeup: Wakeup, every: float, coalesce: float
+) -> None:
+    """``refresh`` every ``every`` seconds, and ``coalesce`` seconds after a wake-up."""
+    while True:
+        await refresh()
+        if await wakeup.wait(every):
+            await trio.sleep(coalesce)
+
+
 class Hub:
     def __init__(
         self,
@@ -129,8 +162,8 @@ class Hub:
         self.closing = trio.Event()
         self.subscribed = trio.Event()
         self._viewers_changed = trio.Event()
-        self._poke = trio.Event()
-        self._machine_poke = trio.Event()
+        self._poke = Wakeup()
+        self._machine_poke = Wakeup()
         self._refreshing = trio.Lock()
         self._models: list[p.ModelInfo] = []
         self._engines: list[p.EngineInfo] = []
@@ -248,24 +281,12 @@ class Hub:
                 self._publish_view()
 
     async def _status_loop(self) -> None:
-        while True:
-            await self.refresh()
-            poke = self._poke
-            with trio.move_on_after(self.status_every):
-                await poke.wait()
-            if poke.is_set():
-                self._poke = trio.Event()
-                await trio.sleep(COALESCE)
+        await _refresh_loop(self.refresh, self._poke, self.status_every, COALESCE)
 
     async def _machine_loop(self) -> None:
-        while True:
-            await self._refresh_machine()
-            poke = self._machine_poke
-            with trio.move_on_after(self.machine_every):
-                await poke.wait()
-            if poke.is_set():
-                self._machine_poke = trio.Event()
-                await trio.sleep(MACHINE_COALESCE)
+        await _refresh_loop(
+            self._refresh_machine, self._machine_poke, self.machine_every, MACHINE_COALESCE
+        )
 
     # ------------------------------------------------------------ the view
 
