@@ -128,7 +128,13 @@ class Pool:
 
     def _open_state_dir(self, state_path: Path | None, log_dir: Path) -> None:
         """What this daemon keeps beside its state file (none of it without one, in tests)."""
-        self.instance = statefile.instance_key(state_path.parent) if state_path else "ktd"
+        # Without a state file a pool has no identity to keep: one of its own, so that its
+        # adoption never takes (or kills) the marked engines of another (tests run many).
+        self.instance = (
+            statefile.instance_key(state_path.parent)
+            if state_path
+            else f"ktd-{os.getpid()}-{id(self):x}"
+        )
         # The engines' key files (``ktd.daemon.enginekey``): beside the state, in a dir
         # of this daemon's own (the state dir is locked to one daemon).
         self.key_dir = KeyDir((state_path.parent if state_path else log_dir) / "keys")

@@ -56,12 +56,21 @@ def _served(
                     await trio.sleep(at)
                     outcomes.append((alias, await w.use(alias, hold, timeout=BOUND)))
 
-                with trio.fail_after(BOUND * 2):
+                with trio.move_on_after(BOUND * 2) as late:
                     async with trio.open_nursery() as n:
                         for alias, at, hold in schedule:
                             n.start_soon(client, alias, at, hold)
                     while any(e.state not in (S.READY, S.ASLEEP) for e in w.pool.engines.values()):
                         await trio.sleep(1)
+                if late.cancelled_caught:  # say where each engine stands, and what it did
+                    raise AssertionError(
+                        f"not at rest after {BOUND * 2:g} s: "
+                        + "; ".join(
+                            f"{e.alias} {e.state} {e.phase} {e.reason!r} {e.log.last(12)}"
+                            for e in w.pool.engines.values()
+                        )
+                        + f"; outcomes {outcomes}"
+                    )
                 assert [o for o in outcomes if o[1] != "ok"] == [], outcomes
                 assert w.problems() == []
                 for e in w.pool.engines.values():
