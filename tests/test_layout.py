@@ -29,7 +29,6 @@ OVER_MAX_LINES = {
     "ktd/core/config.py": 862,
     "ktd/daemon/pool.py": 700,
     "ktctl/cli.py": 671,
-    "ktd/daemon/supervisor.py": 642,
     "ktd/core/doctor.py": 631,
     "ktd/frontend/broker.py": 611,
 }
