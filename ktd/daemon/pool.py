@@ -163,8 +163,7 @@ class Pool:
         self._pending: list[Supervisor] = [self._new_engine(spec) for spec in config.served()]
 
     def _new_engine(self, spec: ModelSpec) -> Supervisor:
-        engine = Engine(spec, self)
-        self.engines[spec.alias] = engine
+        engine = self.engines[spec.alias] = Engine(spec, self)
         return Supervisor(engine, self.launcher)
 
     def add_engine(self, spec: ModelSpec) -> None:
