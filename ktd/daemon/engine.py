@@ -194,9 +194,14 @@ class Engine:
         self.sleeps = False  # its running SGLang has the memory saver (the launch says)
         self._poke: Callable[[], None] = lambda: None  # its supervisor looks again
         self._changed = trio.Event()
-        d = host.settings
-        self.log = EngineLog(
-            host.log_dir / f"{spec.alias}.log",
+        self.log = self._open_log()
+
+    def _open_log(self) -> EngineLog:
+        """Its log file under the daemon's log dir, rotated as the settings say; each
+        new line is handed to the host (the log's subscribers)."""
+        d, host = self.host.settings, self.host
+        return EngineLog(
+            host.log_dir / f"{self.spec.alias}.log",
             max_bytes=d.log_max_bytes,
             backups=d.log_backups,
             publish=lambda lines: host.log_lines(self, lines),

@@ -272,58 +272,79 @@ class Placer:
         try:
             while True:
                 async with self._lock:
-                    while True:
-                        plan = planner()
-                        if plan.ok and not fitted:
-                            # Once, before anything is evicted: after an eviction the
-                            # victim's memory may take a while to show up as free.
-                            fitted = True
-                            waking = isinstance(plan, eviction.RoomPlan)
-                            await self._fit_or_stop_sleepers(engine, plan, waking=waking)
-                        views = {
-                            a: holder_view(self.engines[a])
-                            for a in plan.blocked_by
-                            if a in self.engines
-                        }
-                        step = eviction.place_step(plan, views, swap=engine.spec.swap)
-                        if isinstance(step, eviction.Use):
-                            take(plan)
-                            return plan
-                        if isinstance(step, eviction.StopIdle):
-                            await self._evict_for(engine, step.aliases)
-                            continue
-                        if isinstance(step, eviction.WaitLeaving):
-                            for alias in step.aliases:
-                                await self.engines[alias].wait_off()
-                            continue
-                        if isinstance(step, eviction.NoLaunch):
-                            if step.impossible:
-                                raise Unplaceable(step.reason)
-                            raise Busy(step.reason, step.blocked_by)
-                        break
+                    plan, step, fitted = await self._settle(engine, planner, fitted)
+                    if isinstance(step, eviction.Use):
+                        take(plan)
+                        return plan
                     holders = [self.engines[a] for a in step.aliases]
-                    cutoff = self._ticket()
-                    for h in holders:
-                        if h.gate.hold_back(cutoff):
-                            yielded.append((h, cutoff))
-                            self._update(h)
-                        # Frontends stop routing there now; their requests under way finish.
-                        self._recall(h, f"yielding to {engine.alias}")
-                engine.set_phase(Phase.of(Step.WAITING, engines=tuple(h.alias for h in holders)))
-                engine.log.note(f"waiting for {', '.join(h.alias for h in holders)} to become idle")
-                while engine.want_up and not all(
-                    eviction.idle_for(holder_view(h), cutoff) for h in holders
-                ):
-                    changed = self._changed
-                    with trio.move_on_after(1.0):  # belt and braces: re-check now and then
-                        await changed.wait()
-                if not engine.want_up:
+                    cutoff = self._hold_back(engine, holders, yielded)
+                if not await self._wait_idle(engine, holders, cutoff):
                     return None
         finally:
             for h, cut in yielded:
                 h.gate.release(cut)
                 self._update(h)
                 h.notify_changed()
+
+    async def _settle(
+        self,
+        engine: Engine,
+        planner: Callable[[], Plan | eviction.RoomPlan],
+        fitted: bool,
+    ) -> tuple[Plan | eviction.RoomPlan, eviction.Use | eviction.WaitIdle, bool]:
+        """Under the lock: plans acted on until one is usable (``Use``) or waits for busy
+        holders (``WaitIdle``); idle holders are evicted and leaving ones waited for on
+        the way, and a plan that cannot launch raises. ``fitted``: the memory fit is
+        done (it is, in what this returns)."""
+        while True:
+            plan = planner()
+            if plan.ok and not fitted:
+                # Once, before anything is evicted: after an eviction the
+                # victim's memory may take a while to show up as free.
+                fitted = True
+                waking = isinstance(plan, eviction.RoomPlan)
+                await self._fit_or_stop_sleepers(engine, plan, waking=waking)
+            views = {a: holder_view(self.engines[a]) for a in plan.blocked_by if a in self.engines}
+            step = eviction.place_step(plan, views, swap=engine.spec.swap)
+            if isinstance(step, eviction.StopIdle):
+                await self._evict_for(engine, step.aliases)
+            elif isinstance(step, eviction.WaitLeaving):
+                for alias in step.aliases:
+                    await self.engines[alias].wait_off()
+            elif isinstance(step, eviction.NoLaunch):
+                if step.impossible:
+                    raise Unplaceable(step.reason)
+                raise Busy(step.reason, step.blocked_by)
+            else:
+                return plan, step, fitted
+
+    def _hold_back(
+        self, engine: Engine, holders: list[Engine], yielded: list[tuple[Engine, int]]
+    ) -> int:
+        """Busy holders yield to ``engine``: each one's gate holds back requests from a
+        new cutoff (recorded in ``yielded``, released when the placement ends) and the
+        frontends stop routing there; requests under way finish. The cutoff."""
+        cutoff = self._ticket()
+        for h in holders:
+            if h.gate.hold_back(cutoff):
+                yielded.append((h, cutoff))
+                self._update(h)
+            # Frontends stop routing there now; their requests under way finish.
+            self._recall(h, f"yielding to {engine.alias}")
+        return cutoff
+
+    async def _wait_idle(self, engine: Engine, holders: list[Engine], cutoff: int) -> bool:
+        """Out of the lock: until every holder is idle from ``cutoff`` on. False: the
+        engine is no longer wanted."""
+        engine.set_phase(Phase.of(Step.WAITING, engines=tuple(h.alias for h in holders)))
+        engine.log.note(f"waiting for {', '.join(h.alias for h in holders)} to become idle")
+        while engine.want_up and not all(
+            eviction.idle_for(holder_view(h), cutoff) for h in holders
+        ):
+            changed = self._changed
+            with trio.move_on_after(1.0):  # belt and braces: re-check now and then
+                await changed.wait()
+        return engine.want_up
 
     async def _evict_for(self, engine: Engine, aliases: tuple[str, ...]) -> None:
         """Make room: a victim that can sleep is put to sleep (its experts stay in host

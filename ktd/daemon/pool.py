@@ -40,6 +40,7 @@ from ktd.daemon.claimtable import ClaimTable, claim_side
 from ktd.daemon.engine import Engine, PlacementLike
 from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.gate import Gatekeeper
+from ktd.daemon.launcher import Launcher, ProcessLauncher
 from ktd.daemon.loadhistory import LoadHistory
 from ktd.daemon.offload import Offload, to_thread
 from ktd.daemon.persist import Persister
@@ -107,8 +108,10 @@ class Pool:
         publish: Publisher,
         state_path: Path | None = None,
         offload: Offload = to_thread,
+        launcher: Launcher | None = None,
     ) -> None:
         self.config = config
+        self.launcher = launcher or ProcessLauncher()  # how engines start (tests: in-process)
         self.offload = offload  # blocking work off the trio thread (``ktd.daemon.offload``)
         self.settings = config.daemon
         self.log_dir = log_dir
@@ -190,9 +193,8 @@ class Pool:
         )
 
     def _new_engine(self, spec: ModelSpec) -> Supervisor:
-        engine = Engine(spec, self)
-        self.engines[spec.alias] = engine
-        return Supervisor(engine)
+        engine = self.engines[spec.alias] = Engine(spec, self)
+        return Supervisor(engine, self.launcher)
 
     def add_engine(self, spec: ModelSpec) -> None:
         """A model added (or replaced) by a reload: a new engine with its supervisor."""

@@ -3,35 +3,31 @@
 The decisions (readiness deadline, hang kill, drain, restart loop, sleep and wake)
 are ``ktd.core.lifecycle``'s: this task feeds it what it sees (the engine's
 desires, its holders, its health, its exit) and carries out the one action the
-machine answers: the launch pipeline (probe, preflight, place, spawn), the gateway
-and the claims' recall, SGLang's memory calls (``ktd.daemon.memory``), the stop
-sequence (``ktd.daemon.kill``). It is the only task that moves the engine's state.
+machine answers: the launch (the pipeline is the injected ``Launcher``,
+``ktd.daemon.launcher``), the gateway and the claims' recall, SGLang's memory calls
+(``ktd.daemon.memory``), the stop sequence (``ktd.daemon.kill``). It is the only task
+that moves the engine's state.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import signal
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from ktd.core import doctor, fit, loglines, sleepcost
+from ktd.core import fit, loglines, sleepcost
 from ktd.core import lifecycle as L
 from ktd.core import states as S
-from ktd.core.command import LaunchError, build_env, keyed_launch, with_key_file
 from ktd.core.exits import Outcome, classify_exit
 from ktd.core.states import Phase, Step
-from ktd.daemon import enginekey, health, kill, meminfo, memory, preflight, proctree, spawn, weights
-from ktd.daemon.engine import Busy, Engine, Running, Unplaceable
-from ktd.daemon.enginekey import KeyDir, admin_key_of_argv
+from ktd.daemon import health, kill, meminfo, memory, weights
+from ktd.daemon.engine import Engine, Running
+from ktd.daemon.enginekey import KeyDir
 from ktd.daemon.inotify import FileWatch
-from ktd.daemon.probe import KT_FORK, ProbeResult, missing_message
-from ktd.daemon.safedir import UnsafeDir
+from ktd.daemon.launcher import Launcher
 
 log = logging.getLogger("ktd.engine")
 
@@ -39,8 +35,9 @@ READY_LINE = "The server is fired up and ready to roll"
 
 
 class Supervisor:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, launcher: Launcher) -> None:
         self.e = engine
+        self.launcher = launcher  # the launch pipeline (``ktd.daemon.launcher``)
         self.host = engine.host
         self.m = L.Lifecycle()
         self._poke = trio.Event()
@@ -48,7 +45,6 @@ class Supervisor:
         self._watchers: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._shown: tuple[Any, ...] = (self.m.state, self.m.phase, None, None)
-        self._kt_note: str | None = None  # an old kt-kernel's idle spin (a model that sleeps)
         self._costs = sleepcost.Costs()  # its sleeps and wakes, measured: sleep or reload
         engine.on_change(self.poke)
 
@@ -370,182 +366,18 @@ class Supervisor:
     # ------------------------------------------------------------ one run
 
     async def _launch(self) -> Outcome | None:
-        """The launch pipeline: probe, preflight, place, spawn. None: the engine runs."""
+        """A launch by the injected ``Launcher`` (probe, preflight, place, spawn), the
+        load's clock started first. None: the engine runs."""
         e = self.e
         e.stats.load_started = time.time()
         e.stats.load_percent = None
         e.stats.made_room, e.stats.owed = (), False
-        probe = await self._probed()
-        if isinstance(probe, Outcome):
-            return probe
-        e.catalog = probe.catalog
-        self._kt_note = doctor.kt_spin_note(probe.kt_kernel) if e.spec.sleep else None
-        if not e.want_up:
-            return Outcome("stopped", "stopped before launch")
-        refused = await self._placed(probe)
-        if refused is not None:
-            return refused
-        return await self._started_engine()
-
-    async def _probed(self) -> ProbeResult | Outcome:
-        """What the model's interpreter has (SGLang, kt-kernel, the flags SGLang knows),
-        after a ``pip install`` of the kt fork when the model asks for one and none is
-        there; a failed ``Outcome`` when something it needs is missing."""
-        e = self.e
-        env = build_env(e.spec, self.host.base_env)
-        probe = await self.host.prober.probe(e.spec.python, env)
-        if e.spec.auto_build and probe.ok_python and probe.sglang is None:
-            problem = missing_message(probe, auto_build=True)
-            if problem:
-                return Outcome("failed", problem)
-            built = await self._pip_install_sglang(env, probe.kt_kernel)
-            if not built:
-                return Outcome("failed", f"`pip install {KT_FORK}` failed; see the log")
-            self.host.prober.forget()
-            probe = await self.host.prober.probe(e.spec.python, env)
-        problem = missing_message(probe, auto_build=False)
-        return Outcome("failed", problem) if problem else probe
-
-    async def _placed(self, probe: ProbeResult) -> Outcome | None:
-        """Preflight, then placement (``e.plan``): None when the engine may start.
-
-        Preflight comes first: placing may evict ready engines, and a load that cannot
-        start must never cost a running model. Among its checks: a flag the installed
-        SGLang would refuse (its catalogue, from the probe)."""
-        e = self.e
-        e.set_phase(Phase.of(Step.PREFLIGHT))
-        refusal = await preflight.run(e.spec, probe)
-        if refusal:
-            return Outcome("failed", refusal)
-        e.set_phase(Phase.of(Step.PLACING))
-        try:
-            e.plan = await self.host.place(e)
-        except Busy as exc:
-            e.plan = None
-            return Outcome("busy", str(exc))
-        except Unplaceable as exc:
-            e.plan = None
-            return Outcome("failed", f"cannot be placed on this machine: {exc}")
-        except preflight.Refused as exc:
-            e.plan = None
-            return Outcome("failed", str(exc))
-        if not e.want_up:
-            e.plan = None
-            return Outcome("stopped", "stopped before launch")
-        return None
-
-    async def _started_engine(self) -> Outcome | None:
-        """The placed engine's command, its key file, its process: None once it runs."""
-        e = self.e
-        port = e.spec.port or proctree.pick_port(e.spec.host)
-        flags = e.plan.argv_flags() if e.plan else []
-        try:
-            launch, keyed = keyed_launch(e.launch_spec(), port, flags, e.catalog)
-        except LaunchError as exc:
-            e.plan = None
-            return Outcome("failed", str(exc))
-        argv = launch.argv
-        notes = (keyed.note, self._kt_note)
-        e.launch_notes = launch.notes + tuple(n for n in notes if n)
-        engine_id = f"{self.host.instance}/{e.alias}@{time.time_ns()}"
-        env = build_env(
-            e.spec,
-            self.host.base_env,
-            e.plan.env if e.plan else None,
-            engine_id=engine_id,
-            digest=e.spec.launch_digest(),
-            sleeps=launch.sleeps,
-        )
-        key, key_file = keyed.user_key, None
-        admin = keyed.admin_key or (enginekey.new_key() if keyed.own_admin else None)
-        if keyed.config:
-            key = keyed.user_key or enginekey.new_key()
-            try:
-                key_file = await self.host.offload(self.host.key_dir.write, e.alias, key, admin)
-            except (OSError, UnsafeDir) as exc:
-                e.plan = None
-                why = exc.strerror if isinstance(exc, OSError) else str(exc)
-                return Outcome("failed", f"cannot write the engine's key file: {why}")
-            argv = with_key_file(argv, str(key_file))
-        try:
-            run = await self._spawn(argv, env, port, engine_id, key=key, key_file=key_file)
-            run.admin_key = admin
-        except BaseException as exc:
-            KeyDir.remove(key_file)  # nothing runs that would read it
-            if not isinstance(exc, OSError):
-                raise
-            e.plan = None
-            return Outcome("failed", f"cannot start {argv[0]}: {exc.strerror or exc}")
-        e.sleeps = run.sleeps = self.m.sleeps = launch.sleeps
+        run = await self.launcher.launch(e, self._follow_log)
+        if isinstance(run, Outcome):
+            return run
+        e.sleeps = self.m.sleeps = run.sleeps
         self._started(run)
         return None
-
-    async def _spawn(
-        self,
-        argv: list[str],
-        env: dict[str, str],
-        port: int,
-        eid: str,
-        *,
-        key: str | None = None,
-        key_file: Path | None = None,
-    ) -> Running:
-        e = self.e
-        plan = e.plan
-        e.log.redact(key)  # SGLang logs its server_args, the key among them, at once
-        e.log.redact(admin_key_of_argv(argv))
-        cmd, env = spawn.pinned(
-            argv,
-            env,
-            cpus=plan.cpus if plan else (),
-            mems=plan.numa_nodes if plan else (),
-        )
-        proc = await spawn.open_logged(
-            e.log,
-            cmd,
-            env,
-            note=f"starting: {subprocess.list2cmdline(argv)}",
-            no_log=subprocess.PIPE,
-        )
-        info = proctree.read_stat(proc.pid)
-        run = Running(
-            digest=e.spec.launch_digest(),
-            pid=proc.pid,
-            start=info.start if info else 0,
-            engine_id=eid,
-            port=port,
-            argv=argv,
-            proc=proc,
-            api_key=key,
-            key_file=key_file,
-        )
-        self.host.state_changed(e)
-        return run
-
-    async def _pip_install_sglang(self, env: dict[str, str], kt_kernel: str | None) -> bool:
-        """``auto_build`` (see ``spawn.pip_install_argv``), the log followed meanwhile."""
-        e = self.e
-        e.set_phase(Phase.of(Step.INSTALLING, f"pip install {KT_FORK}"))
-        cmd = spawn.pip_install_argv(e.spec.python, kt_kernel)
-        proc = await spawn.open_logged(
-            e.log,
-            cmd,
-            env,
-            note=f"auto_build: {subprocess.list2cmdline(cmd)}",
-            no_log=subprocess.DEVNULL,
-        )
-        try:
-            async with trio.open_nursery() as n:
-                n.start_soon(self._follow_log)
-                code = await proc.wait()
-                n.cancel_scope.cancel()
-        finally:
-            if proc.returncode is None:
-                proctree.signal_group(proc.pid, signal.SIGKILL)
-                with trio.CancelScope(shield=True):
-                    await proc.wait()
-        e.log.poll()
-        return code == 0
 
     # ------------------------------------------------------------ watching
 

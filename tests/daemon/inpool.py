@@ -1,6 +1,7 @@
 """The daemon's pool in-process, for tests: the real ``Pool`` (its supervisors, the gate,
 the placer, the sweeper, the claim table) on trio's virtual clock, its engines adopted
-from stand-in processes and SGLang's HTTP played by ``FakeSGLang`` through httpx's
+from stand-in processes or launched as such (``StandIn``, the pool's injected
+``Launcher``), and SGLang's HTTP played by ``FakeSGLang`` through httpx's
 ``MockTransport``.
 
 Each engine's process is a real one (a ``sleep`` in a session of its own, carrying the
@@ -34,8 +35,10 @@ import trio.testing
 from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK
 from ktd.core.config import Config, ConfigFile, DaemonSection, ModelSpec
+from ktd.core.exits import Outcome
 from ktd.daemon import proctree
 from ktd.daemon.engine import Engine
+from ktd.daemon.launcher import FollowLog, placed
 from ktd.daemon.persist import FixedPlacement
 from ktd.daemon.pool import Pool
 from ktd.daemon.running import Running
@@ -67,6 +70,7 @@ class FakeSGLang:
     release_time: Callable[[], float] = lambda: 0.05
     resume_time: Callable[[], float] = lambda: 0.05
     prefill: float = 0.0
+    ready_at: float = 0.0  # a launched engine's load: not ready (503) before this time
     released: bool = False
     paused: bool = False  # /pause_generation: new requests wait at the tokenizer
     scheduler: set[int] = field(default_factory=set)  # requests the scheduler holds
@@ -83,6 +87,8 @@ class FakeSGLang:
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
+        if path in ("/v1/models", "/health") and trio.current_time() < self.ready_at:
+            return httpx.Response(503)  # still loading
         if path in ("/release_memory_occupation", "/resume_memory_occupation"):
             self.calls.append(Call(path, trio.current_time(), self.released))
             return await (self._release() if "release" in path else self._resume())
@@ -173,6 +179,7 @@ class World:
     procs: list[trio.Process] = field(default_factory=list)
     breaches: list[str] = field(default_factory=list)
     started: bool = False
+    launcher: StandIn | None = None  # the pool's: it launches stopped engines
 
     def engine(self, alias: str) -> Engine:
         return self.pool.engines[alias]
@@ -183,9 +190,19 @@ class World:
     def check(self) -> None:
         if not self.started:
             return  # adopted engines show "adopting" until their supervisors take over
-        awake = [a for a, e in self.pool.engines.items() if e.plan and e.holds_resources()]
-        if len(awake) > 1:
-            self.breaches.append(f"{' and '.join(awake)} awake on one node at once")
+        held: dict[str, list[str]] = {}
+        for alias, e in self.pool.engines.items():
+            # What the pool counts as held (``holds_resources``), but for an asleep
+            # engine on its way down: its SGLang holds no GPU memory any more.
+            plan, fake = e.plan, self.fakes.get(alias)
+            down_asleep = e.state == S.STOPPING and fake is not None and fake.released
+            if plan is not None and e.holds_resources() and not down_asleep:
+                parts = [f"node {n}" for n in plan.numa_nodes] + [f"GPU {g}" for g in plan.gpus]
+                for part in parts:
+                    held.setdefault(part, []).append(alias)
+        for part, holders in held.items():
+            if len(holders) > 1:
+                self.breaches.append(f"{' and '.join(holders)} awake on {part} at once")
 
     async def use(self, alias: str, hold: float, *, timeout: float) -> str:
         """A client's lease on ``alias``, one request of ``hold`` seconds on the engine,
@@ -217,16 +234,69 @@ async def _spawn(marker: str) -> trio.Process:
     )
 
 
+async def _stand_in(w: World, alias: str, port: int, **run: Any) -> Running:
+    """A stand-in process for ``alias`` on ``port`` (the fake's address), as a ``Running``."""
+    marker = f"{w.pool.instance}/{alias}@{port}"
+    proc = await _spawn(marker)
+    w.procs.append(proc)
+    stat = proctree.read_stat(proc.pid)
+    assert stat is not None
+    argv = ["python", "-m", "sglang.launch_server", *SAVER]
+    return Running(
+        pid=proc.pid,
+        start=stat.start,
+        engine_id=marker,
+        port=port,
+        argv=argv,
+        proc=proc,
+        sleeps=True,
+        api_key="engine-key-of-the-test",
+        **run,
+    )
+
+
+@dataclass
+class StandIn:
+    """The pool's launcher in-process: the real placement (``launcher.placed``, the
+    pool's placer: it may evict or put others to sleep), then a stand-in process and a
+    fresh ``FakeSGLang`` on a port of its own, which answers as loading for
+    ``load_time()`` virtual seconds (the probe, preflight and SGLang's command are the
+    process launcher's, tested with real processes elsewhere)."""
+
+    fakes: Callable[[str], FakeSGLang]
+    load_time: Callable[[], float] = lambda: 0.0
+    world: World | None = None
+    launches: list[str] = field(default_factory=list)
+    _port: int = 31000
+
+    async def launch(self, e: Engine, follow_log: FollowLog) -> Running | Outcome:
+        w = self.world
+        assert w is not None
+        refused = await placed(e)
+        if refused is not None:
+            return refused
+        self._port += 1
+        old = w.fakes.get(e.alias)
+        if old is not None:
+            w.breaches += old.breaches  # the last run's record stays
+        fake = w.fakes[e.alias] = self.fakes(e.alias)
+        fake.ready_at = trio.current_time() + self.load_time()
+        self.launches.append(e.alias)
+        return await _stand_in(w, e.alias, self._port, digest=e.spec.launch_digest())
+
+
 @asynccontextmanager
 async def world(
     tmp: Path,
     engines: Iterable[tuple[str, S.State]],
     *,
     fakes: Callable[[str], FakeSGLang] = FakeSGLang,
+    load_time: Callable[[], float] = lambda: 0.0,
     **daemon: Any,
 ) -> AsyncIterator[World]:
     """A running pool whose sleep-enabled engines on one node were adopted in ``state``
-    (ready or asleep). Leaves no process behind."""
+    (ready or asleep), or are stopped (``S.STOPPED``: launched by ``StandIn`` when
+    wanted, loading for ``load_time()``). Leaves no process behind."""
     settings = {"health_interval": 5.0, "hang_timeout": 30.0, "lease_ttl": 1e6, **daemon}
     specs: dict[str, ModelSpec] = {}
     wanted = list(engines)
@@ -237,32 +307,21 @@ async def world(
         file=ConfigFile(daemon=DaemonSection(**settings)),
         models=specs,
     )
-    w = World(Pool(config, log_dir=tmp, publish=lambda topic, ev: w.check(), offload=inline), {})
+    launcher = StandIn(fakes, load_time)
+    pool = Pool(
+        config, log_dir=tmp, publish=lambda topic, ev: w.check(), offload=inline, launcher=launcher
+    )
+    w = launcher.world = World(pool, {}, launcher=launcher)
     w.pool.refresh_topology(ONE_NODE)
     port = 30000
     for alias, state in wanted:
         port += 1
+        if state == S.STOPPED:
+            continue
         fake = w.fakes[alias] = fakes(alias)
         fake.released = fake.paused = state == S.ASLEEP
-        marker = f"{w.pool.instance}/{alias}@{port}"
-        proc = await _spawn(marker)
-        w.procs.append(proc)
-        stat = proctree.read_stat(proc.pid)
-        assert stat is not None
         e = w.engine(alias)
-        e.begin_adoption(
-            Running(
-                pid=proc.pid,
-                start=stat.start,
-                engine_id=marker,
-                port=port,
-                argv=["python", "-m", "sglang.launch_server", *SAVER],
-                proc=proc,
-                adopted_state=state,
-                sleeps=True,
-                api_key="engine-key-of-the-test",
-            )
-        )
+        e.begin_adoption(await _stand_in(w, alias, port, adopted_state=state))
         e.plan = FixedPlacement(numa_nodes=(0,), cpus=(0, 1, 2, 3), gpus=(0,), env={})
 
     async def route(request: httpx.Request) -> httpx.Response:
