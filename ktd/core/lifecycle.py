@@ -491,14 +491,25 @@ class Lifecycle:
         self._move(S.ASLEEP)
         return None
 
-    def room(self, ok: bool, why: str | None = None, *, code: str = ErrorCode.BUSY) -> None:
-        """``MakeRoom``'s end: the wake may resume, or it cannot now (it stays asleep)."""
+    def room(
+        self,
+        ok: bool,
+        why: str | None = None,
+        *,
+        code: str = ErrorCode.BUSY,
+        want: Want = Want.UP,
+    ) -> None:
+        """``MakeRoom``'s end: the wake may resume, or it cannot now (it stays asleep).
+        ``want``: what its users want now. A wake called off because it is wanted down
+        (a reload's restart, an evict) stays wanted down: it is stopped asleep next,
+        never settled back to asleep (the restart would wait for that stop for ever)."""
         if self.state != S.WAKING:
             return
         if ok:
             self.phase = Phase.of(Step.RESUMING)
         else:
-            self.settle_want = Want.ASLEEP
+            if want != Want.DOWN:
+                self.settle_want = Want.ASLEEP
             self._move(S.ASLEEP, reason=why, error_code=code)
 
     def resumed(self, now: float, ok: bool, why: str | None = None) -> Kill | None:

@@ -178,7 +178,7 @@ class Supervisor:
             case L.MakeRoom():
                 self._show()
                 why = await self.host.make_room(e)
-                m.room(why is None, why)
+                m.room(why is None, why, want=e.want)
             case L.Resume():
                 self._show()
                 self._costs.resume_asked(trio.current_time())

@@ -175,7 +175,7 @@ def drive(m: L.Lifecycle, w: World, *, steps: int = 60, until: float | None = No
                 if kill is not None:
                     _kill(m, w, kill)
             case L.MakeRoom():
-                m.room(w.room_ok, None if w.room_ok else "held by other")
+                m.room(w.room_ok, None if w.room_ok else "held by other", want=w.want)
             case L.Resume():
                 if not w.alive:
                     raise Violation("resume sent to a dead engine")

@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 
 import msgspec
-import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given
@@ -175,11 +174,10 @@ def test_a_restart_of_the_sleeper_during_a_cold_load_and_a_wake() -> None:
     assert launches == ["c"], launches
 
 
-@pytest.mark.xfail(strict=True, reason="a restart during a wake: found by this harness (issue 45)")
 def test_a_restart_during_a_wake_that_waits_for_room() -> None:
     """b's wake waits for room (a is ready and in use) when a reload changes b's launch:
     the restart's stop calls the wake off, which puts b back to sleep and settles its
     want to asleep over the restart's down; the restart waits for a stop that never
-    comes and b's request (riding the restart) is never answered. Left for a fix (this
-    round changes no behaviour)."""
+    comes and b's request (riding the restart) was never answered. Now a wake called off
+    by a stop stays wanted down, is stopped asleep, and restarts."""
     _served_cold([("a", 0.0, 5.0), ("b", 0.1, 0.0)], ("b", 0.2), [0.0], [1.0], bound=60.0)
