@@ -37,7 +37,7 @@ import json, sys, time
 from pathlib import Path
 from ktd import protocol as p
 from ktd.core import usage as u
-from ktd.daemon.usage import UsageStore
+from ktd.daemon.pool.usage import UsageStore
 
 state, days, keys, models, reports = sys.argv[1], *map(int, sys.argv[2:6])
 path = Path(state) / "usage.json"

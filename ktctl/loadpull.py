@@ -35,7 +35,7 @@ DRY_RUN_TIMEOUT = 20.0
 #: Seconds to wait, after the pull is done, for ktd to know the name (its entry written).
 ENTRY_WAIT = 30.0
 GB = 1_000_000_000
-#: Preflight's words for a model directory that is not there (``ktd.daemon.preflight``).
+#: Preflight's words for a model directory that is not there (``ktd.daemon.engine.preflight``).
 MISSING = re.compile(r"preflight: .*model_path \S+ does not exist")
 
 

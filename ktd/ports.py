@@ -1,7 +1,7 @@
 """Whether a TCP port can be bound, and a free one: socket facts, no process involved.
 
 Outside ``ktd/daemon/`` (issue 45) because doctor checks the ports in ktctl's own
-process when the daemon is down; ``ktd.daemon.proctree`` re-exports both.
+process when the daemon is down; ``ktd.daemon.engine.proctree`` re-exports both.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The control protocol's messages of ktd's frontend (``ktd.protocol`` re-exports them):
 leases (acquire, release, heartbeat), the claim protocol (claim, sync, return, recalls;
-``ktd.daemon.claimtable`` has its race analysis), the engines' keys, and the usage ledger.
+``ktd.daemon.pool.claimtable`` has its race analysis), the engines' keys, and the usage ledger.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Heartbeat(Request, tag="heartbeat"):
     client: Id
 
 
-# The claim protocol (the frontend's; ``ktd.daemon.claimtable`` has the race analysis).
+# The claim protocol (the frontend's; ``ktd.daemon.pool.claimtable`` has the race analysis).
 # A frontend holds one standing claim per engine it has traffic for and counts its
 # requests itself; the daemon is off the per-request path.
 

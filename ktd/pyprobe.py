@@ -12,7 +12,7 @@ the module (``sglang`` or ``sglang-kt``) and its real version.
 
 Kept out of ``ktd/daemon/`` (issue 45): ``ktctl doctor`` runs the same probe in
 its own process when the daemon is down, and ktctl never imports the daemon.
-The daemon's cached, trio-run probe is ``ktd.daemon.probe``.
+The daemon's cached, trio-run probe is ``ktd.daemon.engine.probe``.
 """
 
 from __future__ import annotations

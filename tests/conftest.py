@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 import tests.hypo  # noqa: F401  (the hypothesis profiles: registered before collection)
-from ktd.daemon import proctree
+from ktd.daemon.engine import proctree
 
 REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "ktd" / "sim" / "shim"
@@ -78,7 +78,7 @@ def engine_auth(port: int | None) -> dict[str, str]:
     """``Authorization`` for the engine of this test run listening on ``port``: every engine
     answers 401 without its key (issue 32), which is in the 0600 file its command line
     names (``--config``; the tests run as ktd's own user)."""
-    from ktd.daemon.enginekey import auth_headers, key_of_argv
+    from ktd.daemon.engine.key import auth_headers, key_of_argv
 
     for _pid, cmd in marked_processes(shared=True):
         if "--port" in cmd[:-1] and cmd[cmd.index("--port") + 1] == str(port):
@@ -474,7 +474,7 @@ class DaemonProc:
         (with ``pid``, if given): what a test must see before it kills the daemon and
         expects the next one to adopt the engine. (The record is written a moment after the
         state changes; a fixed sleep before ``kill -9`` was a guess at that moment.)"""
-        from ktd.daemon import statefile
+        from ktd.daemon.pool import statefile
 
         path = Path(self.env["KTD_STATE_DIR"]) / "engines.json"
 

@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 
 from ktd.core.command import ENGINE_MARK
-from ktd.daemon import proctree
+from ktd.daemon.engine import proctree
 from tests.conftest import (
     MARK,
     REPO,

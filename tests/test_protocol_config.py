@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ktd import protocol as p
 from ktd.control.errors import ControlError
-from ktd.daemon.configdesk import ConfigDesk
+from ktd.daemon.config.desk import ConfigDesk
 from ktd.protocol_config import plan_refusal
 
 

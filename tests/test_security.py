@@ -92,7 +92,7 @@ def test_another_user_cannot_use_an_engine(write_config: ConfigWriter, daemon_fa
     """Issue 32: uid 65534 got 200 from an engine's port and could generate past every
     limit. Now the engine wants its key, which that user can read nowhere: not in the
     file (0600 in a 0700 dir), not on the command line."""
-    from ktd.daemon.enginekey import key_of_argv
+    from ktd.daemon.engine.key import key_of_argv
 
     d = daemon_factory(write_config([sim_model("own-kt")]))
     with d.client(timeout=60) as c:

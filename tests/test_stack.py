@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from ktd.daemon import proctree
+from ktd.daemon.engine import proctree
 from tests.conftest import MARK, RUN_ID, SHARED, marked_processes, sim_model
 from tests.stack import Stack, StackFactory
 

@@ -36,7 +36,7 @@ log = logging.getLogger("ktd.pulls")
 
 Resolver = Callable[[str], list[PullSpec]]
 #: Told of each job that finished (``done``), with every job: the catalog side writes the
-#: models.json entry of a name whose jobs are all done (``ktd.daemon.pullentry``).
+#: models.json entry of a name whose jobs are all done (``ktd.daemon.catalog.entry``).
 Finished = Callable[[Job, Mapping[Key, Job]], Awaitable[None]]
 Publish = Callable[[str, p.Event], None]
 Offload = Callable[..., Awaitable[Any]]

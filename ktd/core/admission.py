@@ -6,7 +6,7 @@ that count across engines, and holds back the requests that arrived after a swap
 began (*yielding*). The frontend's ``Desk`` admits its own requests onto the
 standing claims it holds, asks for a claim when it has none, and decides what a
 recall, a request's end or a lost daemon means. Both are fed events and the clock
-and answer with actions; ``ktd.daemon.gate`` and ``ktd.frontend.broker`` carry them out.
+and answer with actions; ``ktd.daemon.pool.gate`` and ``ktd.frontend.broker`` carry them out.
 
 The limits, with one meaning on both sides and in every situation, are ``ktd.core.limits``'s.
 

@@ -2,7 +2,7 @@
 
 A frontend holds one standing *claim* per engine it has traffic for, counts its
 own requests on it and reports them (``Sync``); the daemon grants claims, asks
-for them back (``Recall``) and believes the reports. ``ktd.daemon.claimtable`` has
+for them back (``Recall``) and believes the reports. ``ktd.daemon.pool.claimtable`` has
 the race analysis and carries these decisions out; this module decides:
 
 * what a report means for the claims the daemon holds (``reconcile``): which it

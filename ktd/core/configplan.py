@@ -12,7 +12,7 @@ load or a swap under way. What each engine does is the reload's own diff
 Everything here is a function of values: the running and the new config, the engines'
 views, and the facts the daemon gathered about each new or changed model (its SGLang's
 verdict on the flags, its paths, its memory fit and placement now:
-``ktd.daemon.configdesk``).
+``ktd.daemon.config.desk``).
 
 The rule for a change while a load or a swap is under way (``in_motion``): refuse it,
 naming the engine and what it is doing, when the change would restart, stop or put to

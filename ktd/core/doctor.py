@@ -243,7 +243,8 @@ def argv_check(spec: ModelSpec, topo: Topology, catalog: SGLangOptions | None) -
 
 
 def python_checks(probe: Mapping[str, Any]) -> list[Check]:
-    """Verdicts on the engine interpreter probe (:meth:`ktd.daemon.probe.ProbeResult.summary`).
+    """Verdicts on the engine interpreter probe
+    (:meth:`ktd.daemon.engine.probe.ProbeResult.summary`).
 
     ``probe`` = ``{"python", "sglang", "sglang_package", "kt_fork", "kt_flags",
     "kt_kernel", "kt_variant", "options_error", "error"}``: ``sglang`` is the real

@@ -4,7 +4,7 @@ one brings back.
 ``place_step`` reads a placement plan and the holders it names and answers one
 of: use the plan, evict these idle engines, wait for engines already leaving,
 wait for busy holders to go idle (they yield meanwhile: ``ktd.core.admission``'s
-cutoff), or refuse (busy, or impossible on this machine). ``ktd.daemon.placer``
+cutoff), or refuse (busy, or impossible on this machine). ``ktd.daemon.pool.placer``
 carries the answer out. A launch that stopped engines to make room and then
 failed before it was ready brings back those that still fit (``bring_back``):
 a crash of the new model must not leave the box serving nothing.

@@ -1,7 +1,7 @@
 """Admission on the daemon (pure; ``ktd.core.admission`` has the rules): one ``Gate`` per
 engine admits acquire leases and the frontends' claim requests, in one line ordered by
 arrival tickets that count across engines, and holds back the requests that arrived
-after a swap began (*yielding*). ``ktd.daemon.gate`` carries out its actions.
+after a swap began (*yielding*). ``ktd.daemon.pool.gate`` carries out its actions.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ __all__ = ["Answer", "EngineView", "Gate", "GateAction", "GateWaiter", "WaitEnd"
 
 
 class WaitEnd(StrEnum):
-    """How a wait ended (the daemon renders each as a reply, ``ktd.daemon.gate``)."""
+    """How a wait ended (the daemon renders each as a reply, ``ktd.daemon.pool.gate``)."""
 
     GRANTED = "granted"
     TIMEOUT = "timeout"

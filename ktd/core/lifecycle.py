@@ -1,9 +1,9 @@
 """One engine's lifecycle (pure): launch, readiness, hang, drain, stop, restart, sleep, wake.
 
-The engine's supervisor (``ktd.daemon.supervisor``) feeds this machine what it
+The engine's supervisor (``ktd.daemon.engine.supervisor``) feeds this machine what it
 observes (``Look``: the clock, what is wanted of the engine, who holds it, its
 health, its exit) and the results of the actions it carried out, and does the one
-action the machine answers, as ``ktd.daemon.kill`` does for ``ktd.core.stop``.
+action the machine answers, as ``ktd.daemon.engine.kill`` does for ``ktd.core.stop``.
 Every decision over time lives here: the readiness deadline, the hang kill, the
 drain and its one budget, the crash restart loop, and sleep.
 
@@ -491,18 +491,11 @@ class Lifecycle:
         self._move(S.ASLEEP)
         return None
 
-    def room(
-        self,
-        ok: bool,
-        why: str | None = None,
-        *,
-        code: str = ErrorCode.BUSY,
-        want: Want = Want.UP,
-    ) -> None:
-        """``MakeRoom``'s end: the wake may resume, or it cannot now (it stays asleep).
-        ``want``: what its users want now. A wake called off because it is wanted down
-        (a reload's restart, an evict) stays wanted down: it is stopped asleep next,
-        never settled back to asleep (the restart would wait for that stop for ever)."""
+    def room(self, ok: bool, why: str | None = None, *, code: str = ErrorCode.BUSY,
+             want: Want = Want.UP) -> None:  # fmt: skip
+        """``MakeRoom``'s end: the wake may resume, or it cannot now (it stays asleep). A
+        wake called off as wanted down (``want``: a restart, an evict) stays wanted down:
+        stopped asleep next, never settled back to asleep (a restart waited for ever)."""
         if self.state != S.WAKING:
             return
         if ok:

@@ -2,7 +2,7 @@
 
 Its inputs are one ``Look`` at a time under the ``Settings`` it decides with, and the
 reports of the actions it answered; each action names the report its driver
-(``ktd.daemon.supervisor``) gives back. Kept apart from the machine so that the
+(``ktd.daemon.engine.supervisor``) gives back. Kept apart from the machine so that the
 driver's side reads as a list; ``ktd.core.lifecycle`` re-exports every name.
 
 Sleep is SGLang's memory API (``docs/sglang.md``, "Sleep"): ``/release_memory_occupation``

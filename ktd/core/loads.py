@@ -2,7 +2,7 @@
 
 Read in one place because ktd decides on it three ways: a sleep's fence
 (``ktd.core.lifecycle``), a stop when routers send requests straight to the engine,
-and the idle TTL's last look (``ktd.daemon.sweeper``). What SGLang puts there, and
+and the idle TTL's last look (``ktd.daemon.pool.sweeper``). What SGLang puts there, and
 what it leaves out (``docs/sglang.md``, "Sleep"):
 
 * one entry per DP rank with ``num_running_reqs``, ``num_waiting_reqs`` and

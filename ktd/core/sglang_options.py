@@ -5,7 +5,7 @@ Why: upstream ``sglang`` and the kt fork ``sglang-kt`` differ in their
 ``argparse.ArgumentParser`` accepts any unique prefix (``--tp 2`` sets
 ``tp_size``, ``--kt-numa 0 1`` sets ``kt_numa_nodes``). ktd therefore builds
 argv from what the probe read out of the engine's interpreter
-(:mod:`ktd.daemon.probe`), keyed by ``dest``, and reads the user's ``extra_args``
+(:mod:`ktd.daemon.engine.probe`), keyed by ``dest``, and reads the user's ``extra_args``
 with argparse's own lookup rule (exact option string, then ``--flag=value``,
 then a unique prefix), so a user flag however abbreviated wins and is never
 doubled, and an unknown or ambiguous one is refused before a launch.

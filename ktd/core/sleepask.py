@@ -5,7 +5,7 @@ drain, SGLang's release and its resume (``ktd.core.lifecycle``); whether to slee
 or stop instead is ``ktd.core.sleepcost``'s. What is left to the request is three rules
 over what the engine says of itself (its sleep mode, its state, its desire, its reason):
 may it be asked, when is the wait over, and what does the end mean. They are here, apart
-from the waiting (``ktd.daemon.controls``), so each answer is tested without an engine.
+from the waiting (``ktd.daemon.pool.controls``), so each answer is tested without an engine.
 An answer that turns the request away is a ``Refusal``: the control API's error as data
 (the daemon raises it as ``ControlError``, with its stable code).
 """

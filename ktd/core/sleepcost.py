@@ -11,12 +11,12 @@ alternating, p95 5.6 s against a 4.9 s cold load).
 So, when the door turns out to be missing (the pause's 404), the engine is stopped
 instead of put to sleep if its sleep and its wake, as measured on this engine (this
 daemon's life), cost at least its reload, as measured by the load history
-(``ktd.daemon.loadhistory``). Until a no-door sleep or a wake has been measured its cost
+(``ktd.daemon.pool.loadhistory``). Until a no-door sleep or a wake has been measured its cost
 counts as the least it can be (``REPUBLISH``; no wake): the engine is stopped only when
 sleeping is sure to be slower, and sleeps otherwise (which measures it). The stop's own
 time is not counted: it is short, and an asleep engine is stopped in the end too.
 
-The driver (``ktd.daemon.supervisor``) keeps one ``Costs`` per engine, tells it when each
+The driver (``ktd.daemon.engine.supervisor``) keeps one ``Costs`` per engine, tells it when each
 measured step begins and ends, and asks it at the pause's 404 (``no_door``).
 """
 

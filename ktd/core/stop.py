@@ -11,7 +11,7 @@ whole grace after the server has exited would only keep the caller (an evict, a
 swap, a reload, ktd's own shutdown) waiting for processes that serve nothing.
 
 ``StopMachine`` is fed observations and the clock and answers one action at a
-time; ``ktd.daemon.kill`` carries the actions out on real processes.
+time; ``ktd.daemon.engine.kill`` carries the actions out on real processes.
 ``find_server`` says which process the server is. ``docs/stop.md`` has the
 table of phases, events and actions.
 """

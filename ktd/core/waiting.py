@@ -12,7 +12,7 @@ Positions are this frontend's line for the model, in arrival order: 1 is next. A
 key's ``priority`` may let a later request be served first (the desk's rule,
 ``ktd.core.admission``); the positions then close up as they always do, when one
 leaves. The ETA is an estimate, never a promise: a load's from the load history (the
-median of the model's last loads, ``ktd/daemon/loadhistory.py``) or, without one, from
+median of the model's last loads, ``ktd/daemon/pool/loadhistory.py``) or, without one, from
 the engine's own percentage; a wake's from the wakes this frontend saw; a place in the
 line from the time requests on the model held their slot (an average, per slot of
 ``max_concurrent``); prefill from the model's recent times to first token.

@@ -3,7 +3,7 @@
 The server (``ktd.daemon.server``) owns the socket: the pump, the frames, the replies that
 cannot be delivered, the frames that are no request. Which part of the daemon answers a
 request, and on whose behalf, is this module's: the engines' control operations
-(``ktd.daemon.controls``), the pool's leases and claims, the config desk, the catalog's
+(``ktd.daemon.pool.controls``), the pool's leases and claims, the config desk, the catalog's
 pulls and the daemon's own (reload, doctor, shutdown). Where to add a control request:
 its ``case`` here, in the area it belongs to. The seam is the request and its sender
 (``Peer``, from ``SO_PEERCRED``): nothing here knows the socket.
@@ -25,9 +25,9 @@ from ktd.catalog.pulls import Puller
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Peer
 from ktd.core import trust
-from ktd.daemon.configdesk import ConfigDesk, Who
-from ktd.daemon.controls import Controls
-from ktd.daemon.pool import Pool
+from ktd.daemon.config.desk import ConfigDesk, Who
+from ktd.daemon.pool.controls import Controls
+from ktd.daemon.pool.pool import Pool
 
 #: The uid of a sender the socket did not show: no one's (never ktd's owner, nor root).
 NOBODY = -1

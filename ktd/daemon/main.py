@@ -20,7 +20,7 @@ from typing import Any
 import trio
 import zmq
 
-from ktd import paths
+from ktd import paths, sdnotify
 from ktd.catalog.pulls import Puller
 from ktd.control.errors import ControlError
 from ktd.core import states as S
@@ -30,27 +30,20 @@ from ktd.core.configload import ConfigTexts
 from ktd.core.exits import signal_name
 from ktd.core.placecheck import check_placements
 from ktd.core.topology import Topology
-from ktd.daemon import (
-    configfiles,
-    gpuexperts,
-    offload,
-    proctree,
-    safedir,
-    sdnotify,
-    statefile,
-    statelock,
-    weights,
-)
-from ktd.daemon.catalogview import CatalogView, catalog_dir
-from ktd.daemon.configdesk import ConfigDesk, Who
-from ktd.daemon.confighistory import History
-from ktd.daemon.controls import Controls
+from ktd.daemon import offload, safedir, statelock
+from ktd.daemon.catalog.entry import PullEntries
+from ktd.daemon.catalog.resolver import CatalogPulls
+from ktd.daemon.catalog.view import CatalogView, catalog_dir
+from ktd.daemon.config import files as configfiles
+from ktd.daemon.config.desk import ConfigDesk, Who
+from ktd.daemon.config.history import History
 from ktd.daemon.doctor import daemon_report, dry_run_plan
+from ktd.daemon.engine import gpuexperts, proctree
 from ktd.daemon.inotify import DIR_CHANGES, FileWatch
-from ktd.daemon.machine import MachineReader
-from ktd.daemon.pool import Pool
-from ktd.daemon.pullcatalog import CatalogPulls
-from ktd.daemon.pullentry import PullEntries
+from ktd.daemon.pool import statefile, weights
+from ktd.daemon.pool.controls import Controls
+from ktd.daemon.pool.machine import MachineReader
+from ktd.daemon.pool.pool import Pool
 from ktd.daemon.server import ControlServer
 from ktd.gateway.sync import GatewaySync
 from ktd.gateway.sync import instance_id as gateway_instance
@@ -218,7 +211,7 @@ class Daemon:
 
     def install(self, new: Config) -> str:
         """Take the pool and the gateway to ``new`` (a reload, or an applied change): only
-        what changed restarts, when idle (``ktd.daemon.reloader``)."""
+        what changed restarts, when idle (``ktd.daemon.pool.reloader``)."""
         assert self.pool is not None
         summary = self.pool.apply_config(new)
         if self.gateway is not None:

@@ -21,9 +21,9 @@ from ktd import protocol as p
 from ktd.catalog.pulls import Puller
 from ktd.control.errors import ControlError
 from ktd.control.zmqtrio import Frames, Peer, TrioSocket
-from ktd.daemon.configdesk import ConfigDesk, Who
-from ktd.daemon.controls import Controls
+from ktd.daemon.config.desk import ConfigDesk, Who
 from ktd.daemon.dispatch import Dispatch, no_gateway
+from ktd.daemon.pool.controls import Controls
 from ktd.frameid import peek_id, skim_id
 
 log = logging.getLogger("ktd.server")

@@ -7,7 +7,7 @@ model's ``max_concurrent``/``max_queue`` itself; a request on a held claim with 
 free slot is routed with no message to anyone. Every decision (who goes next, when
 to ask for a claim, what a recall or a request's end means) is the pure
 ``ktd.core.admission.Desk``'s; this module feeds it and does what it answers. The
-protocol and its race analysis: ``docs/architecture.md`` and ``ktd.daemon.claimtable``.
+protocol and its race analysis: ``docs/architecture.md`` and ``ktd.daemon.pool.claimtable``.
 
 What crosses the control socket:
 

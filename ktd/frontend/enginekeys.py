@@ -1,6 +1,6 @@
 """The engines' API keys by URL, as the daemon tells them: what the engine hop sends.
 
-Why: every engine runs with a key of its own (``ktd.daemon.enginekey``) and answers
+Why: every engine runs with a key of its own (``ktd.daemon.engine.key``) and answers
 401 without it, so that no other local user reaches it past the frontend's keys and
 admission. A claim brings its engine's key (``ClaimReply.api_key``); the frontend's
 other engine calls (``/server_info``, ``/api/show``, the adapters' ``/v1/models``)

@@ -24,8 +24,7 @@ from pathlib import Path
 import trio
 
 from ktd import protocol as p
-from ktd.catalog.load import LoadedCatalog as Catalog
-from ktd.catalog.load import load
+from ktd.catalog.load import LoadedCatalog, load
 from ktd.control.errors import ControlError
 from ktd.core.config import CatalogSection
 
@@ -46,10 +45,10 @@ class NotPulled:
         self.section = section
         self.base = Path(config_dir) if config_dir else None
         self._request = request
-        self._catalog: Catalog | None = None
+        self._catalog: LoadedCatalog | None = None
         self._lock = trio.Lock()
 
-    async def catalog(self) -> Catalog:
+    async def catalog(self) -> LoadedCatalog:
         async with self._lock:
             if self._catalog is None:
                 files, base = list(self.section.files), self.base

@@ -49,8 +49,7 @@ from ktd import protocol as p
 from ktd.control.aclient import Unreachable
 from ktd.control.errors import ControlError
 from ktd.core import states as S
-from ktd.core.waiting import Board, EngineLook, Progress
-from ktd.core.waiting import WaitPhase as Phase
+from ktd.core.waiting import Board, EngineLook, Progress, WaitPhase
 from ktd.frontend.broker import ClaimBroker
 from ktd.frontend.metrics import Metrics
 
@@ -104,7 +103,7 @@ class Ticket:
     on_board: bool = False
     shown: tuple[object, ...] | None = None  # the progress key last sent
     poke_scope: trio.CancelScope | None = None  # the stream's wait, cut short on a change
-    phase: Phase | None = None  # the phase it is in (timed for the metrics)
+    phase: WaitPhase | None = None  # the phase it is in (timed for the metrics)
     phase_since: float = 0.0
     sent_at: float | None = None
     told: float = -math.inf  # when its stream was last sent an event
@@ -120,7 +119,7 @@ class Ticket:
         if self.on_board:
             self.waits.board.sent(self.rid, self.sent_at)
             self.waits.nudge()
-            self._enter(Phase.PREFILL, self.sent_at)
+            self._enter(WaitPhase.PREFILL, self.sent_at)
 
     def first_token(self) -> None:
         now = trio.current_time()
@@ -167,7 +166,7 @@ class Ticket:
         if self.poke_scope is not None:
             self.poke_scope.cancel()
 
-    def _enter(self, phase: Phase | None, now: float) -> None:
+    def _enter(self, phase: WaitPhase | None, now: float) -> None:
         if phase == self.phase:
             return
         if self.phase is not None:
@@ -234,7 +233,7 @@ class Waits:
         self.board = Board()
         self.tickets: dict[int, Ticket] = {}  # rid -> on the board
         self.looks: dict[str, EngineLook] = {}  # model -> its engine, while anything waits
-        self.timed: dict[int, dict[Phase, float]] = {}  # rid -> seconds per phase
+        self.timed: dict[int, dict[WaitPhase, float]] = {}  # rid -> seconds per phase
         self._rids = itertools.count(1)
         self._nudge = trio.Event()
 

@@ -39,7 +39,7 @@ class _Placement(Protocol):
 
 
 class EngineLike(Protocol):
-    """One engine of the pool (``ktd.daemon.engine.Engine``)."""
+    """One engine of the pool (``ktd.daemon.engine.engine.Engine``)."""
 
     @property
     def alias(self) -> str: ...
@@ -68,7 +68,7 @@ class EngineLike(Protocol):
 
 
 class PoolLike(Protocol):
-    """The daemon's engine pool (``ktd.daemon.pool.Pool``)."""
+    """The daemon's engine pool (``ktd.daemon.pool.pool.Pool``)."""
 
     @property
     def engines(self) -> Mapping[str, EngineLike]: ...

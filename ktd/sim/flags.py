@@ -4,7 +4,7 @@ Why data instead of a hand-written parser: a lenient stand-in hid real
 failures (upstream ``sglang`` exits 2 on ``--kt-numa-nodes``; both packages
 read ``--tp 2`` as ``--tp-size 2``). ``options/*.json`` are what
 ``ServerArgs.add_cli_args`` declares in upstream ``sglang`` 0.5.23 and in the
-kt fork ``sglang-kt`` 0.7.2, dumped by ktd's own probe (``ktd.daemon.probe.PROBE_CODE``)
+kt fork ``sglang-kt`` 0.7.2, dumped by ktd's own probe (``ktd.daemon.engine.probe.PROBE_CODE``)
 from the installed packages (``tests/real/install.py`` makes the venvs). The
 parser built here is a plain ``argparse.ArgumentParser`` like SGLang's:
 unknown flags and bad choices exit 2, unique prefixes are accepted.

@@ -10,9 +10,9 @@ import msgspec
 
 from ktd.core import fit
 from ktd.core.config import ModelSpec
-from ktd.daemon import weights
+from ktd.daemon.pool import weights
 from ktd.topology import read_topology
-from tests.daemon.test_preflight import GIB, safetensors, sparse
+from tests.daemon.engine.test_preflight import GIB, safetensors, sparse
 from tests.fixtures.topology import build_epyc, build_xeon
 
 DEEPSEEK_V3 = {

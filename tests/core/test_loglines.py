@@ -15,7 +15,7 @@ from ktd.core.loglines import (
     phase_of,
     split_probe_access,
 )
-from ktd.daemon.loadhistory import LoadHistory
+from ktd.daemon.pool.loadhistory import LoadHistory
 
 HEALTH = '[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /health?ktd=probe HTTP/1.1" 200 OK'
 MODELS = '[2026-12-01 10:00:00] INFO:     127.0.0.1:5 - "GET /v1/models?ktd=probe HTTP/1.1" 200'

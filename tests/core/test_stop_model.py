@@ -1,5 +1,5 @@
 """A model-based test of ``ktd.core.stop.StopMachine``: a simulated process tree and a
-fake clock, driven the way ``ktd.daemon.kill`` drives the machine.
+fake clock, driven the way ``ktd.daemon.engine.kill`` drives the machine.
 
 The tree: SGLang's server, maybe under a wrapper shell that does not ``exec`` (it
 exits when the server does, and dies of SIGTERM), and children of the server, each

@@ -36,12 +36,12 @@ from ktd.core import states as S
 from ktd.core.command import ENGINE_MARK
 from ktd.core.config import Config, ConfigFile, DaemonSection, ModelSpec
 from ktd.core.exits import Outcome
-from ktd.daemon import proctree
-from ktd.daemon.engine import Engine
-from ktd.daemon.launcher import FollowLog, placed
-from ktd.daemon.persist import FixedPlacement
-from ktd.daemon.pool import Pool
-from ktd.daemon.running import Running
+from ktd.daemon.engine import proctree
+from ktd.daemon.engine.engine import Engine
+from ktd.daemon.engine.launcher import FollowLog, placed
+from ktd.daemon.engine.running import Running
+from ktd.daemon.pool.persist import FixedPlacement
+from ktd.daemon.pool.pool import Pool
 from tests.daemon.inprocess import inline
 from tests.fixtures.specs import kt_spec
 from tests.fixtures.topology import ONE_NODE
@@ -285,6 +285,43 @@ class StandIn:
         return await _stand_in(w, e.alias, self._port, digest=e.spec.launch_digest())
 
 
+def _dying(proc: trio.Process) -> bool:
+    """A stand-in (``sleep``, always asleep in the kernel while it lives) that was
+    signalled and is not reaped yet: a signal pending, on its way out, or a zombie."""
+    if proc.returncode is not None:
+        return False
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+    except OSError:
+        return False
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    state = fields.get("State", "").split()[:1]
+    pending = any(int(fields.get(k, "0").strip() or "0", 16) for k in ("SigPnd", "ShdPnd"))
+    return pending or state != ["S"]
+
+
+#: Real seconds of idleness before the virtual clock jumps while a stand-in dies (a
+#: bound, not a wait: the exit's event ends it; a process that never dies costs this).
+DYING = 0.25
+
+
+class _RealWaits(trio.abc.Instrument):
+    """No virtual time passes while a stand-in process dies. The pool waits for a real
+    exit (a pidfd, a reap); on an autojumping clock with nothing else runnable, every
+    periodic deadline (health checks, polls) would be jumped through meanwhile, hundreds
+    of virtual seconds in a real millisecond, and a request's bound met by no fault of
+    the pool's (a test failed 4 runs in 10 so). While one dies the clock jumps only
+    after ``DYING`` real seconds with nothing to run: the exit comes first."""
+
+    def __init__(self, procs: list[trio.Process]) -> None:
+        self.procs = procs
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        clock = trio.lowlevel.current_clock()
+        if isinstance(clock, trio.testing.MockClock) and clock.rate == 0:
+            clock.autojump_threshold = DYING if any(map(_dying, self.procs)) else 0.0
+
+
 @asynccontextmanager
 async def world(
     tmp: Path,
@@ -332,6 +369,8 @@ async def world(
         raise httpx.ConnectError("connection refused", request=request)
 
     w.pool.http = httpx.AsyncClient(transport=httpx.MockTransport(route))
+    guard = _RealWaits(w.procs)
+    trio.lowlevel.add_instrument(guard)
     try:
         async with trio.open_nursery() as n:
             await n.start(w.pool.run)
@@ -341,6 +380,7 @@ async def world(
             await w.pool.stop_all(force=True)
             n.cancel_scope.cancel()
     finally:
+        trio.lowlevel.remove_instrument(guard)
         for proc in w.procs:
             if proc.returncode is None:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -16,10 +16,10 @@ from ktd import protocol as p
 from ktd.control.errors import ControlError
 from ktd.core import states as S
 from ktd.core.config import DaemonSection
-from ktd.daemon.claimtable import ClaimTable
-from ktd.daemon.engine import Engine
-from ktd.daemon.gate import Gatekeeper
-from ktd.daemon.sweeper import Sweeper
+from ktd.daemon.engine.engine import Engine
+from ktd.daemon.pool.claimtable import ClaimTable
+from ktd.daemon.pool.gate import Gatekeeper
+from ktd.daemon.pool.sweeper import Sweeper
 from tests.fixtures.specs import kt_spec
 
 T = TypeVar("T")

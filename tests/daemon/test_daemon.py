@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from ktd.core.command import ENGINE_MARK
-from ktd.daemon import proctree
+from ktd.daemon.engine import proctree
 from tests.conftest import (
     MARK,
     REPO,

@@ -70,7 +70,7 @@ async def test_an_engine_being_adopted_is_running_before_its_supervisor_runs(
     on). Shown as adopting at once; a request rides the adoption rather than launching
     a second engine; an evict then is what the supervisor finds; one the previous
     daemon was draining stays on its way down."""
-    from ktd.daemon.running import Running
+    from ktd.daemon.engine.running import Running
 
     d = daemon()
     e = d.engine("m")

@@ -21,8 +21,8 @@ from ktd import protocol as p
 from ktd import protocol_schema
 from ktd.control.aclient import AsyncClient
 from ktd.control.errors import ControlError
-from ktd.daemon.configdesk import Who
-from ktd.daemon.controls import Controls
+from ktd.daemon.config.desk import Who
+from ktd.daemon.pool.controls import Controls
 from ktd.daemon.server import ControlServer
 
 

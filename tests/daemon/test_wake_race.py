@@ -153,7 +153,8 @@ def _served_cold(
                             n.start_soon(reload, *restart)
                     while not resting():
                         await trio.sleep(1)
-                assert [o for o in outcomes if o[1] != "ok"] == [], outcomes
+                told = "; ".join(f"{e.alias} {e.log.last(30)}" for e in w.pool.engines.values())
+                assert [o for o in outcomes if o[1] != "ok"] == [], f"{outcomes}: {told}"
                 assert w.problems() == []
                 for e in w.pool.engines.values():
                     assert not e.gate.line, f"{e.alias}: {len(e.gate.line)} still waiting"

@@ -1,6 +1,6 @@
 """The claim protocol's races, with the real ``ktd serve``, ``ktd frontend`` and sim engines.
 
-Each test is one race of ``ktd.daemon.claimtable``'s analysis. Nothing depends on a
+Each test is one race of ``ktd.daemon.pool.claimtable``'s analysis. Nothing depends on a
 timing margin: a stream is held by its sim after its first token (``KTD_SIM_HOLD``)
 until the test opens the sim's gate, so it outlives the step that races it however
 slow the box, and every wait is for a state the test can see (a phase, a count in
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ktd.daemon import statefile
+from ktd.daemon.pool import statefile
 from tests.conftest import TLS, sim_model, wait_for
 
 CHAT: Any = [{"role": "user", "content": "hi"}]

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import openai
 
-from ktd.daemon.enginekey import key_of_argv
+from ktd.daemon.engine.key import key_of_argv
 from tests.conftest import ConfigWriter, marked_processes, sim_model, wait_for
 
 ALIAS = "key-kt"

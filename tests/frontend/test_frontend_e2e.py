@@ -19,7 +19,7 @@ import openai
 import pytest
 import trio
 
-from ktd.daemon import proctree
+from ktd.daemon.engine import proctree
 from tests.conftest import MARK, SHARED
 from tests.frontend.frontend_helpers import sim_entry
 from tests.stack import Stack, StackFactory

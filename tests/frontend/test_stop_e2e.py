@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from ktd.core.command import ENGINE_MARK
-from ktd.daemon import proctree
+from ktd.daemon.engine import proctree
 from tests.conftest import marked_processes, sim_model, wait_for
 
 TOKENS = 20

@@ -26,7 +26,7 @@ from ktd.core.config import ModelSpec
 from ktd.core.placement import plan
 from ktd.core.sglang_options import Option, SGLangOptions
 from ktd.core.topology import Topology
-from ktd.daemon.probe import ProbeResult
+from ktd.daemon.engine.probe import ProbeResult
 from ktd.topology import read_topology
 from tests.fixtures.topology import (
     FakeRun,
@@ -79,7 +79,7 @@ def topologies(tmp: Path) -> dict[str, Topology]:
 
 
 def live_catalog(python: str, env: dict[str, str]) -> tuple[ProbeResult, SGLangOptions]:
-    from ktd.daemon.probe import PROBE_CODE, parse_probe_output
+    from ktd.daemon.engine.probe import PROBE_CODE, parse_probe_output
 
     r = subprocess.run(
         [python, "-c", PROBE_CODE], env=env, capture_output=True, text=True, timeout=600

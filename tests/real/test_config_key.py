@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ktd.core.command import with_key_file
-from ktd.daemon.enginekey import KeyDir, new_key
+from ktd.daemon.engine.key import KeyDir, new_key
 from ktd.sim import cli
 from tests.real.test_argv_conformance import parse_all
 

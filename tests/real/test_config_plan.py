@@ -15,9 +15,9 @@ from typing import Any
 
 from ktd.core import configtext
 from ktd.core.configload import parse_config, read_config_texts
-from ktd.daemon.configdesk import ConfigDesk
-from ktd.daemon.confighistory import History
-from ktd.daemon.pool import Pool
+from ktd.daemon.config.desk import ConfigDesk
+from ktd.daemon.config.history import History
+from ktd.daemon.pool.pool import Pool
 from tests.real import engine_env
 
 

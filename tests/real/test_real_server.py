@@ -26,8 +26,8 @@ import httpx
 import openai
 import pytest
 
-from ktd.daemon import proctree
-from ktd.daemon.enginekey import admin_key_of_argv, key_of_argv
+from ktd.daemon.engine import proctree
+from ktd.daemon.engine.key import admin_key_of_argv, key_of_argv
 from tests.conftest import DaemonProc, marked_processes, wait_for
 from tests.real import engine_env
 from tests.real import sidebyside as sbs

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ktd.daemon.enginekey import admin_key_of_argv, key_of_argv
+from ktd.daemon.engine.key import admin_key_of_argv, key_of_argv
 from tests.conftest import DaemonProc
 from tests.real import engine_env
 

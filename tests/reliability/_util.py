@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ktd.core.command import ENGINE_MARK
-from ktd.daemon import proctree
+from ktd.daemon.engine import proctree
 from tests.conftest import FAST_DAEMON, marked_processes  # noqa: F401  (re-exported)
 from tests.hypo import budget
 

@@ -41,7 +41,8 @@ from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
-from ktd.daemon import proctree, statefile
+from ktd.daemon.engine import proctree
+from ktd.daemon.pool import statefile
 from tests.conftest import ConfigWriter, sim_model
 from tests.hypo import budget
 

@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 from ktd.core.command import ENGINE_MARK
-from ktd.daemon import proctree, statefile
+from ktd.daemon.engine import proctree
+from ktd.daemon.pool import statefile
 from tests.conftest import ConfigWriter, engine_auth, sim_model
 
 from ._util import (

@@ -23,7 +23,8 @@ import zmq
 
 from ktd import protocol as p
 from ktd.core.command import ENGINE_MARK
-from ktd.daemon import proctree, statefile
+from ktd.daemon.engine import proctree
+from ktd.daemon.pool import statefile
 from tests.conftest import ConfigWriter, engine_auth, sim_model
 
 from ._util import FAST_DAEMON, alive, engine_procs, session_of, wait_for

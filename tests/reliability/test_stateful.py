@@ -43,7 +43,7 @@ from hypothesis.stateful import (
 )
 
 from ktctl import Client, KtdError
-from ktd.daemon import proctree
+from ktd.daemon.engine import proctree
 from tests.conftest import ConfigWriter, sim_model
 
 from ._util import (
