@@ -75,7 +75,7 @@ class Flag:
 
 @dataclass(frozen=True)
 class Sizes:
-    """Bytes read from the model's safetensors headers (``ktd.daemon.pool.weights.weight_split``):
+    """Bytes read from the model's safetensors headers (``ktd.daemon.engine.weights.weight_split``):
     non-expert weights (``replicated`` of them kept whole by every TP rank), routed experts."""
 
     dense: int

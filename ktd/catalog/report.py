@@ -1,7 +1,7 @@
 """What ``ktctl catalog [NAME]`` shows: the catalog against this box and this disk. Pure
 but for reading ``catalog.dir`` (sizes of pulled files, the weights' NUMA count); the
 daemon runs it in its worker thread with the machine it already reads for placement,
-and injects the reader of safetensors headers (``ktd.daemon.pool.weights``), which this
+and injects the reader of safetensors headers (``ktd.daemon.engine.weights``), which this
 room does not import.
 """
 

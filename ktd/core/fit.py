@@ -4,7 +4,7 @@ kt-kernel holds every expert in host RAM whatever the GPU expert count
 (ktransformers #2084), and the commonest failed load is an out-of-memory one
 minutes in. So a load is refused, before anything is evicted, when the
 estimate does not fit. Pure: a function of the sizes read from disk
-(``ktd.daemon.pool.weights``), the model's ``config.json``, and free memory; evictions the
+(``ktd.daemon.engine.weights``), the model's ``config.json``, and free memory; evictions the
 plan would make count as freed.
 
 The estimate:

@@ -18,9 +18,8 @@ from ktd.core.command import (
     with_key_file,
 )
 from ktd.core.config import Config
-from ktd.daemon.engine import gpuexperts
+from ktd.daemon.engine import gpuexperts, weights
 from ktd.daemon.engine.probe import ProbeResult
-from ktd.daemon.pool import weights
 
 if TYPE_CHECKING:
     from ktd.daemon.pool.pool import Pool

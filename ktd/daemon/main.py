@@ -38,9 +38,9 @@ from ktd.daemon.config import files as configfiles
 from ktd.daemon.config.desk import ConfigDesk, Who
 from ktd.daemon.config.history import History
 from ktd.daemon.doctor import daemon_report, dry_run_plan
-from ktd.daemon.engine import gpuexperts, proctree
+from ktd.daemon.engine import gpuexperts, proctree, weights
 from ktd.daemon.inotify import DIR_CHANGES, FileWatch
-from ktd.daemon.pool import statefile, weights
+from ktd.daemon.pool import statefile
 from ktd.daemon.pool.controls import Controls
 from ktd.daemon.pool.machine import MachineReader
 from ktd.daemon.pool.pool import Pool

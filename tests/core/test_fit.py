@@ -10,7 +10,7 @@ import msgspec
 
 from ktd.core import fit
 from ktd.core.config import ModelSpec
-from ktd.daemon.pool import weights
+from ktd.daemon.engine import weights
 from ktd.topology import read_topology
 from tests.daemon.engine.test_preflight import GIB, safetensors, sparse
 from tests.fixtures.topology import build_epyc, build_xeon

@@ -33,7 +33,7 @@ from ktd.core.configload import ConfigTexts
 from ktd.core.pulljob import LIVE, Job, JobState, Key
 from ktd.daemon.catalog.resolver import CatalogPulls, Resolution
 from ktd.daemon.config.desk import ConfigDesk, Who
-from ktd.daemon.pool import weights
+from ktd.daemon.engine import weights
 
 __all__ = ["PullEntries", "build_entry"]
 

@@ -27,7 +27,7 @@ from ktd.control.errors import ControlError
 from ktd.core.config import Config
 from ktd.core.topology import Topology
 from ktd.daemon.catalog.view import catalog_dir
-from ktd.daemon.pool import weights
+from ktd.daemon.engine import weights
 
 __all__ = ["CatalogPulls", "Resolution"]
 

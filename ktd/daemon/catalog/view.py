@@ -24,7 +24,7 @@ from ktd.catalog.load import load
 from ktd.catalog.report import Configured, UnknownName, build
 from ktd.control.errors import ControlError
 from ktd.core.config import BACKEND_KT, Config
-from ktd.daemon.pool import weights
+from ktd.daemon.engine import weights
 
 __all__ = ["CatalogView", "catalog_dir"]
 

@@ -2,8 +2,8 @@
 verdict on the flags (the real argparse's options, through the probe), its paths, where
 it would be placed and whether it would fit now; and which engines are in motion.
 
-Split from ``configdesk`` (which carries a change out); ``ktd.core.configplan`` decides
-with what is gathered here.
+Split from the desk (``ktd.daemon.config.desk``, which carries a change out);
+``ktd.core.configplan`` decides with what is gathered here.
 """
 
 from __future__ import annotations

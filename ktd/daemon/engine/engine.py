@@ -31,13 +31,12 @@ from ktd.core.reload import Existing
 from ktd.core.restart import RestartBudget, retry_delay
 from ktd.core.sglang_options import SGLangOptions
 from ktd.core.states import Phase, State, Step
-from ktd.daemon.engine import gpuexperts, health
+from ktd.daemon.engine import gpuexperts, health, weights
 from ktd.daemon.engine.key import KeyDir
 from ktd.daemon.engine.log import EngineLog
 from ktd.daemon.engine.probe import Prober
 from ktd.daemon.engine.running import Running as Running  # re-exported: pool modules import it here
 from ktd.daemon.offload import Offload
-from ktd.daemon.pool import weights
 from ktd.protocol import EngineInfo
 
 

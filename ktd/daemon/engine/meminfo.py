@@ -17,7 +17,7 @@ from ktd.core.topology import (
     parse_numa_maps,
 )
 from ktd.daemon.engine.proctree import PROC
-from ktd.daemon.pool.weights import nvidia_smi_cmd
+from ktd.daemon.engine.weights import nvidia_smi_cmd
 
 __all__ = ["gpu_use", "host_use"]
 

@@ -23,12 +23,11 @@ from ktd.core import lifecycle as L
 from ktd.core import states as S
 from ktd.core.exits import Outcome, classify_exit
 from ktd.core.states import Phase, Step
-from ktd.daemon.engine import health, kill, meminfo, memory
+from ktd.daemon.engine import health, kill, meminfo, memory, weights
 from ktd.daemon.engine.engine import Engine, Running
 from ktd.daemon.engine.key import KeyDir
 from ktd.daemon.engine.launcher import Launcher
 from ktd.daemon.inotify import FileWatch
-from ktd.daemon.pool import weights
 
 log = logging.getLogger("ktd.engine")
 

@@ -16,7 +16,7 @@ import trio
 
 from ktd import protocol as p
 from ktd.core.topology import Topology
-from ktd.daemon.pool import weights
+from ktd.daemon.engine import weights
 from ktd.daemon.pool.pool import Pool
 
 _KIB = 1024

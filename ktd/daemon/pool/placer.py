@@ -24,10 +24,10 @@ from ktd.core.placement import Holding, Plan
 from ktd.core.sglang_options import SGLangOptions
 from ktd.core.states import Phase, Step, making_room
 from ktd.core.topology import Topology
+from ktd.daemon.engine import weights
 from ktd.daemon.engine.engine import Busy, Engine, PlacementLike, Unplaceable
 from ktd.daemon.engine.preflight import Refused
 from ktd.daemon.offload import Offload, to_thread
-from ktd.daemon.pool import weights
 
 log = logging.getLogger("ktd")
 
