@@ -37,6 +37,7 @@ from ktctl import (
 )
 from ktctl.argtable import Subcommand, add_subcommands, arg, number
 from ktctl.client import Client, DaemonUnreachable, KtctlError, KtdError
+from ktctl.connection import UsageError
 from ktctl.progress import ProgressLine as _ProgressLine
 from ktd import __version__
 from ktd import protocol as p
@@ -564,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KtdError as exc:
         report_error(args, exc.code, exc.message, exc.detail)
         return exit_code(exc)
-    except configargs.UsageError as exc:
+    except UsageError as exc:
         report_error(args, exc.code, str(exc))
         return EXIT_USAGE
     except KtctlError as exc:

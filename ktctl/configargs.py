@@ -7,15 +7,8 @@ from __future__ import annotations
 import argparse
 
 from ktctl.argtable import Arg, Subcommand, arg, number
-from ktctl.client import Client, KtctlError
+from ktctl.client import Client
 from ktd.core import modelfields
-
-
-class UsageError(KtctlError):
-    """A command line that cannot be carried out (exit 2, like argparse's)."""
-
-    code = "usage"
-
 
 #: ``ktctl config set --help``'s account of VALUE (README, "Changing it without editing
 #: JSON", says the same).

@@ -22,7 +22,7 @@ from typing import Any
 
 from ktctl import configview, render
 from ktctl.client import Client, KtdError
-from ktctl.configargs import UsageError
+from ktctl.connection import UsageError
 from ktd import foreign
 from ktd import protocol as p
 from ktd.core import configtext, fieldops, modelfields

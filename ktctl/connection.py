@@ -47,6 +47,12 @@ class KtctlError(Exception):
     code = "error"
 
 
+class UsageError(KtctlError):
+    """A command line that cannot be carried out (exit 2, like argparse's)."""
+
+    code = "usage"
+
+
 class DaemonUnreachable(KtctlError):
     """ktd is not running, not listening on that socket, or did not answer in time."""
 

@@ -120,7 +120,7 @@ def cmd_pulls(client: Client, args: argparse.Namespace) -> int:
 def cmd_pull(client: Client, args: argparse.Namespace) -> int:
     name, repo = args.name or "", args.repo or ""
     if bool(name) == bool(repo):
-        from ktctl.configargs import UsageError
+        from ktctl.connection import UsageError
 
         raise UsageError("pull needs a NAME or --repo ORG/NAME[@REV] (one of them)")
     as_json = bool(getattr(args, "json", False))

@@ -32,52 +32,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import trio
 
 from ktd import protocol as p
 from ktd.control.errors import ControlError
-from ktd.core import configplan, fit, secret, trust
+from ktd.core import configplan, secret, trust
 from ktd.core import states as S
-from ktd.core.config import Config, ConfigError, ModelSpec
+from ktd.core.config import Config, ConfigError
 from ktd.core.configload import ConfigTexts, models_file_of, parse_config
 from ktd.core.placecheck import check_placements
-from ktd.core.placement import Plan
-from ktd.core.sglang_options import SGLangOptions
-from ktd.core.topology import Topology
 from ktd.core.trust import Role
 from ktd.daemon.config import facts as configfacts
 from ktd.daemon.config import files as configfiles
+from ktd.daemon.config.facts import PoolView
 from ktd.daemon.config.files import FileChange, changed_files, file_changes, read_models, read_texts
 from ktd.daemon.config.history import History, Record, texts_version
-from ktd.daemon.engine.engine import Engine
-from ktd.daemon.engine.probe import ProbeResult
 from ktd.protocol_config import plan_refusal
 
 log = logging.getLogger("ktd")
-
-
-class PoolView(Protocol):
-    """What the desk asks of the pool (the pool's own operations for others)."""
-
-    engines: dict[str, Engine]
-
-    @property
-    def topology(self) -> Topology: ...
-
-    def plan(
-        self,
-        spec: ModelSpec,
-        *,
-        exclude: Engine | None = None,
-        catalog: SGLangOptions | None = None,
-    ) -> Plan: ...
-
-    async def fit(self, spec: ModelSpec, plan: Plan) -> tuple[fit.Estimate, fit.Fit]: ...
-
-    async def probe(self, spec: ModelSpec) -> ProbeResult: ...
 
 
 @dataclass(frozen=True)

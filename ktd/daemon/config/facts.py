@@ -9,19 +9,42 @@ Split from the desk (``ktd.daemon.config.desk``, which carries a change out);
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
+from ktd.core import fit
 from ktd.core.command import LaunchError
 from ktd.core.config import ModelSpec
 from ktd.core.configplan import Moving, SpecFacts
+from ktd.core.placement import Plan
+from ktd.core.sglang_options import SGLangOptions
+from ktd.core.topology import Topology
 from ktd.daemon.engine import preflight
 from ktd.daemon.engine.engine import Engine
-from ktd.daemon.engine.probe import missing_message
+from ktd.daemon.engine.probe import ProbeResult, missing_message
 
-if TYPE_CHECKING:
-    from ktd.daemon.config.desk import PoolView
+
+class PoolView(Protocol):
+    """What the desk and its facts ask of the pool (the pool's own operations for
+    others); here, where the facts are gathered, and the desk imports it."""
+
+    engines: dict[str, Engine]
+
+    @property
+    def topology(self) -> Topology: ...
+
+    def plan(
+        self,
+        spec: ModelSpec,
+        *,
+        exclude: Engine | None = None,
+        catalog: SGLangOptions | None = None,
+    ) -> Plan: ...
+
+    async def fit(self, spec: ModelSpec, plan: Plan) -> tuple[fit.Estimate, fit.Fit]: ...
+
+    async def probe(self, spec: ModelSpec) -> ProbeResult: ...
 
 
 def moving(engines: Mapping[str, Engine]) -> list[Moving]:

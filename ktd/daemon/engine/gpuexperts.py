@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -27,8 +27,18 @@ from ktd.core.exits import Outcome
 from ktd.core.verdict import Check
 from ktd.protocol import EngineInfo
 
-if TYPE_CHECKING:
-    from ktd.daemon.engine.engine import Engine
+
+class ExpertsEngine(Protocol):
+    """What the keeper reads of an engine (``ktd.daemon.engine.engine.Engine`` has it; the
+    record asks the keeper, so the keeper names only this)."""
+
+    @property
+    def alias(self) -> str: ...
+    @property
+    def spec(self) -> ModelSpec: ...
+    @property
+    def state(self) -> S.State: ...
+
 
 log = logging.getLogger("ktd.gpuexperts")
 
@@ -63,7 +73,7 @@ class ExpertsKeeper:
 
     # ------------------------------------------------------------ the supervisor's asks
 
-    def spec(self, engine: Engine) -> ModelSpec:
+    def spec(self, engine: ExpertsEngine) -> ModelSpec:
         """The spec this launch runs: the derived count replaced by a retry's or the
         kept one."""
         spec = engine.spec
@@ -73,7 +83,7 @@ class ExpertsKeeper:
             return spec
         return msgspec.structs.replace(spec, extra_args=G.with_count(spec.extra_args, count))
 
-    def outcome(self, engine: Engine, out: Outcome, tail: list[str]) -> Outcome:
+    def outcome(self, engine: ExpertsEngine, out: Outcome, tail: list[str]) -> Outcome:
         """An exit before ready: out of GPU memory with a derived count is retried once
         with fewer (``fewer_experts``, which the lifecycle launches again at once)."""
         if out.kind != "failed":
@@ -86,7 +96,7 @@ class ExpertsKeeper:
 
     # ------------------------------------------------------------ a pool observer
 
-    def engine_changed(self, engine: Engine) -> None:
+    def engine_changed(self, engine: ExpertsEngine) -> None:
         if engine.state == S.READY:
             kept = self.machine.ready(engine.alias, _derived(engine.spec))
             if kept is not None:
@@ -98,7 +108,7 @@ class ExpertsKeeper:
         elif engine.state in (S.STOPPED, S.FAILED):
             self.machine.ended(engine.alias)
 
-    async def before_drain(self, engine: Engine) -> bool:
+    async def before_drain(self, engine: ExpertsEngine) -> bool:
         return True
 
     @property
