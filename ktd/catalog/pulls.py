@@ -365,10 +365,15 @@ class Puller:
         )
         return (got[-1] if got and not kind else None), kind, message
 
-    async def _check(self, plan: PullPlan) -> list[str]:
+    async def _blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Blocking work (the catalog files, the box, the rate file) through the offload
+        when there is one, never on the event loop's thread."""
         if self._offload is None:
-            return self._fit(plan)
-        result: list[str] = await self._offload(self._fit, plan)
+            return fn(*args)
+        return await self._offload(fn, *args)
+
+    async def _check(self, plan: PullPlan) -> list[str]:
+        result: list[str] = await self._blocking(self._fit, plan)
         return result
 
     async def _worker(self, key: Key, phase: str, force: bool) -> None:
@@ -399,14 +404,14 @@ class Puller:
         self._act(machine.exited(key, kind, message, now))
         job = machine.jobs.get(key)
         if job is not None and job.state is JobState.DONE:
-            self._measured(job.done - before, now - began)
+            await self._measured(job.done - before, now - began)
             if self._finished is not None:
                 await self._finished(job, dict(machine.jobs))
 
-    def _measured(self, fetched: int, seconds: float) -> None:
+    async def _measured(self, fetched: int, seconds: float) -> None:
         """A finished fetch's bytes over its time: this box's pull rate (``pullrate``)."""
         try:
-            pullrate.record(self.rate_path, fetched, seconds)
+            await self._blocking(pullrate.record, self.rate_path, fetched, seconds)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.rate_path, exc)
 
