@@ -14,12 +14,18 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
-def default_config_path(env: Mapping[str, str] = os.environ) -> Path:
-    if env.get("KTD_CONFIG"):
-        return Path(env["KTD_CONFIG"])
+def _placed(env: Mapping[str, str], var: str, system: str, in_home: str) -> Path:
+    """A path ``$var`` overrides; else the system's place for root, or one under the
+    user's home (``~`` when ``$HOME`` is unset) for anyone else."""
+    if env.get(var):
+        return Path(env[var])
     if _is_root():
-        return Path("/etc/ktd/config.json")
-    return Path(env.get("HOME", "~")).expanduser() / ".config/ktd/config.json"
+        return Path(system)
+    return Path(env.get("HOME", "~")).expanduser() / in_home
+
+
+def default_config_path(env: Mapping[str, str] = os.environ) -> Path:
+    return _placed(env, "KTD_CONFIG", "/etc/ktd/config.json", ".config/ktd/config.json")
 
 
 def runtime_dir(env: Mapping[str, str] = os.environ) -> Path:
@@ -34,11 +40,7 @@ def runtime_dir(env: Mapping[str, str] = os.environ) -> Path:
 
 
 def state_dir(env: Mapping[str, str] = os.environ) -> Path:
-    if env.get("KTD_STATE_DIR"):
-        return Path(env["KTD_STATE_DIR"])
-    if _is_root():
-        return Path("/var/lib/ktd")
-    return Path(env.get("HOME", "~")).expanduser() / ".local/state/ktd"
+    return _placed(env, "KTD_STATE_DIR", "/var/lib/ktd", ".local/state/ktd")
 
 
 def control_path(env: Mapping[str, str] = os.environ) -> Path:
