@@ -13,6 +13,28 @@ import msgspec
 from ktd import foreign
 
 
+def _family(first: int, kind: str, widths: tuple[int, ...]) -> dict[int, tuple[str, int]]:
+    """One kind's header bytes: msgpack numbers a kind's widths with consecutive bytes."""
+    return {first + i: (kind, width) for i, width in enumerate(widths)}
+
+
+#: The msgpack header bytes whose size is not in the byte itself: ``("fixed", n)`` is
+#: followed by n bytes of value; any other kind by its length in the next ``width``
+#: bytes (big-endian), then that many bytes (``str``, ``skip`` for bin, ``ext`` after a
+#: type byte) or items (``array``, ``map``).
+_HEADERS: dict[int, tuple[str, int]] = {
+    **_family(0xCC, "fixed", (1, 2, 4, 8)),  # uint 8 .. 64
+    **_family(0xD0, "fixed", (1, 2, 4, 8)),  # int 8 .. 64
+    **_family(0xCA, "fixed", (4, 8)),  # float 32, 64
+    **_family(0xD4, "fixed", (2, 3, 5, 9, 17)),  # fixext 1 .. 16, after a type byte
+    **_family(0xD9, "str", (1, 2, 4)),
+    **_family(0xC4, "skip", (1, 2, 4)),  # bin
+    **_family(0xC7, "ext", (1, 2, 4)),
+    **_family(0xDC, "array", (2, 4)),
+    **_family(0xDE, "map", (2, 4)),
+}
+
+
 def _valid_id(rid: object) -> int | None:
     if isinstance(rid, int) and not isinstance(rid, bool) and -(2**63) <= rid < 2**64:
         return rid
@@ -61,47 +83,16 @@ class _Skimmer:
             return "array", b & 0x0F
         if 0xA0 <= b <= 0xBF:
             return "str", b & 0x1F
-        fixed = {
-            0xCC: 1,
-            0xCD: 2,
-            0xCE: 4,
-            0xCF: 8,
-            0xD0: 1,
-            0xD1: 2,
-            0xD2: 4,
-            0xD3: 8,
-            0xCA: 4,
-            0xCB: 8,
-            0xD4: 2,
-            0xD5: 3,
-            0xD6: 5,
-            0xD7: 9,
-            0xD8: 17,
-        }
-        if b in fixed:
-            return "skip", fixed[b]
-        sized = {
-            0xD9: ("str", 1),
-            0xDA: ("str", 2),
-            0xDB: ("str", 4),
-            0xC4: ("skip", 1),
-            0xC5: ("skip", 2),
-            0xC6: ("skip", 4),
-            0xC7: ("ext", 1),
-            0xC8: ("ext", 2),
-            0xC9: ("ext", 4),
-            0xDC: ("array", 2),
-            0xDD: ("array", 4),
-            0xDE: ("map", 2),
-            0xDF: ("map", 4),
-        }
-        if b in sized:
-            kind, width = sized[b]
-            n = self._uint(width)
-            if kind == "ext":
-                return "skip", n + 1
-            return kind, n
-        raise ValueError(f"bad msgpack byte {b:#x}")
+        head = _HEADERS.get(b)
+        if head is None:
+            raise ValueError(f"bad msgpack byte {b:#x}")
+        kind, width = head
+        if kind == "fixed":
+            return "skip", width
+        n = self._uint(width)
+        if kind == "ext":
+            return "skip", n + 1
+        return kind, n
 
     def _skip(self) -> None:
         self.budget -= 1
