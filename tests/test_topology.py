@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ktd.catalog.report import box
 from ktd.core.topology import (
     Gpu,
     NumaNode,
@@ -324,6 +325,16 @@ def test_to_dict(tmp_path: Path) -> None:
     assert d["nodes"][0]["cpus"] == "0-7,16-23"
     assert d["nodes"][0]["physical_cores"] == 8
     assert d["gpus"][1]["index"] == 1
+
+
+def test_cpu_dict_opens_the_doctors_summary_and_the_catalogs_box(tmp_path: Path) -> None:
+    topo = read_topology(build_xeon(tmp_path), run=FakeRun(smi_csv(TWO_H100)))
+    cpu = topo.cpu_dict()
+    assert list(cpu) == ["cpu_model", "isa", "isa_extras", "kt_variant"]
+    assert cpu["isa"] == "amx" and cpu["kt_variant"] == "amx"
+    assert cpu["isa_extras"] == list(topo.isa_extras())
+    for whole in (topo.to_dict(), box(topo)):
+        assert list(whole)[:4] == list(cpu) and {k: whole[k] for k in cpu} == cpu
 
 
 # ---------------------------------------------------------------- this machine

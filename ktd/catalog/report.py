@@ -32,10 +32,7 @@ class UnknownName(LookupError):
 def box(topo: Topology) -> dict[str, Any]:
     """The box as the catalog judges it."""
     return {
-        "cpu_model": topo.cpu_model,
-        "isa": topo.isa(),
-        "isa_extras": list(topo.isa_extras()),
-        "kt_variant": topo.kt_variant(),
+        **topo.cpu_dict(),
         "numa_nodes": len(topo.nodes),
         "physical_cores": len(topo.physical_cores(topo.cpus)),
         "ram_bytes": host_ram(topo),

@@ -164,13 +164,21 @@ class Topology:
                 return name
         return None
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary for ``ktctl doctor --json`` (flags reduced to the relevant ones)."""
+    def cpu_dict(self) -> dict[str, Any]:
+        """The CPU as kt-kernel judges it: its model, the matrix ISA, the AVX-512 extras
+        and the build it would load (doctor's summary and the catalog's box both open
+        with it)."""
         return {
             "cpu_model": self.cpu_model,
             "isa": self.isa(),
             "isa_extras": list(self.isa_extras()),
             "kt_variant": self.kt_variant(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary for ``ktctl doctor --json`` (flags reduced to the relevant ones)."""
+        return {
+            **self.cpu_dict(),
             "packages": len(self.packages),
             "cpus": len(self.cpus),
             "physical_cores": len(self.physical_cores(self.cpus)),
