@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ktd.core.action import MachineAction
 from ktd.core.limits import QueueLimits
 
 __all__ = [
@@ -124,23 +125,20 @@ class Ask:
     done: bool = False  # answered (granted or refused) or gone
 
 
-@dataclass(frozen=True)
-class Grant:
+class Grant(MachineAction):
     rid: int
     held: Held
     key: str = ""  # the request's key: its end is ``ended(held, now, key)``
 
 
-@dataclass(frozen=True)
-class Refuse:
+class Refuse(MachineAction):
     """``reason`` is the desk's own (``queue_full``, ``timeout``) or the daemon's error."""
 
     rid: int
     reason: object
 
 
-@dataclass(frozen=True)
-class Fetch:
+class Fetch(MachineAction):
     """Send one ``Claim`` for ``model`` on the first waiter's terms."""
 
     model: str
@@ -149,15 +147,13 @@ class Fetch:
     asked: tuple[int, ...]  # the requests it answers if it times out
 
 
-@dataclass(frozen=True)
-class GiveBack:
+class GiveBack(MachineAction):
     """Send ``Return`` for the claim (no longer routed here)."""
 
     claim: str
 
 
-@dataclass(frozen=True)
-class Tell:
+class Tell(MachineAction):
     """Something the daemon should hear soon: a claim turned busy or idle, the queue."""
 
 

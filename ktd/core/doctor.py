@@ -31,7 +31,7 @@ from ktd.core.placement import plan
 from ktd.core.sglang_options import SGLangOptions
 from ktd.core.topology import Topology
 from ktd.core.userflags import user_flags
-from ktd.core.verdict import Check
+from ktd.core.verdict import Check, Verdicts
 
 __all__ = ["collect", "model_checks", "python_checks", "report"]
 
@@ -74,87 +74,72 @@ def model_checks(
 
 
 def _path_check(spec: ModelSpec, exists: Callable[[str], bool]) -> Check:
-    a = spec.alias
+    v = Verdicts(f"{spec.alias}.model_path")
     if not spec.path:
-        return Check(f"{a}.model_path", "fail", "model_path is not set", "set model_path")
+        return v.fail("model_path is not set", "set model_path")
     if exists(spec.path):
-        return Check(f"{a}.model_path", "ok", spec.path)
-    return Check(
-        f"{a}.model_path",
-        "fail",
-        f"model_path {spec.path} does not exist",
-        f"fix the path in {spec.source}",
-    )
+        return v.ok(spec.path)
+    return v.fail(f"model_path {spec.path} does not exist", f"fix the path in {spec.source}")
 
 
 def _weight_check(
     spec: ModelSpec, uf: Mapping[str, tuple[str, ...]], exists: Callable[[str], bool]
 ) -> Check:
-    a = spec.alias
+    v = Verdicts(f"{spec.alias}.kt_weight_path")
     weight = spec.kt_weight_path
     weight_src = "kt_weight_path"
     if weight is None and uf.get("--kt-weight-path"):
         weight = uf["--kt-weight-path"][0]
         weight_src = "--kt-weight-path in extra_args"
     if weight is None:
-        return Check(
-            f"{a}.kt_weight_path",
-            "warn",
+        return v.warn(
             "kt_weight_path is not set: no --kt-weight-path, so kt-kernel is off and "
             "SGLang tries to hold every expert on the GPU",
             "set kt_weight_path to the converted (CPU) expert weights",
         )
     if exists(weight):
-        return Check(f"{a}.kt_weight_path", "ok", f"{weight} ({weight_src})")
-    return Check(
-        f"{a}.kt_weight_path",
-        "fail",
+        return v.ok(f"{weight} ({weight_src})")
+    return v.fail(
         f"{weight_src} {weight} does not exist",
         "convert the weights with kt-kernel's converter or fix the path",
     )
 
 
 def _gpu_experts_check(spec: ModelSpec, uf: Mapping[str, tuple[str, ...]]) -> Check:
-    a = spec.alias
+    v = Verdicts(f"{spec.alias}.gpu_experts")
     if not any(f in uf for f in GPU_EXPERT_FLAGS):
-        return Check(
-            f"{a}.gpu_experts",
-            "warn",
+        return v.warn(
             "neither --kt-num-gpu-experts nor --kt-gpu-experts-ratio in extra_args: "
             "kt-kernel silently falls back to GPU-only and runs out of memory",
             "add e.g. '--kt-num-gpu-experts 0' (all experts on CPU) to extra_args",
         )
     given = ", ".join(f"{f} {' '.join(uf[f])}" for f in GPU_EXPERT_FLAGS if f in uf)
-    return Check(f"{a}.gpu_experts", "ok", given)
+    return v.ok(given)
 
 
 def _ctx_check(spec: ModelSpec) -> Check:
-    a = spec.alias
+    v = Verdicts(f"{spec.alias}.ctx")
     if spec.ctx == 0:
-        return Check(f"{a}.ctx", "ok", "0: SGLang's default context length")
+        return v.ok("0: SGLang's default context length")
     if spec.ctx < 0:
-        return Check(f"{a}.ctx", "fail", f"ctx {spec.ctx} is negative", "set ctx >= 0")
+        return v.fail(f"ctx {spec.ctx} is negative", "set ctx >= 0")
     if spec.ctx > MAX_SANE_CTX:
-        return Check(
-            f"{a}.ctx",
-            "warn",
+        return v.warn(
             f"ctx {spec.ctx} exceeds {MAX_SANE_CTX} tokens",
             "check the model's real context length; the KV cache may not fit",
         )
-    return Check(f"{a}.ctx", "ok", str(spec.ctx))
+    return v.ok(str(spec.ctx))
 
 
 def _port_check(spec: ModelSpec, port_free: Callable[[str, int], bool], running: bool) -> Check:
-    a = spec.alias
+    v = Verdicts(f"{spec.alias}.port")
     if spec.port == 0:
-        return Check(f"{a}.port", "ok", "0: a free port is picked at launch")
+        return v.ok("0: a free port is picked at launch")
     if running:
-        return Check(f"{a}.port", "ok", f"{spec.host}:{spec.port} (engine running)")
+        return v.ok(f"{spec.host}:{spec.port} (engine running)")
     if port_free(spec.host, spec.port):
-        return Check(f"{a}.port", "ok", f"{spec.host}:{spec.port} is free")
-    return Check(
-        f"{a}.port",
-        "fail",
+        return v.ok(f"{spec.host}:{spec.port} is free")
+    return v.fail(
         f"{spec.host}:{spec.port} is in use",
         "SGLang only binds after loading, so it would fail minutes in: free the port or set port 0",
     )
@@ -166,17 +151,15 @@ def _method_check(
     values = uf.get("--kt-method", ())
     method = (values[0] if values else DEFAULT_KT_METHOD).upper()
     shown = f"--kt-method {method}" + ("" if values else " (default)")
-    name = f"{spec.alias}.kt_method"
+    v = Verdicts(f"{spec.alias}.kt_method")
     if method in AMX_METHODS and topo.isa() != "amx":
         return [
-            Check(
-                name,
-                "fail",
+            v.fail(
                 f"{shown} needs AMX; this CPU has {topo.isa()}",
                 "pass a non-AMX --kt-method (e.g. LLAMAFILE or RAWINT4) with matching weights",
             )
         ]
-    return [Check(name, "ok", shown)]
+    return [v.ok(shown)]
 
 
 def _placement_check(spec: ModelSpec, topo: Topology) -> list[Check]:
@@ -189,21 +172,21 @@ def _placement_check(spec: ModelSpec, topo: Topology) -> list[Check]:
         (),
         tp_size=spec.tp_size,
     )
-    name = f"{spec.alias}.placement"
+    v = Verdicts(f"{spec.alias}.placement")
     if not p.ok:
-        return [Check(name, "fail", p.reason or "cannot be placed", "fix numa/gpus in models.json")]
+        return [v.fail(p.reason or "cannot be placed", "fix numa/gpus in models.json")]
     detail = (
         f"NUMA {','.join(map(str, p.numa_nodes))}, {len(p.cpus)} CPUs, "
         f"GPUs {','.join(map(str, p.gpus)) or 'none'}; " + " ".join(p.argv_flags())
     )
     if p.notes:
-        return [Check(name, "warn", detail, "; ".join(p.notes))]
-    return [Check(name, "ok", detail)]
+        return [v.warn(detail, "; ".join(p.notes))]
+    return [v.ok(detail)]
 
 
 def argv_check(spec: ModelSpec, topo: Topology, catalog: SGLangOptions | None) -> list[Check]:
     """Which flags ktd will emit for this SGLang, and which it leaves out (and why)."""
-    name = f"{spec.alias}.argv"
+    v = Verdicts(f"{spec.alias}.argv")
     try:
         p = plan(
             spec.alias,
@@ -216,21 +199,20 @@ def argv_check(spec: ModelSpec, topo: Topology, catalog: SGLangOptions | None) -
         )
         launch = build_launch(spec, spec.port or 1, p.argv_flags() if p.ok else (), catalog)
     except LaunchError as exc:
-        return [Check(name, "fail", str(exc), "fix extra_args (or the SGLang install)")]
+        return [v.fail(str(exc), "fix extra_args (or the SGLang install)")]
     derived = launch.argv[3 : len(launch.argv) - len(spec.extra_args)]
     flags = " ".join(a for a in derived if a.startswith("--"))
     against = f"checked against {catalog.label}" if catalog else "SGLang's options unknown"
     detail = f"ktd emits {flags} ({against})"
     if launch.notes:
         detail += "; " + "; ".join(launch.notes)
-    checks = [Check(name, "ok", detail)]
+    checks = [v.ok(detail)]
+    sleep = Verdicts(f"{spec.alias}.sleep")
     if spec.sleep and launch.sleeps:
-        checks.append(Check(f"{spec.alias}.sleep", "ok", "sleeps instead of stopping"))
+        checks.append(sleep.ok("sleeps instead of stopping"))
     elif spec.sleep:
         checks.append(
-            Check(
-                f"{spec.alias}.sleep",
-                "warn",
+            sleep.warn(
                 f"{catalog.label if catalog else 'its SGLang'} has no --enable-memory-saver: "
                 "this model's swaps stop and reload",
                 "install sglang-kt (or an SGLang with the memory saver) in its python",
@@ -255,16 +237,15 @@ def python_checks(probe: Mapping[str, Any]) -> list[Check]:
     """
     py = str(probe.get("python") or "python")
     error = probe.get("error")
+    v = Verdicts("python")
     if error:
         return [
-            Check(
-                "python",
-                "fail",
+            v.fail(
                 f"cannot probe {py}: {error}",
                 "set ktransformers.python to the interpreter of SGLang's venv",
             )
         ]
-    checks = [Check("python", "ok", py), _sglang_check(probe, py), _kt_kernel_check(probe, py)]
+    checks = [v.ok(py), _sglang_check(probe, py), _kt_kernel_check(probe, py)]
     flags = _kt_flags_check(probe, py)
     return checks + ([flags] if flags else [])
 
@@ -274,37 +255,33 @@ def _sglang_check(probe: Mapping[str, Any], py: str) -> Check:
     sglang = probe.get("sglang")
     package = probe.get("sglang_package") or "sglang"
     fork = probe.get("kt_fork")
+    v = Verdicts("python.sglang")
     if not sglang:
-        return Check(
-            "python.sglang",
-            "fail",
+        return v.fail(
             f"sglang is not importable by {py}",
             f"install the kt fork in that venv ({py} -m pip install sglang-kt; or set "
             "auto_build), or point ktransformers.python at the venv that has it",
         )
     if fork is False:
-        return Check(
-            "python.sglang",
-            "warn",
+        return v.warn(
             f"{package} {sglang}: upstream SGLang, not the kt fork (no --kt-numa-nodes; its "
             "kt wrapper does not match kt-kernel 0.7's API)",
             f"{py} -m pip uninstall -y sglang && {py} -m pip install sglang-kt",
         )
     what = "the kt fork" if fork else "kt fork or upstream unknown"
-    return Check("python.sglang", "ok", f"{package} {sglang} ({what})")
+    return v.ok(f"{package} {sglang} ({what})")
 
 
 def _kt_kernel_check(probe: Mapping[str, Any], py: str) -> Check:
     kt = probe.get("kt_kernel")
+    v = Verdicts("python.kt_kernel")
     if not kt:
-        return Check(
-            "python.kt_kernel",
-            "fail",
+        return v.fail(
             f"kt_kernel is not importable by {py}",
             "install kt-kernel in that venv (ktd never builds or installs it)",
         )
     variant = probe.get("kt_variant")
-    return Check("python.kt_kernel", "ok", f"kt-kernel {kt}" + (f" ({variant})" if variant else ""))
+    return v.ok(f"kt-kernel {kt}" + (f" ({variant})" if variant else ""))
 
 
 def _kt_flags_check(probe: Mapping[str, Any], py: str) -> Check | None:
@@ -312,19 +289,16 @@ def _kt_flags_check(probe: Mapping[str, Any], py: str) -> Check | None:
     sglang = probe.get("sglang")
     package = probe.get("sglang_package") or "sglang"
     kt_flags = probe.get("kt_flags")
+    v = Verdicts("python.kt_flags")
     if isinstance(kt_flags, list) and kt_flags:
-        return Check("python.kt_flags", "ok", "declares " + " ".join(kt_flags))
+        return v.ok("declares " + " ".join(kt_flags))
     if isinstance(kt_flags, list):
-        return Check(
-            "python.kt_flags",
-            "fail",
+        return v.fail(
             f"{package} {sglang} declares no --kt-* flags: kt-kernel cannot be used",
             f"{py} -m pip install sglang-kt",
         )
     if sglang:
-        return Check(
-            "python.kt_flags",
-            "warn",
+        return v.warn(
             "could not read SGLang's option list: "
             + str(probe.get("options_error") or "unknown error"),
             "ktd builds the argv without checking it against SGLang; run "
@@ -370,7 +344,7 @@ def sleep_checks(specs: Iterable[ModelSpec], probe: Mapping[str, Any]) -> list[C
     if note is None:
         return []
     return [
-        Check(f"{s.alias}.sleep", "warn", note, "upgrade kt-kernel to 0.5.3 or later")
+        Verdicts(f"{s.alias}.sleep").warn(note, "upgrade kt-kernel to 0.5.3 or later")
         for s in specs
         if s.served and s.sleep
     ]

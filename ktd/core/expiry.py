@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ktd.core.action import MachineAction
 from ktd.core.states import ASLEEP, READY, State
 
 __all__ = ["EvictIdle", "Expire", "Expiry", "IdleView", "RecallIdle", "SleepIdle", "ttl_due"]
@@ -49,27 +50,23 @@ class IdleView:
     asleep_at: float | None = None  # monotonic: when it fell asleep
 
 
-@dataclass(frozen=True)
-class Expire:
+class Expire(MachineAction):
     clients: frozenset[str]
 
 
-@dataclass(frozen=True)
-class RecallIdle:
+class RecallIdle(MachineAction):
     """Ask the claim holders for it back if they had no request for ``idle`` seconds."""
 
     alias: str
     idle: float
 
 
-@dataclass(frozen=True)
-class EvictIdle:
+class EvictIdle(MachineAction):
     alias: str
     ttl: float
 
 
-@dataclass(frozen=True)
-class SleepIdle:
+class SleepIdle(MachineAction):
     """Its TTL ran out and it can sleep: put it to sleep (a second TTL stops it later)."""
 
     alias: str

@@ -379,11 +379,11 @@ def check(
     ``gpu_free`` None: the GPUs could not be read, so GPU memory is not checked; with no
     planned GPU either, ktd sees no GPU at all: a GPU need does not fit (``Fit.no_gpu``).
     """
-    rows: list[dict[str, Any]] = []
-    short: list[str] = []
+    table = _FitRows(freed)
+    rows, short = table.rows, table.short
     notes: list[str] = []
     if est.host_bytes:
-        _host_rows(est.host_bytes, node_free, numa_nodes, freed, rows, short)
+        table.host(est.host_bytes, node_free, numa_nodes)
     need_gpu = est.gpu_bytes
     no_gpu = bool(need_gpu) and gpu_free is None and not gpus
     if no_gpu:
@@ -393,7 +393,7 @@ def check(
         if gpu_free is None:
             notes.append("GPU memory not checked (nvidia-smi unavailable)")
         else:
-            _gpu_rows(need_gpu, gpu_free, gpus, freed, rows, short)
+            table.gpu(need_gpu, gpu_free, gpus)
     if short:
         if no_gpu:
             short.append(f"no GPU for its {gib(need_gpu or 0)} of GPU memory")
@@ -416,43 +416,37 @@ def check(
     return Fit(True, None, tuple(rows), tuple(notes))
 
 
-def _host_rows(
-    need: int,
-    node_free: Mapping[int, int],
-    numa_nodes: Sequence[int],
-    freed: Freed,
-    rows: list[dict[str, Any]],
-    short: list[str],
-) -> None:
-    """Host RAM against each planned node's share (what the swap frees spread over
-    every node), or against the whole machine's with no node planned (``numa: none``)."""
-    if numa_nodes:
+class _FitRows:
+    """The check's table as it is built: a row per node or GPU compared (its need, its
+    free memory plus what the swap frees there), and a line for each one short."""
+
+    def __init__(self, freed: Freed) -> None:
+        self.freed = freed
+        self.rows: list[dict[str, Any]] = []
+        self.short: list[str] = []
+
+    def _row(self, what: str, need: int, free: int, who: str, unit: str = "") -> None:
+        self.rows.append({"what": what, "need": need, "free": free})
+        if need > free:
+            self.short.append(f"{who} needs {gib(need)}{unit}, has {gib(free)} free")
+
+    def host(self, need: int, node_free: Mapping[int, int], numa_nodes: Sequence[int]) -> None:
+        """Host RAM against each planned node's share (what the swap frees spread over
+        every node), or against the whole machine's with no node planned (``numa: none``)."""
+        freed = self.freed
+        if not numa_nodes:
+            have = sum(node_free.values()) + sum(freed.host_by_node.values())
+            self._row("host RAM", need, have + freed.host_anywhere, "host", " RAM")
+            return
         share = need // len(numa_nodes)
         spread = freed.host_anywhere // max(len(node_free), 1)
         for n in numa_nodes:
             have = node_free.get(n, 0) + freed.host_by_node.get(n, 0) + spread
-            rows.append({"what": f"numa node {n}", "need": share, "free": have})
-            if share > have:
-                short.append(f"NUMA node {n} needs {gib(share)} RAM, has {gib(have)} free")
-    else:
-        have = sum(node_free.values()) + sum(freed.host_by_node.values()) + freed.host_anywhere
-        rows.append({"what": "host RAM", "need": need, "free": have})
-        if need > have:
-            short.append(f"host needs {gib(need)} RAM, has {gib(have)} free")
+            self._row(f"numa node {n}", share, have, f"NUMA node {n}", " RAM")
 
-
-def _gpu_rows(
-    need: int,
-    gpu_free: Mapping[int, int],
-    gpus: Sequence[int],
-    freed: Freed,
-    rows: list[dict[str, Any]],
-    short: list[str],
-) -> None:
-    """GPU memory against each planned GPU's equal share (what the swap frees there)."""
-    share = need // len(gpus)
-    for i in gpus:
-        have = gpu_free.get(i, 0) + freed.gpu_by_index.get(i, 0)
-        rows.append({"what": f"gpu {i}", "need": share, "free": have})
-        if share > have:
-            short.append(f"GPU {i} needs {gib(share)}, has {gib(have)} free")
+    def gpu(self, need: int, gpu_free: Mapping[int, int], gpus: Sequence[int]) -> None:
+        """GPU memory against each planned GPU's equal share (what the swap frees there)."""
+        share = need // len(gpus)
+        for i in gpus:
+            have = gpu_free.get(i, 0) + self.freed.gpu_by_index.get(i, 0)
+            self._row(f"gpu {i}", share, have, f"GPU {i}")

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ktd.core.action import MachineAction
 from ktd.core.exits import Outcome
 
 __all__ = [
@@ -107,81 +108,68 @@ class Look:
 # ---------------------------------------------------------------- actions
 
 
-@dataclass(frozen=True)
-class Idle:
+class Idle(MachineAction):
     """No process and nothing wanted: wait for a change of want."""
 
 
-@dataclass(frozen=True)
-class Wait:
+class Wait(MachineAction):
     """Look again at ``until`` at the latest (or at any change)."""
 
     until: float
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(MachineAction):
     """The launch pipeline: probe, preflight, place, spawn. Report with ``launched``."""
 
 
-@dataclass(frozen=True)
-class Deregister:
+class Deregister(MachineAction):
     """Stop the traffic: recall the frontends' claims, leave the gateway. Report with
     ``deregistered``."""
 
 
-@dataclass(frozen=True)
-class CheckLoad:
+class CheckLoad(MachineAction):
     """Read the engine's ``/v1/loads``. Report with ``load``."""
 
 
-@dataclass(frozen=True)
-class Pause:
+class Pause(MachineAction):
     """Close SGLang's door: ``POST /pause_generation`` in ``abort`` mode, bounded by
     ``memory_timeout`` and the drain's budget (``until``). Report with ``paused``."""
 
     until: float
 
 
-@dataclass(frozen=True)
-class Flush:
+class Flush(MachineAction):
     """``POST /flush_cache`` (bounded like ``Pause``): succeeds only on an idle
     scheduler. Report with ``flushed``."""
 
     until: float
 
 
-@dataclass(frozen=True)
-class Continue:
+class Continue(MachineAction):
     """Open SGLang's door again after a resume: ``POST /continue_generation``. Report
     with ``continued``."""
 
 
-@dataclass(frozen=True)
-class ReleaseMemory:
+class ReleaseMemory(MachineAction):
     """``POST /release_memory_occupation`` (bounded by ``memory_timeout``). Report with
     ``released``."""
 
 
-@dataclass(frozen=True)
-class MakeRoom:
+class MakeRoom(MachineAction):
     """Free the engine's own CPUs and GPUs of awake engines (a wake's swap). Report with
     ``room``."""
 
 
-@dataclass(frozen=True)
-class Resume:
+class Resume(MachineAction):
     """``POST /resume_memory_occupation`` (bounded). Report with ``resumed``."""
 
 
-@dataclass(frozen=True)
-class CheckHealth:
+class CheckHealth(MachineAction):
     """One readiness check (``/v1/models`` and a ``/health`` generation). Report with
     ``checked``."""
 
 
-@dataclass(frozen=True)
-class Kill:
+class Kill(MachineAction):
     """The stop sequence with ``grace`` (``ktd.core.stop``). Report with ``killed``."""
 
     grace: float

@@ -19,6 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ktd.core.action import MachineAction
+
 #: Errors worth a retry: another try may well pass.
 PASSING = frozenset({"network", "server", "busy", "died"})
 #: Seconds of progress the rate is measured over.
@@ -38,8 +40,7 @@ class JobState(StrEnum):
 LIVE = frozenset({JobState.QUEUED, JobState.RUNNING})
 
 
-@dataclass(frozen=True)
-class Start:
+class Start(MachineAction):
     """Start the job's worker: ``phase`` ``plan`` (plan only) or ``fetch``."""
 
     key: Key
@@ -47,16 +48,14 @@ class Start:
     force: bool
 
 
-@dataclass(frozen=True)
-class KillWorker:
+class KillWorker(MachineAction):
     """Kill the job's worker (a stall or a cancel); its ``exited`` follows."""
 
     key: Key
     reason: str
 
 
-@dataclass(frozen=True)
-class CheckFit:
+class CheckFit(MachineAction):
     """The plan is in: run the fit check on it, answer with ``checked``."""
 
     key: Key

@@ -10,26 +10,36 @@ by a request ``backoff * 2**(failures-1)`` seconds after its last failure (at mo
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
-__all__ = ["BACKOFF_CAP", "RETRY_CAP", "GiveUp", "Restart", "RestartBudget", "retry_delay"]
+from ktd.core.action import MachineAction
+
+__all__ = [
+    "BACKOFF_CAP",
+    "RETRY_CAP",
+    "Action",
+    "GiveUp",
+    "Restart",
+    "RestartBudget",
+    "retry_delay",
+]
 
 BACKOFF_CAP = 60.0  # longest wait before a crashed engine is restarted
 RETRY_CAP = 300.0  # longest wait before a failed engine may be retried by a request
 
 
-@dataclass(frozen=True)
-class Restart:
+class Restart(MachineAction):
     """Restart after ``delay`` seconds."""
 
     delay: float
 
 
-@dataclass(frozen=True)
-class GiveUp:
+class GiveUp(MachineAction):
     """Too many crashes: fail with ``reason``."""
 
     reason: str
+
+
+Action = Restart | GiveUp
 
 
 class RestartBudget:
@@ -45,7 +55,7 @@ class RestartBudget:
 
     def on_crash(
         self, now: float, reason: str, *, window: float, max_crashes: int, backoff: float
-    ) -> Restart | GiveUp:
+    ) -> Action:
         """Count a crash at ``now`` (a monotonic clock) and say what follows."""
         self.crashes.append(now)
         while self.crashes and now - self.crashes[0] > window:

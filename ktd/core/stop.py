@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ktd.core.action import MachineAction
+
 __all__ = [
     "FOLLOW",
     "KILL_BOUND",
@@ -74,15 +76,13 @@ class Observed:
     full: bool = False
 
 
-@dataclass(frozen=True)
-class Send:
+class Send(MachineAction):
     sig: signal.Signals
     to: Target
     why: str = ""  # the end of the log line "SIGKILL to N process(es) <why>"; "" = none
 
 
-@dataclass(frozen=True)
-class ObserveAt:
+class ObserveAt(MachineAction):
     """Observe again at ``until`` at the latest. ``on_server``: the wait may end at
     the server's exit (an event where there is one); else poll the members."""
 
@@ -90,13 +90,11 @@ class ObserveAt:
     on_server: bool
 
 
-@dataclass(frozen=True)
-class Scan:
+class Scan(MachineAction):
     """Observe again with a full member scan (``Observed.full``)."""
 
 
-@dataclass(frozen=True)
-class Done:
+class Done(MachineAction):
     """The stop is over. ``terminated``: the server got SIGTERM; ``killed``: ktd sent
     SIGKILL; ``left``: something was still alive when the kill bound ran out."""
 

@@ -1,4 +1,5 @@
-"""One doctor verdict (``Check``): the type every doctor shares, apart from any of them.
+"""One doctor verdict (``Check``): the type every doctor shares, apart from any of them;
+and ``Verdicts``, the verdicts one named check can give.
 
 The machine's checks (``ktd.core.machinecheck``), the models' and the interpreter's
 (``ktd.core.doctor``), the gateway's (``ktd.gateway.doctor``) and the GPU-experts
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Check", "Status"]
+__all__ = ["Check", "Status", "Verdicts"]
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -25,3 +26,22 @@ class Check:
     status: Status
     detail: str
     advice: str = ""
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """The verdicts one named check can give. A check names itself once
+    (``v = Verdicts(f"{alias}.ctx")``) and each of its outcomes says only what differs
+    (``v.fail(detail, advice)``), instead of repeating the name and the status's
+    spelling in every return."""
+
+    name: str
+
+    def ok(self, detail: str) -> Check:
+        return Check(self.name, "ok", detail)
+
+    def warn(self, detail: str, advice: str) -> Check:
+        return Check(self.name, "warn", detail, advice)
+
+    def fail(self, detail: str, advice: str) -> Check:
+        return Check(self.name, "fail", detail, advice)

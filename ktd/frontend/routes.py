@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import parse_qsl, urlencode
 
 BodyKind = Literal["json", "multipart", "none"]
@@ -76,98 +76,128 @@ class Match:
     param: str | None = None  # the path's variable part: a response id, a model id, a digest
 
 
-def _proxied(path: str, endpoint: str, body: BodyKind, model: ModelRule, **kw: Any) -> Route:
-    return Route(
-        path, kw.pop("methods", ("POST",)), "proxy", endpoint, body=body, model=model, **kw
-    )
+_WORDS: dict[str, tuple[str, object]] = {
+    **{v: ("body", v) for v in get_args(BodyKind)},
+    **{v: ("model", v) for v in get_args(ModelRule)},
+    **{v: ("api", v) for v in get_args(ApiKind)},
+    "open": ("open", True),
+    "remember": ("remember", True),
+}
 
 
-def _ollama(path: str, endpoint: str, *methods: str, open: bool = False) -> Route:
-    return Route(path, methods, "ollama", endpoint, api="ollama", open=open)
-
-
-def _ui(path: str, endpoint: str, method: str, *, open: bool = False) -> Route:
-    return Route(path, (method,), "ui", endpoint, api="ui", open=open)
-
-
-def _app(path: str, endpoint: str) -> Route:
-    return Route(path, ("GET", "HEAD"), "app", endpoint)
+def _rows(owner: Owner, table: str, **fields: Any) -> tuple[Route, ...]:
+    """Rows of one owner written one a line, ``METHODS PATH ENDPOINT [WORD...]``: methods
+    joined by ``,``; each word sets the field it is a value of (``json``: the body,
+    ``required``: the model rule, ``ollama``: the API; ``open``, ``remember``).
+    ``fields`` hold for every row (a block's API, a row's query parameters)."""
+    out = []
+    for line in table.splitlines():
+        if not line.strip():
+            continue
+        methods, path, endpoint, *words = line.split()
+        unknown = [w for w in words if w not in _WORDS]
+        if unknown:
+            raise ValueError(f"routes.py: {path}: unknown words {unknown}")
+        row = fields | dict(_WORDS[w] for w in words)
+        out.append(Route(path, tuple(methods.split(",")), owner, endpoint, **row))
+    return tuple(out)
 
 
 TABLE: tuple[Route, ...] = (
     # Proxied to an engine (flow.py): where the model name comes from, what the body is.
-    _proxied("/v1/chat/completions", "chat", "json", "required"),
-    _proxied("/v1/completions", "completions", "json", "required"),
-    _proxied("/v1/embeddings", "embeddings", "json", "required"),
-    _proxied("/v1/responses", "responses", "json", "required", remember=True),
-    _proxied("/v1/responses/<response_id>", "responses_get", "none", "response", methods=("GET",)),
-    _proxied("/v1/responses/<response_id>/cancel", "responses_cancel", "none", "response"),
-    _proxied("/v1/messages", "messages", "json", "required"),
-    _proxied("/v1/messages/count_tokens", "count_tokens", "json", "required"),
-    _proxied("/v1/audio/transcriptions", "transcriptions", "multipart", "required"),
-    _proxied("/v1/rerank", "rerank", "json", "optional"),
-    _proxied("/v1/score", "score", "json", "optional"),
-    _proxied("/v1/classify", "classify", "json", "optional"),
-    _proxied("/v1/tokenize", "tokenize", "json", "optional"),
-    _proxied("/v1/detokenize", "detokenize", "json", "optional"),
-    _proxied("/generate", "generate", "json", "optional"),
-    # SGLang's load route (per DP rank); its own query parameters reach the engine.
-    _proxied(
-        "/v1/loads",
-        "loads",
-        "none",
-        "optional",
-        methods=("GET",),
-        query=("dp_rank", "include", "format"),
+    *_rows(
+        "proxy",
+        """
+        POST      /v1/chat/completions                chat              json       required
+        POST      /v1/completions                     completions       json       required
+        POST      /v1/embeddings                      embeddings        json       required
+        POST      /v1/responses                       responses         json       required remember
+        GET       /v1/responses/<response_id>         responses_get     none       response
+        POST      /v1/responses/<response_id>/cancel  responses_cancel  none       response
+        POST      /v1/messages                        messages          json       required
+        POST      /v1/messages/count_tokens           count_tokens      json       required
+        POST      /v1/audio/transcriptions            transcriptions    multipart  required
+        POST      /v1/rerank                          rerank            json       optional
+        POST      /v1/score                           score             json       optional
+        POST      /v1/classify                        classify          json       optional
+        POST      /v1/tokenize                        tokenize          json       optional
+        POST      /v1/detokenize                      detokenize        json       optional
+        POST      /generate                           generate          json       optional
+        """,
     ),
+    # SGLang's load route (per DP rank); its own query parameters reach the engine.
+    *_rows("proxy", "GET /v1/loads loads", query=("dp_rank", "include", "format")),
     # Ollama's API, which SGLang serves itself: NDJSON streams, Ollama-shaped errors.
-    _proxied("/api/chat", "ollama_chat", "json", "required", api="ollama"),
-    _proxied("/api/generate", "ollama_generate", "json", "required", api="ollama"),
+    *_rows(
+        "proxy",
+        """
+        POST      /api/chat                           ollama_chat       json       required
+        POST      /api/generate                       ollama_generate   json       required
+        """,
+        api="ollama",
+    ),
     # Ollama's API that the frontend answers itself, over every configured model (ollama.py).
-    _ollama("/", "root", "GET", "HEAD", open=True),
-    _ollama("/api/version", "version", "GET", "HEAD", open=True),
-    _ollama("/api/tags", "tags", "GET", "HEAD"),
-    _ollama("/api/ps", "ps", "GET"),
-    _ollama("/api/show", "show", "POST"),
-    _ollama("/api/pull", "pull", "POST"),
-    _ollama("/api/push", "push", "POST"),
-    _ollama("/api/create", "create", "POST"),
-    _ollama("/api/copy", "copy", "POST"),
-    _ollama("/api/delete", "delete", "DELETE"),
-    _ollama("/api/blobs/<path:digest>", "blobs", "POST", "HEAD"),
-    _ollama("/api/embed", "embed", "POST"),
-    _ollama("/api/embeddings", "embeddings_ollama", "POST"),
+    *_rows(
+        "ollama",
+        """
+        GET,HEAD  /                                   root              open
+        GET,HEAD  /api/version                        version           open
+        GET,HEAD  /api/tags                           tags
+        GET       /api/ps                             ps
+        POST      /api/show                           show
+        POST      /api/pull                           pull
+        POST      /api/push                           push
+        POST      /api/create                         create
+        POST      /api/copy                           copy
+        DELETE    /api/delete                         delete
+        POST,HEAD /api/blobs/<path:digest>            blobs
+        POST      /api/embed                          embed
+        POST      /api/embeddings                     embeddings_ollama
+        """,
+        api="ollama",
+    ),
     # The dashboard (ui/asgi.py).
-    _ui("/ui", "index", "GET", open=True),
-    _ui("/ui/favicon.svg", "favicon", "GET", open=True),
-    _ui("/ui/api/session", "session", "GET", open=True),
-    _ui("/ui/api/login", "login", "POST", open=True),
-    _ui("/ui/api/logout", "logout", "POST", open=True),
-    _ui("/ui/api/view", "view", "GET"),
-    _ui("/ui/api/series", "series", "GET"),
-    _ui("/ui/api/events", "events", "GET"),
-    _ui("/ui/api/logs", "logs", "GET"),
-    _ui("/ui/api/plan", "plan", "GET"),
-    _ui("/ui/api/usage", "usage", "GET"),
-    _ui("/ui/api/waiting", "waiting", "GET"),
-    _ui("/ui/api/action", "action", "POST"),
-    _ui("/ui/api/config", "config", "GET"),
-    _ui("/ui/api/config/plan", "config_plan", "POST"),
-    _ui("/ui/api/config/apply", "config_apply", "POST"),
+    *_rows(
+        "ui",
+        """
+        GET       /ui                                 index             open
+        GET       /ui/favicon.svg                     favicon           open
+        GET       /ui/api/session                     session           open
+        POST      /ui/api/login                       login             open
+        POST      /ui/api/logout                      logout            open
+        GET       /ui/api/view                        view
+        GET       /ui/api/series                      series
+        GET       /ui/api/events                      events
+        GET       /ui/api/logs                        logs
+        GET       /ui/api/plan                        plan
+        GET       /ui/api/usage                       usage
+        GET       /ui/api/waiting                     waiting
+        POST      /ui/api/action                      action
+        GET       /ui/api/config                      config
+        POST      /ui/api/config/plan                 config_plan
+        POST      /ui/api/config/apply                config_apply
+        """,
+        api="ui",
+    ),
     # The frontend's own answers, served by Quart (app.py; worker_info.py: what
-    # sglang-router reads of a worker).
-    _app("/health", "health"),
-    _app("/metrics", "metrics"),
-    _app("/v1/models", "models"),
-    _app("/v1/models/<path:model_id>", "retrieve_model"),
-    _app("/server_info", "server_info"),
-    _app("/get_server_info", "get_server_info"),
-    _app("/model_info", "model_info"),
-    _app("/get_model_info", "get_model_info"),
-    _app("/get_load", "get_load"),
-    # Requests waiting for their engine (waitroutes.py, issue 46).
-    _app("/v1/ktd/requests", "waiting_requests"),
-    _app("/v1/ktd/requests/<request_id>", "waiting_request"),
+    # sglang-router reads of a worker; waitroutes.py: requests waiting for their
+    # engine, issue 46).
+    *_rows(
+        "app",
+        """
+        GET,HEAD  /health                             health
+        GET,HEAD  /metrics                            metrics
+        GET,HEAD  /v1/models                          models
+        GET,HEAD  /v1/models/<path:model_id>          retrieve_model
+        GET,HEAD  /server_info                        server_info
+        GET,HEAD  /get_server_info                    get_server_info
+        GET,HEAD  /model_info                         model_info
+        GET,HEAD  /get_model_info                     get_model_info
+        GET,HEAD  /get_load                           get_load
+        GET,HEAD  /v1/ktd/requests                    waiting_requests
+        GET,HEAD  /v1/ktd/requests/<request_id>       waiting_request
+        """,
+    ),
 )
 
 # Exact paths -> their rows; paths with a variable part as one regex each, tried in turn.

@@ -19,6 +19,8 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -89,6 +91,24 @@ class Pacer:
             self.next = max(self.next + self.interval, now) if self.next else now + self.interval
             await trio.sleep_until(self.next)
             self.check()
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A streamed answer's makings, the same for chat and completions: the request's id,
+    model and plan, its prompt's tokens, whether a usage chunk ends it, and when the
+    request began (its time to first token counts from then)."""
+
+    rid: str
+    model: str
+    plan: gen.ChoicePlan
+    prompt_tokens: int
+    include_usage: bool
+    started: float
+
+    def usage(self, choices: int) -> dict[str, Any]:
+        """The whole answer's usage: every choice generated the plan's tokens."""
+        return usage(self.prompt_tokens, self.plan.n_tokens * choices)
 
 
 async def _ends_on_abort(
@@ -277,16 +297,10 @@ class OpenAIServing:
             return error_reply(ctx_error)
         plan = gen.plan(max_tokens, stops)
         if stream:
-            events = self._chat_stream(
-                rid,
-                model,
-                n,
-                plan,
-                prompt_tokens,
-                bool(options.get("include_usage")),
-                bool(options.get("continuous_usage_stats")),
-                started,
+            streamed = Streamed(
+                rid, model, plan, prompt_tokens, bool(options.get("include_usage")), started
             )
+            events = self._chat_stream(streamed, n, bool(options.get("continuous_usage_stats")))
             return HttpReply(200, content_type=SSE, stream=events)
         await self._generate(plan.n_tokens, started=started, prompt=prompt_tokens, choices=n)
         text = plan.text()
@@ -297,45 +311,41 @@ class OpenAIServing:
         return json_reply(resp)
 
     async def _chat_stream(
-        self,
-        rid: str,
-        model: str,
-        n: int,
-        plan: gen.ChoicePlan,
-        prompt_tokens: int,
-        include_usage: bool,
-        continuous_usage: bool,
-        started: float,
+        self, s: Streamed, n: int, continuous_usage: bool
     ) -> AsyncGenerator[bytes, None]:
         created = int(time.time())
-        self.state.tokens(prompt_tokens)
+        self.state.tokens(s.prompt_tokens)
         for i in range(n):
-            yield sse(
-                chat_chunk(rid, created, model, [delta_choice(i, role="assistant", content="")])
-            )
-        pacer = Pacer(self.knobs, self.state)
-        generated = 0
-        for piece in plan.pieces():
-            await pacer.tick()
-            if not generated:
-                self.state.first_token(trio.current_time() - started)
-            generated += 1
-            self.state.tokens(generated=n)
+            role = delta_choice(i, role="assistant", content="")
+            yield sse(chat_chunk(s.rid, created, s.model, [role]))
+        async for step, piece in self._paced(s, n):
             if not piece:
                 continue
             for i in range(n):
-                chunk = chat_chunk(rid, created, model, [delta_choice(i, content=piece)])
+                chunk = chat_chunk(s.rid, created, s.model, [delta_choice(i, content=piece)])
                 if continuous_usage:
-                    chunk["usage"] = usage(prompt_tokens, generated)
+                    chunk["usage"] = usage(s.prompt_tokens, step + 1)
                 yield sse(chunk)
+        plan = s.plan
         for i in range(n):
             finish = delta_choice(
                 i, finish_reason=plan.finish_reason, matched_stop=plan.matched_stop
             )
-            yield sse(chat_chunk(rid, created, model, [finish]))
-        if include_usage:
-            yield sse(chat_chunk(rid, created, model, [], usage(prompt_tokens, plan.n_tokens * n)))
+            yield sse(chat_chunk(s.rid, created, s.model, [finish]))
+        if s.include_usage:
+            yield sse(chat_chunk(s.rid, created, s.model, [], s.usage(n)))
         yield DONE
+
+    async def _paced(self, s: Streamed, choices: int) -> AsyncGenerator[tuple[int, str], None]:
+        """The plan's pieces, each at its time (``Pacer``), counted as generated for
+        ``choices`` choices; the first one's time is the request's time to first token."""
+        pacer = Pacer(self.knobs, self.state)
+        for step, piece in enumerate(s.plan.pieces()):
+            await pacer.tick()
+            if step == 0:
+                self.state.first_token(trio.current_time() - s.started)
+            self.state.tokens(generated=choices)
+            yield step, piece
 
     # -- /v1/completions
     async def completions(self, req: HttpRequest) -> HttpReply:
@@ -375,15 +385,10 @@ class OpenAIServing:
         prompt_tokens = sum(counts)
         completion_tokens = plan.n_tokens * len(echoes)
         if stream:
-            events = self._completion_stream(
-                rid,
-                model,
-                echoes,
-                plan,
-                prompt_tokens,
-                bool(options.get("include_usage")),
-                started,
+            streamed = Streamed(
+                rid, model, plan, prompt_tokens, bool(options.get("include_usage")), started
             )
+            events = self._completion_stream(streamed, echoes)
             return HttpReply(200, content_type=SSE, stream=events)
         await self._generate(
             plan.n_tokens, started=started, prompt=prompt_tokens, choices=len(echoes)
@@ -404,24 +409,12 @@ class OpenAIServing:
         return json_reply(resp)
 
     async def _completion_stream(
-        self,
-        rid: str,
-        model: str,
-        echoes: list[str],
-        plan: gen.ChoicePlan,
-        prompt_tokens: int,
-        include_usage: bool,
-        started: float,
+        self, s: Streamed, echoes: list[str]
     ) -> AsyncGenerator[bytes, None]:
         created = int(time.time())
-        self.state.tokens(prompt_tokens)
-        pacer = Pacer(self.knobs, self.state)
-        last = plan.n_tokens - 1
-        for step, piece in enumerate(plan.pieces()):
-            await pacer.tick()
-            if step == 0:
-                self.state.first_token(trio.current_time() - started)
-            self.state.tokens(generated=len(echoes))
+        self.state.tokens(s.prompt_tokens)
+        plan, last = s.plan, s.plan.n_tokens - 1
+        async for step, piece in self._paced(s, len(echoes)):
             final = step == last
             if not piece and not final:
                 continue
@@ -433,10 +426,11 @@ class OpenAIServing:
                     plan.finish_reason if final else None,
                     plan.matched_stop if final else None,
                 )
-                yield sse(completion_obj(rid, created, model, [choice], None, final=False))
-        if include_usage:
-            total = usage(prompt_tokens, plan.n_tokens * len(echoes))
-            yield sse(completion_obj(rid, created, model, [], total, final=False))
+                yield sse(completion_obj(s.rid, created, s.model, [choice], None, final=False))
+        if s.include_usage:
+            yield sse(
+                completion_obj(s.rid, created, s.model, [], s.usage(len(echoes)), final=False)
+            )
         yield DONE
 
     # -- /v1/embeddings

@@ -1,0 +1,79 @@
+"""Every pure machine's actions are ``MachineAction``s (``ktd.core.action``).
+
+A machine's answers are a union of records at the top of its module (``Action``,
+``DeskAction``, ``Step``...): the test finds every union of dataclasses in ``ktd.core``
+and checks that each member is a ``MachineAction``, so a new machine cannot write its
+actions' dataclass boilerplate again, and one written the old way is named here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import types
+import typing
+from collections.abc import Iterator
+
+import pytest
+
+import ktd.core
+from ktd.core.action import MachineAction
+
+# Machines whose actions are still plain frozen dataclasses: converted when the work
+# on them (placement's eviction, the gate) lands. Empty this set as each is converted;
+# the last test fails while a converted module is still listed.
+TO_CONVERT = frozenset({"ktd.core.gate", "ktd.core.eviction"})
+
+
+def _unions() -> Iterator[tuple[str, str, tuple[type, ...]]]:
+    """(module, name, members) for each union of dataclasses a core module defines."""
+    for info in pkgutil.iter_modules(ktd.core.__path__):
+        module = importlib.import_module(f"ktd.core.{info.name}")
+        for name, value in vars(module).items():
+            if not isinstance(value, types.UnionType):
+                continue
+            members = typing.get_args(value)
+            own = [m for m in members if getattr(m, "__module__", None) == module.__name__]
+            if own and all(dataclasses.is_dataclass(m) for m in members):
+                yield module.__name__, name, tuple(own)
+
+
+UNIONS = sorted(_unions())
+
+
+def test_the_machines_are_found() -> None:
+    found = {module for module, _, _ in UNIONS}
+    assert {"ktd.core.stop", "ktd.core.lifecycle_io", "ktd.core.desk"} <= found
+    assert found >= TO_CONVERT
+
+
+@pytest.mark.parametrize(
+    ("module", "members"),
+    [(m, members) for m, _, members in UNIONS if m not in TO_CONVERT],
+    ids=[f"{m}.{name}" for m, name, _ in UNIONS if m not in TO_CONVERT],
+)
+def test_actions_are_machine_actions(module: str, members: tuple[type, ...]) -> None:
+    plain = [m.__name__ for m in members if not issubclass(m, MachineAction)]
+    assert not plain, f"{module}: derive {plain} from ktd.core.action.MachineAction"
+
+
+def test_to_convert_lists_only_unconverted_modules() -> None:
+    for module in TO_CONVERT:
+        members = [m for mod, _, ms in UNIONS if mod == module for m in ms]
+        assert not all(issubclass(m, MachineAction) for m in members), (
+            f"{module} is converted: take it out of TO_CONVERT"
+        )
+
+
+def test_an_action_is_a_frozen_value() -> None:
+    class Poke(MachineAction):
+        alias: str
+        at: float = 0.0
+
+    a = Poke("m", 1.0)
+    assert a == Poke("m", 1.0) and hash(a) == hash(Poke("m", 1.0))
+    assert a != Poke("m", 2.0)
+    assert repr(a) == "test_an_action_is_a_frozen_value.<locals>.Poke(alias='m', at=1.0)"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.alias = "n"  # type: ignore[misc]
