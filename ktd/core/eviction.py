@@ -139,6 +139,11 @@ def place_step(plan: PlanView, holders: Mapping[str, HolderView], *, swap: bool)
     """What to do with ``plan``; ``holders`` has every engine the plan names (those it
     evicts and those it is blocked by)."""
     if plan.ok:
+        # Idle holders already on their way down (a restart's or a user's stop) are
+        # waited for, not put to sleep: evicting one turned a restart's stop into a sleep.
+        going = tuple(a for a in plan.evict if a in holders and not holders[a].want_up)
+        if going:
+            return WaitLeaving(going)
         return StopIdle(tuple(plan.evict)) if plan.evict else Use()
     reason = plan.reason or "cannot be placed"
     if plan.impossible:

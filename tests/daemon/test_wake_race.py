@@ -231,3 +231,12 @@ def test_three_engines_that_put_each_other_to_sleep_serve_the_oldest_wake_in_tur
     schedule += [("c", 0.0, 0.0), ("a", 0.0, 4.35), ("b", 22.5, 0.0), ("b", 0.0, 0.0)]
     schedule += [("a", 12.2, 0.0), ("a", 0.0, 0.0), ("b", 0.0, 0.0)]
     _served_cold(schedule, None, [0.0], [0.01])
+
+
+def test_a_cold_load_that_needs_the_room_of_an_engine_restarting_waits_for_its_stop() -> None:
+    """A reload restarts idle a just as c's cold load wants a's room. The load used to
+    evict a, which put it to sleep: the restart waited for a stop that never came. Now
+    the load waits for a's stop, and a restarts with the new launch (it was up: it comes
+    back once c is idle)."""
+    launches = _served_cold([("c", 0.05, 1.0)], ("a", 0.05), [0.0], [1.0], bound=60.0)
+    assert launches == ["c", "a"], launches
