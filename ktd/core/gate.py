@@ -40,6 +40,10 @@ class EngineView:
     retired: bool = False
     closing: bool = False
     restarting: bool = False  # a reload's restart: its stop is not the load's end
+    # Wanted down while its processes live (a stop, a restart's stop, of an asleep
+    # engine too): the stop goes on and a request loads it after. Woken instead, an
+    # asleep engine's stop was called off by the request and a restart never came.
+    stopping: bool = False
 
 
 @dataclass
@@ -211,4 +215,4 @@ class Gate:
 def _coming(view: EngineView) -> bool:
     """Something under way decides the waiters' fate (a load, a restart, a stop): not
     the gate, yet."""
-    return view.want_up or view.restarting
+    return view.want_up or view.restarting or view.stopping

@@ -4,7 +4,7 @@ tested with the desk's in ``tests/core/test_admission.py``.)"""
 from __future__ import annotations
 
 from ktd.core import states as S
-from ktd.core.gate import Answer, EngineView, Gate, GateWaiter, WaitEnd
+from ktd.core.gate import Answer, EngineView, Gate, GateWaiter, WaitEnd, WantUp
 from ktd.core.limits import QueueLimits
 
 READY = EngineView(state=S.READY, want_up=True)
@@ -39,3 +39,13 @@ def test_the_later_swap_ending_first_leaves_the_earlier_cut_in_force() -> None:
     g.release(5)
     g.release(5)  # a cut ends once; again is nothing
     assert g.cutoff is None and granted(g.update(READY, lim, now=2)) == [6]
+
+
+def test_a_request_for_an_asleep_engine_that_is_being_stopped_loads_it_after_the_stop() -> None:
+    """A stop (a restart's) of an asleep engine: a request does not wake it (calling the
+    stop off); it waits, and the stopped engine is loaded for it."""
+    g, lim = Gate(), QueueLimits()
+    stopping = EngineView(state=S.ASLEEP, want_up=False, stopping=True)
+    assert g.arrive(GateWaiter(1), stopping, lim, now=0) == []
+    assert g.update(EngineView(state=S.STOPPING, want_up=False), lim, now=1) == []
+    assert g.update(EngineView(state=S.STOPPED, want_up=False), lim, now=2) == [WantUp()]

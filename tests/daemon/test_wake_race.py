@@ -240,3 +240,12 @@ def test_a_cold_load_that_needs_the_room_of_an_engine_restarting_waits_for_its_s
     back once c is idle)."""
     launches = _served_cold([("c", 0.05, 1.0)], ("a", 0.05), [0.0], [1.0], bound=60.0)
     assert launches == ["c", "a"], launches
+
+
+def test_a_restart_of_an_asleep_engine_with_a_request_stops_it_then_loads_it() -> None:
+    """c's cold load puts a to sleep, a reload restarts asleep a, and a request for a
+    comes during the restart's stop. The request used to call the stop off (it woke a
+    with the old launch, and the restart waited for a stop that never came); now the
+    stop ends and the request loads a with the new launch."""
+    launches = _served_cold([("c", 0.0, 1.0), ("a", 0.5, 0.0)], ("a", 0.2), [0.0], [1.0])
+    assert launches == ["c", "a"], launches
