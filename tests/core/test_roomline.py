@@ -123,4 +123,4 @@ class LineMachine(RuleBasedStateMachine):
 
 
 TestLine = LineMachine.TestCase
-TestLine.settings = budget(200, stateful_step_count=30, deadline=None)
+TestLine.settings = budget(100, stateful_step_count=30, deadline=None)
