@@ -7,6 +7,8 @@ idle, or refuse. This module carries the step out. While busy holders go idle th
 *yield*: their gates hold back the requests that arrive from then on
 (``ktd.core.admission``), so they finish the earlier ones and the swap happens, and
 the later ones bring them back the same way once the new engine is idle in turn.
+Placements that need room take turns in arrival order (``ktd.core.roomline``): a later
+one waits its turn (``WaitTurn``) rather than take the room an earlier one waits for.
 """
 
 from __future__ import annotations
@@ -280,7 +282,7 @@ class Placer:
         request waits for the lock and then finds the room taken); it is let go only
         while busy holders are waited for (they yield meanwhile) or while ``engine``
         waits its turn behind earlier placements (``ktd.core.roomline``)."""
-        cuts: dict[str, int] = {}  # holder -> this placement's cut on its gate
+        cuts: dict[str, tuple[Engine, int]] = {}  # holder -> this placement's cut on it
         try:
             while True:
                 async with self._lock:
@@ -293,13 +295,12 @@ class Placer:
                 if isinstance(step, eviction.WaitTurn):
                     waited = await self._wait_turn(engine, step.ahead)
                 else:
-                    waited = await self._wait_idle(engine, {a: cuts[a] for a in step.aliases})
+                    waited = await self._wait_idle(engine, [cuts[a] for a in step.aliases])
                 if not waited:
                     return None
         finally:
             self._line.leave(engine.alias)
-            for alias, cut in cuts.items():
-                h = self.engines[alias]
+            for h, cut in cuts.values():
                 h.gate.release(cut)
                 self._update(h)
                 h.notify_changed()
@@ -340,7 +341,9 @@ class Placer:
             else:
                 return plan, step, fitted
 
-    def _cut(self, engine: Engine, aliases: tuple[str, ...], cuts: dict[str, int]) -> None:
+    def _cut(
+        self, engine: Engine, aliases: tuple[str, ...], cuts: dict[str, tuple[Engine, int]]
+    ) -> None:
         """Busy holders yield to ``engine``: each one's gate holds back requests from this
         placement's cut on (one per holder, kept in ``cuts`` and released when the
         placement ends; an earlier swap's cut stays in force before it) and the
@@ -348,21 +351,21 @@ class Placer:
         for alias in aliases:
             h = self.engines[alias]
             if alias not in cuts:
-                cuts[alias] = self._ticket()
-                h.gate.hold_back(cuts[alias])
+                cuts[alias] = (h, self._ticket())
+                h.gate.hold_back(cuts[alias][1])
                 self._update(h)
             # Frontends stop routing there now; their requests under way finish.
             self._recall(h, f"yielding to {engine.alias}")
 
-    async def _wait_idle(self, engine: Engine, cuts: dict[str, int]) -> bool:
+    async def _wait_idle(self, engine: Engine, cuts: list[tuple[Engine, int]]) -> bool:
         """Out of the lock: until every holder is idle from its cut on. False: the
         engine is no longer wanted."""
-        holders = tuple(cuts)
+        holders = tuple(h.alias for h, _ in cuts)
         engine.set_phase(Phase.of(Step.WAITING, engines=holders))
         engine.log.note(f"waiting for {', '.join(holders)} to become idle")
 
         def idle() -> bool:
-            return all(eviction.idle_for(holder_view(self.engines[a]), c) for a, c in cuts.items())
+            return all(eviction.idle_for(holder_view(h), cut) for h, cut in cuts)
 
         while engine.want_up and not idle():
             await self._next_change()
