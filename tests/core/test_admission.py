@@ -135,7 +135,7 @@ def test_no_autoload_means_not_loaded_and_deadlines_time_out() -> None:
 def test_a_yielding_engine_serves_the_earlier_requests_and_holds_back_the_later() -> None:
     g, lim = Gate(), QueueLimits(max_concurrent=1)
     g.arrive(GateWaiter(1), ready(1), lim, now=0)
-    assert g.hold_back(5) and not g.hold_back(7)  # the first cut stands
+    assert g.hold_back(5) and not g.hold_back(7)  # the earliest cut is in force
     g.arrive(GateWaiter(6), ready(1), lim, now=0)
     assert g.waits_before(5)
     assert outcomes(g.update(ready(0), lim, now=1)) == [(1, WaitEnd.GRANTED)]
