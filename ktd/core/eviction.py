@@ -28,6 +28,7 @@ __all__ = [
     "Use",
     "WaitIdle",
     "WaitLeaving",
+    "WaitTurn",
     "bring_back",
     "idle_for",
     "place_step",
@@ -61,6 +62,8 @@ class HolderView:
     pinned: bool = False
     in_flight: int = 0
     queue: tuple[int, ...] = ()  # tickets of waiting requests
+    held_from: int | None = None  # its own gate's cut in force: tickets from it wait
+    holds: bool = True  # holds its NUMA nodes and GPUs now (``states.holds``)
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,15 @@ class NoLaunch:
     impossible: bool = False
 
 
-Step = Use | StopIdle | WaitLeaving | WaitIdle | NoLaunch
+@dataclass(frozen=True)
+class WaitTurn:
+    """Placements that came earlier wait for these engines' room: wait for them to be
+    placed (``ktd.core.roomline``), then plan again."""
+
+    ahead: tuple[str, ...]
+
+
+Step = Use | StopIdle | WaitLeaving | WaitIdle | NoLaunch | WaitTurn
 
 
 def waitable(holder: HolderView, *, swap: bool) -> bool:
@@ -111,17 +122,28 @@ def waitable(holder: HolderView, *, swap: bool) -> bool:
 
 
 def idle_for(holder: HolderView, cutoff: int) -> bool:
-    """Done with everything that arrived before ``cutoff`` (or gone)."""
-    if holder.state in (S.STOPPED, S.FAILED) or not holder.want_up:
+    """Done with everything that arrived before ``cutoff`` (or gone: holding nothing).
+
+    Requests its own gate holds back (from ``held_from``: it yields to an earlier swap)
+    do not count: they wait for that swap, not for this engine, and counting them kept
+    a later swap waiting for requests that could not be served until it was done."""
+    if holder.state in (S.STOPPED, S.FAILED) or not holder.want_up or not holder.holds:
         return True
     if holder.state != S.READY or holder.in_flight:
         return False
-    return not any(t < cutoff for t in holder.queue)
+    held = holder.held_from
+    return not any(t < cutoff and (held is None or t < held) for t in holder.queue)
 
 
 def place_step(plan: PlanView, holders: Mapping[str, HolderView], *, swap: bool) -> Step:
-    """What to do with ``plan``; ``holders`` has every engine the plan may name."""
+    """What to do with ``plan``; ``holders`` has every engine the plan names (those it
+    evicts and those it is blocked by)."""
     if plan.ok:
+        # Idle holders already on their way down (a restart's or a user's stop) are
+        # waited for, not put to sleep: evicting one turned a restart's stop into a sleep.
+        going = tuple(a for a in plan.evict if a in holders and not holders[a].want_up)
+        if going:
+            return WaitLeaving(going)
         return StopIdle(tuple(plan.evict)) if plan.evict else Use()
     reason = plan.reason or "cannot be placed"
     if plan.impossible:

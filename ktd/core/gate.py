@@ -40,6 +40,10 @@ class EngineView:
     retired: bool = False
     closing: bool = False
     restarting: bool = False  # a reload's restart: its stop is not the load's end
+    # Wanted down while its processes live (a stop, a restart's stop, of an asleep
+    # engine too): the stop goes on and a request loads it after. Woken instead, an
+    # asleep engine's stop was called off by the request and a restart never came.
+    stopping: bool = False
 
 
 @dataclass
@@ -72,11 +76,20 @@ class Gate:
 
     ``cutoff``: while the engine yields to another engine's swap, tickets from it on
     wait, and those before it are served, so the engine goes idle and the swap happens.
+    Each swap keeps its own cut (``cuts``) and the earliest is in force: a later swap's
+    cut never moves an earlier one's, and the earlier one's end leaves the later in
+    force (one cut for all let the second swap's end lift the first's, and the first
+    lost its place).
     """
 
     def __init__(self) -> None:
         self.line: list[GateWaiter] = []
-        self.cutoff: int | None = None
+        self.cuts: list[int] = []
+
+    @property
+    def cutoff(self) -> int | None:
+        """The cut in force: the earliest swap's, or None (not yielding)."""
+        return min(self.cuts, default=None)
 
     def leases_waiting(self) -> int:
         return sum(not w.claim for w in self.line)
@@ -121,15 +134,15 @@ class Gate:
         self.line = [w for w in self.line if w.ticket != ticket]
 
     def hold_back(self, cutoff: int) -> bool:
-        """Start yielding from ``cutoff``; False if already yielding (the first cut stands)."""
-        if self.cutoff is not None:
-            return False
-        self.cutoff = cutoff
-        return True
+        """A swap's cut from ``cutoff`` on, kept until ``release``. True if it is the one in
+        force now (the earliest); a later one waits behind an earlier one's."""
+        self.cuts.append(cutoff)
+        return self.cutoff == cutoff
 
     def release(self, cutoff: int) -> None:
-        if self.cutoff == cutoff:
-            self.cutoff = None
+        """That swap ended: its cut goes, the earliest left is in force."""
+        if cutoff in self.cuts:
+            self.cuts.remove(cutoff)
 
     def update(self, view: EngineView, limits: QueueLimits, now: float) -> list[GateAction]:
         """Everything the line can decide now (call on every change of the engine,
@@ -148,7 +161,7 @@ class Gate:
             self.line = []
         elif view.state == READY:
             out += self._grant(view, limits)
-        elif view.state in (STOPPED, FAILED, ASLEEP) and not (view.want_up or view.restarting):
+        elif view.state in (STOPPED, FAILED, ASLEEP) and not _coming(view):
             out += self._settle(view)
         return out
 
@@ -197,3 +210,9 @@ class Gate:
                 out.append(WantUp())
         self.line = keep
         return out
+
+
+def _coming(view: EngineView) -> bool:
+    """Something under way decides the waiters' fate (a load, a restart, a stop): not
+    the gate, yet."""
+    return view.want_up or view.restarting or view.stopping

@@ -116,3 +116,25 @@ def test_a_holder_that_is_waking_is_waited_for_like_one_loading() -> None:
     waking = HolderView("a", S.WAKING, want_up=True)
     assert waitable(waking, swap=True)
     assert not idle_for(waking, cutoff=10)
+
+
+def test_requests_the_holders_own_gate_holds_back_do_not_keep_it_busy() -> None:
+    """Tickets 6 and 8 wait behind an earlier swap's cut (5) on a's gate: a later swap
+    (cut 9) finds a idle, instead of waiting for requests a serves only after it."""
+    held = holder("a", queue=(3, 6, 8), held_from=5)
+    assert not idle_for(held, cutoff=9)  # ticket 3 is before both cuts: a serves it
+    assert idle_for(holder("a", queue=(6, 8), held_from=5), cutoff=9)
+    assert not idle_for(holder("a", queue=(6, 8)), cutoff=9)  # no cut: a serves them
+
+
+def test_a_holder_that_holds_no_room_any_more_is_idle_for_everyone() -> None:
+    """Put to sleep and wanted again (its wake waits for room): nothing to wait for."""
+    assert idle_for(holder("a", S.WAKING, in_flight=1, queue=(1,), holds=False), cutoff=5)
+
+
+def test_an_idle_holder_already_leaving_is_waited_for_not_put_to_sleep() -> None:
+    """A restart's stop of idle a: a placement waits for it to be off; evicting it put
+    a to sleep, and the restart waited for a stop that never came."""
+    leaving = {"a": holder("a", want_up=False), "b": holder("b")}
+    assert place_step(P(evict=("a", "b")), leaving, swap=True) == WaitLeaving(("a",))
+    assert place_step(P(evict=("b",)), leaving, swap=True) == StopIdle(("b",))

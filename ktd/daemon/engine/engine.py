@@ -309,6 +309,7 @@ class Engine:
             retired=self.retired,
             closing=self.host.closing,
             restarting=self.restarting,
+            stopping=self.want == Want.DOWN and self.state in S.HAS_PROCESSES,
         )
 
     def ttl(self) -> float:

@@ -7,6 +7,8 @@ idle, or refuse. This module carries the step out. While busy holders go idle th
 *yield*: their gates hold back the requests that arrive from then on
 (``ktd.core.admission``), so they finish the earlier ones and the swap happens, and
 the later ones bring them back the same way once the new engine is idle in turn.
+Placements that need room take turns in arrival order (``ktd.core.roomline``): a later
+one waits its turn (``WaitTurn``) rather than take the room an earlier one waits for.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ktd.core import states as S
 from ktd.core.command import LaunchError, planner_args
 from ktd.core.config import DaemonSection, ModelSpec
 from ktd.core.placement import Holding, Plan
+from ktd.core.roomline import RoomLine
 from ktd.core.sglang_options import SGLangOptions
 from ktd.core.states import Phase, Step, making_room
 from ktd.core.topology import Topology
@@ -30,6 +33,9 @@ from ktd.daemon.engine.preflight import Refused
 from ktd.daemon.offload import Offload, to_thread
 
 log = logging.getLogger("ktd")
+
+#: What a placement does out of the lock, or ``Use`` (it takes the room).
+_Settled = eviction.Use | eviction.WaitIdle | eviction.WaitTurn
 
 
 def holder_view(engine: Engine) -> eviction.HolderView:
@@ -41,6 +47,8 @@ def holder_view(engine: Engine) -> eviction.HolderView:
         pinned=engine.spec.pinned,
         in_flight=engine.in_flight(),
         queue=tuple(w.ticket for w in engine.gate.line),
+        held_from=engine.gate.cutoff,
+        holds=engine.holds_resources(),
     )
 
 
@@ -74,6 +82,7 @@ class Placer:
         self._lock = trio.Lock()
         self._topology: Topology | None = None
         self._changed = trio.Event()  # any engine's state or holders changed
+        self._line = RoomLine()  # placements that need room, in arrival order
 
     def poke(self) -> None:
         self._changed.set()
@@ -271,8 +280,9 @@ class Placer:
         and until ``take`` has made the room ``engine``'s own, so that nobody placed in
         between takes the room an eviction freed (a victim woken again by its next
         request waits for the lock and then finds the room taken); it is let go only
-        while busy holders are waited for, and they yield meanwhile."""
-        yielded: list[tuple[Engine, int]] = []
+        while busy holders are waited for (they yield meanwhile) or while ``engine``
+        waits its turn behind earlier placements (``ktd.core.roomline``)."""
+        cuts: dict[str, tuple[Engine, int]] = {}  # holder -> this placement's cut on it
         try:
             while True:
                 async with self._lock:
@@ -280,26 +290,32 @@ class Placer:
                     if isinstance(step, eviction.Use):
                         take(plan)
                         return plan
-                    holders = [self.engines[a] for a in step.aliases]
-                    cutoff = self._hold_back(engine, holders, yielded)
-                if not await self._wait_idle(engine, holders, cutoff):
+                    if isinstance(step, eviction.WaitIdle):
+                        self._cut(engine, step.aliases, cuts)
+                if isinstance(step, eviction.WaitTurn):
+                    waited = await self._wait_turn(engine, step.ahead)
+                else:
+                    waited = await self._wait_idle(engine, [cuts[a] for a in step.aliases])
+                if not waited:
                     return None
         finally:
-            for h, cut in yielded:
+            self._line.leave(engine.alias)
+            for h, cut in cuts.values():
                 h.gate.release(cut)
                 self._update(h)
                 h.notify_changed()
+            self.poke()  # the line moved: who waits its turn plans again
 
     async def _settle(
         self,
         engine: Engine,
         planner: Callable[[], Plan | eviction.RoomPlan],
         fitted: bool,
-    ) -> tuple[Plan | eviction.RoomPlan, eviction.Use | eviction.WaitIdle, bool]:
-        """Under the lock: plans acted on until one is usable (``Use``) or waits for busy
-        holders (``WaitIdle``); idle holders are evicted and leaving ones waited for on
-        the way, and a plan that cannot launch raises. ``fitted``: the memory fit is
-        done (it is, in what this returns)."""
+    ) -> tuple[Plan | eviction.RoomPlan, _Settled, bool]:
+        """Under the lock: plans acted on until one is usable (``Use``), waits for busy
+        holders (``WaitIdle``) or waits its turn (``WaitTurn``); idle holders are
+        evicted and leaving ones waited for on the way, and a plan that cannot launch
+        raises. ``fitted``: the memory fit is done (it is, in what this returns)."""
         while True:
             plan = planner()
             if plan.ok and not fitted:
@@ -308,8 +324,11 @@ class Placer:
                 fitted = True
                 waking = isinstance(plan, eviction.RoomPlan)
                 await self._fit_or_stop_sleepers(engine, plan, waking=waking)
-            views = {a: holder_view(self.engines[a]) for a in plan.blocked_by if a in self.engines}
+            named = (*plan.blocked_by, *plan.evict)
+            views = {a: holder_view(self.engines[a]) for a in named if a in self.engines}
             step = eviction.place_step(plan, views, swap=engine.spec.swap)
+            holding = {a for a, e in self.engines.items() if e.holds_resources()}
+            step = self._line.step(engine.alias, step, holding)
             if isinstance(step, eviction.StopIdle):
                 await self._evict_for(engine, step.aliases)
             elif isinstance(step, eviction.WaitLeaving):
@@ -322,33 +341,51 @@ class Placer:
             else:
                 return plan, step, fitted
 
-    def _hold_back(
-        self, engine: Engine, holders: list[Engine], yielded: list[tuple[Engine, int]]
-    ) -> int:
-        """Busy holders yield to ``engine``: each one's gate holds back requests from a
-        new cutoff (recorded in ``yielded``, released when the placement ends) and the
-        frontends stop routing there; requests under way finish. The cutoff."""
-        cutoff = self._ticket()
-        for h in holders:
-            if h.gate.hold_back(cutoff):
-                yielded.append((h, cutoff))
+    def _cut(
+        self, engine: Engine, aliases: tuple[str, ...], cuts: dict[str, tuple[Engine, int]]
+    ) -> None:
+        """Busy holders yield to ``engine``: each one's gate holds back requests from this
+        placement's cut on (one per holder, kept in ``cuts`` and released when the
+        placement ends; an earlier swap's cut stays in force before it) and the
+        frontends stop routing there; requests under way finish."""
+        for alias in aliases:
+            h = self.engines[alias]
+            if alias not in cuts:
+                cuts[alias] = (h, self._ticket())
+                h.gate.hold_back(cuts[alias][1])
                 self._update(h)
             # Frontends stop routing there now; their requests under way finish.
             self._recall(h, f"yielding to {engine.alias}")
-        return cutoff
 
-    async def _wait_idle(self, engine: Engine, holders: list[Engine], cutoff: int) -> bool:
-        """Out of the lock: until every holder is idle from ``cutoff`` on. False: the
+    async def _wait_idle(self, engine: Engine, cuts: list[tuple[Engine, int]]) -> bool:
+        """Out of the lock: until every holder is idle from its cut on. False: the
         engine is no longer wanted."""
-        engine.set_phase(Phase.of(Step.WAITING, engines=tuple(h.alias for h in holders)))
-        engine.log.note(f"waiting for {', '.join(h.alias for h in holders)} to become idle")
-        while engine.want_up and not all(
-            eviction.idle_for(holder_view(h), cutoff) for h in holders
-        ):
-            changed = self._changed
-            with trio.move_on_after(1.0):  # belt and braces: re-check now and then
-                await changed.wait()
+        holders = tuple(h.alias for h, _ in cuts)
+        engine.set_phase(Phase.of(Step.WAITING, engines=holders))
+        engine.log.note(f"waiting for {', '.join(holders)} to become idle")
+
+        def idle() -> bool:
+            return all(eviction.idle_for(holder_view(h), cut) for h, cut in cuts)
+
+        while engine.want_up and not idle():
+            await self._next_change()
         return engine.want_up
+
+    async def _wait_turn(self, engine: Engine, ahead: tuple[str, ...]) -> bool:
+        """Out of the lock: until anything changes (the line may have moved), then plan
+        again. False: the engine is no longer wanted."""
+        phase = Phase.of(Step.WAITING, f"waiting its turn after {', '.join(ahead)}", ahead)
+        if engine.phase != phase:
+            engine.set_phase(phase)
+            engine.log.note(f"waiting its turn for room after {', '.join(ahead)}")
+        if engine.want_up:
+            await self._next_change()
+        return engine.want_up
+
+    async def _next_change(self) -> None:
+        changed = self._changed
+        with trio.move_on_after(1.0):  # belt and braces: re-check now and then
+            await changed.wait()
 
     async def _evict_for(self, engine: Engine, aliases: tuple[str, ...]) -> None:
         """Make room: a victim that can sleep is put to sleep (its experts stay in host
