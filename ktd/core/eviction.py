@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ktd.core import states as S
+from ktd.core.action import MachineAction
 from ktd.core.placement import Holding
 
 __all__ = [
@@ -66,34 +67,29 @@ class HolderView:
     holds: bool = True  # holds its NUMA nodes and GPUs now (``states.holds``)
 
 
-@dataclass(frozen=True)
-class Use:
+class Use(MachineAction):
     """The plan fits as it is: launch."""
 
 
-@dataclass(frozen=True)
-class StopIdle:
+class StopIdle(MachineAction):
     """Stop these idle engines, wait for them, then plan again."""
 
     aliases: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class WaitLeaving:
+class WaitLeaving(MachineAction):
     """These holders are already on their way down: wait for them, then plan again."""
 
     aliases: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class WaitIdle:
+class WaitIdle(MachineAction):
     """These busy holders will be evictable once idle: they yield, the launch waits."""
 
     aliases: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class NoLaunch:
+class NoLaunch(MachineAction):
     """No launch now: ``impossible`` = never on this machine (a config error), else busy."""
 
     reason: str
@@ -101,8 +97,7 @@ class NoLaunch:
     impossible: bool = False
 
 
-@dataclass(frozen=True)
-class WaitTurn:
+class WaitTurn(MachineAction):
     """Placements that came earlier wait for these engines' room: wait for them to be
     placed (``ktd.core.roomline``), then plan again."""
 

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ktd.core.action import MachineAction
 from ktd.core.limits import QueueLimits
 from ktd.core.states import ASLEEP, FAILED, READY, STARTING, STOPPED, WAKING, State
 
@@ -57,14 +58,12 @@ class GateWaiter:
     riding: bool = False  # waits for a load under way: that load's end answers it
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(MachineAction):
     ticket: int
     outcome: WaitEnd
 
 
-@dataclass(frozen=True)
-class WantUp:
+class WantUp(MachineAction):
     """Ask the engine's supervisor for the engine (a load)."""
 
 

@@ -20,11 +20,6 @@ import pytest
 import ktd.core
 from ktd.core.action import MachineAction
 
-# Machines whose actions are still plain frozen dataclasses: converted when the work
-# on them (placement's eviction, the gate) lands. Empty this set as each is converted;
-# the last test fails while a converted module is still listed.
-TO_CONVERT = frozenset({"ktd.core.gate", "ktd.core.eviction"})
-
 
 def _unions() -> Iterator[tuple[str, str, tuple[type, ...]]]:
     """(module, name, members) for each union of dataclasses a core module defines."""
@@ -44,36 +39,20 @@ UNIONS = sorted(_unions())
 
 def test_the_machines_are_found() -> None:
     found = {module for module, _, _ in UNIONS}
-    assert {"ktd.core.stop", "ktd.core.lifecycle_io", "ktd.core.desk"} <= found
-    assert found >= TO_CONVERT
+    assert {
+        "ktd.core.stop",
+        "ktd.core.lifecycle_io",
+        "ktd.core.desk",
+        "ktd.core.gate",
+        "ktd.core.eviction",
+    } <= found
 
 
 @pytest.mark.parametrize(
     ("module", "members"),
-    [(m, members) for m, _, members in UNIONS if m not in TO_CONVERT],
-    ids=[f"{m}.{name}" for m, name, _ in UNIONS if m not in TO_CONVERT],
+    [(m, members) for m, _, members in UNIONS],
+    ids=[f"{m}.{name}" for m, name, _ in UNIONS],
 )
 def test_actions_are_machine_actions(module: str, members: tuple[type, ...]) -> None:
     plain = [m.__name__ for m in members if not issubclass(m, MachineAction)]
     assert not plain, f"{module}: derive {plain} from ktd.core.action.MachineAction"
-
-
-def test_to_convert_lists_only_unconverted_modules() -> None:
-    for module in TO_CONVERT:
-        members = [m for mod, _, ms in UNIONS if mod == module for m in ms]
-        assert not all(issubclass(m, MachineAction) for m in members), (
-            f"{module} is converted: take it out of TO_CONVERT"
-        )
-
-
-def test_an_action_is_a_frozen_value() -> None:
-    class Poke(MachineAction):
-        alias: str
-        at: float = 0.0
-
-    a = Poke("m", 1.0)
-    assert a == Poke("m", 1.0) and hash(a) == hash(Poke("m", 1.0))
-    assert a != Poke("m", 2.0)
-    assert repr(a) == "test_an_action_is_a_frozen_value.<locals>.Poke(alias='m', at=1.0)"
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        a.alias = "n"  # type: ignore[misc]
