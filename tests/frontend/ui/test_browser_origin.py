@@ -19,12 +19,31 @@ from tests.frontend.ui.conftest import Box, Browser
 CHAT = '{"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}'
 
 
+PAGE = "<html><body>a stranger's page</body></html>"
+
+
 @pytest.fixture
 def stranger(tmp_path: Path) -> Iterator[str]:
     """Another site: a plain page served from another port (another origin), no CSP."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "index.html").write_text("<html><body>a stranger's page</body></html>")
+    (site / "index.html").write_text(PAGE)
+    for _ in range(3):  # free_port() can race another process for the port: take another
+        proc, url = _serve(site)
+        if url is not None:
+            break
+    else:
+        pytest.fail("the stranger's page did not come up on any of 3 ports")
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _serve(site: Path) -> tuple[subprocess.Popen[bytes], str | None]:
+    """``python -m http.server`` on a free port: its URL once it serves this page (None
+    when the server exited or another one answers on that port: it is stopped then)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
@@ -32,19 +51,18 @@ def stranger(tmp_path: Path) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(url, timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url, timeout=1).text == PAGE:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    proc.terminate()
+    proc.wait(10)
+    return proc, None
 
 
 def test_a_cross_site_page_loads_nothing_and_the_own_page_works(
