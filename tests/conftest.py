@@ -38,7 +38,7 @@ from ktd.daemon.engine import proctree
 REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "ktd" / "sim" / "shim"
 MARK = "KTD_TEST_RUN"
-# One id per pytest process: with ``-n 2`` each xdist worker checks (and kills) only
+# One id per pytest process: under xdist each worker checks (and kills) only
 # what it started itself, never its sibling's engines.
 RUN_ID = f"{uuid.uuid4().hex}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 #: The marker of processes a whole module shares (``tests/stack.py``).

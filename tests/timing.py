@@ -1,6 +1,6 @@
 """Where the suite's time goes: wall and CPU seconds per test, written as JSON lines.
 
-    python -m pytest -q -n 2 -p tests.timing --timing-out=/tmp/timing.jsonl
+    python -m pytest -q -n 3 -p tests.timing --timing-out=/tmp/timing.jsonl
     python tests/timing.py /tmp/timing.jsonl            # the table of tests/README.md
 
 Write the option with ``=``: pytest takes every argument that names an existing path for
