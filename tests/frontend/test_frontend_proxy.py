@@ -291,22 +291,35 @@ async def test_engine_down_is_503_not_500(
 # ---------------------------------------------------------------- loads
 
 
+async def _stream_releasing(fe: Frontend, loaded: trio.Event) -> bytes:
+    """A streamed chat whose held load is let go once three comments have come."""
+    data = b""
+    async with fe.client() as c, c.stream("POST", CHAT, content=body(stream=True)) as resp:
+        assert resp.status_code == 200 and not loaded.is_set()  # headers before the load
+        async for chunk in resp.aiter_raw():
+            data += chunk
+            if data.count(b": loading m ") >= 3:
+                loaded.set()
+    return data
+
+
 async def test_stream_waiting_for_load_gets_comments_then_data(
     fake_daemon: FakeDaemon, fake_engine: FakeEngine, start_frontend: StartFrontend
 ) -> None:
-    fake_daemon.add("m", url=fake_engine.url, load_delay=1.6)
+    # The load ends when the test says so (three comments seen), not after a delay the
+    # box's load could outrun: the headers and the comments come while it is held.
+    loaded = trio.Event()
+    fake_daemon.add("m", url=fake_engine.url, hold=loaded)
     fe = await start_frontend()
-    async with fe.client() as c:
-        t0 = trio.current_time()
-        async with c.stream("POST", CHAT, content=body(stream=True)) as resp:
-            assert resp.status_code == 200
-            assert trio.current_time() - t0 < 1.0  # headers went out before the load ended
-            events = await read_sse(resp)
+    with trio.fail_after(30):  # no comments: the load is never let go
+        data = await _stream_releasing(fe, loaded)
+    events = [e for e in data.split(b"\n\n") if e]
     comments = [e for e in events if e.startswith(b": loading m ")]
     assert len(comments) >= 3, events
-    data = [e for e in events if e.startswith(b"data: ")]
-    assert data[-1] == b"data: [DONE]"
-    assert len(data) == fake_engine.chunks + 1
+    data_events = [e for e in events if e.startswith(b"data: ")]
+    assert data_events[-1] == b"data: [DONE]"
+    assert len(data_events) == fake_engine.chunks + 1
+    assert events.index(comments[-1]) < events.index(data_events[0])  # comments, then data
     await wait_for(lambda: fake_daemon.in_flight == 0, what="request ended")
 
 
