@@ -66,43 +66,14 @@ def marked_processes(*, shared: bool = False, session: bool = False) -> list[tup
         ancestors.add(info.ppid)
         info = proctree.read_stat(info.ppid)
     out = []
-    for pid in _marked_pids(values):
+    for pid, value in proctree.marked(MARK).items():
+        if value not in values or pid in ancestors:
+            continue
         info = proctree.read_stat(pid)
-        if pid in ancestors or info is None or info.state in ("Z", "X"):
+        if info is None or info.state in ("Z", "X"):
             continue
         out.append((pid, proctree.cmdline(pid)))
     return out
-
-
-_MARK_AT = f"\0{MARK}=".encode()
-
-
-def _marked_pids(values: set[str]) -> list[int]:
-    """Pids whose initial environment has ``MARK`` set to one of ``values``.
-
-    The leak check runs after every test and the harness polls it in its waits: one
-    plain read of each process's ``environ``, and ``stat`` only for the few that carry
-    the marker (the ``proctree`` helpers read ``stat`` and ``environ`` of every process
-    through ``pathlib``: 1.5 ms a call on a quiet box of 80 processes, 9 ms while the suite
-    ran beside other work; 0.27 ms and 1.3 ms so)."""
-    wanted = {v.encode() for v in values}
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                raw = b"\0" + f.read()
-        except OSError:
-            continue
-        at = raw.find(_MARK_AT)
-        if at < 0:
-            continue
-        start = at + len(_MARK_AT)
-        end = raw.find(b"\0", start)
-        if (raw[start:] if end < 0 else raw[start:end]) in wanted:
-            pids.append(int(name))
-    return pids
 
 
 def engine_auth(port: int | None) -> dict[str, str]:

@@ -82,17 +82,46 @@ def cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0")[:-1]]
 
 
-def environ_get(pid: int, key: str) -> str | None:
-    """A variable from a process's initial environment (how ktd marks its engines)."""
+def _environ(pid: int | str) -> bytes | None:
     try:
-        raw = (PROC / str(pid) / "environ").read_bytes()
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            return f.read()
     except OSError:
         return None
-    prefix = f"{key}=".encode()
-    for item in raw.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix) :].decode(errors="replace")
-    return None
+
+
+def _value(raw: bytes, key: str) -> str | None:
+    """``key``'s value in a ``/proc/<pid>/environ`` text (NUL-separated ``K=V``)."""
+    head = f"{key}=".encode()
+    if raw.startswith(head):
+        start = len(head)
+    else:
+        at = raw.find(b"\0" + head)
+        if at < 0:
+            return None
+        start = at + 1 + len(head)
+    end = raw.find(b"\0", start)
+    return raw[start : end if end >= 0 else None].decode(errors="replace")
+
+
+def environ_get(pid: int, key: str) -> str | None:
+    """A variable from a process's initial environment (how ktd marks its engines)."""
+    raw = _environ(pid)
+    return None if raw is None else _value(raw, key)
+
+
+def marked(key: str) -> dict[int, str]:
+    """Every process whose initial environment sets ``key``: pid -> its value. One read
+    of each process's ``environ`` and nothing else: the scans for ktd's marked processes
+    (adoption, the tests' leak check after every test) read ``stat`` only of these few."""
+    out = {}
+    for entry in os.scandir(PROC):
+        if entry.name.isdigit():
+            raw = _environ(entry.name)
+            value = None if raw is None else _value(raw, key)
+            if value is not None:
+                out[int(entry.name)] = value
+    return out
 
 
 def owned_by_us(pid: int) -> bool:

@@ -187,13 +187,11 @@ def scan(instance: str) -> dict[str, Found]:
     """Every engine of this instance that is running now, by engine id."""
     me = os.getpid()
     marked = []
-    for info in proctree.all_procs().values():
-        if info.pid == me or info.state in ("Z", "X") or not proctree.owned_by_us(info.pid):
+    for pid, value in proctree.marked(ENGINE_MARK).items():
+        info = proctree.read_stat(pid)
+        if pid == me or info is None or info.state in ("Z", "X") or not proctree.owned_by_us(pid):
             continue
-        value = proctree.environ_get(info.pid, ENGINE_MARK)
-        if value is None:
-            continue
-        marked.append(Marked(info.pid, info.start, info.ppid, info.sid, value))
+        marked.append(Marked(pid, info.start, info.ppid, info.sid, value))
     out = {}
     for engine_id, group in group_engines(marked, instance).items():
         alias = alias_of(engine_id, instance)

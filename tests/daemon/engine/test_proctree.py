@@ -38,6 +38,28 @@ def test_descendants_and_identity() -> None:
         proc.wait()
 
 
+def test_an_environ_variable_first_in_the_middle_last_empty_or_absent() -> None:
+    raw = b"KTDX_A=1\0PATH=/bin\0KTDX_AB=no\0KTDX_B=\0KTDX_C=x=y"
+    got = {k: proctree._value(raw, k) for k in ("KTDX_A", "PATH", "KTDX_B", "KTDX_C", "KTDX_D")}
+    assert got == {"KTDX_A": "1", "PATH": "/bin", "KTDX_B": "", "KTDX_C": "x=y", "KTDX_D": None}
+    assert proctree._value(b"KTDX_AB=no\0", "KTDX_A") is None  # a name that only begins so
+
+
+def test_marked_finds_the_processes_that_set_a_variable_with_their_values() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KTDX_MARK")}
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    one = subprocess.Popen(sleeper, env={**env, "KTDX_MARK": "one"})
+    other = subprocess.Popen(sleeper, env={**env, "KTDX_MARKED": "no"})
+    try:
+        found = proctree.marked("KTDX_MARK")
+        assert found.get(one.pid) == "one" and other.pid not in found
+        assert found.get(one.pid) == proctree.environ_get(one.pid, "KTDX_MARK")
+    finally:
+        for p in (one, other):
+            p.kill()
+            p.wait()
+
+
 def test_port_free_and_pick() -> None:
     port = proctree.pick_port("127.0.0.1")
     assert proctree.port_free("127.0.0.1", port)
